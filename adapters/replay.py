@@ -1,0 +1,182 @@
+"""The replay channel: scenario lines in, every outbound action out as a JSON line.
+
+Why it exists: a conversation (approvals, expiry, cancels, later proactive timers)
+must be reproducible on a simulated clock, for debugging and for end-to-end tests.
+It renders like any platform (messages, edits, buttons) but into JSON.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from core.events import (
+    ApprovalRequest,
+    Button,
+    ButtonPress,
+    Cancel,
+    Capabilities,
+    Dispatch,
+    Inbound,
+    Message,
+    MessageRef,
+    Progress,
+    Suggestion,
+)
+
+Emit = Callable[[dict[str, Any]], None]
+
+
+@dataclass(frozen=True, slots=True)
+class ScenarioLine:
+    t: float
+    event: Inbound | None
+    warning: str = ""
+    conversation: str = ""
+
+
+class ReplayChannel:
+    name = "replay"
+    capabilities = Capabilities(
+        buttons=True,
+        edit=True,
+        typing=False,
+        threads=False,
+        live_progress=False,
+        interactive=True,
+        max_length=100_000,
+        max_buttons=10,
+    )
+
+    def __init__(self, now: Callable[[], float], emit: Emit) -> None:
+        self._now = now
+        self._emit = emit
+        self._ids = itertools.count(1)
+        self.outbound: list[dict[str, Any]] = []
+        #: conversation -> (message id, buttons) of the latest message sent with buttons
+        self._buttons: dict[str, tuple[str, list[Button]]] = {}
+        self.dispatch: Dispatch | None = None
+
+    async def start(self, dispatch: Dispatch) -> None:
+        self.dispatch = dispatch
+
+    async def stop(self) -> None:
+        self.dispatch = None
+
+    def _record(
+        self, kind: str, conversation: str, text: str, buttons: list[Button] | None, **extra: Any
+    ) -> dict[str, Any]:
+        item: dict[str, Any] = {
+            "t": round(self._now(), 3),
+            "kind": kind,
+            "conversation": conversation,
+            "text": text,
+            "buttons": [{"label": b.label, "value": b.value} for b in buttons or []],
+            **extra,
+        }
+        self.outbound.append(item)
+        self._emit(item)
+        return item
+
+    def _new_ref(self, conversation: str, thread: str | None) -> MessageRef:
+        return MessageRef(self.name, conversation, f"m{next(self._ids)}", thread)
+
+    async def send(self, conversation: str, text: str, *, thread: str | None = None) -> MessageRef:
+        ref = self._new_ref(conversation, thread)
+        self._record("message", conversation, text, None, id=ref.id)
+        return ref
+
+    async def edit(
+        self, ref: MessageRef, text: str, *, buttons: list[Button] | None = None
+    ) -> None:
+        self._record("edit", ref.conversation, text, buttons, id=ref.id)
+
+    async def send_approval(
+        self, request: ApprovalRequest, *, thread: str | None = None
+    ) -> MessageRef:
+        ref = self._new_ref(request.conversation, thread)
+        self._record(
+            "approval",
+            request.conversation,
+            request.text(),
+            request.buttons,
+            id=ref.id,
+            approval=request.id,
+        )
+        self._buttons[request.conversation] = (ref.id, list(request.buttons))
+        return ref
+
+    async def send_suggestion(
+        self, suggestion: Suggestion, *, thread: str | None = None
+    ) -> MessageRef:
+        ref = self._new_ref(suggestion.conversation, thread)
+        self._record(
+            "suggestion", suggestion.conversation, suggestion.text, suggestion.buttons, id=ref.id
+        )
+        self._buttons[suggestion.conversation] = (ref.id, list(suggestion.buttons))
+        return ref
+
+    async def typing(self, conversation: str) -> None:
+        return None
+
+    async def progress(self, conversation: str, event: Progress) -> None:
+        return None
+
+    def warn(self, conversation: str, text: str) -> None:
+        self._record("warning", conversation, text, None)
+
+    def find_button(self, conversation: str, needle: str) -> tuple[str, str] | None:
+        """(message id, value) of the first matching button on the latest message with buttons."""
+        latest = self._buttons.get(conversation)
+        if latest is None:
+            return None
+        msg_id, buttons = latest
+        low = needle.lower()
+        for b in buttons:
+            if low in b.label.lower() or low in b.value.lower():
+                return msg_id, b.value
+        return None
+
+    def parse(self, raw: str, lineno: int, last_t: float) -> ScenarioLine | None:
+        """One scenario line → an inbound event, or a warning saying what is wrong with it."""
+        raw = raw.strip()
+        if not raw or raw.startswith("#"):
+            return None
+        try:
+            data = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            return ScenarioLine(last_t, None, f"line {lineno}: not JSON ({exc.msg}); skipped")
+        if not isinstance(data, dict):
+            return ScenarioLine(last_t, None, f"line {lineno}: expected a JSON object; skipped")
+        try:
+            t = float(data.get("t", last_t))
+        except (TypeError, ValueError):
+            return ScenarioLine(last_t, None, f"line {lineno}: `t` must be a number; skipped")
+        user = str(data.get("user", "user"))
+        conversation = str(data.get("conversation") or user)
+        if "text" in data:
+            event: Inbound = Message(
+                self.name, conversation, user, str(data["text"]), id=f"in{lineno}"
+            )
+        elif "press" in data:
+            found = self.find_button(conversation, str(data["press"]))
+            if found is None:
+                return ScenarioLine(
+                    t,
+                    None,
+                    f"line {lineno}: no button matching {data['press']!r} in conversation "
+                    f"{conversation!r}; nothing pressed",
+                    conversation,
+                )
+            msg_id, value = found
+            event = ButtonPress(self.name, conversation, user, value, message_id=msg_id)
+        elif data.get("cancel"):
+            event = Cancel(self.name, conversation, user)
+        else:
+            return ScenarioLine(
+                t, None, f"line {lineno}: needs one of `text`, `press` or `cancel`; skipped"
+            )
+        return ScenarioLine(t, event)

@@ -1,0 +1,625 @@
+"""The local web chat: Steward's embedded default channel.
+
+It needs no platform token, so it is what a person gets right after `steward run`
+(http://127.0.0.1:8765). It is an adapter like any other: it parses WebSocket
+frames into `Message`, `ButtonPress` and `Cancel`, hands them to the dispatch
+callback, and renders outbound messages as JSON frames. It knows nothing about the
+agent: no retries, no access checks, no Markdown conversion (the page renders
+Markdown itself, safely).
+
+The browser keeps a random session id in localStorage and connects to
+``/ws?session=ID``; the conversation is ``web:ID`` and the user is the owner (the
+local web chat belongs to whoever runs Steward). Every tab on one session sees the
+same frames. History is appended to ``<data_dir>/web/<session>.jsonl`` so that a
+reload or a restart shows the conversation again; messages sent while no tab is
+open are stored and appear on the next connect.
+
+Frames, server → page::
+
+    {"type": "message", "id", "role": "assistant"|"user", "text", "buttons": [...], "ts"}
+    {"type": "edit", "id", "text", "buttons"}
+    {"type": "progress", "kind", "task_id", "text", "tool", "ok"}     (live only)
+    {"type": "typing"}                                                 (live only)
+    {"type": "notice", "text"}                      ("" hides the banner)
+    {"type": "history", "items": [message frames with edits applied]}
+    {"type": "error", "text"}
+
+page → server::
+
+    {"type": "message", "text"} · {"type": "press", "value", "message_id"} · {"type": "cancel"}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import re
+import secrets
+import time
+from collections.abc import Coroutine, Iterable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import structlog
+from aiohttp import WSCloseCode, WSMsgType, web
+
+from core.events import (
+    ApprovalRequest,
+    Button,
+    ButtonPress,
+    Cancel,
+    Capabilities,
+    Dispatch,
+    Inbound,
+    Message,
+    MessageRef,
+    Progress,
+    Suggestion,
+)
+
+log = structlog.get_logger(__name__)
+
+#: A session id from the page: long enough to be unguessable-ish, safe as a file name.
+SESSION_RE = re.compile(r"[A-Za-z0-9_-]{8,64}")
+#: Messages kept (and sent on connect) per session.
+HISTORY_LIMIT = 500
+#: Appends after which the history file is compacted even if no tab connects, so a
+#: session nobody looks at (perpetual mode writing to it) cannot grow without bound.
+COMPACT_AFTER_APPENDS = 2 * HISTORY_LIMIT
+
+STATIC_DIR = Path(__file__).with_name("web_static")
+#: The only files served from /static: the page is shipped, never a directory listing.
+STATIC_TYPES: dict[str, str] = {
+    "index.html": "text/html",
+    "app.js": "text/javascript",
+    "style.css": "text/css",
+}
+
+_ERROR_CONNECTION = (ConnectionError, RuntimeError)
+
+
+class WebChannel:
+    """The local web chat, served on the same aiohttp app as the dashboard and webhooks."""
+
+    name = "web"
+    capabilities = Capabilities(
+        buttons=True,
+        edit=True,
+        typing=True,
+        live_progress=True,
+        interactive=True,
+        max_length=100_000,
+        max_buttons=6,
+    )
+
+    def __init__(self, data_dir: Path, *, owner: str = "owner", notice: str | None = None) -> None:
+        self.owner = owner
+        self._dir = Path(data_dir) / "web"
+        self._notice = notice or None
+        self._dispatch: Dispatch | None = None
+        self._sockets: dict[str, set[web.WebSocketResponse]] = {}
+        # One lock per session serialises "store then broadcast" against "load history
+        # then subscribe", so a tab never misses nor duplicates a message that lands
+        # while it connects, and file writes of one session never interleave.
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._appends: dict[str, int] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._ids = itertools.count(1)
+        self._stopping = False
+
+    # ------------------------------------------------------------------ notice
+
+    @property
+    def notice(self) -> str | None:
+        """A banner shown at the top of the page (e.g. "No model configured: …")."""
+        return self._notice
+
+    @notice.setter
+    def notice(self, value: str | None) -> None:
+        # Call from the event loop thread. Open tabs get the change at once; new tabs
+        # get it on connect. Without a running loop there is nobody to tell yet.
+        self._notice = value or None
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        frame = {"type": "notice", "text": self._notice or ""}
+        for session in list(self._sockets):
+            self._spawn(self._broadcast(session, frame))
+
+    # ------------------------------------------------------------------ wiring
+
+    def add_routes(self, app: web.Application) -> None:
+        """Mount the page, its three static files, the WebSocket and a debug history API."""
+        app.router.add_get("/", self._index)
+        app.router.add_get("/static/{name}", self._static)
+        app.router.add_get("/ws", self._ws)
+        app.router.add_get("/api/history", self._api_history)
+        # Open WebSockets would otherwise hold the server's shutdown for its full timeout.
+        app.on_shutdown.append(self._on_app_shutdown)
+
+    async def start(self, dispatch: Dispatch) -> None:
+        """Remember where inbound events go; the routes are already served by the app."""
+        self._dispatch = dispatch
+        self._stopping = False
+        log.info("web.started", channel=self.name)
+
+    async def stop(self) -> None:
+        """Close every open tab with "going away" (they reconnect) and drop in-flight dispatches."""
+        self._stopping = True
+        await self._close_all()
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._dispatch = None
+        log.info("web.stopped", channel=self.name)
+
+    # ------------------------------------------------------------------ outbound
+
+    async def send(self, conversation: str, text: str, *, thread: str | None = None) -> MessageRef:
+        """Store and show an assistant message; stored means delivered, even with no tab open."""
+        session = self._session_of(conversation)
+        frame = self._message_frame("assistant", text, [])
+        await self._record(session, frame)
+        return MessageRef(channel=self.name, conversation=conversation, id=frame["id"])
+
+    async def edit(
+        self, ref: MessageRef, text: str, *, buttons: list[Button] | None = None
+    ) -> None:
+        """Replace text and buttons of a sent message; ``buttons=None`` removes them.
+
+        Removing is what a decided approval needs: its message is edited to say who
+        decided, and its buttons must not be pressable again.
+        """
+        session = self._session_of(ref.conversation)
+        frame = {"type": "edit", "id": ref.id, "text": text, "buttons": _buttons(buttons or [])}
+        await self._record(session, frame)
+
+    async def send_approval(
+        self, request: ApprovalRequest, *, thread: str | None = None
+    ) -> MessageRef:
+        """Show an approval request with its buttons (their values are opaque ids)."""
+        session = self._session_of(request.conversation)
+        frame = self._message_frame("assistant", request.text(), request.buttons)
+        await self._record(session, frame)
+        return MessageRef(channel=self.name, conversation=request.conversation, id=frame["id"])
+
+    async def send_suggestion(
+        self, suggestion: Suggestion, *, thread: str | None = None
+    ) -> MessageRef:
+        """Show an unprompted offer of help with its buttons."""
+        session = self._session_of(suggestion.conversation)
+        frame = self._message_frame("assistant", suggestion.text, suggestion.buttons)
+        await self._record(session, frame)
+        return MessageRef(channel=self.name, conversation=suggestion.conversation, id=frame["id"])
+
+    async def typing(self, conversation: str) -> None:
+        """Tell open tabs Steward is working; live only, never stored."""
+        await self._broadcast(self._session_of(conversation), {"type": "typing"})
+
+    async def progress(self, conversation: str, event: Progress) -> None:
+        """Stream a task's visible progress to open tabs; live only, so history stays clean."""
+        frame = {
+            "type": "progress",
+            "kind": event.kind,
+            "task_id": event.task_id,
+            "text": event.text,
+            "tool": event.tool,
+            "ok": event.ok,
+        }
+        await self._broadcast(self._session_of(conversation), frame)
+
+    # ------------------------------------------------------------------ HTTP handlers
+
+    async def _index(self, request: web.Request) -> web.Response:
+        return self._static_response(request, "index.html")
+
+    async def _static(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        if name not in STATIC_TYPES:
+            raise web.HTTPNotFound(text=f"No such file: {name}")
+        return self._static_response(request, name)
+
+    def _static_response(self, request: web.Request, name: str) -> web.Response:
+        # The three files are tiny; reading them per request lets a developer edit the
+        # page without restarting Steward.
+        body = (STATIC_DIR / name).read_bytes()
+        headers = {
+            "Cache-Control": "no-cache",
+            "X-Content-Type-Options": "nosniff",
+            "Referrer-Policy": "no-referrer",
+        }
+        if name == "index.html":
+            host = request.host
+            # Defence in depth behind the page's own escaping: no inline script, no
+            # third-party anything, no framing.
+            headers["Content-Security-Policy"] = (
+                "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+                f"connect-src 'self' ws://{host} wss://{host}; base-uri 'none'; "
+                "form-action 'none'; frame-ancestors 'none'"
+            )
+        return web.Response(
+            body=body, content_type=STATIC_TYPES[name], charset="utf-8", headers=headers
+        )
+
+    async def _api_history(self, request: web.Request) -> web.Response:
+        """The stored history of one session as JSON, for debugging."""
+        session = request.query.get("session", "")
+        if not SESSION_RE.fullmatch(session):
+            return web.json_response(
+                {"error": "Give ?session=ID with 8–64 letters, digits, '_' or '-'."}, status=400
+            )
+        async with self._lock(session):
+            items = await asyncio.to_thread(self._load, session)
+        return web.json_response(
+            {"conversation": f"web:{session}", "items": items},
+            dumps=lambda obj: json.dumps(obj, ensure_ascii=False),
+        )
+
+    async def _ws(self, request: web.Request) -> web.StreamResponse:
+        if not _same_origin(request):
+            # Browsers always send Origin on a WebSocket: without this check any web
+            # page the owner visits could talk to Steward as the owner.
+            log.warning("web.bad_origin", origin=request.headers.get("Origin"))
+            raise web.HTTPForbidden(text="Cross-origin WebSocket refused: open Steward's own page.")
+        ws = web.WebSocketResponse(heartbeat=30.0, timeout=2.0)
+        await ws.prepare(request)
+        session = request.query.get("session", "")
+        if not SESSION_RE.fullmatch(session):
+            log.warning("web.bad_session", length=len(session))
+            with contextlib.suppress(*_ERROR_CONNECTION):
+                await ws.send_json(
+                    {
+                        "type": "error",
+                        "text": "Bad session id: it must be 8–64 letters, digits, '_' or '-'. "
+                        "Reload the page to get a new one.",
+                    }
+                )
+                await ws.close(code=WSCloseCode.POLICY_VIOLATION, message=b"bad session id")
+            return ws
+        if self._stopping:
+            with contextlib.suppress(*_ERROR_CONNECTION):
+                await ws.close(code=WSCloseCode.GOING_AWAY, message=b"shutting down")
+            return ws
+
+        conversation = f"web:{session}"
+        try:
+            async with self._lock(session):
+                items = await asyncio.to_thread(self._load, session)
+                await ws.send_json({"type": "notice", "text": self._notice or ""})
+                await ws.send_json({"type": "history", "items": items}, dumps=_dumps)
+                self._sockets.setdefault(session, set()).add(ws)
+        except _ERROR_CONNECTION:
+            return ws  # the tab went away while we were loading; nothing to clean up
+        log.info("web.connected", conversation=conversation, tabs=len(self._sockets[session]))
+        try:
+            async for msg in ws:
+                if msg.type == WSMsgType.TEXT:
+                    await self._on_frame(ws, session, msg.data)
+                elif msg.type == WSMsgType.BINARY:
+                    await self._bad_frame(
+                        ws, conversation, "binary frame", "Send JSON text frames."
+                    )
+        finally:
+            tabs = self._sockets.get(session)
+            if tabs is not None:
+                tabs.discard(ws)
+                if not tabs:
+                    del self._sockets[session]
+            log.info("web.disconnected", conversation=conversation)
+        return ws
+
+    async def _on_app_shutdown(self, app: web.Application) -> None:
+        await self._close_all()
+
+    # ------------------------------------------------------------------ inbound
+
+    async def _on_frame(self, ws: web.WebSocketResponse, session: str, data: str) -> None:
+        """Parse one frame into an event and dispatch it; a bad frame only earns an error frame."""
+        conversation = f"web:{session}"
+        try:
+            frame = json.loads(data)
+        except ValueError:
+            await self._bad_frame(
+                ws, conversation, "invalid json", "That frame was not valid JSON."
+            )
+            return
+        if not isinstance(frame, dict):
+            await self._bad_frame(ws, conversation, "not an object", "A frame is a JSON object.")
+            return
+        if self._dispatch is None:
+            log.warning("web.not_started", conversation=conversation)
+            await _send_error(ws, "Steward is still starting (or stopping); try again in a moment.")
+            return
+
+        kind = frame.get("type")
+        event: Inbound
+        if kind == "message":
+            text = frame.get("text")
+            if not isinstance(text, str):
+                await self._bad_frame(
+                    ws,
+                    conversation,
+                    "message without text",
+                    'A message frame needs "text" (a string).',
+                )
+                return
+            if not text.strip():
+                return
+            echo = self._message_frame("user", text, [])
+            await self._record(session, echo)
+            event = Message(
+                channel=self.name,
+                conversation=conversation,
+                user=self.owner,
+                text=text,
+                id=echo["id"],
+            )
+        elif kind == "press":
+            value = frame.get("value")
+            message_id = frame.get("message_id", "")
+            if not isinstance(value, str) or not value or not isinstance(message_id, str):
+                await self._bad_frame(
+                    ws,
+                    conversation,
+                    "bad press",
+                    'A press frame needs "value" and "message_id" (strings).',
+                )
+                return
+            event = ButtonPress(
+                channel=self.name,
+                conversation=conversation,
+                user=self.owner,
+                value=value,
+                message_id=message_id,
+            )
+        elif kind == "cancel":
+            event = Cancel(channel=self.name, conversation=conversation, user=self.owner)
+        else:
+            await self._bad_frame(
+                ws,
+                conversation,
+                "unknown type",
+                f"Unknown frame type {str(kind)[:40]!r}: use message, press or cancel.",
+            )
+            return
+        # Dispatch in its own task: a message may run a whole agent task, and the read
+        # loop must stay free to receive the Cancel (or a press) meant for it.
+        self._spawn(self._run_dispatch(ws, event))
+
+    async def _run_dispatch(self, ws: web.WebSocketResponse, event: Inbound) -> None:
+        dispatch = self._dispatch
+        if dispatch is None:
+            return
+        try:
+            await dispatch(event)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception(
+                "web.dispatch_failed",
+                channel=self.name,
+                conversation=event.conversation,
+                kind=type(event).__name__,
+            )
+            await _send_error(
+                ws,
+                "Steward failed to handle that: an internal error (the details are in the "
+                "server log). Try again; if it keeps happening, restart `steward run`.",
+            )
+
+    async def _bad_frame(
+        self, ws: web.WebSocketResponse, conversation: str, reason: str, text: str
+    ) -> None:
+        log.warning("web.bad_frame", channel=self.name, conversation=conversation, reason=reason)
+        await _send_error(ws, text)
+
+    # ------------------------------------------------------------------ fan-out and storage
+
+    def _message_frame(self, role: str, text: str, buttons: Iterable[Button]) -> dict[str, Any]:
+        return {
+            "type": "message",
+            "id": self._new_id(),
+            "role": role,
+            "text": text,
+            "buttons": _buttons(buttons),
+            "ts": time.time(),
+        }
+
+    def _new_id(self) -> str:
+        # Counter for uniqueness within a run, random suffix across restarts.
+        return f"w{next(self._ids)}{secrets.token_hex(3)}"
+
+    def _session_of(self, conversation: str) -> str:
+        prefix, _, session = conversation.partition(":")
+        if prefix != self.name or not SESSION_RE.fullmatch(session):
+            # Also what keeps a conversation id from naming a file outside <data_dir>/web.
+            raise ValueError(
+                f"Not a web chat conversation: {conversation[:80]!r} "
+                "(expected 'web:' followed by 8–64 letters, digits, '_' or '-')"
+            )
+        return session
+
+    def _lock(self, session: str) -> asyncio.Lock:
+        lock = self._locks.get(session)
+        if lock is None:
+            lock = self._locks[session] = asyncio.Lock()
+        return lock
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _record(self, session: str, frame: dict[str, Any]) -> None:
+        """Store a message/edit frame, then show it to every open tab of the session."""
+        async with self._lock(session):
+            await asyncio.to_thread(self._append, session, frame)
+            await self._broadcast(session, frame)
+
+    async def _broadcast(self, session: str, frame: dict[str, Any]) -> None:
+        tabs = self._sockets.get(session)
+        if not tabs:
+            return
+        data = _dumps(frame)
+        for ws in list(tabs):
+            if ws.closed:
+                tabs.discard(ws)
+                continue
+            try:
+                await ws.send_str(data)
+            except _ERROR_CONNECTION:
+                # A tab that vanished is not a delivery failure: the frame is stored
+                # (or is live-only progress) and the other tabs still get it.
+                tabs.discard(ws)
+
+    async def _close_all(self) -> None:
+        sockets = [ws for tabs in self._sockets.values() for ws in tabs]
+        await asyncio.gather(
+            *(
+                ws.close(code=WSCloseCode.GOING_AWAY, message=b"Steward is shutting down")
+                for ws in sockets
+            ),
+            return_exceptions=True,
+        )
+
+    def _path(self, session: str) -> Path:
+        return self._dir / f"{session}.jsonl"
+
+    def _append(self, session: str, frame: dict[str, Any]) -> None:
+        """Append one JSON line (runs in a worker thread, under the session lock)."""
+        path = self._path(session)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("ab+") as fh:
+            # A crash mid-write can leave a last line without its newline; start on a
+            # fresh line so that only the broken line is lost, not this one too.
+            fh.seek(0, os.SEEK_END)
+            prefix = b""
+            if fh.tell() > 0:
+                fh.seek(-1, os.SEEK_END)
+                if fh.read(1) != b"\n":
+                    prefix = b"\n"
+            fh.write(prefix + _dumps(frame).encode() + b"\n")
+            fh.flush()
+        count = self._appends.get(session, 0) + 1
+        self._appends[session] = count
+        if count >= COMPACT_AFTER_APPENDS:
+            self._load(session)
+
+    def _load(self, session: str) -> list[dict[str, Any]]:
+        """Read a session's history, apply edits, keep the last messages; compact the file.
+
+        Runs in a worker thread, under the session lock. A line that cannot be read
+        is skipped (and dropped when the file is rewritten): one bad line must never
+        cost the whole conversation.
+        """
+        path = self._path(session)
+        self._appends[session] = 0
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            return []
+        messages: dict[str, dict[str, Any]] = {}
+        lines = 0
+        dirty = bool(raw) and not raw.endswith(b"\n")
+        for number, line in enumerate(raw.split(b"\n"), 1):
+            if not line.strip():
+                continue
+            lines += 1
+            try:
+                _apply(messages, json.loads(line))
+            except (ValueError, KeyError, TypeError):
+                log.warning("web.history_bad_line", conversation=f"web:{session}", line=number)
+                dirty = True
+        items = list(messages.values())[-HISTORY_LIMIT:]
+        if dirty or lines > len(items):
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_bytes(b"".join(_dumps(item).encode() + b"\n" for item in items))
+            os.replace(tmp, path)
+        return items
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _buttons(buttons: Iterable[Button]) -> list[dict[str, str]]:
+    return [{"label": b.label, "value": b.value, "style": b.style} for b in buttons]
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False)
+
+
+def _apply(messages: dict[str, dict[str, Any]], event: Any) -> None:
+    """Fold one stored event into the message list; raises on anything malformed."""
+    if not isinstance(event, dict):
+        raise TypeError("not an object")
+    kind, mid, text = event["type"], event["id"], event["text"]
+    buttons = _checked_buttons(event.get("buttons", []))
+    if not isinstance(mid, str) or not isinstance(text, str):
+        raise TypeError("id and text must be strings")
+    if kind == "message":
+        role = event["role"]
+        if role not in ("assistant", "user"):
+            raise ValueError(f"bad role {role!r}")
+        ts = event.get("ts")
+        messages[mid] = {
+            "type": "message",
+            "id": mid,
+            "role": role,
+            "text": text,
+            "buttons": buttons,
+            "ts": ts if isinstance(ts, int | float) else None,
+        }
+    elif kind == "edit":
+        message = messages.get(mid)
+        if message is not None:  # its message may have been trimmed away: nothing to edit
+            message["text"] = text
+            message["buttons"] = buttons
+    else:
+        raise ValueError(f"bad type {kind!r}")
+
+
+def _checked_buttons(buttons: Any) -> list[dict[str, str]]:
+    if not isinstance(buttons, list):
+        raise TypeError("buttons must be a list")
+    out = []
+    for b in buttons:
+        if not (
+            isinstance(b, dict)
+            and isinstance(b.get("label"), str)
+            and isinstance(b.get("value"), str)
+        ):
+            raise TypeError("bad button")
+        style = b.get("style")
+        out.append(
+            {
+                "label": b["label"],
+                "value": b["value"],
+                "style": style if style in ("primary", "danger", "default") else "default",
+            }
+        )
+    return out
+
+
+async def _send_error(ws: web.WebSocketResponse, text: str) -> None:
+    with contextlib.suppress(*_ERROR_CONNECTION):
+        await ws.send_json({"type": "error", "text": text})
+
+
+def _same_origin(request: web.Request) -> bool:
+    """True unless a browser says the page that opened this socket came from elsewhere."""
+    origin = request.headers.get("Origin")
+    if origin is None:
+        return True  # not a browser (CLI tools, tests): browsers always send Origin here
+    netloc = urlsplit(origin).netloc.lower()
+    allowed = {request.host.lower()}
+    forwarded = request.headers.get("X-Forwarded-Host")
+    if forwarded:
+        allowed.add(forwarded.split(",")[0].strip().lower())
+    return bool(netloc) and netloc in allowed

@@ -1,0 +1,452 @@
+// Steward's local web chat. No framework, no build step, no third-party code:
+// the page is shipped inside the Python package and must work offline.
+// Everything the server sends is treated as untrusted text: it is escaped before
+// any Markdown is applied, and only http(s) links are ever made clickable.
+"use strict";
+
+(function () {
+  const SESSION_KEY = "steward.session";
+  const SESSION_RE = /^[A-Za-z0-9_-]{8,64}$/;
+
+  const $ = (id) => document.getElementById(id);
+  const transcript = $("transcript");
+  const empty = $("empty");
+  const input = $("input");
+  const sendBtn = $("send");
+  const stopBtn = $("stop");
+  const noticeEl = $("notice");
+  const typingEl = $("typing");
+  const statusEl = $("status");
+  const statusText = $("status-text");
+
+  let ws = null;
+  let backoff = 500;
+  let reconnectTimer = null;
+  let typingTimer = null;
+  let stopTimer = null;
+  let running = false;
+  const messages = new Map(); // message id -> element
+  const tasks = new Map(); // task id -> {el, tools, status, draft, draftText}
+
+  // ---------------------------------------------------------------- session
+
+  function newSession() {
+    const bytes = new Uint8Array(16);
+    crypto.getRandomValues(bytes);
+    return Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+  }
+
+  function getSession() {
+    let s = null;
+    try { s = localStorage.getItem(SESSION_KEY); } catch (_) { /* private mode */ }
+    if (!s || !SESSION_RE.test(s)) {
+      s = newSession();
+      try { localStorage.setItem(SESSION_KEY, s); } catch (_) { /* keep it in memory */ }
+    }
+    return s;
+  }
+
+  let session = getSession();
+
+  // ---------------------------------------------------------------- Markdown (safe subset)
+
+  function escapeHtml(s) {
+    return s.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;")
+      .replace(/"/g, "&quot;").replace(/'/g, "&#39;");
+  }
+
+  // Trailing punctuation (and escaped quotes/brackets) is not part of a bare URL.
+  function splitUrlTail(url) {
+    let tail = "";
+    for (;;) {
+      const m = url.match(/(&gt;|&lt;|&quot;|&#39;|[.,;:!?)\]])$/);
+      if (!m) break;
+      tail = m[0] + tail;
+      url = url.slice(0, -m[0].length);
+    }
+    return [url, tail];
+  }
+
+  function renderMarkdown(src) {
+    // \u0000 marks placeholders for finished HTML; it can never come from the text.
+    let s = String(src == null ? "" : src).replace(/\u0000/g, "");
+    const parts = [];
+    const hold = (html) => "\u0000" + (parts.push(html) - 1) + "\u0000";
+
+    // Fenced code blocks first (an unclosed fence runs to the end: drafts stream in).
+    s = s.replace(/```([^`\n]+)```/g, (_, code) => hold("<code>" + escapeHtml(code) + "</code>"));
+    s = s.replace(/```[^\n]*\n([\s\S]*?)(?:\n?```[^\S\n]*\n?|$)/g, (_, code) =>
+      hold("<pre><code>" + escapeHtml(code) + "</code></pre>"));
+
+    s = escapeHtml(s);
+
+    // Inline code: content is already escaped and must not get any more markup.
+    s = s.replace(/`([^`\n]+)`/g, (_, code) => hold("<code>" + code + "</code>"));
+
+    // [label](http://…) links; nothing but http(s) ever becomes a link.
+    s = s.replace(/\[([^\]\n]+)\]\((https?:\/\/[^\s)]+)\)/g, (_, label, url) =>
+      hold('<a href="' + url + '" target="_blank" rel="noopener noreferrer">' + label + "</a>"));
+
+    // Bare URLs.
+    s = s.replace(/(^|[\s(]|&lt;)(https?:\/\/[^\s\u0000]+)/g, (_, pre, raw) => {
+      const [url, tail] = splitUrlTail(raw);
+      if (!/^https?:\/\/./.test(url)) return pre + raw;
+      return pre + hold('<a href="' + url + '" target="_blank" rel="noopener noreferrer">' +
+        url + "</a>") + tail;
+    });
+
+    s = s.replace(/\*\*([^*\n]+?)\*\*/g, "<strong>$1</strong>");
+    s = s.replace(/(^|[^*\w])\*([^*\s][^*\n]*?)\*(?![*\w])/g, "$1<em>$2</em>");
+    s = s.replace(/\n/g, "<br>");
+
+    // Placeholders may nest (a link label holding inline code), so restore until stable.
+    for (let i = 0; i < 3 && s.indexOf("\u0000") !== -1; i++) {
+      s = s.replace(/\u0000(\d+)\u0000/g, (_, n) => parts[Number(n)]);
+    }
+    return s;
+  }
+
+  // ---------------------------------------------------------------- rendering helpers
+
+  function nearBottom() {
+    return transcript.scrollHeight - transcript.scrollTop - transcript.clientHeight < 80;
+  }
+
+  function withScroll(fn) {
+    const stick = nearBottom();
+    fn();
+    if (stick) transcript.scrollTop = transcript.scrollHeight;
+  }
+
+  function el(tag, cls, text) {
+    const e = document.createElement(tag);
+    if (cls) e.className = cls;
+    if (text != null) e.textContent = text;
+    return e;
+  }
+
+  function formatTime(ts) {
+    if (typeof ts !== "number") return "";
+    const d = new Date(ts * 1000);
+    const sameDay = d.toDateString() === new Date().toDateString();
+    return sameDay
+      ? d.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" })
+      : d.toLocaleString([], { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit" });
+  }
+
+  function updateEmpty() {
+    empty.hidden = transcript.querySelector(".msg, .task") !== null;
+  }
+
+  function renderButtons(container, msgId, buttons) {
+    container.textContent = "";
+    container.hidden = !buttons || buttons.length === 0;
+    (buttons || []).forEach((b) => {
+      const btn = el("button", "btn " + (["primary", "danger"].includes(b.style) ? b.style : "default"),
+        b.label);
+      btn.type = "button";
+      btn.addEventListener("click", () => {
+        if (!send({ type: "press", value: b.value, message_id: msgId })) return;
+        container.querySelectorAll("button").forEach((x) => { x.disabled = true; });
+        btn.classList.add("chosen");
+      });
+      container.appendChild(btn);
+    });
+  }
+
+  function fillMessage(node, frame) {
+    node.querySelector(".text").innerHTML = renderMarkdown(frame.text);
+    renderButtons(node.querySelector(".buttons"), frame.id, frame.buttons);
+  }
+
+  function addMessage(frame) {
+    let node = messages.get(frame.id);
+    if (node) { fillMessage(node, frame); return node; } // same frame twice: update, never duplicate
+    const role = frame.role === "user" ? "user" : "assistant";
+    node = el("div", "msg " + role);
+    node.dataset.id = frame.id;
+    const bubble = el("div", "bubble");
+    bubble.appendChild(el("div", "text"));
+    bubble.appendChild(el("div", "buttons"));
+    node.appendChild(bubble);
+    const time = formatTime(frame.ts);
+    if (time) node.appendChild(el("div", "meta", time));
+    fillMessage(node, frame);
+    messages.set(frame.id, node);
+    transcript.appendChild(node);
+    return node;
+  }
+
+  function systemLine(text, cls) {
+    withScroll(() => {
+      transcript.appendChild(el("div", "system " + (cls || ""), text));
+    });
+  }
+
+  // ---------------------------------------------------------------- live task progress
+
+  function taskBlock(taskId) {
+    let t = tasks.get(taskId);
+    if (t) return t;
+    const node = el("div", "task");
+    node.dataset.task = taskId;
+    const tools = el("div", "tools");
+    const status = el("div", "task-status");
+    status.hidden = true;
+    node.appendChild(tools);
+    node.appendChild(status);
+    transcript.appendChild(node);
+    t = { el: node, tools, status, draft: null, draftText: "" };
+    tasks.set(taskId, t);
+    return t;
+  }
+
+  function setDraft(t, text) {
+    t.draftText = text;
+    if (!text) {
+      if (t.draft) { t.draft.remove(); t.draft = null; }
+      return;
+    }
+    if (!t.draft) {
+      t.draft = el("div", "msg assistant draft");
+      const bubble = el("div", "bubble");
+      bubble.appendChild(el("div", "text"));
+      t.draft.appendChild(bubble);
+      t.el.appendChild(t.draft);
+    }
+    t.draft.querySelector(".text").innerHTML = renderMarkdown(text);
+  }
+
+  function clearDrafts() {
+    tasks.forEach((t) => {
+      setDraft(t, "");
+      t.status.hidden = true;
+      if (!t.tools.children.length) t.el.remove();
+    });
+    tasks.clear(); // later progress of the same task starts a new block below
+  }
+
+  function onProgress(f) {
+    const taskId = String(f.task_id || "");
+    setRunning(true);
+    withScroll(() => {
+      if (f.kind === "text") {
+        const t = taskBlock(taskId);
+        setDraft(t, t.draftText + (f.text || ""));
+      } else if (f.kind === "reset") {
+        const t = tasks.get(taskId);
+        if (t) setDraft(t, "");
+      } else if (f.kind === "tool_start") {
+        const t = taskBlock(taskId);
+        const line = el("div", "tool pending");
+        line.dataset.task = taskId;
+        line.dataset.tool = f.tool || "";
+        line.appendChild(el("span", "mark", "▸"));
+        line.appendChild(el("span", "name", f.tool || "tool"));
+        if (f.text) line.appendChild(el("span", "args", f.text));
+        t.tools.appendChild(line);
+      } else if (f.kind === "tool_end") {
+        const pending = Array.from(transcript.querySelectorAll(".tool.pending"))
+          .filter((x) => x.dataset.task === taskId && x.dataset.tool === (f.tool || ""));
+        let line = pending[pending.length - 1];
+        if (!line) { // its start was before this page loaded: show the end on its own
+          const t = taskBlock(taskId);
+          line = el("div", "tool");
+          line.appendChild(el("span", "mark"));
+          line.appendChild(el("span", "name", f.tool || "tool"));
+          t.tools.appendChild(line);
+        }
+        line.classList.remove("pending");
+        line.classList.add(f.ok ? "ok" : "failed");
+        line.querySelector(".mark").textContent = f.ok ? "✓" : "✗";
+        if (!f.ok && f.text) line.appendChild(el("span", "detail", f.text));
+      } else if (f.kind === "status") {
+        const t = taskBlock(taskId);
+        t.status.textContent = f.text || "";
+        t.status.hidden = !f.text;
+      }
+    });
+  }
+
+  // ---------------------------------------------------------------- running state
+
+  function setRunning(on) {
+    running = on;
+    stopBtn.hidden = !on;
+    if (on) {
+      stopBtn.disabled = false;
+      stopBtn.textContent = "Stop";
+    } else {
+      hideTyping();
+      clearTimeout(stopTimer);
+    }
+  }
+
+  function showTyping() {
+    typingEl.hidden = false;
+    clearTimeout(typingTimer);
+    typingTimer = setTimeout(hideTyping, 8000);
+  }
+
+  function hideTyping() {
+    typingEl.hidden = true;
+    clearTimeout(typingTimer);
+  }
+
+  // ---------------------------------------------------------------- frames in
+
+  function onFrame(f) {
+    switch (f.type) {
+      case "message":
+        withScroll(() => {
+          if (f.role !== "user") {
+            hideTyping();
+            // A reply without buttons ends the task; an approval or offer keeps it going.
+            if (!f.buttons || f.buttons.length === 0) {
+              clearDrafts();
+              setRunning(false);
+            }
+          }
+          addMessage(f);
+        });
+        break;
+      case "edit": {
+        const node = messages.get(f.id);
+        if (node) withScroll(() => fillMessage(node, f));
+        break;
+      }
+      case "progress":
+        onProgress(f);
+        break;
+      case "typing":
+        setRunning(true);
+        withScroll(showTyping);
+        break;
+      case "notice":
+        noticeEl.textContent = f.text || "";
+        noticeEl.hidden = !f.text;
+        break;
+      case "history":
+        transcript.querySelectorAll(".msg, .task, .system").forEach((n) => n.remove());
+        messages.clear();
+        tasks.clear();
+        setRunning(false);
+        (f.items || []).forEach(addMessage);
+        transcript.scrollTop = transcript.scrollHeight;
+        break;
+      case "error":
+        systemLine(f.text || "Something went wrong.", "error");
+        break;
+      default:
+        break; // a newer server may send more; ignore what this page does not know
+    }
+    updateEmpty();
+  }
+
+  // ---------------------------------------------------------------- socket
+
+  function setStatus(state, text) {
+    statusEl.dataset.state = state;
+    statusEl.title = text;
+    statusText.textContent = text;
+    sendBtn.disabled = state !== "open" || !input.value.trim();
+  }
+
+  function send(frame) {
+    if (!ws || ws.readyState !== WebSocket.OPEN) {
+      systemLine("Not connected to Steward; reconnecting…", "error");
+      return false;
+    }
+    ws.send(JSON.stringify(frame));
+    return true;
+  }
+
+  function connect() {
+    clearTimeout(reconnectTimer);
+    const proto = location.protocol === "https:" ? "wss:" : "ws:";
+    const sock = new WebSocket(proto + "//" + location.host + "/ws?session=" +
+      encodeURIComponent(session));
+    ws = sock;
+    setStatus("connecting", "connecting…");
+    sock.onopen = () => {
+      backoff = 500;
+      setStatus("open", "connected");
+    };
+    sock.onmessage = (ev) => {
+      let f;
+      try { f = JSON.parse(ev.data); } catch (_) { return; }
+      if (f && typeof f === "object") onFrame(f);
+    };
+    sock.onclose = (ev) => {
+      if (ws !== sock) return; // replaced on purpose (New chat)
+      ws = null;
+      setRunning(false);
+      if (ev.code === 1008) { // the server refused the session id: start a fresh one
+        session = newSession();
+        try { localStorage.setItem(SESSION_KEY, session); } catch (_) { /* ignore */ }
+      }
+      const wait = Math.min(backoff, 15000) * (0.75 + Math.random() * 0.5);
+      backoff = Math.min(backoff * 2, 15000);
+      setStatus("closed", "reconnecting in " + Math.ceil(wait / 1000) + " s…");
+      reconnectTimer = setTimeout(connect, wait);
+    };
+  }
+
+  // ---------------------------------------------------------------- composer
+
+  function autosize() {
+    input.style.height = "auto";
+    input.style.height = Math.min(input.scrollHeight, 200) + "px";
+    sendBtn.disabled = !ws || ws.readyState !== WebSocket.OPEN || !input.value.trim();
+  }
+
+  $("composer").addEventListener("submit", (e) => {
+    e.preventDefault();
+    const text = input.value;
+    if (!text.trim()) return;
+    if (send({ type: "message", text })) {
+      input.value = "";
+      autosize();
+      setRunning(true);
+    }
+  });
+
+  input.addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && !e.shiftKey && !e.isComposing) {
+      e.preventDefault();
+      $("composer").requestSubmit();
+    }
+  });
+  input.addEventListener("input", autosize);
+
+  stopBtn.addEventListener("click", () => {
+    if (!send({ type: "cancel" })) return;
+    stopBtn.disabled = true;
+    stopBtn.textContent = "Stopping…";
+    // If the task was already over, nothing will answer: do not show Stop forever.
+    clearTimeout(stopTimer);
+    stopTimer = setTimeout(() => setRunning(false), 15000);
+  });
+
+  $("new-chat").addEventListener("click", () => {
+    session = newSession();
+    try { localStorage.setItem(SESSION_KEY, session); } catch (_) { /* ignore */ }
+    const old = ws;
+    ws = null;
+    if (old) old.close(1000, "new chat");
+    transcript.querySelectorAll(".msg, .task, .system").forEach((n) => n.remove());
+    messages.clear();
+    tasks.clear();
+    setRunning(false);
+    updateEmpty();
+    backoff = 500;
+    connect();
+    input.focus();
+  });
+
+  connect();
+  input.focus();
+
+  // Exposed for manual testing in the browser console only.
+  window.stewardRenderMarkdown = renderMarkdown;
+})();

@@ -1,0 +1,136 @@
+"""Wiring: settings in, a running Steward out. The only place that knows every part.
+
+Why one builder: `run`, `chat`, `replay` and the tests must assemble exactly the
+same agent, guardian and dispatcher, differing only in clock and channels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from bot.dispatcher import Dispatcher
+from config.settings import ConfigError, Settings
+from core.agent import Agent
+from core.approvals import Approvals
+from core.clock import Clock
+from core.conversations import Conversations
+from core.events import Channel
+from core.guardian import Guardian
+from core.llm import LLMClient
+from core.tools import ALL_TOOLS
+from core.tools.base import ToolContext
+from memory.episodes import EpisodeStore
+from memory.rules import RuleStore
+
+NO_MODEL_MESSAGE = (
+    "No model is configured, so I can't work on tasks yet. Set STEWARD_MODEL to a litellm "
+    "model string and the provider's key, e.g.\n"
+    "  export STEWARD_MODEL=openai/gpt-4.1-mini OPENAI_API_KEY=sk-...\n"
+    "  export STEWARD_MODEL=anthropic/claude-sonnet-4-5 ANTHROPIC_API_KEY=...\n"
+    "or point it at an OpenAI-compatible server (vLLM, llama.cpp, Ollama):\n"
+    "  export STEWARD_MODEL=openai/<model-id> STEWARD_API_BASE=http://127.0.0.1:8080/v1\n"
+    "then restart Steward. `steward doctor` checks the set-up."
+)
+
+
+def ensure_dir(path: Path, key: str) -> Path:
+    """Create a configured folder, or explain why it can't be used."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(
+            f"`{key}` is {path}, which cannot be created ({exc.strerror}). "
+            f"Set STEWARD_{key.upper()} to a folder you can write."
+        ) from exc
+    if not path.is_dir():
+        raise ConfigError(f"`{key}` is {path}, which is not a folder. Set STEWARD_{key.upper()}.")
+    probe = path / ".steward-write-test"
+    try:
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(
+            f"`{key}` is {path}, which is not writable ({exc.strerror}). "
+            f"Fix its permissions or set STEWARD_{key.upper()}."
+        ) from exc
+    return path
+
+
+class App:
+    """A Steward instance: one dispatcher, one agent, any number of channels."""
+
+    def __init__(self, settings: Settings, *, clock: Clock | None = None) -> None:
+        self.settings = settings
+        self.clock = clock or Clock()
+        self.data_dir = ensure_dir(settings.data_dir, "data_dir")
+        self.workspace = ensure_dir(settings.workspace, "workspace").resolve()
+        self.channels: list[Channel] = []
+        self.approvals = Approvals(self.clock, timeout=settings.approval_timeout)
+        self.conversations = Conversations(self.clock)
+        self.episodes = EpisodeStore(self.data_dir)
+        self.rules = RuleStore(self.data_dir)
+        self.guardian = Guardian(self.workspace)
+        self.llm: LLMClient | None = None
+        agent: Agent | None = None
+        if settings.model_configured:
+            self.llm = LLMClient(
+                model=settings.model.strip(),
+                clock=self.clock,
+                api_base=settings.api_base.strip(),
+                api_key=settings.api_key,
+                timeout=settings.llm_timeout,
+                retries=settings.llm_retries,
+                backoff=settings.llm_backoff,
+                backoff_max=settings.llm_backoff_max,
+                max_tokens=settings.max_tokens,
+                temperature=settings.temperature,
+                stream=settings.stream,
+            )
+            agent = Agent(
+                llm=self.llm,
+                tools=dict(ALL_TOOLS),
+                tool_context=ToolContext(
+                    workspace=self.workspace,
+                    shell_timeout=settings.shell_timeout,
+                    output_cap=settings.output_cap,
+                    fetch_timeout=settings.fetch_timeout,
+                    fetch_max_bytes=settings.fetch_max_bytes,
+                ),
+                guardian=self.guardian,
+                approvals=self.approvals,
+                episodes=self.episodes,
+                clock=self.clock,
+                max_steps=settings.max_steps,
+            )
+        self.agent = agent
+        self.dispatcher = Dispatcher(
+            conversations=self.conversations,
+            approvals=self.approvals,
+            agent=agent,
+            rules=self.rules,
+            no_model_message=NO_MODEL_MESSAGE,
+            history_turns=settings.history_turns,
+        )
+
+    @property
+    def notice(self) -> str | None:
+        return None if self.agent is not None else NO_MODEL_MESSAGE
+
+    async def start(self, channels: Sequence[Channel]) -> None:
+        for channel in channels:
+            await channel.start(self.dispatcher.bind(channel))
+            self.channels.append(channel)
+
+    async def stop(self) -> None:
+        await self.conversations.stop()
+        for channel in reversed(self.channels):
+            try:
+                await channel.stop()
+            except Exception:  # stopping must go on for the others
+                import structlog
+
+                structlog.get_logger("steward.app").exception(
+                    "channel.stop_failed", channel=channel.name
+                )
+        self.channels.clear()

@@ -1,0 +1,150 @@
+"""`steward …` (and `python -m bot`): the command line.
+
+Only argparse is imported at module level: litellm alone takes seconds to import,
+so every subcommand imports what it needs when it runs and `steward --help`
+answers at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+EXIT_OK, EXIT_FAIL, EXIT_CONFIG = 0, 1, 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="steward",
+        description="Steward: a self-hosted AI agent for your team's chat.",
+        epilog="Settings: steward.toml and STEWARD_* variables (see README → Configuration).",
+    )
+    p.add_argument(
+        "--config", metavar="PATH", help="settings file (default: ./steward.toml if present)"
+    )
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    sub.add_parser("run", help="start every configured channel and the local web chat")
+
+    chat = sub.add_parser("chat", help="chat in the terminal")
+    chat.add_argument(
+        "-m", "--message", metavar="TEXT", help="send one message, print the reply, exit"
+    )
+    chat.add_argument("-q", "--quiet", action="store_true", help="with -m: no tool lines on stderr")
+
+    rules = sub.add_parser("rules", help="the rules Steward has learned")
+    rules_sub = rules.add_subparsers(dest="rules_command", metavar="ACTION")
+    rl = rules_sub.add_parser("list", help="list rules")
+    rl.add_argument("status", nargs="?", choices=["candidate", "active", "retired"])
+
+    memory = sub.add_parser("memory", help="what Steward remembers")
+    mem_sub = memory.add_subparsers(dest="memory_command", metavar="ACTION")
+    mem_sub.add_parser("stats", help="counts of what is stored")
+    ms = mem_sub.add_parser("search", help="search past episodes")
+    ms.add_argument("query")
+    ms.add_argument("--limit", type=int, default=10)
+    ms.add_argument("--json", action="store_true")
+
+    rp = sub.add_parser("replay", help="replay a JSON-lines scenario on a simulated clock")
+    rp.add_argument("file", help="scenario file, or - for stdin")
+    rp.add_argument(
+        "--drain",
+        type=float,
+        default=3600.0,
+        metavar="SECONDS",
+        help="simulated time to keep running after the last line (default 3600)",
+    )
+
+    sub.add_parser("doctor", help="check the set-up and say what to fix")
+    sub.add_parser("version", help="print the version")
+    return p
+
+
+def _settings(args: argparse.Namespace) -> Any:
+    from config.settings import ConfigError, load_settings
+
+    try:
+        settings = load_settings(args.config)
+    except ConfigError as exc:
+        print(f"steward: configuration error: {exc}", file=sys.stderr)
+        raise SystemExit(EXIT_CONFIG) from None
+    from bot.logs import configure_logging
+
+    level = "debug" if args.verbose else settings.log_level
+    if args.command == "chat" and not args.verbose:
+        level = "warning" if settings.log_level in ("debug", "info") else settings.log_level
+    configure_logging(level, settings.log_format)
+    return settings
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return EXIT_OK
+    if args.command == "version":
+        from importlib.metadata import version
+
+        print(f"steward {version('steward')}")
+        return EXIT_OK
+    settings = _settings(args)
+    from config.settings import ConfigError
+
+    try:
+        return _dispatch(args, settings, parser)
+    except ConfigError as exc:
+        print(f"steward: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except KeyboardInterrupt:
+        return 130
+
+
+def _dispatch(args: argparse.Namespace, settings: Any, parser: argparse.ArgumentParser) -> int:
+    import asyncio
+
+    if args.command == "run":
+        from bot.server import serve
+
+        return asyncio.run(serve(settings))
+    if args.command == "chat":
+        from bot.chat import chat_interactive, chat_once
+
+        if args.message is not None:
+            return asyncio.run(chat_once(settings, args.message, quiet=args.quiet))
+        return asyncio.run(chat_interactive(settings))
+    if args.command == "replay":
+        from bot.replay import run_replay
+
+        if args.file == "-":
+            lines = sys.stdin.read().splitlines()
+        else:
+            try:
+                with open(args.file, encoding="utf-8") as fh:
+                    lines = fh.read().splitlines()
+            except OSError as exc:
+                print(f"steward: cannot read scenario {args.file}: {exc.strerror}", file=sys.stderr)
+                return EXIT_FAIL
+        asyncio.run(run_replay(settings, lines, sys.stdout, drain=args.drain))
+        return EXIT_OK
+    if args.command == "doctor":
+        from bot.doctor import run_doctor
+
+        return asyncio.run(run_doctor(settings))
+    if args.command == "rules":
+        from memory.rules import RuleStore
+
+        print(RuleStore(settings.data_dir).render_list(getattr(args, "status", None)))
+        return EXIT_OK
+    if args.command == "memory":
+        from bot.memory_cli import memory_command
+
+        return memory_command(settings, args)
+    parser.print_help()
+    return EXIT_FAIL
+
+
+if __name__ == "__main__":
+    sys.exit(main())

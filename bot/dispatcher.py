@@ -1,0 +1,178 @@
+"""Where every inbound event goes: commands, button presses, messages for the agent.
+
+The dispatcher is the only place that knows all three; channels only parse and
+render, the agent only works. Keeping commands here means `/cancel` or `/approve`
+behaves the same in the terminal, the web chat, replay and every platform.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import structlog
+
+from core.agent import Agent, TaskRequest, TaskResult
+from core.approvals import APPROVE, DENY, Approvals
+from core.conversations import Conversations
+from core.events import ButtonPress, Cancel, Channel, Inbound, Message, MessageRef, Progress
+from memory.rules import RuleStore
+
+log = structlog.get_logger("steward.dispatcher")
+
+HELP = """Commands:
+/help — this list
+/cancel — stop the running task
+/status — what is running and queued here
+/approve ID, /deny ID — decide an approval (for clients without buttons)
+/rules [candidate|active|retired] — the rules Steward has learned
+Anything else is a task for Steward."""
+
+
+@dataclass(slots=True)
+class Undelivered:
+    channel: str
+    conversation: str
+    text: str
+    error: str
+
+
+@dataclass
+class Dispatcher:
+    conversations: Conversations
+    approvals: Approvals
+    agent: Agent | None
+    rules: RuleStore
+    #: Sent instead of running a task when no model is configured.
+    no_model_message: str = ""
+    history_turns: int = 20
+    last_results: dict[str, TaskResult] = field(default_factory=dict)
+    undelivered: list[Undelivered] = field(default_factory=list)
+
+    def bind(self, channel: Channel) -> Callable[[Inbound], Awaitable[None]]:
+        async def dispatch(event: Inbound) -> None:
+            await self.handle(event, channel)
+
+        return dispatch
+
+    @staticmethod
+    def key(channel: Channel, conversation: str) -> str:
+        return f"{channel.name}:{conversation}"
+
+    async def handle(self, event: Inbound, channel: Channel) -> None:
+        if isinstance(event, ButtonPress):
+            await self._press(event, channel)
+        elif isinstance(event, Cancel):
+            await self._cancel(channel, event.conversation)
+        elif isinstance(event, Message):
+            text = event.text.strip()
+            if not text:
+                return
+            if text.startswith("/"):
+                await self._command(event, channel, text)
+            else:
+                await self._task(event, channel, text)
+
+    async def say(
+        self, channel: Channel, conversation: str, text: str, thread: str | None = None
+    ) -> MessageRef | None:
+        """Send, and never lose what could not be sent (kept in `undelivered`, logged)."""
+        try:
+            return await channel.send(conversation, text, thread=thread)
+        except Exception as exc:
+            log.exception("dispatch.send_failed", channel=channel.name, conversation=conversation)
+            self.undelivered.append(Undelivered(channel.name, conversation, text, repr(exc)))
+            return None
+
+    async def _press(self, event: ButtonPress, channel: Channel) -> None:
+        if event.value.startswith((f"{APPROVE}:", f"{DENY}:")):
+            answer = await self.approvals.press(event.value, event.user)
+            if not answer.startswith(("Approved", "Denied")):
+                await self.say(channel, event.conversation, answer)
+            return
+        await self.say(channel, event.conversation, "That button is no longer active.")
+
+    async def _cancel(self, channel: Channel, conversation: str) -> None:
+        key = self.key(channel, conversation)
+        if not self.conversations.cancel(key):
+            await self.say(channel, conversation, "Nothing is running here.")
+
+    async def _command(self, msg: Message, channel: Channel, text: str) -> None:
+        name, _, arg = text[1:].partition(" ")
+        name, arg = name.lower(), arg.strip()
+        if name in ("help", "start"):
+            await self.say(channel, msg.conversation, HELP, msg.thread)
+        elif name == "cancel":
+            await self._cancel(channel, msg.conversation)
+        elif name == "status":
+            key = self.key(channel, msg.conversation)
+            busy = self.conversations.is_busy(key)
+            queued = self.conversations.queued(key)
+            waiting = self.approvals.pending(msg.conversation)
+            parts = ["A task is running." if busy else "Idle."]
+            if queued:
+                parts.append(f"{queued} queued.")
+            if waiting:
+                parts.append(
+                    "Waiting for approval: " + ", ".join(f"{r.id} ({r.what})" for r in waiting)
+                )
+            await self.say(channel, msg.conversation, " ".join(parts), msg.thread)
+        elif name in (APPROVE, DENY):
+            if not arg:
+                await self.say(channel, msg.conversation, f"Usage: /{name} ID", msg.thread)
+                return
+            answer = await self.approvals.press(f"{name}:{arg}", msg.user)
+            await self.say(channel, msg.conversation, answer, msg.thread)
+        elif name == "rules":
+            await self.say(
+                channel, msg.conversation, self.rules.render_list(arg or None), msg.thread
+            )
+        else:
+            await self.say(
+                channel,
+                msg.conversation,
+                f"Unknown command /{name}. Send /help for the list.",
+                msg.thread,
+            )
+
+    async def _task(self, msg: Message, channel: Channel, text: str) -> None:
+        key = self.key(channel, msg.conversation)
+        ahead = self.conversations.submit(key, lambda: self._run(msg, channel, text, key))
+        if ahead:
+            await self.say(
+                channel,
+                msg.conversation,
+                f"Queued: {ahead} task(s) ahead of this one. Send /cancel to stop the running one.",
+                msg.thread,
+            )
+
+    async def _run(self, msg: Message, channel: Channel, text: str, key: str) -> None:
+        if self.agent is None:
+            await self.say(channel, msg.conversation, self.no_model_message, msg.thread)
+            return
+        history = self.conversations.history(key)
+        window = history[-2 * self.history_turns :] if self.history_turns else []
+
+        async def observe(event: Progress) -> None:
+            if channel.capabilities.live_progress:
+                await channel.progress(msg.conversation, event)
+
+        if channel.capabilities.typing:
+            with contextlib.suppress(Exception):
+                await channel.typing(msg.conversation)
+        request = TaskRequest(channel, msg.conversation, msg.user, text, msg.thread, list(window))
+        try:
+            result = await self.agent.run(request, observe)
+        except asyncio.CancelledError:
+            await asyncio.shield(
+                self.say(channel, msg.conversation, "Stopped: the task was cancelled.", msg.thread)
+            )
+            return
+        self.last_results[key] = result
+        history += [
+            {"role": "user", "content": text},
+            {"role": "assistant", "content": result.reply},
+        ]
+        await self.say(channel, msg.conversation, result.reply, msg.thread)

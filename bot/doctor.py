@@ -1,0 +1,150 @@
+"""`steward doctor`: check the set-up end to end and say, for each problem, what to do."""
+
+from __future__ import annotations
+
+import socket
+import sys
+from dataclasses import dataclass
+
+from bot.app import ensure_dir
+from config.settings import ConfigError, Settings
+from core.clock import Clock
+from core.llm import LLMClient, LLMError, load_litellm
+
+
+@dataclass(slots=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+    warn: bool = False
+
+
+def _dirs(settings: Settings) -> list[Check]:
+    checks = []
+    for key in ("data_dir", "workspace"):
+        path = getattr(settings, key)
+        try:
+            ensure_dir(path, key)
+            checks.append(Check(key, True, f"{path} is writable"))
+        except ConfigError as exc:
+            checks.append(Check(key, False, str(exc), f"set STEWARD_{key.upper()}"))
+    return checks
+
+
+def _port(settings: Settings) -> Check:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((settings.host, settings.port))
+        except OSError as exc:
+            return Check(
+                "web chat",
+                True,
+                f"{settings.host}:{settings.port} is in use ({exc.strerror}); "
+                "fine if Steward is running",
+                "otherwise set STEWARD_PORT to a free port",
+                warn=True,
+            )
+    exposed = settings.host not in ("127.0.0.1", "localhost", "::1")
+    if exposed:
+        return Check(
+            "web chat",
+            True,
+            f"will listen on {settings.host}:{settings.port}, beyond this machine",
+            "the web chat has no login yet: keep STEWARD_HOST=127.0.0.1",
+            warn=True,
+        )
+    return Check("web chat", True, f"http://{settings.host}:{settings.port} is free")
+
+
+async def _model(settings: Settings) -> list[Check]:
+    if not settings.model_configured:
+        return [
+            Check(
+                "model",
+                False,
+                "no model configured (STEWARD_MODEL is empty)",
+                "set STEWARD_MODEL (and the provider key); see README → Configuration",
+            )
+        ]
+    litellm = load_litellm()
+    checks = []
+    model = settings.model.strip()
+    if not settings.api_base:
+        try:
+            env = litellm.validate_environment(model=model)
+        except Exception as exc:  # unknown provider prefix and the like
+            return [
+                Check(
+                    "model",
+                    False,
+                    f"litellm does not understand {model!r}: {exc}",
+                    "use a provider/model string, e.g. openai/gpt-4.1-mini",
+                )
+            ]
+        missing = env.get("missing_keys") or []
+        if missing:
+            checks.append(
+                Check(
+                    "provider key",
+                    False,
+                    f"{', '.join(missing)} not set",
+                    f"export {missing[0]}=...",
+                )
+            )
+            return checks
+        checks.append(Check("provider key", True, "present"))
+    client = LLMClient(
+        model=model,
+        clock=Clock(),
+        api_base=settings.api_base.strip(),
+        api_key=settings.api_key,
+        timeout=min(settings.llm_timeout, 30.0),
+        retries=0,
+        max_tokens=1,
+        stream=False,
+    )
+    try:
+        await client.complete([{"role": "user", "content": "ping"}])
+        checks.append(Check("model", True, f"{client.describe()} answered"))
+    except LLMError as exc:
+        checks.append(Check("model", False, str(exc), "see the message above"))
+    return checks
+
+
+def _channels() -> list[Check]:
+    return [
+        Check(
+            "channels",
+            True,
+            "terminal and local web chat are always available; "
+            "chat platforms are configured per platform (README → Channels)",
+        )
+    ]
+
+
+async def run_doctor(settings: Settings) -> int:
+    checks: list[Check] = [Check("config", True, _config_summary(settings))]
+    checks += _dirs(settings)
+    checks.append(_port(settings))
+    checks += await _model(settings)
+    checks += _channels()
+    failed = 0
+    for c in checks:
+        mark = "!" if c.warn else ("✓" if c.ok else "✗")
+        print(f"{mark} {c.name}: {c.detail}")
+        if c.fix and (not c.ok or c.warn):
+            print(f"    fix: {c.fix}")
+        failed += 0 if c.ok else 1
+    print("all good" if not failed else f"{failed} problem(s) to fix", file=sys.stderr)
+    return 0 if not failed else 1
+
+
+def _config_summary(settings: Settings) -> str:
+    custom = sorted(k for k, v in settings.sources.items() if v != "default")
+    if not custom:
+        return "defaults only (no steward.toml, no STEWARD_* variables)"
+    shown = ", ".join(f"{k} ({settings.sources[k]})" for k in custom if k != "api_key")
+    return f"loaded; set: {shown}"

@@ -1,0 +1,193 @@
+"""Settings: config/default.toml, then steward.toml, then STEWARD_* environment variables.
+
+Why three layers in this order: the defaults file documents every key in one
+place, a deployment's steward.toml is versionable, and environment variables win
+because that is how a Procfile/PaaS world configures a process (12-factor).
+
+Every mistake becomes a `ConfigError` that names the key, where it came from, the
+value and the fix; a person should never have to read a pydantic traceback.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import tomllib
+from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+ENV_PREFIX = "STEWARD_"
+DEFAULT_CONFIG_NAME = "steward.toml"
+
+
+class ConfigError(Exception):
+    """A configuration mistake, worded for the person who has to fix it."""
+
+
+class Settings(BaseModel):
+    """The validated settings. Field docs live in config/default.toml beside the values."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str
+    api_base: str
+    api_key: str = Field(repr=False)
+    data_dir: Path
+    workspace: Path
+    host: str
+    port: int = Field(ge=0, le=65535)
+    max_steps: int = Field(ge=1, le=200)
+    task_timeout: float = Field(gt=0)
+    llm_timeout: float = Field(gt=0)
+    llm_retries: int = Field(ge=0, le=20)
+    llm_backoff: float = Field(ge=0)
+    llm_backoff_max: float = Field(ge=0)
+    max_tokens: int = Field(ge=0)
+    temperature: float = Field(ge=-1, le=2)
+    stream: bool
+    history_turns: int = Field(ge=0)
+    shell_timeout: float = Field(gt=0)
+    output_cap: int = Field(ge=200)
+    fetch_timeout: float = Field(gt=0)
+    fetch_max_bytes: int = Field(ge=1024)
+    approval_timeout: float = Field(gt=0)
+    log_format: Literal["auto", "json", "console"]
+    log_level: Literal["debug", "info", "warning", "error"]
+
+    #: Where each value came from ("default", "steward.toml", "env STEWARD_MODEL"), for doctor.
+    sources: dict[str, str] = Field(default_factory=dict, exclude=True)
+
+    @property
+    def model_configured(self) -> bool:
+        return bool(self.model.strip())
+
+
+_EXPECTED = {
+    "int": "a whole number",
+    "float": "a number",
+    "bool": "true or false",
+    "str": "a string",
+    "Path": "a folder path",
+}
+
+
+def _defaults() -> dict[str, Any]:
+    text = resources.files("config").joinpath("default.toml").read_text(encoding="utf-8")
+    return tomllib.loads(text)
+
+
+def _unknown_key(key: str, origin: str, known: list[str]) -> ConfigError:
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f" Did you mean `{close[0]}`?" if close else ""
+    return ConfigError(
+        f"Unknown setting `{key}` in {origin}.{hint} "
+        f"Known settings are listed in config/default.toml (README → Configuration)."
+    )
+
+
+def _env_name(key: str) -> str:
+    return ENV_PREFIX + key.upper()
+
+
+def load_settings(
+    config_path: str | Path | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> Settings:
+    """Build the settings, or raise ConfigError saying exactly what to fix.
+
+    `config_path` given explicitly must exist; otherwise ./steward.toml is used when present.
+    """
+    env = os.environ if env is None else env
+    cwd = cwd or Path.cwd()
+    values = _defaults()
+    known = sorted(values)
+    sources = dict.fromkeys(values, "default")
+
+    path: Path | None
+    if config_path is not None:
+        path = Path(config_path)
+        if not path.is_file():
+            raise ConfigError(
+                f"Config file {path} does not exist. Fix the --config path, or drop --config "
+                f"to use ./{DEFAULT_CONFIG_NAME} (optional) and STEWARD_* variables."
+            )
+    else:
+        candidate = cwd / DEFAULT_CONFIG_NAME
+        path = candidate if candidate.is_file() else None
+
+    if path is not None:
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path} is not valid TOML: {exc}. Fix the line it names.") from exc
+        except OSError as exc:
+            raise ConfigError(f"Cannot read {path}: {exc}.") from exc
+        for key, value in data.items():
+            if key not in values:
+                raise _unknown_key(key, str(path), known)
+            values[key] = value
+            sources[key] = str(path)
+
+    for name, raw in env.items():
+        if not name.startswith(ENV_PREFIX):
+            continue
+        key = name[len(ENV_PREFIX) :].lower()
+        if key not in values:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f" Did you mean {_env_name(close[0])}?" if close else ""
+            raise ConfigError(
+                f"Unknown environment variable {name}.{hint} "
+                f"Known settings are listed in config/default.toml (README → Configuration); "
+                f"unset {name} if it is not meant for Steward."
+            )
+        values[key] = raw
+        sources[key] = f"env {name}"
+
+    for key in ("data_dir", "workspace"):
+        if isinstance(values.get(key), str) and values[key].strip() == "":
+            raise ConfigError(
+                f"`{key}` ({sources[key]}) is empty. Set it to a folder path, "
+                f"e.g. {_env_name(key)}=./{'.steward' if key == 'data_dir' else 'workspace'}."
+            )
+
+    try:
+        settings = Settings(**values)
+    except ValidationError as exc:
+        raise _explain(exc, values, sources) from None
+
+    def absolute(p: Path) -> Path:
+        p = p.expanduser()
+        return p if p.is_absolute() else (cwd / p)
+
+    return settings.model_copy(
+        update={
+            "data_dir": absolute(settings.data_dir),
+            "workspace": absolute(settings.workspace),
+            "sources": sources,
+        }
+    )
+
+
+def _explain(exc: ValidationError, values: dict[str, Any], sources: dict[str, str]) -> ConfigError:
+    lines = []
+    for err in exc.errors():
+        key = str(err["loc"][0]) if err["loc"] else "?"
+        origin = sources.get(key, "?")
+        value = values.get(key, "<missing>")
+        field = Settings.model_fields.get(key)
+        kind = getattr(field.annotation, "__name__", str(field.annotation)) if field else "?"
+        expected = _EXPECTED.get(kind, kind)
+        if err["type"] == "literal_error":
+            expected = "one of " + str(err.get("ctx", {}).get("expected", ""))
+        where = f"{origin}" if origin.startswith("env") else f"`{key}` in {origin}"
+        lines.append(
+            f"Setting `{key}` has the value {value!r} ({where}): {err['msg']}. "
+            f"Fix: set it to {expected} (e.g. {_env_name(key)}=... ; see config/default.toml)."
+        )
+    return ConfigError("\n".join(lines))

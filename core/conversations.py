@@ -1,0 +1,102 @@
+"""One task at a time per conversation, all conversations at once.
+
+Why a queue per conversation: two messages in one chat must not race over the same
+history and workspace, but one slow conversation must never hold up another. A
+job that crashes or times out is contained here; the worker goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from core.clock import Clock
+
+log = structlog.get_logger("steward.conversations")
+
+Job = Callable[[], Awaitable[None]]
+
+
+@dataclass(slots=True)
+class _Conversation:
+    queue: deque[Job] = field(default_factory=deque)
+    worker: asyncio.Task[None] | None = None
+    current: asyncio.Task[None] | None = None
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Conversations:
+    """Serializes jobs per conversation key; keeps each conversation's recent history."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self._convs: dict[str, _Conversation] = {}
+
+    def _get(self, key: str) -> _Conversation:
+        return self._convs.setdefault(key, _Conversation())
+
+    def history(self, key: str) -> list[dict[str, Any]]:
+        return self._get(key).history
+
+    def is_busy(self, key: str) -> bool:
+        conv = self._convs.get(key)
+        return bool(conv and (conv.current is not None or conv.queue))
+
+    def queued(self, key: str) -> int:
+        conv = self._convs.get(key)
+        return len(conv.queue) if conv else 0
+
+    def submit(self, key: str, job: Job) -> int:
+        """Queue a job; returns how many jobs are ahead of it (0: it starts now)."""
+        conv = self._get(key)
+        ahead = len(conv.queue) + (1 if conv.current is not None else 0)
+        self.clock.activity.inc()  # counted from now, so "idle" can't race the start
+        conv.queue.append(job)
+        if conv.worker is None or conv.worker.done():
+            conv.worker = asyncio.create_task(self._work(key, conv), name=f"conv:{key}")
+        return ahead
+
+    def cancel(self, key: str) -> bool:
+        """Cancel the running job of a conversation (queued ones stay)."""
+        conv = self._convs.get(key)
+        if conv is None or conv.current is None or conv.current.done():
+            return False
+        conv.current.cancel()
+        return True
+
+    async def _work(self, key: str, conv: _Conversation) -> None:
+        while conv.queue:
+            job = conv.queue.popleft()
+            conv.current = asyncio.create_task(job(), name=f"job:{key}")
+            try:
+                await conv.current
+            except asyncio.CancelledError:
+                if asyncio.current_task() is not None and asyncio.current_task().cancelling():
+                    raise  # the worker itself is being stopped
+                log.info("conversation.job_cancelled", conversation=key)
+            except Exception:
+                log.exception("conversation.job_crashed", conversation=key)
+            finally:
+                conv.current = None
+                self.clock.activity.dec()
+
+    async def wait_idle(self, key: str) -> None:
+        conv = self._convs.get(key)
+        while conv and conv.worker is not None and not conv.worker.done():
+            await asyncio.shield(conv.worker)
+
+    async def stop(self) -> None:
+        workers = []
+        for conv in self._convs.values():
+            if conv.current is not None:
+                conv.current.cancel()
+            if conv.worker is not None:
+                workers.append(conv.worker)
+        for w in workers:
+            w.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)

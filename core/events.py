@@ -1,0 +1,169 @@
+"""The vocabulary shared by every channel and the core.
+
+Adapters import only this module (plus their platform SDK): they turn platform
+payloads into `Message`, `ButtonPress` and `Cancel`, and render `ApprovalRequest`,
+`Suggestion` and text back out. Keeping the types here, free of any agent logic,
+is what lets a new platform be added without touching the core.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a platform can carry; the core degrades to text for whatever is False."""
+
+    buttons: bool = False
+    edit: bool = False
+    typing: bool = False
+    threads: bool = False
+    #: Live progress (streamed text, tool lines) rendered by the channel itself.
+    live_progress: bool = False
+    #: Whether a person can answer an approval here at all (False for `chat -m`).
+    interactive: bool = True
+    max_length: int = 4000
+    max_buttons: int = 5
+    max_label_length: int = 75
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A person wrote something to Steward."""
+
+    channel: str
+    conversation: str
+    user: str
+    text: str
+    id: str = ""
+    thread: str | None = None
+    user_name: str | None = None
+    #: Seconds on the dispatcher's clock when the message arrived (set by the receiver).
+    at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ButtonPress:
+    """A person pressed a button; `value` is the opaque id the button carried."""
+
+    channel: str
+    conversation: str
+    user: str
+    value: str
+    message_id: str = ""
+    user_name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """A person asked to stop the running task (Ctrl-C, a cancel button, `/cancel`)."""
+
+    channel: str
+    conversation: str
+    user: str
+
+
+Inbound = Message | ButtonPress | Cancel
+Dispatch = Callable[[Inbound], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Button:
+    label: str
+    value: str
+    style: Literal["primary", "danger", "default"] = "default"
+
+
+@dataclass(frozen=True, slots=True)
+class MessageRef:
+    """Where an outbound message landed, so it can be edited later."""
+
+    channel: str
+    conversation: str
+    id: str
+    thread: str | None = None
+
+
+@dataclass(slots=True)
+class ApprovalRequest:
+    """A risky action waiting for a person's decision.
+
+    Only `id` travels in button values; everything else stays on the server.
+    """
+
+    id: str
+    what: str
+    why: str
+    risk: str
+    asked_by: str
+    conversation: str
+    channel: str
+    expires_at: float
+    task_id: str = ""
+    buttons: list[Button] = field(default_factory=list)
+
+    def text(self) -> str:
+        return f"Approval needed: {self.what}\nWhy: {self.why}\nRisk: {self.risk}"
+
+
+@dataclass(slots=True)
+class Suggestion:
+    """An unprompted offer of help, answered with buttons."""
+
+    id: str
+    text: str
+    conversation: str
+    channel: str
+    user: str
+    buttons: list[Button] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """Something visible happened inside a running task.
+
+    kind: ``text`` (a streamed piece of the answer), ``reset`` (the streamed text so
+    far is void, e.g. after a retry), ``tool_start``, ``tool_end``, ``status``.
+    """
+
+    kind: Literal["text", "reset", "tool_start", "tool_end", "status"]
+    task_id: str
+    text: str = ""
+    tool: str = ""
+    ok: bool = True
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Channel(Protocol):
+    """What every adapter implements. Methods raise on delivery failure; retrying is not theirs."""
+
+    name: str
+    capabilities: Capabilities
+
+    async def start(self, dispatch: Dispatch) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def send(
+        self, conversation: str, text: str, *, thread: str | None = None
+    ) -> MessageRef: ...
+
+    async def edit(
+        self, ref: MessageRef, text: str, *, buttons: list[Button] | None = None
+    ) -> None: ...
+
+    async def send_approval(
+        self, request: ApprovalRequest, *, thread: str | None = None
+    ) -> MessageRef: ...
+
+    async def send_suggestion(
+        self, suggestion: Suggestion, *, thread: str | None = None
+    ) -> MessageRef: ...
+
+    async def typing(self, conversation: str) -> None: ...
+
+    async def progress(self, conversation: str, event: Progress) -> None: ...

@@ -1,0 +1,2342 @@
+"""The guardian: every tool call is judged allow · needs approval · forbid before it runs.
+
+This is the safety floor that holds before (and under) the policy file: tables of
+rules at the top of this module, applied by a small engine below. Shell commands are
+parsed with bashlex, never grepped: the engine walks the syntax tree (pipelines,
+lists, subshells, substitutions, redirections, functions, loops) and follows commands
+into `sh -c '…'`, `eval`, `xargs`, `sudo`/`env`/`timeout`-style wrappers and
+`find -exec`. Every simple command is judged on its own; the strictest verdict wins
+and its reason names the part that caused it.
+
+It is fail-closed: text bashlex cannot parse is refused, a command name computed at
+run time needs approval, any error or a check slower than the timeout is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import glob
+import itertools
+import os
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import bashlex
+import bashlex.ast
+
+
+class Verdict(StrEnum):
+    ALLOW = "allow"
+    APPROVAL = "approval"
+    FORBID = "forbid"
+
+
+_RANK = {Verdict.ALLOW: 0, Verdict.APPROVAL: 1, Verdict.FORBID: 2}
+
+
+@dataclass(frozen=True)
+class Decision:
+    verdict: Verdict
+    #: One line a person can judge (shown on the approval buttons and to the model).
+    reason: str
+
+
+# ════════════════════════════════════════════════════════════════════════════════
+# Rule tables. A policy file will later extend or override these; keep them data.
+# ════════════════════════════════════════════════════════════════════════════════
+
+# ── Credentials: reading (or writing) these is refused outright. ────────────────
+# A match needs a path boundary on the left (start, "/", quote, "=", …), so a word
+# such as "my.sshd" does not count, but "~/.ssh/id_rsa" and "$HOME/.ssh" do.
+_L = r"(?:^|(?<=[/\s'\"=:@(,;<>]))"
+_R = r"(?=$|[/\s'\")\],;:<>])"
+CREDENTIAL_PATTERNS: tuple[tuple[str, str], ...] = (
+    (_L + r"\.ssh" + _R, "SSH keys (~/.ssh)"),
+    (_L + r"id_(?:rsa|dsa|ecdsa|ed25519)(?:_sk)?(?:\.pub)?" + _R, "an SSH key file"),
+    (r"ssh_host_\w+_key" + _R, "an SSH host key"),
+    (_L + r"\.aws/(?:credentials|config)" + _R, "AWS credentials"),
+    (_L + r"\.config/gcloud" + _R, "Google Cloud credentials"),
+    (_L + r"\.azure" + _R, "Azure credentials"),
+    (_L + r"\.kube/config" + _R, "Kubernetes credentials"),
+    (_L + r"\.docker/config\.json" + _R, "Docker registry credentials"),
+    (_L + r"[._]netrc" + _R, "the .netrc password file"),
+    (_L + r"\.git-credentials" + _R, "stored git credentials"),
+    (_L + r"\.pgpass" + _R, "the PostgreSQL password file"),
+    (_L + r"\.gnupg" + _R, "GnuPG keys"),
+    (_L + r"\.vault-token" + _R, "a Vault token"),
+    (r"/etc/g?shadow" + _R, "the system password hashes"),
+    (r"/proc/[^/\s]+/environ" + _R, "another process's environment (it holds secrets)"),
+    (r"169\.254\.169\.254|metadata\.google\.internal|fd00:ec2::254", "cloud instance credentials"),
+)
+_CREDENTIAL_RES = tuple((re.compile(p), what) for p, what in CREDENTIAL_PATTERNS)
+#: Concrete credential paths, to see what a glob such as `~/.ss?/id_*` could reach.
+CREDENTIAL_EXAMPLES = (
+    "~/.ssh",
+    "~/.ssh/id_rsa",
+    "~/.ssh/id_ed25519",
+    "~/.ssh/id_ecdsa",
+    "~/.ssh/config",
+    "~/.aws/credentials",
+    "~/.aws/config",
+    "~/.config/gcloud",
+    "~/.azure",
+    "~/.kube/config",
+    "~/.docker/config.json",
+    "~/.netrc",
+    "~/.git-credentials",
+    "~/.pgpass",
+    "~/.gnupg",
+    "/root/.ssh/id_rsa",
+    "/etc/shadow",
+    "/etc/gshadow",
+)
+#: Dotenv-style files: fine inside the workspace (the project's own), secret elsewhere.
+ENV_FILE_RE = re.compile(r"^\.env(?:rc)?(?:\.[\w.-]+)?$|^\.(?:npmrc|pypirc)$")
+
+# ── Places and devices. ──────────────────────────────────────────────────────────
+#: Deleting (recursively) or chmod -R on these, or anything directly in them, is refused.
+#: The user's home folder is added at run time.
+PROTECTED_DIRS = frozenset(
+    "/ /bin /boot /dev /etc /home /lib /lib32 /lib64 /libx32 /media /mnt /opt /proc /root "
+    "/run /sbin /snap /srv /sys /usr /var /Applications /Library /System /Users /Volumes "
+    "/private".split()
+)
+#: Raw disks and partitions: writing here destroys a filesystem.
+BLOCK_DEVICE_RE = re.compile(
+    r"^/dev/(?:sd[a-z]|hd[a-z]|vd[a-z]|xvd[a-z]|nvme\d|mmcblk\d|md\d|dm-\d|loop\d|sr\d"
+    r"|r?disk\d|mapper/|disk/|root$)"
+)
+#: Kernel interfaces where one write crashes or corrupts the machine.
+KERNEL_FILE_RE = re.compile(r"^/(?:dev/(?:mem|kmem|port)|proc/sysrq-trigger|proc/kcore)$")
+#: Special files that are fine to write to (or read from) anywhere.
+HARMLESS_DEVICES = frozenset(
+    "/dev/null /dev/zero /dev/full /dev/random /dev/urandom /dev/stdin /dev/stdout "
+    "/dev/stderr /dev/tty".split()
+)
+HARMLESS_DEVICE_RE = re.compile(r"^/dev/fd/\d+$|^/proc/self/fd/\d+$")
+#: Folders whose programs are the ordinary system ones: `/usr/bin/rm` is judged as `rm`.
+SYSTEM_BIN_DIRS = frozenset("/bin /sbin /usr/bin /usr/sbin /usr/local/bin /usr/local/sbin".split())
+
+# ── Commands judged by their name alone. ─────────────────────────────────────────
+FORBIDDEN_COMMANDS: dict[str, str] = {
+    "mkfs": "formats a filesystem",
+    "mke2fs": "formats a filesystem",
+    "mkdosfs": "formats a filesystem",
+    "mkntfs": "formats a filesystem",
+    "newfs": "formats a filesystem",
+    "wipefs": "wipes filesystem signatures",
+    "blkdiscard": "discards every block of a disk",
+    "shutdown": "shuts the machine down",
+    "reboot": "reboots the machine",
+    "halt": "halts the machine",
+    "poweroff": "powers the machine off",
+    "killall5": "kills every process",
+}
+#: Prefixes: `mkfs.ext4`, `mkfs.xfs`, …
+FORBIDDEN_PREFIXES: dict[str, str] = {"mkfs.": "formats a filesystem"}
+
+#: Read-only or ordinary commands: allowed. Their arguments are still checked for
+#: credential paths and their redirections for where they write.
+READ_ONLY_COMMANDS = frozenset(
+    """
+    ls dir vdir cat tac head tail less more wc grep egrep fgrep zgrep rg ag ack echo printf
+    pwd date cal whoami id groups logname uname hostname arch nproc uptime free df du lscpu
+    lsblk sort cut paste join tr diff diff3 sdiff cmp comm file stat tree which whereis type
+    hash true false test [ basename dirname realpath readlink pathchk jq yq sleep printenv
+    cd pushd popd dirs export unset set shopt local declare typeset readonly read wait jobs :
+    seq yes nl od hexdump xxd strings column fold fmt pr expand unexpand rev md5sum sha1sum
+    sha224sum sha256sum sha384sum sha512sum b2sum cksum sum base64 base32 basenc iconv locale
+    getconf tput clear ps pgrep pidof lsof top history help man info whatis apropos ulimit
+    umask expr bc factor numfmt shuf tsort mktemp return break continue shift exit
+    pytest py.test ruff mypy black isort flake8 pylint pyright coverage make cmake ninja
+    gcc g++ cc c++ clang clang++ rustc javac tsc eslint prettier jest vitest mocha
+    """.split()
+)
+
+#: Commands that change files: allowed while every path argument stays in the workspace.
+WORKSPACE_WRITERS = frozenset(
+    """
+    cp mv rmdir mkdir touch ln install rsync truncate tee unlink split csplit patch mkfifo
+    uniq gzip gunzip bzip2 bunzip2 xz unxz zstd unzstd zip unzip 7z
+    """.split()
+)
+
+#: Always asks first, with the reason shown to the approver.
+APPROVAL_COMMANDS: dict[str, str] = {
+    "ssh": "connects to a remote host",
+    "scp": "copies files to or from a remote host",
+    "sftp": "transfers files with a remote host",
+    "telnet": "connects to a remote host",
+    "ftp": "transfers files with a remote host",
+    "nc": "opens raw network connections",
+    "ncat": "opens raw network connections",
+    "netcat": "opens raw network connections",
+    "socat": "opens raw network connections",
+    "mail": "sends mail",
+    "mailx": "sends mail",
+    "sendmail": "sends mail",
+    "mutt": "sends mail",
+    "msmtp": "sends mail",
+    "swaks": "sends mail",
+    "su": "runs commands as another user",
+    "runuser": "runs commands as another user",
+    "pkexec": "runs commands as another user",
+    "sudoedit": "edits files as root",
+    "crontab": "schedules commands to run later",
+    "at": "schedules commands to run later",
+    "batch": "schedules commands to run later",
+    "service": "changes system services",
+    "pkill": "sends signals to processes",
+    "killall": "sends signals to processes",
+    "npx": "downloads and runs a package",
+    "uvx": "downloads and runs a package",
+    "pipx": "installs or runs packages",
+    "dc": "dc can run shell commands",
+}
+
+#: Tools with subcommands: (allowed subcommands, {subcommand needing approval: why}).
+#: Anything else needs approval as "not on the read-only allowlist".
+_INSTALL = "installs packages"
+_PUBLISH = "publishes a package to a registry"
+_SYSTEM_PKG = "installs or changes system packages"
+_DLX = "downloads and runs a package"
+
+
+def _names(text: str) -> frozenset[str]:
+    return frozenset(text.split())
+
+
+SUBCOMMANDS: dict[str, tuple[frozenset[str], dict[str, str]]] = {
+    "git": (
+        _names(
+            """status log diff show add commit branch checkout switch restore init rev-parse
+            ls-files ls-tree blame stash tag describe shortlog grep mv rm reset merge rebase
+            cherry-pick revert reflog fetch pull remote notes bisect apply am format-patch clean
+            cat-file rev-list for-each-ref symbolic-ref show-ref submodule archive gc fsck
+            count-objects help version clone worktree config request-pull whatchanged
+            merge-base name-rev"""
+        ),
+        {
+            "push": "pushes commits to a remote repository",
+            "send-email": "sends mail",
+            "daemon": "serves the repository on the network",
+            "instaweb": "serves the repository on the network",
+            "filter-branch": "rewrites history by running commands",
+            "difftool": "runs an external program",
+            "mergetool": "runs an external program",
+        },
+    ),
+    "pip": (
+        _names("list show freeze check help index inspect --version -V"),
+        dict.fromkeys(_names("install uninstall download wheel"), _INSTALL),
+    ),
+    "uv": (
+        _names("run venv lock tree version help --version self cache"),
+        {**dict.fromkeys(_names("add remove sync tool python"), _INSTALL), "publish": _PUBLISH},
+    ),
+    "npm": (
+        _names(
+            """run run-script test t start stop restart ls list view info outdated help init
+            pack prefix root bin doctor explain why fund search version audit"""
+        ),
+        {
+            **dict.fromkeys(
+                _names("install i in ci add update up upgrade uninstall remove rm un link"),
+                _INSTALL,
+            ),
+            **dict.fromkeys(_names("publish unpublish"), _PUBLISH),
+            **dict.fromkeys(_names("exec x"), _DLX),
+        },
+    ),
+    "yarn": (
+        _names("run test start build lint dev format typecheck list info why help"),
+        {
+            **dict.fromkeys(_names("add install upgrade up remove global link import"), _INSTALL),
+            "": _INSTALL,  # a bare `yarn` installs
+            "publish": _PUBLISH,
+            **dict.fromkeys(_names("dlx create"), _DLX),
+        },
+    ),
+    "pnpm": (
+        _names("run test start build lint dev list ls why outdated help init"),
+        {
+            **dict.fromkeys(_names("add install i update up upgrade remove rm link"), _INSTALL),
+            "publish": _PUBLISH,
+            **dict.fromkeys(_names("dlx exec"), _DLX),
+        },
+    ),
+    "cargo": (
+        _names(
+            """build b check c test t run r bench doc fmt clippy clean new init tree metadata
+            search version help update fetch vendor package remove verify-project
+            locate-project --version -V"""
+        ),
+        {
+            **dict.fromkeys(_names("install uninstall add"), _INSTALL),
+            **dict.fromkeys(_names("publish yank"), _PUBLISH),
+            "login": "stores registry credentials",
+        },
+    ),
+    "go": (
+        _names("build test run vet fmt mod env version list doc generate tool help clean work fix"),
+        dict.fromkeys(_names("install get"), _INSTALL),
+    ),
+    "gem": (
+        _names("list search info which env help contents query specification"),
+        {**dict.fromkeys(_names("install i uninstall update"), _INSTALL), "push": _PUBLISH},
+    ),
+    **{
+        runner: (
+            _names("run show check lock build version env help --version graph"),
+            {
+                **dict.fromkeys(_names("add install update sync self"), _INSTALL),
+                "publish": _PUBLISH,
+            },
+        )
+        for runner in ("poetry", "pipenv", "pdm")
+    },
+    **{
+        manager: (
+            _names("list search show policy info depends rdepends changelog help --version"),
+            dict.fromkeys(_names("install remove purge upgrade update autoremove"), _SYSTEM_PKG),
+        )
+        for manager in ("apt", "apt-get", "aptitude", "dnf", "yum", "zypper", "apk", "snap")
+    },
+    "brew": (
+        _names("list ls search info desc config doctor leaves deps uses outdated --version help"),
+        dict.fromkeys(_names("install reinstall upgrade uninstall remove tap"), _SYSTEM_PKG),
+    ),
+    **{
+        manager: (
+            _names("list info search help --version"),
+            dict.fromkeys(_names("install create update upgrade remove uninstall"), _INSTALL),
+        )
+        for manager in ("conda", "mamba", "micromamba")
+    },
+}
+#: `<tool> <sub> <command…>` runs <command…> (judged on its own).
+RUNNER_SUBCOMMANDS = frozenset(
+    {("uv", "run"), ("poetry", "run"), ("pipenv", "run"), ("pdm", "run")}
+)
+
+#: git clone options followed by a value (so the value is not taken for the target folder).
+GIT_CLONE_VALUE_OPTIONS = _names(
+    """-b --branch --depth -o --origin -j --jobs --reference --filter --template
+    --separate-git-dir -c --config -u --upload-pack --shallow-since --shallow-exclude"""
+)
+#: systemctl subcommands that stop the machine, and those that only read.
+SYSTEMCTL_FORBIDDEN = _names("poweroff reboot halt kexec emergency rescue suspend hibernate")
+SYSTEMCTL_READ = _names(
+    "status list-units list-unit-files show is-active is-enabled cat list-timers"
+)
+#: git config keys that cannot make git run a program.
+GIT_SAFE_CONFIG = re.compile(
+    r"^(?:user\.\w+|color\..+|init\.defaultbranch|pull\.rebase|pull\.ff|push\.default"
+    r"|core\.autocrlf|core\.filemode|core\.ignorecase|core\.quotepath|advice\..+"
+    r"|merge\.conflictstyle|diff\.algorithm|fetch\.prune|rebase\.autostash|branch\..+\.\w+"
+    r"|remote\..+\.(?:url|fetch))$",
+    re.IGNORECASE,
+)
+
+# ── Network. ─────────────────────────────────────────────────────────────────────
+#: Programs whose output comes from the network; piping it into an interpreter is refused.
+DOWNLOADERS = frozenset("curl wget fetch aria2c http https httpie xh lwp-request GET".split())
+#: Programs that turn hidden text back into runnable code (`base64 -d | sh`).
+DECODERS = frozenset("base64 base32 basenc xxd uudecode openssl".split())
+CURL_UPLOAD_OPTIONS = frozenset(
+    """-d --data --data-raw --data-binary --data-urlencode --data-ascii --json -F --form
+    --form-string -T --upload-file""".split()
+)
+CURL_VALUE_SHORT = frozenset("dDeEFHKoTuUwxXyYzbcACmPQtr")
+CURL_VALUE_LONG = frozenset(
+    """--data --data-raw --data-binary --data-urlencode --data-ascii --json --form
+    --form-string --upload-file --output --output-dir --request --header --user-agent --user
+    --proxy --cookie --cookie-jar --config --referer --max-time --connect-timeout --retry
+    --cacert --cert --key --range --write-out --dump-header --continue-at --resolve
+    --max-filesize --limit-rate --proto --url --oauth2-bearer""".split()
+)
+WGET_UPLOAD_OPTIONS = frozenset("--post-data --post-file --body-data --body-file".split())
+WGET_VALUE_SHORT = frozenset("OoaPeUtTwQiBlDAR")
+
+# ── Shells and interpreters. ─────────────────────────────────────────────────────
+SHELLS = frozenset("sh bash zsh dash ksh ash mksh fish".split())
+#: interpreter -> (options whose next word is inline code, options that take a value)
+INTERPRETERS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
+    "python": (frozenset({"-c"}), frozenset({"-W", "-X", "-m"})),
+    "perl": (frozenset({"-e", "-E"}), frozenset({"-I", "-M", "-m"})),
+    "ruby": (frozenset({"-e"}), frozenset({"-I", "-r"})),
+    "node": (
+        frozenset({"-e", "--eval", "-p", "--print"}),
+        frozenset({"-r", "--require", "--import", "--loader", "--input-type"}),
+    ),
+    "php": (frozenset({"-r"}), frozenset({"-d", "-c"})),
+    "lua": (frozenset({"-e"}), frozenset({"-l"})),
+    "Rscript": (frozenset({"-e"}), frozenset()),
+}
+INTERPRETER_ALIASES = {
+    "nodejs": "node",
+    "python2": "python",
+    "python3": "python",
+    "pypy3": "python",
+}
+
+# ── Wrappers: run the command that follows them (which is judged on its own). ────
+#: wrapper -> (short options taking a value, long options taking a value, extra reason or "")
+WRAPPERS: dict[str, tuple[frozenset[str], frozenset[str], str]] = {
+    "sudo": (
+        frozenset("ugpCDhrtTUR"),
+        frozenset("--user --group --prompt --close-from --chdir --host --role --type".split()),
+        "runs as root (sudo)",
+    ),
+    "doas": (frozenset("uC"), frozenset(), "runs as root (doas)"),
+    "nohup": (frozenset(), frozenset(), ""),
+    "nice": (frozenset("n"), frozenset({"--adjustment"}), ""),
+    "ionice": (frozenset("cnp"), frozenset({"--class", "--classdata"}), ""),
+    "time": (frozenset("fo"), frozenset({"--format", "--output"}), ""),
+    "stdbuf": (frozenset("ioe"), frozenset({"--input", "--output", "--error"}), ""),
+    "setsid": (frozenset(), frozenset(), ""),
+    "builtin": (frozenset(), frozenset(), ""),
+    "exec": (frozenset("a"), frozenset(), ""),
+    "unbuffer": (frozenset(), frozenset(), ""),
+    "watch": (frozenset("nd"), frozenset({"--interval"}), ""),
+    "chroot": (frozenset(), frozenset({"--userspec", "--groups"}), "runs in another root folder"),
+}
+
+#: Variables that change which programs run (or what they load): setting one needs approval.
+RISKY_ENV_VARS = frozenset(
+    """PATH LD_PRELOAD LD_LIBRARY_PATH LD_AUDIT BASH_ENV ENV PROMPT_COMMAND IFS SHELLOPTS
+    BASHOPTS GIT_SSH GIT_SSH_COMMAND GIT_EXTERNAL_DIFF GIT_PAGER GIT_EDITOR GIT_ASKPASS
+    GIT_CONFIG_GLOBAL GIT_DIR GIT_WORK_TREE PAGER EDITOR VISUAL SSH_ASKPASS PYTHONSTARTUP
+    NODE_OPTIONS PERL5OPT RUBYOPT""".split()
+)
+
+#: Options of otherwise read-only commands that write a file (path is checked) …
+OUTPUT_OPTIONS: dict[str, frozenset[str]] = {
+    "sort": frozenset({"-o", "--output"}),
+    "tree": frozenset({"-o"}),
+    "pytest": frozenset({"--junitxml", "--junit-xml", "--basetemp"}),
+    "make": frozenset({"-C", "--directory", "-f", "--file", "--makefile"}),
+}
+#: … or run a program / change the system: approval.
+RISKY_OPTIONS: dict[str, dict[str, str]] = {
+    "rg": {"--pre": "runs a preprocessor program"},
+    "sort": {"--compress-program": "runs a program"},
+    "date": {"-s": "sets the system clock", "--set": "sets the system clock"},
+    "hostname": {"-F": "changes the host name", "--file": "changes the host name"},
+    "tar": dict.fromkeys(
+        """--to-command --checkpoint-action --use-compress-program -I --rsh-command
+        --info-script -F --new-volume-script --rmt-command""".split(),
+        "a tar option that runs a program",
+    ),
+    "zip": {"-TT": "runs a test program", "--unzip-command": "runs a test program"},
+    "less": {"-o": "writes a log file", "--log-file": "writes a log file"},
+}
+
+#: Commands that delete or modify their arguments (for `xargs rm`, `find -exec rm`).
+DESTRUCTIVE = frozenset(
+    "rm rmdir unlink shred mv cp chmod chown chgrp ln truncate dd kill tee touch".split()
+)
+
+MAX_DEPTH = 8
+MAX_GLOB_MATCHES = 200
+#: Shell scripts in the workspace up to this size are read and judged by their content.
+MAX_SCRIPT_BYTES = 256_000
+_ARITH = "__steward_arith_"
+#: `[[ … ]]` is judged as `[ … ]` (bashlex cannot parse it; what runs inside is the same).
+_DOUBLE_BRACKET_RE = re.compile(r"(?:(?<=^)|(?<=[\s;&|(!]))\[\[(?=\s)|(?<=\s)\]\](?=$|[\s;&|)])")
+MAX_LOOP_ITEMS = 8
+_GLOB_CHARS = set("*?[{")
+
+#: The classic fork bomb and its renamed forms, caught on the raw text as well.
+FORK_BOMB_RE = re.compile(
+    r"(?:^|[\s;&|])(?:function\s+)?([\w:.-]+)\s*\(\s*\)\s*\{[^}]*?(?<![\w.:-])"
+    r"(?:\1\s*\|\s*&?\s*\1(?![\w.:-])|\1\s*&(?!&))"
+)
+_QUOTED_HEREDOC_RE = re.compile(r"(?<!<)<<(?!<)(-?)\s*(?:'([^'\n]+)'|\"([^\"\n]+)\"|\\(\w+))")
+_TIME_RE = re.compile(r"(^|[;&|(){}\n]|\$\()(\s*)time(?=\s)")
+
+
+# ════════════════════════════════════════════════════════════════════════════════
+# The engine.
+# ════════════════════════════════════════════════════════════════════════════════
+
+
+class _Unparseable(Exception):
+    """Text the parser cannot handle; the caller refuses it (fail-closed)."""
+
+
+@dataclass
+class _Word:
+    """One word of a command: as written, and its value where it is known before running."""
+
+    raw: str
+    #: After expanding ~, known variables and `$(echo x)`; None when only known at run time.
+    value: str | None
+    node: Any = None
+
+    @property
+    def text(self) -> str:
+        return self.value if self.value is not None else self.raw
+
+
+@dataclass
+class _Flow:
+    """What flows into a command's stdin (or out of a pipeline stage)."""
+
+    #: "network" (a download), "decoded" (base64 -d and friends) or None.
+    taint: str | None = None
+    #: The exact text when it is known (heredoc, `echo ls |`), for sh to be judged on it.
+    text: str | None = None
+    #: A file read with `<`.
+    path: _Word | None = None
+    #: Something comes in at all (a pipe or a redirection).
+    present: bool = False
+
+
+@dataclass
+class _Scope:
+    cwd: str | None
+    vars: dict[str, str | None] = field(default_factory=dict)
+    functions: set[str] = field(default_factory=set)
+    depth: int = 0
+
+    def child(self, *, deeper: bool = False) -> _Scope:
+        return _Scope(self.cwd, dict(self.vars), set(self.functions), self.depth + deeper)
+
+
+@dataclass
+class _Path:
+    shown: str
+    lexical: str | None  # absolute, normalised; None when unknown
+    real: str | None  # symlinks resolved
+    glob: bool = False  # had glob characters: lexical/real name the folder they expand in
+
+
+@dataclass
+class _Cmd:
+    """A simple command with its words resolved, ready for the rule handlers."""
+
+    name: str
+    words: list[_Word]  # words[0] is the command itself
+    snippet: str
+    scope: _Scope
+    stdin: _Flow
+
+    @property
+    def args(self) -> list[_Word]:
+        return self.words[1:]
+
+
+def _rank(v: Verdict) -> int:
+    return _RANK[v]
+
+
+def _short(text: str, limit: int = 80) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _kind(node: Any) -> str:
+    return getattr(node, "kind", "")
+
+
+def _norm(path: str) -> str:
+    out = os.path.normpath(path)
+    return "/" + out.lstrip("/") if out.startswith("//") else out
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _embedded_commands(text: str) -> list[str]:
+    """The `$(…)` and backtick commands inside text bashlex leaves unparsed (heredocs, ${…})."""
+    found: list[str] = []
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        if ch == "\\":
+            i += 2
+            continue
+        if ch == "`":
+            end = text.find("`", i + 1)
+            if end < 0:
+                raise _Unparseable("unterminated backtick")
+            found.append(text[i + 1 : end])
+            i = end + 1
+            continue
+        if text.startswith("$(", i):
+            if text.startswith("$((", i):
+                raise _Unparseable("arithmetic expansion is not supported")
+            depth, j = 1, i + 2
+            quote = ""
+            while j < len(text) and depth:
+                c = text[j]
+                if c == "\\":
+                    j += 2
+                    continue
+                if quote:
+                    quote = "" if c == quote else quote
+                elif c in "'\"":
+                    quote = c
+                elif c == "(":
+                    depth += 1
+                elif c == ")":
+                    depth -= 1
+                j += 1
+            if depth:
+                raise _Unparseable("unbalanced $( in text")
+            found.append(text[i + 2 : j - 1])
+            i = j
+            continue
+        i += 1
+    return found
+
+
+def _expand_braces(text: str, limit: int = 32) -> list[str]:
+    """`a/{b,c}/d` → [a/b/d, a/c/d] (innermost first; enough to see what a glob can reach)."""
+    out = [text]
+    for _ in range(limit):
+        nxt: list[str] = []
+        changed = False
+        for item in out:
+            m = re.search(r"\{([^{}]*,[^{}]*)\}", item)
+            if m is None:
+                nxt.append(item)
+                continue
+            changed = True
+            nxt.extend(item[: m.start()] + alt + item[m.end() :] for alt in m.group(1).split(","))
+        out = nxt[:limit]
+        if not changed:
+            break
+    return out
+
+
+def _glob_matches(pattern: str, path: str) -> bool:
+    """Shell-style: `*` stays within one folder and does not match a leading dot."""
+    pat_parts, path_parts = pattern.split("/"), path.split("/")
+    if len(pat_parts) != len(path_parts):
+        return False
+    for pat, part in zip(pat_parts, path_parts, strict=True):
+        if part.startswith(".") and not pat.startswith("."):
+            return False
+        if not fnmatch.fnmatchcase(part, pat):
+            return False
+    return True
+
+
+def _iter_nodes(node: Any) -> Iterator[Any]:
+    """Every bashlex node below `node` (words, substitutions, heredocs included)."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if current is None or isinstance(current, str | int):
+            continue
+        yield current
+        for attr in ("parts", "list"):
+            stack.extend(getattr(current, attr, None) or [])
+        for attr in ("command", "output", "heredoc"):
+            child = getattr(current, attr, None)
+            if child is not None and not isinstance(child, str | int):
+                stack.append(child)
+        stack.extend(getattr(current, "redirects", None) or [])
+
+
+def _taint_of(nodes: list[Any]) -> str | None:
+    """Does any substitution here download ("network") or decode ("decoded") text?"""
+    taint = None
+    for node in nodes:
+        for sub in _iter_nodes(node):
+            if _kind(sub) != "word":
+                continue
+            name = os.path.basename(sub.word)
+            if name in DOWNLOADERS:
+                return "network"
+            if name in DECODERS:
+                taint = "decoded"
+    return taint
+
+
+def _subst_nodes(word: _Word) -> list[Any]:
+    if word.node is None:
+        return []
+    return [
+        p
+        for p in _iter_nodes(word.node)
+        if _kind(p) in ("commandsubstitution", "processsubstitution")
+    ]
+
+
+class _Analysis:
+    """One shell command's walk: collects findings; the strictest one is the decision."""
+
+    def __init__(self, root: str, home: str) -> None:
+        self.root = root
+        self.home = home
+        self.protected = PROTECTED_DIRS | {home}
+        self.findings: list[Decision] = []
+        self.downloaded: set[str] = set()
+        self.src = ""
+        self.quoted_heredocs: set[str] = set()
+        self.ifs_changed = False
+        #: Files this command writes before it may run them: real path -> text (None: unknown).
+        self.written: dict[str, str | None] = {}
+        #: `$((…))` expressions, replaced by placeholder variables before parsing.
+        self.arith: list[str] = []
+
+    # ── findings ────────────────────────────────────────────────────────────────
+    def flag(self, verdict: Verdict, reason: str) -> None:
+        self.findings.append(Decision(verdict, reason))
+
+    def decision(self) -> Decision:
+        worst: Decision | None = None
+        for finding in self.findings:
+            if worst is None or _rank(finding.verdict) > _rank(worst.verdict):
+                worst = finding
+        if worst is None or worst.verdict == Verdict.ALLOW:
+            return Decision(Verdict.ALLOW, "read-only or workspace-local commands only")
+        return worst
+
+    # ── parsing ─────────────────────────────────────────────────────────────────
+    def script(self, text: str, scope: _Scope) -> None:
+        """Parse and judge a piece of shell text (the command itself, or `sh -c` / eval text)."""
+        if scope.depth > MAX_DEPTH:
+            self.flag(Verdict.FORBID, "commands nested too deeply to check; use a simpler form")
+            return
+        if not any(line.strip() and not line.strip().startswith("#") for line in text.splitlines()):
+            return
+        bomb = FORK_BOMB_RE.search(text)
+        if bomb:
+            self.flag(Verdict.FORBID, f"`{_short(bomb.group(0).strip())}…` is a fork bomb")
+            return
+        if re.search(r"\bIFS=", text):
+            self.ifs_changed = True
+        prepared = _TIME_RE.sub(lambda m: f"{m.group(1)}{m.group(2)}\\time", text)
+        prepared = _DOUBLE_BRACKET_RE.sub(lambda m: m.group(0)[0], prepared)
+        prepared = self.hide_arithmetic(prepared)
+        for m in _QUOTED_HEREDOC_RE.finditer(prepared):
+            self.quoted_heredocs.add(m.group(2) or m.group(3) or m.group(4))
+        prepared = _QUOTED_HEREDOC_RE.sub(
+            lambda m: f"<<{m.group(1)}{m.group(2) or m.group(3) or m.group(4)}", prepared
+        )
+        try:
+            trees = bashlex.parse(prepared)
+        except Exception as exc:  # bashlex raises several types; all mean "cannot check"
+            raise _Unparseable(f"{type(exc).__name__}: {exc}") from exc
+        saved, self.src = self.src, prepared
+        try:
+            for tree in trees:
+                self.node(tree, scope, _Flow())
+        finally:
+            self.src = saved
+
+    def nested(
+        self, text: str, scope: _Scope, what: str, unparseable: Verdict = Verdict.FORBID
+    ) -> None:
+        """Judge text run by `sh -c`, eval, trap …; unparseable nested text is refused too."""
+        try:
+            self.script(text, scope.child(deeper=True))
+        except _Unparseable as exc:
+            self.flag(
+                unparseable,
+                f"could not parse the commands run by {what} safely: {exc}; use a simpler form",
+            )
+
+    def hide_arithmetic(self, text: str) -> str:
+        """`$((i * 2))` → a placeholder variable bashlex can parse; judged in `variable`.
+
+        Expressions with substitutions, array subscripts or quotes are left alone, so the
+        parser fails on them and the command is refused (fail-closed).
+        """
+        out: list[str] = []
+        i = 0
+        while (start := text.find("$((", i)) >= 0:
+            depth, j = 2, start + 3
+            while j < len(text) and depth:
+                depth += {"(": 1, ")": -1}.get(text[j], 0)
+                j += 1
+            expr = text[start + 3 : j - 2]
+            if depth or text[j - 2 : j] != "))" or re.search(r"[`\[\]'\"]|\$\(", expr):
+                out.append(text[i : start + 3])
+                i = start + 3
+                continue
+            out.append(text[i:start] + f"${{{_ARITH}{len(self.arith)}}}")
+            self.arith.append(expr)
+            i = j
+        out.append(text[i:])
+        return "".join(out)
+
+    def arithmetic(self, index: int, scope: _Scope) -> str | None:
+        """Arithmetic re-evaluates variable values as expressions, and `a[$(cmd)]` inside such a
+        value runs cmd: only variables with a known numeric value are fine."""
+        expr = self.arith[index]
+        for name in re.findall(r"[A-Za-z_]\w*", expr):
+            value = scope.vars.get(name)
+            if value is None or not re.fullmatch(r"-?\d+", value.strip()):
+                self.flag(
+                    Verdict.APPROVAL,
+                    f"`$(({_short(expr, 40)}))` computes with `{name}`, a value only known at run "
+                    "time (arithmetic on such values can run commands)",
+                )
+                return None
+        return "0"
+
+    def snippet(self, node: Any) -> str:
+        pos = getattr(node, "pos", None)
+        if not pos:
+            return "?"
+        text = re.sub(
+            r"\$\{" + _ARITH + r"(\d+)\}",
+            lambda m: f"$(({self.arith[int(m.group(1))]}))",
+            self.src[pos[0] : pos[1]],
+        )
+        return _short(text)
+
+    # ── tree walk ───────────────────────────────────────────────────────────────
+    def node(self, node: Any, scope: _Scope, stdin: _Flow) -> _Flow:
+        """Judge `node`; returns what it writes to stdout (for the next pipeline stage)."""
+        kind = _kind(node)
+        if kind == "list":
+            return _merge(
+                [self.node(p, scope, _Flow()) for p in node.parts if _kind(p) != "operator"]
+            )
+        if kind == "pipeline":
+            flow = stdin
+            stages = [p for p in node.parts if _kind(p) not in ("pipe", "reservedword")]
+            for i, stage in enumerate(stages):
+                flow = self.node(stage, scope.child() if len(stages) > 1 else scope, flow)
+                if i < len(stages) - 1:
+                    flow = _Flow(flow.taint, flow.text, None, True)
+            return flow
+        if kind == "command":
+            return self.command(node, scope, stdin)
+        if kind == "compound":
+            return self.compound(node, scope, stdin)
+        if kind == "function":
+            self.function(node, scope)
+            return _Flow()
+        if kind in ("if", "while", "until"):
+            for part in node.parts:
+                if _kind(part) != "reservedword":
+                    self.node(part, scope, _Flow())
+            return _Flow()
+        if kind == "for":
+            self.for_loop(node, scope)
+            return _Flow()
+        if kind in ("reservedword", "operator", "pipe"):
+            return _Flow()
+        raise _Unparseable(f"unsupported shell construct ({kind or type(node).__name__})")
+
+    def compound(self, node: Any, scope: _Scope, stdin: _Flow) -> _Flow:
+        parts = node.list
+        subshell = bool(parts) and _kind(parts[0]) == "reservedword" and parts[0].word == "("
+        inner = scope.child() if subshell else scope
+        out = _merge([self.node(p, inner, stdin) for p in parts if _kind(p) != "reservedword"])
+        for redirect in getattr(node, "redirects", None) or []:
+            self.redirect(redirect, scope, f"`{self.snippet(node)}`")
+        return out
+
+    def function(self, node: Any, scope: _Scope) -> None:
+        words = [p for p in node.parts if _kind(p) == "word"]
+        body = [p for p in node.parts if _kind(p) == "compound"]
+        if not words or not body:
+            raise _Unparseable("function definition without a name or body")
+        name = words[0].word
+        scope.functions.add(name)
+        self.self_calls(name, body[0])
+        self.node(body[0], scope.child(), _Flow())
+
+    def self_calls(self, name: str, body: Any) -> None:
+        """A function calling itself in a pipeline or in the background is a fork bomb."""
+        for sub in _iter_nodes(body):
+            kind = _kind(sub)
+            if kind == "pipeline":
+                calls = [p for p in sub.parts if _kind(p) == "command" and self._calls(p, name)]
+                if calls:
+                    self.flag(Verdict.FORBID, f"function `{name}` pipes into itself: a fork bomb")
+                    return
+            if kind == "list":
+                parts = sub.parts
+                for i, part in enumerate(parts[:-1]):
+                    nxt = parts[i + 1]
+                    if (
+                        _kind(nxt) == "operator"
+                        and nxt.op == "&"
+                        and any(
+                            _kind(n) == "command" and self._calls(n, name)
+                            for n in _iter_nodes(part)
+                        )
+                    ):
+                        self.flag(
+                            Verdict.FORBID,
+                            f"function `{name}` starts itself in the background: a fork bomb",
+                        )
+                        return
+        if any(_kind(n) == "command" and self._calls(n, name) for n in _iter_nodes(body)):
+            self.flag(Verdict.APPROVAL, f"function `{name}` calls itself (it may never stop)")
+
+    @staticmethod
+    def _calls(command: Any, name: str) -> bool:
+        words = [p for p in command.parts if _kind(p) == "word"]
+        return bool(words) and words[0].word == name
+
+    def for_loop(self, node: Any, scope: _Scope) -> None:
+        parts = node.parts
+        var_node = next((p for p in parts if _kind(p) == "word"), None)
+        if var_node is None:
+            raise _Unparseable("for loop without a variable")
+        var = var_node.word
+        items: list[_Word] = []
+        has_in = False
+        body: list[Any] = []
+        after_in = False
+        for part in parts[parts.index(var_node) + 1 :]:
+            kind = _kind(part)
+            if kind == "reservedword" and part.word == "in":
+                has_in = after_in = True
+                continue
+            if kind == "reservedword":
+                after_in = False
+                continue
+            if after_in and kind == "word":
+                items.extend(self.words_of(part, scope))
+            elif kind != "word":
+                body.append(part)
+        values: list[str | None]
+        if not has_in or len(items) > MAX_LOOP_ITEMS or not items:
+            values = [None]
+        else:
+            values = [w.value for w in items]
+        for value in values:
+            inner = scope.child()
+            inner.vars[var] = value
+            for part in body:
+                self.node(part, inner, _Flow())
+
+    # ── words ───────────────────────────────────────────────────────────────────
+    def word(self, node: Any, scope: _Scope) -> _Word:
+        """Resolve a word node; substitutions inside it are judged as commands too."""
+        raw = node.word
+        value: str | None = raw
+        for part in sorted(node.parts or [], key=lambda p: -p.pos[0]):
+            kind = _kind(part)
+            text = self.src[part.pos[0] : part.pos[1]]
+            if kind in ("commandsubstitution", "processsubstitution"):
+                self.node(part.command, scope.child(), _Flow())
+                folded = self.fold(part) if kind == "commandsubstitution" else None
+                value = None if folded is None or value is None else value.replace(text, folded, 1)
+            elif kind == "parameter":
+                param = getattr(part, "value", "") or ""
+                if "$(" in param or "`" in param:
+                    for inner in _embedded_commands(param):
+                        self.nested(inner, scope, f"`{_short(text)}`")
+                known = self.variable(param, scope)
+                value = None if known is None or value is None else value.replace(text, known, 1)
+            elif kind == "tilde":
+                if value is not None and value.startswith(part.value):
+                    value = os.path.expanduser(part.value) + value[len(part.value) :]
+        return _Word(raw, value, node)
+
+    def words_of(self, node: Any, scope: _Scope) -> list[_Word]:
+        """A word after expansion; an expanded value may split into several words."""
+        word = self.word(node, scope)
+        expanded = any(_kind(p) in ("parameter", "commandsubstitution") for p in node.parts or [])
+        if expanded and word.value is not None and len(word.value.split()) > 1:
+            return [_Word(piece, piece, node) for piece in word.value.split()]
+        return [word]
+
+    def variable(self, name: str, scope: _Scope) -> str | None:
+        if name.startswith(_ARITH) and name[len(_ARITH) :].isdigit():
+            return self.arithmetic(int(name[len(_ARITH) :]), scope)
+        if self.ifs_changed:
+            return None
+        if name == "HOME":
+            return self.home
+        if name == "PWD":
+            return scope.cwd
+        return scope.vars.get(name)
+
+    def fold(self, sub: Any) -> str | None:
+        """`$(echo rm)` is just "rm": fold it so the command behind it is judged by name."""
+        command = sub.command
+        if _kind(command) != "command":
+            return None
+        words = [p for p in command.parts if _kind(p) == "word"]
+        if len(words) != len(command.parts) or any(w.parts for w in words) or not words:
+            return None
+        name, args = words[0].word, [w.word for w in words[1:]]
+        if name == "echo" and not any(a.startswith("-") for a in args):
+            return " ".join(args)
+        if name == "printf" and len(args) == 1 and not re.search(r"[%\\]", args[0]):
+            return args[0]
+        return None
+
+    # ── paths ───────────────────────────────────────────────────────────────────
+    def path(self, text: str, scope: _Scope) -> _Path:
+        value = os.path.expanduser(text) if text.startswith("~") else text
+        glob = False
+        if any(c in _GLOB_CHARS for c in value):
+            glob = True
+            kept = []
+            for piece in value.split("/"):
+                if any(c in _GLOB_CHARS for c in piece):
+                    break
+                kept.append(piece)
+            value = "/".join(kept) or ("/" if value.startswith("/") else ".")
+        if not value.startswith("/"):
+            if scope.cwd is None:
+                return _Path(text, None, None, glob)
+            value = os.path.join(scope.cwd, value)
+        lexical = _norm(value)
+        return _Path(text, lexical, os.path.realpath(lexical), glob)
+
+    def inside(self, p: _Path) -> bool:
+        return p.real is not None and _under(p.real, self.root)
+
+    def is_protected(self, p: _Path) -> bool:
+        return any(x is not None and x in self.protected for x in (p.lexical, p.real))
+
+    def is_device(self, p: _Path) -> bool:
+        return any(x is not None and BLOCK_DEVICE_RE.match(x) for x in (p.lexical, p.real))
+
+    def check_credentials(self, word: _Word, scope: _Scope, where: str) -> None:
+        """Refuse a word naming credentials, also through globs, `..`, symlinks and variables."""
+        texts = [word.raw]
+        concrete: list[str] = []  # paths to test against the dotenv rule
+        if word.value is not None:
+            texts.append(word.value)
+            value = word.value.partition("=")[2] if word.value.startswith("-") else word.value
+            if value:
+                p = self.path(value, scope)
+                if p.glob:
+                    matches = self.expand_glob(value, scope)
+                    texts += matches + self.glob_reaches_credentials(value, scope)
+                    concrete += matches
+                elif p.lexical is not None:
+                    texts += [x for x in (p.lexical, p.real) if x]
+                    concrete.append(p.lexical)
+                elif ENV_FILE_RE.match(os.path.basename(value.rstrip("/"))):
+                    self.flag(
+                        Verdict.APPROVAL,
+                        f"{where} uses `{value}` in a folder only known at run time",
+                    )
+        for text in texts:
+            for regex, what in _CREDENTIAL_RES:
+                if regex.search(text):
+                    self.flag(Verdict.FORBID, f"{where} touches credentials ({what})")
+                    return
+        for path in concrete:
+            real = os.path.realpath(path)
+            names = (os.path.basename(path), os.path.basename(real))
+            if any(ENV_FILE_RE.match(n) for n in names) and not _under(real, self.root):
+                self.flag(
+                    Verdict.FORBID,
+                    f"{where} touches `{path}`, a secrets file outside the workspace",
+                )
+                return
+
+    def expand_glob(self, value: str, scope: _Scope) -> list[str]:
+        """What a glob matches right now (bash would expand it the same way), capped."""
+        pattern = os.path.expanduser(value)
+        if not pattern.startswith("/"):
+            if scope.cwd is None:
+                return []
+            pattern = os.path.join(scope.cwd, pattern)
+        found: list[str] = []
+        for alternative in _expand_braces(pattern):
+            found.extend(itertools.islice(glob.iglob(alternative), MAX_GLOB_MATCHES))
+            if len(found) >= MAX_GLOB_MATCHES:
+                break
+        return found[:MAX_GLOB_MATCHES]
+
+    def glob_reaches_credentials(self, value: str, scope: _Scope) -> list[str]:
+        """Credential paths a glob could match even if they do not exist on this machine."""
+        pattern = os.path.expanduser(value)
+        if not pattern.startswith("/"):
+            if scope.cwd is None:
+                return []
+            pattern = os.path.join(scope.cwd, pattern)
+        hits = []
+        for alternative in _expand_braces(_norm(pattern)):
+            for example in CREDENTIAL_EXAMPLES:
+                concrete = (
+                    example.replace("~", self.home, 1) if example.startswith("~") else example
+                )
+                if _glob_matches(alternative, concrete):
+                    hits.append(concrete)
+        return hits
+
+    def holds_credentials(self, p: _Path) -> bool:
+        """Is `p` the home folder, a folder above it, or /etc (reading all of it reads secrets)?"""
+        real = p.real or p.lexical
+        if real is None:
+            return False
+        return real in ("/etc", "/root") or _under(self.home, real) or _under("/root", real)
+
+    def check_write(self, word: _Word, scope: _Scope, where: str, verb: str = "writes") -> None:
+        """Writing to `word`: a disk device is refused, outside the workspace needs approval."""
+        if word.value is None:
+            self.flag(
+                Verdict.APPROVAL,
+                f"{where} {verb} `{word.raw}`, a path only known at run time",
+            )
+            return
+        value = word.value
+        if value in HARMLESS_DEVICES or HARMLESS_DEVICE_RE.match(value) or value == "-":
+            return
+        p = self.path(value, scope)
+        if self.is_device(p):
+            self.flag(Verdict.FORBID, f"{where} writes to the disk device {value}")
+        elif any(x and KERNEL_FILE_RE.match(x) for x in (p.lexical, p.real)):
+            self.flag(Verdict.FORBID, f"{where} writes to the kernel interface {value}")
+        elif p.real is None:
+            self.flag(
+                Verdict.APPROVAL,
+                f"{where} {verb} `{value}` after changing to a folder only known at run time",
+            )
+        elif not self.inside(p):
+            self.flag(Verdict.APPROVAL, f"{where} {verb} outside the workspace ({p.lexical})")
+
+    # ── redirections ────────────────────────────────────────────────────────────
+    def redirect(self, node: Any, scope: _Scope, where: str) -> _Flow | None:
+        """Judge one redirection; returns the stdin it provides, if any."""
+        rtype = node.type
+        target = node.output
+        if rtype in ("<<", "<<-"):
+            body = getattr(getattr(node, "heredoc", None), "value", "") or ""
+            delim = target.word if _kind(target) == "word" else ""
+            lines = body.split("\n")
+            if lines and lines[-1].strip() == delim:
+                lines = lines[:-1]
+            body = "\n".join(lines)
+            if delim not in self.quoted_heredocs:
+                for inner in _embedded_commands(body):
+                    self.nested(inner, scope, "a here-document")
+            return _Flow(None, body, None, True)
+        if isinstance(target, int) or _kind(target) != "word":
+            return None  # fd duplication such as 2>&1
+        words = [self.word(target, scope)]
+        word = words[0]
+        if rtype == "<<<":
+            taint = _taint_of(_subst_nodes(word))
+            return _Flow(taint, word.value, None, True)
+        self.check_credentials(word, scope, where)
+        if rtype in ("<", "<&"):
+            return _Flow(_taint_of(_subst_nodes(word)), None, word, True)
+        if rtype == "<>" or ">" in rtype:
+            self.check_write(word, scope, where)
+        return None
+
+    # ── simple commands ─────────────────────────────────────────────────────────
+    def command(self, node: Any, scope: _Scope, stdin: _Flow) -> _Flow:
+        where = f"`{self.snippet(node)}`"
+        words: list[_Word] = []
+        assignments: list[tuple[str, str | None]] = []
+        redirects = []
+        for part in node.parts:
+            kind = _kind(part)
+            if kind == "assignment":
+                name, _, _ = part.word.partition("=")
+                value = self.word(part, scope).value
+                assignments.append((name, None if value is None else value.partition("=")[2]))
+            elif kind == "word":
+                words.extend(self.words_of(part, scope))
+            elif kind == "redirect":
+                redirects.append(part)
+        flow = stdin
+        for redirect in redirects:
+            provided = self.redirect(redirect, scope, where)
+            if provided is not None:
+                flow = provided
+        for name, _value in assignments:
+            if name in RISKY_ENV_VARS:
+                self.flag(Verdict.APPROVAL, f"{where} sets {name}, which changes what programs run")
+        if not words:
+            for name, value in assignments:
+                scope.vars[name] = value
+            return _Flow()
+        inner = scope.child() if assignments else scope
+        for name, value in assignments:
+            inner.vars[name] = value
+        out = self.simple(words, inner, flow, where)
+        # Files written here may be run next: remember what went into them.
+        for redirect in redirects:
+            if _kind(redirect.output) == "word" and ">" in redirect.type:
+                target = self.word(redirect.output, scope)
+                if out.taint == "network":
+                    self._remember_download(target, scope)
+                self.remember_written(target, scope, out.text if out.taint is None else None)
+        return out
+
+    def remember_written(self, word: _Word, scope: _Scope, text: str | None) -> None:
+        if word.value is not None and word.value != "-":
+            p = self.path(word.value, scope)
+            if p.real is not None:
+                self.written[p.real] = text
+
+    def simple(self, words: list[_Word], scope: _Scope, stdin: _Flow, where: str) -> _Flow:
+        """Judge a resolved simple command; returns what flows out of it."""
+        first = words[0]
+        if first.value is None or (
+            first.value not in ("[", "[[") and any(c in _GLOB_CHARS for c in first.value)
+        ):
+            self.flag(
+                Verdict.APPROVAL,
+                f"{where}: the command name `{first.raw}` is only known at run time, so it "
+                "cannot be checked",
+            )
+            return _Flow(_taint_of(_subst_nodes(first)) or stdin.taint)
+        name = first.value
+        if "/" in name:
+            resolved = self.program_name(name, scope)
+            if resolved is None:
+                self.run_file(first, scope, where)
+                return _Flow(stdin.taint)
+            name = resolved
+        cmd = _Cmd(name, words, where, scope, stdin)
+        for word in cmd.args:
+            self.check_credentials(word, scope, where)
+            if word.value is None and _taint_of(_subst_nodes(word)) == "decoded":
+                self.flag(Verdict.APPROVAL, f"{where} uses an argument hidden in decoded text")
+        if name in scope.functions:
+            return _Flow(stdin.taint)
+        reason = FORBIDDEN_COMMANDS.get(name) or next(
+            (why for prefix, why in FORBIDDEN_PREFIXES.items() if name.startswith(prefix)), None
+        )
+        if reason:
+            self.flag(Verdict.FORBID, f"{where} {reason}")
+            return _Flow()
+        canonical = INTERPRETER_ALIASES.get(name, name)
+        if re.fullmatch(r"python\d(\.\d+)?", canonical):
+            canonical = "python"
+        out = self.dispatch(cmd, canonical)
+        if canonical in DECODERS:
+            return _Flow("decoded")
+        if canonical in DOWNLOADERS and out.taint is None:
+            return _Flow("network")
+        return out
+
+    def dispatch(self, cmd: _Cmd, canonical: str) -> _Flow:
+        """The rule table lookup for one command name."""
+        name, where, stdin = cmd.name, cmd.snippet, cmd.stdin
+        handler = _HANDLERS.get(canonical)
+        if handler is not None:
+            return handler(self, cmd) or _Flow(stdin.taint)
+        if canonical in INTERPRETERS:
+            return self.interpreter(cmd, canonical)
+        if canonical in WRAPPERS:
+            return self.wrapper(cmd)
+        if canonical in SUBCOMMANDS or re.fullmatch(r"pip\d(\.\d+)?", canonical):
+            return self.subcommand(cmd, "pip" if canonical.startswith("pip") else canonical)
+        self.options(cmd)
+        if canonical in READ_ONLY_COMMANDS:
+            return self.output_of(cmd)
+        if canonical in WORKSPACE_WRITERS:
+            self.writer(cmd)
+            if canonical == "tee":  # passes its input on, and writes it to files
+                for word in _positionals(cmd.args):
+                    self.remember_written(word, cmd.scope, stdin.text)
+                return _Flow(stdin.taint, stdin.text, None, stdin.present)
+            return _Flow(stdin.taint)
+        if canonical in APPROVAL_COMMANDS:
+            self.flag(Verdict.APPROVAL, f"{where} {APPROVAL_COMMANDS[canonical]}")
+            return _Flow()
+        self.flag(Verdict.APPROVAL, f"`{name}` is not on the read-only allowlist")
+        return _Flow(stdin.taint)
+
+    def program_name(self, name: str, scope: _Scope) -> str | None:
+        """The rule name for a program given by path, or None to judge it as a file to run.
+
+        `/usr/bin/rm` is `rm`; so is a workspace symlink that leads to it, and a venv's
+        `bin/python` linking to the system Python is `python`.
+        """
+        folder, base = os.path.split(name)
+        if folder in SYSTEM_BIN_DIRS:
+            return base
+        p = self.path(name, scope)
+        if p.real is None or self.inside(p):
+            return None
+        real_folder, real_base = os.path.split(p.real)
+        if real_folder in SYSTEM_BIN_DIRS or re.fullmatch(
+            r"python\d?(\.\d+)?|pypy3?|node|ruby|perl", real_base
+        ):
+            return real_base
+        return None
+
+    def options(self, cmd: _Cmd) -> None:
+        """Table-driven option checks for otherwise ordinary commands."""
+        risky = RISKY_OPTIONS.get(cmd.name, {})
+        outputs = OUTPUT_OPTIONS.get(cmd.name, frozenset())
+        args = cmd.args
+        for i, word in enumerate(args):
+            opt, eq, val = word.text.partition("=")
+            if opt in risky or (word.text[:2] in risky and not word.text.startswith("--")):
+                key = opt if opt in risky else word.text[:2]
+                self.flag(Verdict.APPROVAL, f"{cmd.snippet}: `{key}` {risky[key]}")
+            if opt in outputs:
+                target = _Word(val, val) if eq else (args[i + 1] if i + 1 < len(args) else None)
+                if target is not None:
+                    self.check_write(target, cmd.scope, cmd.snippet)
+
+    def output_of(self, cmd: _Cmd) -> _Flow:
+        """What a read-only command passes on: literal text for echo/printf, taint through."""
+        values = [w.value for w in cmd.args]
+        if cmd.name == "echo" and None not in values:
+            texts = [v for v in values if v is not None]
+            if texts and texts[0] in ("-e", "-en", "-ne"):
+                if any(re.search(r"\\(?:x|0|u|U)", t) for t in texts):
+                    return _Flow("decoded")  # escapes that can spell out any command
+                texts = [t.replace("\\n", "\n").replace("\\t", "\t") for t in texts]
+            texts = [t for t in texts if t not in ("-n", "-e", "-E", "-en", "-ne")]
+            return _Flow(None, " ".join(texts), None, True)
+        if cmd.name == "printf" and None not in values and values:
+            fmt = values[0] or ""
+            if re.search(r"\\(?:x|[0-7]|u|U)", fmt):
+                return _Flow("decoded")
+            if "%" not in fmt:
+                return _Flow(None, fmt.replace("\\n", "\n"), None, True)
+        if cmd.name == "cat" and not _positionals(cmd.args):
+            return _Flow(cmd.stdin.taint, cmd.stdin.text, None, cmd.stdin.present)
+        return _Flow(cmd.stdin.taint)
+
+    def writer(self, cmd: _Cmd) -> None:
+        """Every path-like argument (and option value) must stay in the workspace."""
+        for word in cmd.args:
+            text = word.text
+            if text.startswith("-"):
+                if "=" in text and word.value is not None:
+                    self.check_write(_Word(text, text.split("=", 1)[1]), cmd.scope, cmd.snippet)
+                continue
+            if cmd.name in ("rsync", "scp") and re.match(r"^[^/]*:|^rsync://", text):
+                self.flag(Verdict.APPROVAL, f"{cmd.snippet} copies to or from a remote host")
+                continue
+            self.check_write(word, cmd.scope, cmd.snippet, "changes")
+
+    def run_file(self, word: _Word, scope: _Scope, where: str, *, shell: bool = False) -> None:
+        """Running a program or script by path: fine inside the workspace.
+
+        A shell script in the workspace is read and judged line by line, so writing
+        `rm -rf /` into a file first and running it gets the same verdict as typing it.
+        """
+        if any(_kind(p) == "processsubstitution" for p in _subst_nodes(word)):
+            taint = _taint_of(_subst_nodes(word))
+            if taint == "network":
+                self.flag(Verdict.FORBID, f"{where} runs code downloaded from the network")
+            elif taint == "decoded":
+                self.flag(Verdict.FORBID, f"{where} runs hidden (decoded) code")
+            else:
+                self.flag(Verdict.APPROVAL, f"{where} runs code produced at run time")
+            return
+        if word.value is None:
+            self.flag(Verdict.APPROVAL, f"{where} runs `{word.raw}`, only known at run time")
+            return
+        p = self.path(word.value, scope)
+        if p.real is not None and p.real in self.downloaded:
+            self.flag(Verdict.FORBID, f"{where} runs a file just downloaded from the network")
+        elif not self.inside(p) or p.real is None:
+            self.flag(Verdict.APPROVAL, f"{where} runs a program outside the workspace")
+        elif p.real in self.written:
+            text = self.written[p.real]
+            if text is None:
+                self.flag(Verdict.APPROVAL, f"{where} runs a file this same command writes")
+            elif shell or text.startswith("#!"):
+                self.nested(text, scope, f"`{word.value}`", Verdict.APPROVAL)
+        else:
+            self.script_file(p.real, scope, where, shell=shell)
+
+    def script_file(self, real: str, scope: _Scope, where: str, *, shell: bool) -> None:
+        """Judge a shell script from the workspace by its content."""
+        try:
+            if not os.path.exists(real):
+                if shell or real.endswith(".sh"):
+                    self.flag(Verdict.APPROVAL, f"{where} runs a file that does not exist yet")
+                return
+            if not os.path.isfile(real):
+                return
+            with open(real, "rb") as fh:
+                head = fh.read(MAX_SCRIPT_BYTES + 1)
+        except OSError:
+            return
+        first = head.split(b"\n", 1)[0]
+        is_shell = (
+            shell
+            or (
+                first.startswith(b"#!") and re.search(rb"\b(?:ba|z|da|k|a)?sh\b", first) is not None
+            )
+            or (real.endswith(".sh") and not first.startswith(b"#!"))
+        )
+        if not is_shell or b"\x00" in head[:8192]:
+            return
+        if len(head) > MAX_SCRIPT_BYTES:
+            self.flag(Verdict.APPROVAL, f"{where} runs a shell script too long to check")
+            return
+        name = os.path.relpath(real, self.root)
+        before = len(self.findings)
+        self.nested(head.decode("utf-8", "replace"), scope, f"`{name}`", Verdict.APPROVAL)
+        for i in range(before, len(self.findings)):
+            finding = self.findings[i]
+            self.findings[i] = Decision(finding.verdict, f"{name}: {finding.reason}")
+
+    def stdin_code(self, cmd: _Cmd, *, shell: bool) -> None:
+        """A shell or interpreter reading its program from stdin."""
+        flow, where = cmd.stdin, cmd.snippet
+        if flow.taint == "network":
+            self.flag(Verdict.FORBID, f"{where} runs code downloaded from the network")
+        elif flow.taint == "decoded":
+            self.flag(Verdict.FORBID, f"{where} runs hidden (decoded) code")
+        elif flow.path is not None:
+            self.run_file(flow.path, cmd.scope, where, shell=shell)
+        elif flow.text is not None and shell:
+            self.nested(flow.text, cmd.scope, where)
+        elif flow.text is not None:
+            self.flag(Verdict.APPROVAL, f"{where} runs inline code that cannot be checked")
+        elif flow.present:
+            self.flag(Verdict.APPROVAL, f"{where} runs commands read from a pipe")
+
+    def _remember_download(self, word: _Word, scope: _Scope) -> None:
+        if word.value and word.value != "-":
+            p = self.path(word.value, scope)
+            if p.real:
+                self.downloaded.add(p.real)
+
+    # ── handlers for families of commands ───────────────────────────────────────
+    def interpreter(self, cmd: _Cmd, lang: str) -> _Flow:
+        code_opts, value_opts = INTERPRETERS[lang]
+        args = cmd.args
+        i = 0
+        while i < len(args):
+            text = args[i].text
+            if text in code_opts or (
+                lang in ("perl", "ruby") and re.fullmatch(r"-[a-zA-Z]*[eE]", text)
+            ):
+                self.flag(
+                    Verdict.APPROVAL, f"{cmd.snippet} runs inline code that cannot be checked"
+                )
+                return _Flow()
+            if lang == "python" and text == "-m" and i + 1 < len(args):
+                module = args[i + 1].text
+                if module == "pip":
+                    return self.subcommand(
+                        _Cmd("pip", args[i + 1 :], cmd.snippet, cmd.scope, cmd.stdin), "pip"
+                    )
+                if module in ("base64", "uu", "binascii"):
+                    return _Flow("decoded")
+                return _Flow()
+            if text in value_opts:
+                i += 2
+                continue
+            if text == "-" or not text.startswith("-"):
+                break
+            i += 1
+        if i >= len(args) or args[i].text == "-":
+            self.stdin_code(cmd, shell=False)
+        else:
+            self.run_file(args[i], cmd.scope, cmd.snippet)
+        return _Flow()
+
+    def wrapper(self, cmd: _Cmd) -> _Flow:
+        short, long, reason = WRAPPERS[cmd.name]
+        if reason:
+            self.flag(Verdict.APPROVAL, f"{cmd.snippet} {reason}")
+        rest = _skip_options(cmd.args, short, long)
+        if not rest:
+            if cmd.name in ("sudo", "doas"):
+                self.flag(Verdict.APPROVAL, f"{cmd.snippet} opens a root shell")
+            return _Flow()
+        return self.simple(rest, cmd.scope, cmd.stdin, cmd.snippet)
+
+    def subcommand(self, cmd: _Cmd, tool: str) -> _Flow:
+        allowed, approvals = SUBCOMMANDS[tool]
+        positionals = [w for w in cmd.args if not w.text.startswith("-") or w.text in allowed]
+        sub = positionals[0].text if positionals else ""
+        if tool == "uv" and sub == "pip":
+            rest = cmd.args[cmd.args.index(positionals[0]) + 1 :]
+            return self.subcommand(
+                _Cmd("pip", [cmd.words[0], *rest], cmd.snippet, cmd.scope, cmd.stdin), "pip"
+            )
+        if (tool, sub) in RUNNER_SUBCOMMANDS:
+            rest = cmd.args[cmd.args.index(positionals[0]) + 1 :]
+            rest = _skip_options(rest, frozenset(), _RUNNER_VALUE_OPTIONS)
+            if any(w.text in ("--with", "--with-requirements") for w in cmd.args):
+                self.flag(Verdict.APPROVAL, f"{cmd.snippet} {_INSTALL}")
+            if rest:
+                return self.simple(rest, cmd.scope, cmd.stdin, cmd.snippet)
+            return _Flow()
+        if sub in approvals:
+            self.flag(Verdict.APPROVAL, f"{cmd.snippet} {approvals[sub]}")
+        elif sub not in allowed:
+            shown = f"{cmd.name} {sub}".strip()
+            self.flag(Verdict.APPROVAL, f"`{shown}` is not on the read-only allowlist")
+        return _Flow(cmd.stdin.taint)
+
+
+def _skip_options(words: list[_Word], short: frozenset[str], long: frozenset[str]) -> list[_Word]:
+    """The words after a wrapper's own options (and NAME=value pairs for env)."""
+    i = 0
+    while i < len(words):
+        text = words[i].text
+        if text == "--":
+            return words[i + 1 :]
+        if text.startswith("--"):
+            i += 1 if "=" in text or text not in long else 2
+            continue
+        if text.startswith("-") and len(text) > 1 and not text[1:].isdigit():
+            flag = text[1]
+            i += 2 if flag in short and len(text) == 2 else 1
+            continue
+        if text.startswith("-") and text[1:].isdigit():  # nice -10
+            i += 1
+            continue
+        return words[i:]
+    return []
+
+
+def _short_flags(words: list[_Word]) -> set[str]:
+    """Single-letter flags present in clusters like -rf (before `--`)."""
+    flags: set[str] = set()
+    for w in words:
+        if w.text == "--":
+            break
+        if w.text.startswith("-") and not w.text.startswith("--"):
+            flags.update(w.text[1:])
+    return flags
+
+
+def _positionals(words: list[_Word]) -> list[_Word]:
+    out: list[_Word] = []
+    rest = False
+    for w in words:
+        if not rest and w.text == "--":
+            rest = True
+        elif rest or not w.text.startswith("-") or w.text == "-":
+            out.append(w)
+    return out
+
+
+def _merge(flows: list[_Flow]) -> _Flow:
+    """The output of several commands in a row (`{ a; b; } | sh`): any taint, all text."""
+    if not flows:
+        return _Flow()
+    taints = [f.taint for f in flows if f.taint]
+    taint = "network" if "network" in taints else (taints[0] if taints else None)
+    texts = [f.text for f in flows]
+    text = None if None in texts else "\n".join(t for t in texts if t is not None)
+    return _Flow(taint, text, None, any(f.present for f in flows))
+
+
+_RUNNER_VALUE_OPTIONS = frozenset(
+    "--python --directory --project --with --with-requirements --env-file --group".split()
+)
+
+
+# ── command handlers (the rule table for commands that need their arguments read) ──
+
+
+def _rm(a: _Analysis, cmd: _Cmd) -> _Flow | None:
+    flags = _short_flags(cmd.args)
+    longs = {w.text for w in cmd.args if w.text.startswith("--")}
+    recursive = bool(flags & {"r", "R"}) or "--recursive" in longs
+    force = "f" in flags or "--force" in longs
+    if "--no-preserve-root" in longs:
+        a.flag(Verdict.FORBID, f"{cmd.snippet} disables rm's protection of / (--no-preserve-root)")
+    for target in _positionals(cmd.args):
+        if target.value is not None:
+            p = a.path(target.value, cmd.scope)
+            if (recursive or force) and a.is_protected(p):
+                shown = os.path.join(p.lexical or "", "*") if p.glob else p.lexical
+                a.flag(Verdict.FORBID, f"{cmd.snippet} deletes {shown}, a system or home folder")
+                continue
+            if recursive and p.real == a.root:
+                a.flag(Verdict.APPROVAL, f"{cmd.snippet} deletes the whole workspace")
+                continue
+        a.check_write(target, cmd.scope, cmd.snippet, "deletes")
+    return None
+
+
+def _grep(a: _Analysis, cmd: _Cmd) -> _Flow | None:
+    """Searching recursively through ~ or / reads ~/.ssh and friends on the way."""
+    a.options(cmd)
+    flags = _short_flags(cmd.args)
+    longs = {w.text.split("=")[0] for w in cmd.args if w.text.startswith("--")}
+    recursive = (
+        cmd.name in ("rg", "ag", "ack")
+        or bool(flags & {"r", "R"})
+        or bool(longs & {"--recursive", "--dereference-recursive"})
+    )
+    if recursive:
+        for word in _positionals(cmd.args):
+            if word.value is not None:
+                p = a.path(word.value, cmd.scope)
+                if a.holds_credentials(p):
+                    a.flag(
+                        Verdict.APPROVAL,
+                        f"{cmd.snippet} searches all of {p.lexical}, where credentials live",
+                    )
+                    break
+    return _Flow(cmd.stdin.taint)
+
+
+def _chmod(a: _Analysis, cmd: _Cmd) -> _Flow | None:
+    flags = _short_flags(cmd.args)
+    recursive = "R" in flags or any(w.text == "--recursive" for w in cmd.args)
+    for target in _positionals(cmd.args)[1:]:
+        if recursive and target.value is not None:
+            p = a.path(target.value, cmd.scope)
+            if a.is_protected(p):
+                a.flag(Verdict.FORBID, f"{cmd.snippet} changes a whole system folder ({p.lexical})")
+                continue
+        a.check_write(target, cmd.scope, cmd.snippet, "changes")
+    return None
+
+
+def _dd(a: _Analysis, cmd: _Cmd) -> _Flow | None:
+    for word in cmd.args:
+        key, _, val = word.text.partition("=")
+        if key == "of":
+            a.check_write(
+                _Word(val, val if word.value is not None else None), cmd.scope, cmd.snippet
+            )
+            continue
+        elif key == "if" and word.value is not None and a.is_device(a.path(val, cmd.scope)):
+            a.flag(Verdict.APPROVAL, f"{cmd.snippet} reads a raw disk")
+    return None
+
+
+def _disk_tool(a: _Analysis, cmd: _Cmd) -> _Flow | None:
+    """fdisk, parted, mkswap, shred…: on a disk device they destroy it."""
+    listing = any(w.text in ("-l", "--list", "print", "-d", "--dump") for w in cmd.args)
+    for word in cmd.args:
+        if word.value is not None and a.is_device(a.path(word.value, cmd.scope)) and not listing:
+            a.flag(Verdict.FORBID, f"{cmd.snippet} rewrites the disk device {word.value}")
+            return None
+    if cmd.name == "shred":
+        a.writer(cmd)
+    else:
+        a.flag(Verdict.APPROVAL, f"`{cmd.name}` is not on the read-only allowlist")
+    return None
+
+
+def _find(a: _Analysis, cmd: _Cmd) -> _Flow | None:
+    args = cmd.args
+    i = 0
+    while i < len(args) and args[i].text in ("-H", "-L", "-P", "-D", "-O"):
+        i += 2 if args[i].text == "-D" else 1
+    starts: list[_Word] = []
+    while i < len(args) and not args[i].text.startswith(("-", "(", "!", ")")):
+        starts.append(args[i])
+        i += 1
+    starts = starts or [_Word(".", ".")]
+    while i < len(args):
+        text = args[i].text
+        if text == "-delete":
+            for start in starts:
+                p = a.path(start.value, cmd.scope) if start.value is not None else None
+                if p is not None and a.is_protected(p):
+                    a.flag(Verdict.FORBID, f"{cmd.snippet} deletes files across {p.lexical}")
+                else:
+                    a.flag(
+                        Verdict.APPROVAL,
+                        f"{cmd.snippet} deletes every file it matches (find -delete)",
+                    )
+        elif text in ("-exec", "-execdir", "-ok", "-okdir"):
+            j = i + 1
+            while j < len(args) and args[j].text not in (";", "+"):
+                j += 1
+            inner = args[i + 1 : j]
+            for start in starts:
+                if start.value is not None and a.holds_credentials(a.path(start.value, cmd.scope)):
+                    a.flag(
+                        Verdict.APPROVAL,
+                        f"{cmd.snippet} runs a command on every file under {start.value}, "
+                        "where credentials live",
+                    )
+            if inner:
+                for start in starts:
+                    words = [start if w.text == "{}" else w for w in inner]
+                    a.simple(words, cmd.scope, _Flow(), cmd.snippet)
+                if inner[0].text in DESTRUCTIVE:
+                    a.flag(
+                        Verdict.APPROVAL,
+                        f"{cmd.snippet} runs `{inner[0].text}` on every file it matches",
+                    )
+            i = j
+        elif text in ("-fprint", "-fprint0", "-fprintf", "-fls") and i + 1 < len(args):
+            a.check_write(args[i + 1], cmd.scope, cmd.snippet)
+        i += 1
+    return None
+
+
+def _curl(a: _Analysis, cmd: _Cmd) -> _Flow | None:
+    for opt, val in _parse_options(cmd.args, CURL_VALUE_SHORT, CURL_VALUE_LONG):
+        if opt in CURL_UPLOAD_OPTIONS:
+            a.flag(Verdict.APPROVAL, f"{cmd.snippet} sends data to the network ({opt})")
+        elif (
+            opt in ("-X", "--request")
+            and val is not None
+            and val.text.upper() not in ("GET", "HEAD")
+        ):
+            a.flag(Verdict.APPROVAL, f"{cmd.snippet} sends a {val.text.upper()} request")
+        elif opt in ("-o", "--output") and val is not None:
+            a.check_write(val, cmd.scope, cmd.snippet)
+            a._remember_download(val, cmd.scope)
+        elif opt in ("-O", "--remote-name", "--remote-name-all"):
+            a.check_write(_Word(".", "."), cmd.scope, cmd.snippet)
+            for url in _positionals(cmd.args):
+                name = os.path.basename(urlsplit(url.text).path)
+                if name:
+                    a._remember_download(_Word(name, name), cmd.scope)
+        elif opt == "--output-dir" and val is not None:
+            a.check_write(val, cmd.scope, cmd.snippet)
+        elif opt in ("-K", "--config"):
+            a.flag(Verdict.APPROVAL, f"{cmd.snippet} reads its options from a file")
+    for url in _positionals(cmd.args):
+        scheme = urlsplit(url.text).scheme.lower() if "://" in url.text else ""
+        if scheme and scheme not in ("http", "https", "ftp", "ftps", "file"):
+            a.flag(Verdict.APPROVAL, f"{cmd.snippet} uses the {scheme}:// protocol")
+    return _Flow("network")
+
+
+def _wget(a: _Analysis, cmd: _Cmd) -> _Flow | None:
+    to_stdout = False
+    named = False
+    for opt, val in _parse_options(cmd.args, WGET_VALUE_SHORT, frozenset()):
+        key = opt.split("=", 1)[0]
+        if key in WGET_UPLOAD_OPTIONS:
+            a.flag(Verdict.APPROVAL, f"{cmd.snippet} sends data to the network ({key})")
+        elif key == "--method":
+            method = opt.partition("=")[2] or (val.text if val else "")
+            if method.upper() not in ("GET", "HEAD"):
+                a.flag(Verdict.APPROVAL, f"{cmd.snippet} sends a {method.upper()} request")
+        elif key in ("-O", "--output-document"):
+            target = val if val is not None else _Word(opt.partition("=")[2], opt.partition("=")[2])
+            named = True
+            if target.text == "-":
+                to_stdout = True
+            else:
+                a.check_write(target, cmd.scope, cmd.snippet)
+                a._remember_download(target, cmd.scope)
+        elif key in ("-P", "--directory-prefix"):
+            target = val if val is not None else _Word(opt.partition("=")[2], opt.partition("=")[2])
+            a.check_write(target, cmd.scope, cmd.snippet)
+            named = True
+        elif key in ("-o", "-a", "--output-file", "--append-output") and val is not None:
+            a.check_write(val, cmd.scope, cmd.snippet)
+    if not named:
+        a.check_write(_Word(".", "."), cmd.scope, cmd.snippet)
+        for url in _positionals(cmd.args):
+            name = os.path.basename(urlsplit(url.text).path)
+            if name:
+                a._remember_download(_Word(name, name), cmd.scope)
+    return _Flow("network") if to_stdout or named else _Flow()
+
+
+def _parse_options(
+    words: list[_Word], short_values: frozenset[str], long_values: frozenset[str]
+) -> Iterator[tuple[str, _Word | None]]:
+    """(option, value) pairs: -XPOST, -X POST, --request=POST, --request POST, -sSLo file."""
+    i = 0
+    while i < len(words):
+        text = words[i].text
+        if text == "--":
+            return
+        if text.startswith("--"):
+            opt, eq, val = text.partition("=")
+            if eq:
+                yield opt, _Word(val, val)
+            elif opt in long_values and i + 1 < len(words):
+                yield opt, words[i + 1]
+                i += 1
+            else:
+                yield opt, None
+        elif text.startswith("-") and len(text) > 1:
+            for k, ch in enumerate(text[1:], start=1):
+                if ch in short_values:
+                    rest = text[k + 1 :]
+                    if rest:
+                        yield f"-{ch}", _Word(rest, rest)
+                    elif i + 1 < len(words):
+                        yield f"-{ch}", words[i + 1]
+                        i += 1
+                    else:
+                        yield f"-{ch}", None
+                    break
+                yield f"-{ch}", None
+        i += 1
+
+
+def _git(a: _Analysis, cmd: _Cmd) -> _Flow | None:
+    args = cmd.args
+    i = 0
+    while i < len(args) and args[i].text.startswith("-"):
+        text = args[i].text
+        if text in ("-c", "--config-env") or text.startswith("--exec-path"):
+            a.flag(
+                Verdict.APPROVAL,
+                f"{cmd.snippet} sets git config for this run (it can run programs)",
+            )
+        if text in ("-C", "--git-dir", "--work-tree") or text.startswith(
+            ("--git-dir=", "--work-tree=")
+        ):
+            target = (
+                args[i + 1]
+                if "=" not in text and i + 1 < len(args)
+                else _Word(text.split("=", 1)[-1], text.split("=", 1)[-1])
+            )
+            if text == "-C":
+                if target.value is None:
+                    a.flag(
+                        Verdict.APPROVAL, f"{cmd.snippet} works in a folder only known at run time"
+                    )
+                else:
+                    p = a.path(target.value, cmd.scope)
+                    if not a.inside(p):
+                        a.flag(
+                            Verdict.APPROVAL,
+                            f"{cmd.snippet} works on a repository outside the workspace",
+                        )
+            else:
+                a.check_write(target, cmd.scope, cmd.snippet, "uses")
+        i += (
+            2
+            if text in ("-C", "-c", "--git-dir", "--work-tree", "--namespace", "--config-env")
+            else 1
+        )
+    if i >= len(args):
+        return None
+    sub, rest = args[i].text, args[i + 1 :]
+    if sub in ("credential", "credential-store", "credential-cache", "credential-osxkeychain"):
+        a.flag(Verdict.FORBID, f"{cmd.snippet} reads stored git credentials")
+        return None
+    allowed, approvals = SUBCOMMANDS["git"]
+    if sub in approvals:
+        a.flag(Verdict.APPROVAL, f"{cmd.snippet} {approvals[sub]}")
+        return None
+    if sub not in allowed:
+        a.flag(Verdict.APPROVAL, f"`git {sub}` is not on the read-only allowlist")
+        return None
+    if sub == "config":
+        _git_config(a, cmd, rest)
+    elif sub == "clone":
+        if any(
+            w.text in ("-c", "--config", "-u", "--upload-pack")
+            or w.text.startswith(("--config=", "--upload-pack="))
+            for w in rest
+        ):
+            a.flag(Verdict.APPROVAL, f"{cmd.snippet} sets options that can run programs")
+        pos: list[_Word] = []
+        j = 0
+        while j < len(rest):
+            if rest[j].text in GIT_CLONE_VALUE_OPTIONS:
+                j += 2
+                continue
+            if not rest[j].text.startswith("-"):
+                pos.append(rest[j])
+            j += 1
+        if len(pos) >= 2:
+            a.check_write(pos[1], cmd.scope, cmd.snippet)
+        else:
+            a.check_write(_Word(".", "."), cmd.scope, cmd.snippet)
+    elif sub == "submodule" and rest and rest[0].text == "foreach":
+        code = [w for w in rest[1:] if not w.text.startswith("-")]
+        _run_text(a, cmd, code, "git submodule foreach")
+    elif sub == "bisect" and rest and rest[0].text == "run":
+        if len(rest) > 1:
+            a.simple(rest[1:], cmd.scope, _Flow(), cmd.snippet)
+    elif sub == "rebase":
+        for j, w in enumerate(rest):
+            if w.text in ("-x", "--exec") and j + 1 < len(rest):
+                _run_text(a, cmd, [rest[j + 1]], "git rebase --exec")
+            elif w.text.startswith("--exec="):
+                text = w.text.split("=", 1)[1]
+                _run_text(
+                    a,
+                    cmd,
+                    [_Word(text, text if w.value is not None else None)],
+                    "git rebase --exec",
+                )
+    elif sub == "worktree" and len(rest) >= 2 and rest[0].text == "add":
+        a.check_write(
+            _positionals(rest[1:])[0] if _positionals(rest[1:]) else _Word(".", "."),
+            cmd.scope,
+            cmd.snippet,
+        )
+    elif sub in ("archive", "format-patch"):
+        for j, w in enumerate(rest):
+            if w.text in ("-o", "--output", "--output-directory") and j + 1 < len(rest):
+                a.check_write(rest[j + 1], cmd.scope, cmd.snippet)
+            elif w.text.startswith(("--output=", "--output-directory=")):
+                val = w.text.split("=", 1)[1]
+                a.check_write(_Word(val, val), cmd.scope, cmd.snippet)
+    return None
+
+
+def _git_config(a: _Analysis, cmd: _Cmd, rest: list[_Word]) -> None:
+    texts = [w.text for w in rest]
+    reading = _names(
+        "--get --get-all --get-regexp --list -l --get-urlmatch --show-origin --show-scope"
+    )
+    if any(t in reading for t in texts) or texts[:1] in (["get"], ["list"]):
+        return
+    positionals = [t for t in texts if not t.startswith("-")]
+    if len(positionals) <= 1 and "--unset" not in texts and "--unset-all" not in texts:
+        return
+    if any(t in ("--global", "--system", "--file", "-f") or t.startswith("--file=") for t in texts):
+        a.flag(Verdict.APPROVAL, f"{cmd.snippet} changes git config outside the repository")
+        return
+    key = (
+        positionals[1]
+        if positionals and positionals[0] in ("set", "unset") and len(positionals) > 1
+        else (positionals[0] if positionals else "")
+    )
+    if not GIT_SAFE_CONFIG.match(key):
+        a.flag(
+            Verdict.APPROVAL,
+            f"{cmd.snippet} sets git config `{key}` (some keys make git run programs)",
+        )
+
+
+def _run_text(a: _Analysis, cmd: _Cmd, words: list[_Word], what: str) -> None:
+    """Shell text given as arguments (eval, trap, git … foreach): judge it as a script."""
+    if not words:
+        return
+    if any(w.value is None for w in words):
+        taint = _taint_of([n for w in words for n in _subst_nodes(w)])
+        if taint == "network":
+            a.flag(Verdict.FORBID, f"{cmd.snippet} runs code downloaded from the network")
+        elif taint == "decoded":
+            a.flag(Verdict.FORBID, f"{cmd.snippet} runs hidden (decoded) code")
+        else:
+            a.flag(Verdict.APPROVAL, f"{cmd.snippet} runs a command built at run time")
+        return
+    a.nested(" ".join(w.text for w in words), cmd.scope, what)
+
+
+def _shell(a: _Analysis, cmd: _Cmd) -> _Flow | None:
+    args = cmd.args
+    i = 0
+    command_string = False
+    while i < len(args):
+        text = args[i].text
+        if text in ("-o", "+o", "-O", "+O", "--rcfile", "--init-file"):
+            i += 2
+            continue
+        if text == "--":
+            i += 1
+            break
+        if text.startswith(("-", "+")) and len(text) > 1:
+            if not text.startswith("--") and "c" in text[1:]:
+                command_string = True
+            i += 1
+            continue
+        break
+    rest = args[i:]
+    if command_string:
+        if not rest:
+            a.flag(Verdict.APPROVAL, f"{cmd.snippet}: `-c` without a command")
+            return None
+        _run_text(a, cmd, [rest[0]], f"`{cmd.name} -c`")
+        return None
+    if not rest or "s" in _short_flags(args[:i]):
+        a.stdin_code(cmd, shell=True)
+        return None
+    a.run_file(rest[0], cmd.scope, cmd.snippet, shell=True)
+    return None
+
+
+def _source(a: _Analysis, cmd: _Cmd) -> _Flow | None:
+    if not cmd.args:
+        return None
+    a.run_file(cmd.args[0], cmd.scope, cmd.snippet, shell=True)
+    return None
+
+
+def _eval(a: _Analysis, cmd: _Cmd) -> _Flow | None:
+    _run_text(a, cmd, cmd.args, "eval")
+    return None
+
+
+def _trap(a: _Analysis, cmd: _Cmd) -> _Flow | None:
+    positionals = [w for w in cmd.args if not w.text.startswith("-")]
+    if len(positionals) >= 2:
+        _run_text(a, cmd, positionals[:1], "trap")
+    return None
+
+
+def _cd(a: _Analysis, cmd: _Cmd) -> _Flow | None:
+    targets = _positionals(cmd.args)
+    if cmd.name == "popd" or (targets and targets[0].text == "-"):
+        cmd.scope.cwd = None
+    elif not targets:
+        cmd.scope.cwd = a.home
+    elif targets[0].value is None:
+        cmd.scope.cwd = None
+    else:
+        cmd.scope.cwd = a.path(targets[0].value, cmd.scope).lexical
+    return None
+
+
+def _export(a: _Analysis, cmd: _Cmd) -> _Flow | None:
+    for word in cmd.args:
+        if "=" in word.text and not word.text.startswith("-"):
+            name, _, value = word.text.partition("=")
+            if name in RISKY_ENV_VARS:
+                a.flag(
+                    Verdict.APPROVAL, f"{cmd.snippet} sets {name}, which changes what programs run"
+                )
+            cmd.scope.vars[name] = value if word.value is not None else None
+    return None
+
+
+def _env(a: _Analysis, cmd: _Cmd) -> _Flow | None:
+    args = cmd.args
+    scope = cmd.scope.child()
+    i = 0
+    while i < len(args):
+        text = args[i].text
+        if text in ("-u", "--unset", "-C", "--chdir", "-S", "--split-string"):
+            if i + 1 >= len(args):
+                break
+            val = args[i + 1]
+            if text in ("-C", "--chdir"):
+                scope.cwd = a.path(val.value, scope).lexical if val.value is not None else None
+            elif text in ("-S", "--split-string"):
+                _run_text(a, cmd, [val, *args[i + 2 :]], "`env -S`")
+                return None
+            i += 2
+            continue
+        if text.startswith("-"):
+            i += 1
+            continue
+        if "=" in text:
+            name, _, value = text.partition("=")
+            if name in RISKY_ENV_VARS:
+                a.flag(
+                    Verdict.APPROVAL, f"{cmd.snippet} sets {name}, which changes what programs run"
+                )
+            scope.vars[name] = value if args[i].value is not None else None
+            i += 1
+            continue
+        break
+    if i < len(args):
+        return a.simple(args[i:], scope, cmd.stdin, cmd.snippet)
+    return None
+
+
+def _timeout(a: _Analysis, cmd: _Cmd) -> _Flow | None:
+    rest = _skip_options(cmd.args, frozenset("sk"), frozenset({"--signal", "--kill-after"}))
+    if len(rest) > 1:
+        return a.simple(rest[1:], cmd.scope, cmd.stdin, cmd.snippet)
+    return None
+
+
+def _command(a: _Analysis, cmd: _Cmd) -> _Flow | None:
+    flags = _short_flags(cmd.args)
+    if flags & {"v", "V"}:
+        return None
+    rest = _skip_options(cmd.args, frozenset(), frozenset())
+    if rest:
+        return a.simple(rest, cmd.scope, cmd.stdin, cmd.snippet)
+    return None
+
+
+def _xargs(a: _Analysis, cmd: _Cmd) -> _Flow | None:
+    rest = _skip_options(
+        cmd.args,
+        frozenset("adEILnPs"),
+        frozenset(
+            "--arg-file --delimiter --eof --replace --max-lines --max-args --max-procs "
+            "--max-chars --process-slot-var".split()
+        ),
+    )
+    if not rest:
+        return None
+    a.simple(rest, cmd.scope, _Flow(), cmd.snippet)
+    inner = rest[0].text
+    inner = os.path.basename(inner) if os.path.dirname(inner) in SYSTEM_BIN_DIRS else inner
+    if inner in DESTRUCTIVE or inner in WORKSPACE_WRITERS:
+        a.flag(
+            Verdict.APPROVAL,
+            f"{cmd.snippet} runs `{inner}` on arguments only known at run time",
+        )
+    return None
+
+
+def _sudo_like(a: _Analysis, cmd: _Cmd) -> _Flow | None:
+    """su -c '…': approval, and the command itself is judged too."""
+    a.flag(Verdict.APPROVAL, f"{cmd.snippet} runs commands as another user")
+    for j, w in enumerate(cmd.args):
+        if w.text in ("-c", "--command") and j + 1 < len(cmd.args):
+            _run_text(a, cmd, [cmd.args[j + 1]], f"`{cmd.name} -c`")
+    return None
+
+
+def _kill(a: _Analysis, cmd: _Cmd) -> _Flow | None:
+    """`kill -9 -1` signals every process the user owns (the bot included)."""
+    args = [w.text for w in cmd.args]
+    if args[:1] in (["-s"], ["-n"], ["--signal"]):
+        args = args[2:]
+    elif args and args[0].startswith("-") and args[0] != "--":
+        args = args[1:]  # the signal: -9, -KILL, -1 (SIGHUP)
+    if args[:1] == ["--"]:
+        args = args[1:]
+    if "-1" in args:
+        a.flag(Verdict.FORBID, f"{cmd.snippet} kills every process the user can reach")
+    else:
+        a.flag(Verdict.APPROVAL, f"{cmd.snippet} sends a signal to processes")
+    return None
+
+
+def _init(a: _Analysis, cmd: _Cmd) -> _Flow | None:
+    if any(w.text in ("0", "6", "1", "s", "S", "single") for w in cmd.args):
+        a.flag(Verdict.FORBID, f"{cmd.snippet} halts or reboots the machine")
+    else:
+        a.flag(Verdict.APPROVAL, f"`{cmd.name}` is not on the read-only allowlist")
+    return None
+
+
+def _systemctl(a: _Analysis, cmd: _Cmd) -> _Flow | None:
+    positionals = [w.text for w in cmd.args if not w.text.startswith("-")]
+    sub = positionals[0] if positionals else ""
+    if sub in SYSTEMCTL_FORBIDDEN:
+        a.flag(Verdict.FORBID, f"{cmd.snippet} stops or reboots the machine")
+    elif sub in SYSTEMCTL_READ:
+        return None
+    else:
+        a.flag(Verdict.APPROVAL, f"{cmd.snippet} changes system services")
+    return None
+
+
+def _sed(a: _Analysis, cmd: _Cmd) -> _Flow | None:
+    args = cmd.args
+    in_place = False
+    scripts: list[str] = []
+    files: list[_Word] = []
+    i = 0
+    while i < len(args):
+        text = args[i].text
+        if text in ("-e", "--expression") and i + 1 < len(args):
+            scripts.append(args[i + 1].text)
+            i += 2
+            continue
+        if text.startswith("--expression="):
+            scripts.append(text.split("=", 1)[1])
+        elif text in ("-f", "--file") or text.startswith("--file="):
+            a.flag(Verdict.APPROVAL, f"{cmd.snippet} runs a sed script file (it can run commands)")
+            i += 1 if "=" in text else 2
+            continue
+        elif text.startswith("--in-place") or (
+            text.startswith("-") and not text.startswith("--") and "i" in text[1:]
+        ):
+            in_place = True
+        elif text.startswith("-") and text != "-":
+            pass
+        else:
+            files.append(args[i])
+        i += 1
+    if not scripts and files:
+        scripts.append(files.pop(0).text)
+    for script in scripts:
+        if _SED_EXEC_RE.search(script) or _SED_S_EXEC_RE.search(script):
+            a.flag(Verdict.APPROVAL, f"{cmd.snippet}: the sed script runs commands or writes files")
+    if in_place:
+        for f in files:
+            a.check_write(f, cmd.scope, cmd.snippet, "edits")
+    return _Flow(cmd.stdin.taint)
+
+
+_SED_EXEC_RE = re.compile(r"(?:^|[;\n{}])\s*(?:[0-9$,!~+\s]|/(?:[^/\\]|\\.)*/)*[ewW](?:\s|$)")
+_SED_S_EXEC_RE = re.compile(r"s(.)(?:(?!\1)[^\\]|\\.)*\1(?:(?!\1)[^\\]|\\.)*\1[gpiImM0-9]*[ewW]")
+_AWK_EXEC_RE = re.compile(
+    r"system\s*\(|\|\s*getline|\|&|print[f]?[^;}]*\|\s*\"|print[f]?[^;}]*>{1,2}\s*[\"A-Za-z_$(]"
+)
+
+
+def _awk(a: _Analysis, cmd: _Cmd) -> _Flow | None:
+    args = cmd.args
+    program: str | None = None
+    i = 0
+    while i < len(args):
+        text = args[i].text
+        if text in ("-f", "--file", "-i", "--include", "-l", "--load") or text.startswith(
+            "--file="
+        ):
+            a.flag(
+                Verdict.APPROVAL, f"{cmd.snippet} runs an awk program file (it can run commands)"
+            )
+            return _Flow(cmd.stdin.taint)
+        if text in ("-F", "-v", "--assign", "--field-separator"):
+            i += 2
+            continue
+        if text in ("-e", "--source") and i + 1 < len(args):
+            program = args[i + 1].text
+            break
+        if text.startswith("-") and text != "-":
+            i += 1
+            continue
+        program = text
+        break
+    if program and _AWK_EXEC_RE.search(program):
+        a.flag(Verdict.APPROVAL, f"{cmd.snippet}: the awk program runs commands or writes files")
+    return _Flow(cmd.stdin.taint)
+
+
+def _tar(a: _Analysis, cmd: _Cmd) -> _Flow | None:
+    a.options(cmd)
+    if any(w.text in ("-P", "--absolute-names") for w in cmd.args):
+        a.flag(Verdict.APPROVAL, f"{cmd.snippet} extracts absolute paths")
+    for j, w in enumerate(cmd.args):
+        if w.text in ("-C", "--directory") and j + 1 < len(cmd.args):
+            a.check_write(cmd.args[j + 1], cmd.scope, cmd.snippet)
+    a.writer(cmd)
+    return None
+
+
+_HANDLERS: dict[str, Callable[[_Analysis, _Cmd], _Flow | None]] = {
+    "rm": _rm,
+    **dict.fromkeys(("grep", "egrep", "fgrep", "zgrep", "rg", "ag", "ack"), _grep),
+    "chmod": _chmod,
+    "chown": _chmod,
+    "chgrp": _chmod,
+    "dd": _dd,
+    "fdisk": _disk_tool,
+    "sfdisk": _disk_tool,
+    "cfdisk": _disk_tool,
+    "gdisk": _disk_tool,
+    "sgdisk": _disk_tool,
+    "parted": _disk_tool,
+    "mkswap": _disk_tool,
+    "shred": _disk_tool,
+    "find": _find,
+    "curl": _curl,
+    "wget": _wget,
+    "git": _git,
+    **dict.fromkeys(SHELLS, _shell),
+    "source": _source,
+    ".": _source,
+    "eval": _eval,
+    "trap": _trap,
+    "cd": _cd,
+    "pushd": _cd,
+    "popd": _cd,
+    "export": _export,
+    "env": _env,
+    "timeout": _timeout,
+    "command": _command,
+    "xargs": _xargs,
+    "su": _sudo_like,
+    "runuser": _sudo_like,
+    "kill": _kill,
+    "init": _init,
+    "telinit": _init,
+    "systemctl": _systemctl,
+    "sed": _sed,
+    "awk": _awk,
+    "gawk": _awk,
+    "mawk": _awk,
+    "nawk": _awk,
+    "tar": _tar,
+}
+
+
+# ════════════════════════════════════════════════════════════════════════════════
+# The guardian.
+# ════════════════════════════════════════════════════════════════════════════════
+
+FILE_TOOLS = frozenset({"read_file", "write_file", "edit_file", "list_files", "search_files"})
+
+
+class Guardian:
+    """Judges each tool call before it runs; see the module docstring for the rules."""
+
+    def __init__(self, workspace: Path, *, timeout: float = 2.0) -> None:
+        self.workspace = Path(workspace)
+        self.timeout = timeout
+
+    async def check(self, tool: str, args: dict) -> Decision:
+        """The decision for one call. Never raises: an error or a slow check is a refusal."""
+        try:
+            return await asyncio.wait_for(
+                asyncio.to_thread(self.check_sync, tool, args), self.timeout
+            )
+        except TimeoutError:
+            return Decision(
+                Verdict.FORBID,
+                f"guardian error: the check took longer than {self.timeout:g}s; refused to be safe",
+            )
+        except Exception as exc:
+            return Decision(
+                Verdict.FORBID,
+                f"guardian error: {type(exc).__name__}: {exc}; refused to be safe",
+            )
+
+    def check_sync(self, tool: str, args: dict) -> Decision:
+        """The classification itself (synchronous; `check` adds the timeout and error floor)."""
+        if not isinstance(args, dict):
+            return Decision(Verdict.FORBID, "tool arguments must be a JSON object")
+        if tool == "shell":
+            return self.check_shell(args.get("command"))
+        if tool in FILE_TOOLS:
+            return self.check_file_tool(tool, args)
+        if tool == "web_fetch":
+            return self.check_fetch(args.get("url"))
+        return Decision(Verdict.FORBID, f"unknown tool `{tool}`: there is no rule that allows it")
+
+    # ── per tool ────────────────────────────────────────────────────────────────
+    def _analysis(self) -> _Analysis:
+        root = os.path.realpath(self.workspace)
+        home = os.path.realpath(os.path.expanduser("~"))
+        return _Analysis(root, home)
+
+    def check_shell(self, command: Any) -> Decision:
+        if not isinstance(command, str):
+            return Decision(Verdict.FORBID, "shell command must be a string")
+        analysis = self._analysis()
+        try:
+            analysis.script(command, _Scope(cwd=analysis.root))
+        except _Unparseable as exc:
+            return Decision(
+                Verdict.FORBID,
+                f"could not parse this command safely: {exc}; use a simpler form",
+            )
+        except RecursionError:
+            return Decision(
+                Verdict.FORBID,
+                "could not parse this command safely: nested too deeply; use a simpler form",
+            )
+        return analysis.decision()
+
+    def check_file_tool(self, tool: str, args: dict) -> Decision:
+        """File tools are workspace-scoped by construction; only credential paths are refused."""
+        path = args.get("path", ".")
+        if path is None:
+            path = "."
+        if not isinstance(path, str):
+            return Decision(Verdict.FORBID, f"{tool}: path must be a string")
+        analysis = self._analysis()
+        analysis.check_credentials(_Word(path, path), _Scope(cwd=analysis.root), f"{tool} `{path}`")
+        decision = analysis.decision()
+        if decision.verdict == Verdict.ALLOW:
+            return Decision(Verdict.ALLOW, f"{tool} stays inside the workspace")
+        return decision
+
+    def check_fetch(self, url: Any) -> Decision:
+        if not isinstance(url, str):
+            return Decision(Verdict.FORBID, "web_fetch: url must be a string")
+        scheme = urlsplit(url.strip()).scheme.lower()
+        if scheme not in ("http", "https"):
+            return Decision(
+                Verdict.FORBID, f"web_fetch only fetches http(s) URLs, not `{_short(url)}`"
+            )
+        for regex, what in _CREDENTIAL_RES:
+            if regex.search(url):
+                return Decision(Verdict.FORBID, f"web_fetch `{_short(url)}` reads {what}")
+        return Decision(Verdict.ALLOW, "web_fetch is a read-only http(s) GET")
+
+
+__all__ = ["Decision", "Guardian", "Verdict"]

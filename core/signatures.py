@@ -1,0 +1,40 @@
+"""Error signatures: the same mistake gets the same string, whatever file or number it hit.
+
+Why: the learner (a later issue) counts recurring failures; "cat /a/b.txt: No such
+file" and "cat /c/d.txt: No such file" must count as one. The volatile parts
+(quoted data, paths, urls, hashes, ids, numbers) are replaced by placeholders.
+"""
+
+from __future__ import annotations
+
+import re
+
+_SUBS: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(r"https?://\S+"), "<url>"),
+    (re.compile(r"(['\"`]).*?\1"), "<q>"),
+    (
+        re.compile(r"\b\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?(Z|[+-]\d{2}:?\d{2})?\b"),
+        "<ts>",
+    ),
+    (re.compile(r"\b[0-9a-f]{7,64}\b", re.I), "<hex>"),
+    (re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b", re.I), "<id>"),
+    (re.compile(r"(~|\.{1,2})?(/[\w.@+-]+)+/?"), "<path>"),
+    (
+        re.compile(r"\b[\w.-]+\.(py|md|txt|json|ya?ml|toml|js|ts|csv|log|sh|cfg|ini|html)\b"),
+        "<file>",
+    ),
+    (re.compile(r"\b\d+(\.\d+)?\b"), "<n>"),
+    (re.compile(r"\s+"), " "),
+]
+
+
+def normalize_message(message: str, limit: int = 160) -> str:
+    text = (message.strip().splitlines() or [""])[0]
+    for pattern, repl in _SUBS:
+        text = pattern.sub(repl, text)
+    return text.strip()[:limit]
+
+
+def signature(tool: str, error_class: str, message: str) -> str:
+    """`tool:ErrorClass:normalized message`, stable across paths, numbers and ids."""
+    return f"{tool}:{error_class}:{normalize_message(message)}"

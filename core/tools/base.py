@@ -1,0 +1,59 @@
+"""What a tool is: a name, a JSON schema, a description the model reads, an async run.
+
+Tools never check policy (the guardian does, before the call) and never retry.
+They raise `ToolError` with a message the model can act on; anything else that
+escapes a tool is a bug and is reported as such.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class ToolError(Exception):
+    """A failure the model should read and react to ("No such file: a.md. Files here: ...")."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolContext:
+    """Everything a tool may use; built once per task from the settings."""
+
+    workspace: Path
+    shell_timeout: float = 60.0
+    output_cap: int = 20_000
+    fetch_timeout: float = 20.0
+    fetch_max_bytes: int = 2_000_000
+    #: Extra environment for the shell (secrets are already removed by the shell tool).
+    env: dict[str, str] = field(default_factory=dict)
+
+
+ToolFn = Callable[[ToolContext, dict[str, Any]], Awaitable[str]]
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    run: ToolFn
+
+    def schema(self) -> dict[str, Any]:
+        """The OpenAI function-calling shape that litellm forwards to every provider."""
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.parameters,
+            },
+        }
+
+
+def cap_output(text: str, limit: int) -> str:
+    """Cut long output and say so, so the model knows it did not see everything."""
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"\n[output cut: {len(text) - limit} more characters not shown]"

@@ -1,0 +1,94 @@
+"""edit_file: exact search and replace in a workspace file, written atomically."""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+from pathlib import Path
+from typing import Any
+
+from core.tools.base import Tool, ToolContext, ToolError
+from core.tools.workspace import display, looks_binary, resolve_in_workspace
+from memory.atomic import atomic_write_bytes
+
+
+def _closest_hint(text: str, old: str) -> str:
+    """Point at the line that looks most like the start of old_text, so the model can fix it."""
+    first = next((line for line in old.splitlines() if line.strip()), old).strip()
+    lines = text.splitlines()
+    if " ".join(old.split()) and " ".join(old.split()) in " ".join(text.split()):
+        return " It matches if whitespace is ignored: copy indentation and line breaks exactly."
+    stripped = [line.strip() for line in lines]
+    match = difflib.get_close_matches(first, stripped, n=1, cutoff=0.5)
+    if not match:
+        return " Read the file first and copy the text exactly."
+    lineno = stripped.index(match[0]) + 1
+    return f" Closest line ({lineno}): {lines[lineno - 1][:200]!r}. Copy the text exactly."
+
+
+def _edit(path: Path, shown: str, old: str, new: str, replace_all: bool) -> int:
+    raw = path.read_bytes()
+    if looks_binary(raw):
+        raise ToolError(f"{shown} is a binary file; edit_file only edits text")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ToolError(f"{shown} is not UTF-8 text; edit_file cannot edit it safely") from exc
+    count = text.count(old)
+    if count == 0:
+        raise ToolError(f"old_text was not found in {shown}." + _closest_hint(text, old))
+    if count > 1 and not replace_all:
+        raise ToolError(
+            f"old_text appears {count} times in {shown}; include more surrounding text to make "
+            "it unique, or set replace_all to true"
+        )
+    atomic_write_bytes(path, text.replace(old, new).encode("utf-8"))
+    return count
+
+
+async def run(ctx: ToolContext, args: dict[str, Any]) -> str:
+    path = resolve_in_workspace(ctx.workspace, args.get("path", ""), must_exist=True)
+    shown = display(ctx.workspace, path)
+    old, new = args.get("old_text"), args.get("new_text")
+    if not isinstance(old, str) or not old:
+        raise ToolError("old_text must be a non-empty string copied exactly from the file")
+    if not isinstance(new, str):
+        raise ToolError("new_text must be a string (empty to delete old_text)")
+    replace_all = args.get("replace_all", False)
+    if not isinstance(replace_all, bool):
+        raise ToolError("replace_all must be true or false")
+    if path.is_dir():
+        raise ToolError(f"{shown} is a folder, not a file")
+    try:
+        count = await asyncio.to_thread(_edit, path, shown, old, new, replace_all)
+    except OSError as exc:
+        raise ToolError(f"Could not edit {shown}: {exc.strerror or exc}") from exc
+    return f"Replaced {count} occurrence{'s' if count != 1 else ''} in {shown}"
+
+
+TOOL = Tool(
+    name="edit_file",
+    description=(
+        "Replace an exact piece of text in a workspace file (old_text must match exactly once "
+        "unless replace_all is true)."
+    ),
+    parameters={
+        "type": "object",
+        "properties": {
+            "path": {"type": "string", "description": "File path relative to the workspace."},
+            "old_text": {
+                "type": "string",
+                "description": "Exact text to find, whitespace included.",
+            },
+            "new_text": {"type": "string", "description": "Text to put in its place."},
+            "replace_all": {
+                "type": "boolean",
+                "description": "Replace every occurrence instead of requiring exactly one.",
+                "default": False,
+            },
+        },
+        "required": ["path", "old_text", "new_text"],
+        "additionalProperties": False,
+    },
+    run=run,
+)

@@ -1,0 +1,169 @@
+"""shell: run a bash command in the workspace, with a timeout that stops everything it started.
+
+The command runs in its own process group (start_new_session) so a timeout can kill
+the whole tree, not just bash; stdin is closed so nothing waits for input; the
+environment has secret-looking variables removed so a command (or a prompt-injected
+model) cannot print the bot's own tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from typing import Any
+
+from core.tools.base import Tool, ToolContext, ToolError
+from core.tools.workspace import workspace_root
+
+#: A variable whose name contains one of these is treated as a secret and not passed on.
+SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
+#: Steward's own settings (tokens, signing secrets) are never visible to commands.
+OWN_PREFIX = "STEWARD_"
+#: After bash exits, how long to keep reading output that background children still write.
+DRAIN_SECONDS = 0.5
+READ_CHUNK = 65536
+
+
+def is_secret_name(name: str) -> bool:
+    upper = name.upper()
+    return upper.startswith(OWN_PREFIX) or any(marker in upper for marker in SECRET_MARKERS)
+
+
+def command_env(extra: dict[str, str]) -> dict[str, str]:
+    """os.environ minus secrets, plus the task's own extra variables."""
+    env = {k: v for k, v in os.environ.items() if not is_secret_name(k)}
+    env.update(extra)
+    return env
+
+
+class _Output:
+    """Keeps the head and the tail of a stream within a byte budget; counts what falls between."""
+
+    def __init__(self, limit: int) -> None:
+        self.half = max(limit // 2, 1)
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
+
+    def add(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        room = self.half - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+            chunk = chunk[room:]
+        if chunk:
+            self.tail += chunk
+            del self.tail[: max(len(self.tail) - self.half, 0)]
+
+    def text(self) -> str:
+        head = self.head.decode("utf-8", errors="replace")
+        tail = self.tail.decode("utf-8", errors="replace")
+        cut = self.total - len(self.head) - len(self.tail)
+        if cut <= 0:
+            return head + tail
+        return f"{head}\n[output cut: {cut} bytes in the middle not shown]\n{tail}"
+
+
+async def _pump(stream: asyncio.StreamReader, out: _Output) -> None:
+    while chunk := await stream.read(READ_CHUNK):
+        out.add(chunk)
+
+
+def _kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def _timeout(args: dict[str, Any], default: float) -> float:
+    value = args.get("timeout")
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ToolError(f"timeout must be a positive number of seconds, got {value!r}")
+    return float(value)
+
+
+async def run(ctx: ToolContext, args: dict[str, Any]) -> str:
+    command = args.get("command")
+    if not isinstance(command, str) or not command.strip():
+        raise ToolError("command must be a non-empty string of bash")
+    timeout = _timeout(args, ctx.shell_timeout)
+    out = _Output(ctx.output_cap)
+    proc = await asyncio.create_subprocess_exec(
+        "bash",
+        "-c",
+        command,
+        cwd=workspace_root(ctx.workspace),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        start_new_session=True,
+        env=command_env(ctx.env),
+    )
+    assert proc.stdout is not None
+    pump = asyncio.create_task(_pump(proc.stdout, out))
+    try:
+        try:
+            await asyncio.wait_for(proc.wait(), timeout)
+        except TimeoutError:
+            _kill_group(proc.pid)
+            await proc.wait()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(pump), DRAIN_SECONDS)
+            shown = f"{timeout:g}"
+            raise ToolError(
+                f"Command timed out after {shown}s and was stopped; partial output:\n"
+                f"{_cap(out.text(), ctx.output_cap)}"
+            ) from None
+        note = ""
+        try:
+            await asyncio.wait_for(asyncio.shield(pump), DRAIN_SECONDS)
+        except TimeoutError:
+            note = "\n[background processes still hold the output open; later output not shown]"
+    finally:
+        if not pump.done():
+            pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pump
+        if proc.returncode is None:  # cancelled from outside: stop what we started
+            _kill_group(proc.pid)
+            with contextlib.suppress(ProcessLookupError):
+                await proc.wait()
+    text = f"exit code {proc.returncode}\n{_cap(out.text(), ctx.output_cap)}{note}"
+    if proc.returncode != 0:
+        raise ToolError(text)
+    return text
+
+
+def _cap(text: str, limit: int) -> str:
+    """The byte budget already keeps head and tail; this trims characters, keeping both ends."""
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    cut = len(text) - 2 * half
+    return f"{text[:half]}\n[output cut: {cut} characters in the middle not shown]\n{text[-half:]}"
+
+
+TOOL = Tool(
+    name="shell",
+    description=(
+        "Run a bash command in the workspace (stdout and stderr merged, no stdin); "
+        "the result starts with the exit code."
+    ),
+    parameters={
+        "type": "object",
+        "properties": {
+            "command": {"type": "string", "description": "The bash command line to run."},
+            "timeout": {
+                "type": "number",
+                "exclusiveMinimum": 0,
+                "description": "Seconds before the command is stopped.",
+            },
+        },
+        "required": ["command"],
+        "additionalProperties": False,
+    },
+    run=run,
+)

@@ -1,0 +1,122 @@
+"""Episodes: one Markdown file per finished task, YAML front matter + a readable summary.
+
+Markdown is the source of truth (DESIGN.md "Memory"): a person can read, grep, edit
+and version it; indexes built later are caches over these files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import frontmatter
+import yaml
+
+from memory.atomic import atomic_write_text
+
+
+@dataclass(slots=True)
+class ToolRecord:
+    name: str
+    ok: bool
+    verdict: str = "allow"
+    error: str = ""
+    signature: str = ""
+    duration_s: float = 0.0
+    arguments: str = ""
+
+
+@dataclass(slots=True)
+class Episode:
+    id: str
+    started: datetime
+    channel: str
+    conversation: str
+    user: str
+    request: str
+    outcome: str  # success | failure | cancelled
+    reply: str = ""
+    model: str = ""
+    steps: int = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    cost_usd: float | None = None
+    duration_s: float = 0.0
+    error: str = ""
+    tools: list[ToolRecord] = field(default_factory=list)
+
+    @property
+    def error_signatures(self) -> list[str]:
+        return sorted({t.signature for t in self.tools if t.signature})
+
+    def front_matter(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "started": self.started.isoformat(),
+            "channel": self.channel,
+            "conversation": self.conversation,
+            "user": self.user,
+            "request": self.request,
+            "outcome": self.outcome,
+            "error": self.error or None,
+            "error_signatures": self.error_signatures,
+            "tools": [asdict(t) for t in self.tools],
+            "model": self.model,
+            "steps": self.steps,
+            "tokens_in": self.tokens_in,
+            "tokens_out": self.tokens_out,
+            "cost_usd": self.cost_usd,
+            "duration_s": round(self.duration_s, 3),
+        }
+
+    def to_markdown(self) -> str:
+        head = yaml.safe_dump(self.front_matter(), sort_keys=False, allow_unicode=True)
+        lines = [f"---\n{head}---", "", "## Request", "", self.request.strip(), ""]
+        if self.tools:
+            lines += ["## Tools", ""]
+            for t in self.tools:
+                mark = "ok" if t.ok else f"failed: {t.error.splitlines()[0] if t.error else ''}"
+                lines.append(f"- `{t.name}` {t.arguments[:120]} — {mark}")
+            lines.append("")
+        lines += ["## Outcome", "", f"{self.outcome}" + (f": {self.error}" if self.error else "")]
+        if self.reply.strip():
+            lines += ["", "## Reply", "", self.reply.strip()]
+        return "\n".join(lines) + "\n"
+
+
+class EpisodeStore:
+    """Writes and reads episodes under <data dir>/episodes/YYYY/MM/DD/<id>.md."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.root = data_dir / "episodes"
+
+    def path_for(self, episode: Episode) -> Path:
+        d = episode.started
+        return self.root / f"{d:%Y}" / f"{d:%m}" / f"{d:%d}" / f"{episode.id}.md"
+
+    async def write(self, episode: Episode) -> Path:
+        path = self.path_for(episode)
+        await asyncio.to_thread(atomic_write_text, path, episode.to_markdown())
+        return path
+
+    def iter_files(self) -> Iterator[Path]:
+        if self.root.is_dir():
+            yield from sorted(self.root.rglob("*.md"))
+
+    @staticmethod
+    def read_front_matter(path: Path) -> dict[str, Any]:
+        """Parse one episode's front matter; raises ValueError naming the file when malformed."""
+        text = path.read_text(encoding="utf-8")
+        if not text.startswith("---"):
+            raise ValueError(f"{path}: no YAML front matter")
+        try:
+            post = frontmatter.loads(text)
+        except (ValueError, yaml.YAMLError) as exc:
+            raise ValueError(f"{path}: malformed front matter: {exc}") from exc
+        if not post.metadata:
+            raise ValueError(f"{path}: front matter is empty or not a mapping")
+        return dict(post.metadata)

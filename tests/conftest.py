@@ -1,0 +1,50 @@
+"""Shared fixtures: a scripted model server and settings that point at it.
+
+Settings are built from an explicit env mapping, never from the developer's real
+environment, so a STEWARD_* variable in someone's shell can't change a test.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from config.settings import Settings, load_settings
+from tests.fakes.llm import ScriptedLLM
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+os.environ.setdefault("LITELLM_OFFLINE_MODE", "true")
+
+
+@pytest.fixture
+async def llm() -> AsyncIterator[ScriptedLLM]:
+    async with ScriptedLLM() as server:
+        yield server
+
+
+def make_env(tmp_path: Path, llm: ScriptedLLM | None, **overrides: Any) -> dict[str, str]:
+    env = {
+        "STEWARD_DATA_DIR": str(tmp_path / "data"),
+        "STEWARD_WORKSPACE": str(tmp_path / "ws"),
+        "STEWARD_LLM_BACKOFF": "0.01",
+        "STEWARD_LLM_TIMEOUT": "10",
+        "STEWARD_PORT": "0",
+    }
+    if llm is not None:
+        env["STEWARD_MODEL"] = f"openai/{llm.model_id}"
+        env["STEWARD_API_BASE"] = llm.base_url
+    for key, value in overrides.items():
+        env[f"STEWARD_{key.upper()}"] = str(value)
+    return env
+
+
+@pytest.fixture
+def settings_for(tmp_path: Path) -> Callable[..., Settings]:
+    def build(llm: ScriptedLLM | None, **overrides: Any) -> Settings:
+        return load_settings(env=make_env(tmp_path, llm, **overrides), cwd=tmp_path)
+
+    return build

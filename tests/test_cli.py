@@ -1,0 +1,152 @@
+"""The real `steward` command in a subprocess, against the scripted model over HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from memory.episodes import EpisodeStore
+from tests.conftest import make_env
+from tests.fakes.llm import ScriptedLLM
+
+STEWARD = str(Path(sys.executable).with_name("steward"))
+
+
+@pytest.fixture
+def llm_thread() -> Iterator[ScriptedLLM]:
+    server = ScriptedLLM()
+    server.start_in_thread()
+    try:
+        yield server
+    finally:
+        server.stop_thread()
+
+
+def run(
+    args: list[str], env: dict[str, str], cwd: Path, stdin: str | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("STEWARD_")}
+    return subprocess.run(
+        [STEWARD, *args],
+        env={**base, **env},
+        cwd=cwd,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_help_does_not_import_litellm() -> None:
+    code = "import sys, bot.cli; bot.cli._parser().format_help(); print('litellm' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_help_lists_subcommands(tmp_path: Path) -> None:
+    for argv in ([STEWARD, "--help"], [sys.executable, "-m", "bot", "--help"]):
+        out = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, check=True)
+        for name in ("run", "chat", "rules", "memory", "replay", "doctor"):
+            assert name in out.stdout
+
+
+def test_chat_m_writes_file_runs_shell_and_records_episode(
+    llm_thread: ScriptedLLM, tmp_path: Path
+) -> None:
+    llm_thread.reply_tool("write_file", {"path": "report.md", "content": "# Report\nall good\n"})
+    llm_thread.reply_tool("shell", {"command": "grep -c good report.md"})
+    llm_thread.reply_text("Created report.md; it mentions 'good' once.")
+    env = make_env(tmp_path, llm_thread)
+    res = run(["chat", "-m", "write a report and check it"], env, tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == "Created report.md; it mentions 'good' once.\n"
+    assert (tmp_path / "ws" / "report.md").read_text() == "# Report\nall good\n"
+    assert "write_file" in res.stderr and "shell" in res.stderr  # tool lines on stderr
+    tool_result = [m for m in llm_thread.requests[-1]["messages"] if m["role"] == "tool"][-1]
+    assert tool_result["content"].startswith("exit code 0") and "1" in tool_result["content"]
+    store = EpisodeStore(tmp_path / "data")
+    [path] = list(store.iter_files())
+    meta = store.read_front_matter(path)
+    assert meta["outcome"] == "success" and meta["channel"] == "terminal"
+    assert path.parent.parent.parent.parent == tmp_path / "data" / "episodes"
+
+
+def test_chat_m_denies_outside_write_when_nobody_can_approve(
+    llm_thread: ScriptedLLM, tmp_path: Path
+) -> None:
+    llm_thread.reply_tool("shell", {"command": "echo x > ../escaped.txt"})
+    llm_thread.reply_text("I could not write it.")
+    res = run(["chat", "-m", "write outside"], make_env(tmp_path, llm_thread), tmp_path)
+    assert res.returncode == 0
+    assert not (tmp_path / "escaped.txt").exists()
+    msgs = llm_thread.requests[-1]["messages"]
+    told = next(m for m in msgs if m["role"] == "tool")["content"]
+    assert "Not approved" in told and "one-shot" in told
+
+
+def test_chat_m_model_outage_exits_nonzero(llm_thread: ScriptedLLM, tmp_path: Path) -> None:
+    for _ in range(2):
+        llm_thread.reply_error(500, message="kaput")
+    env = make_env(tmp_path, llm_thread, llm_retries=1)
+    res = run(["chat", "-m", "hi"], env, tmp_path)
+    assert res.returncode == 1
+    assert res.stdout == ""
+    assert "The model openai/scripted" in res.stderr and "tried 2 times" in res.stderr
+
+
+def test_chat_m_without_model(tmp_path: Path) -> None:
+    res = run(["chat", "-m", "hi"], make_env(tmp_path, None), tmp_path)
+    assert res.returncode == 3
+    assert "No model is configured" in res.stderr and "STEWARD_MODEL" in res.stderr
+
+
+def test_bad_config_names_the_key(tmp_path: Path) -> None:
+    res = run(
+        ["chat", "-m", "hi"], {**make_env(tmp_path, None), "STEWARD_MAX_STEPS": "many"}, tmp_path
+    )
+    assert res.returncode == 2
+    assert "`max_steps`" in res.stderr and "'many'" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_replay_command(llm_thread: ScriptedLLM, tmp_path: Path) -> None:
+    llm_thread.reply_tool("shell", {"command": "echo hi > ../out.txt"}).reply_text("done")
+    scenario = tmp_path / "s.jsonl"
+    scenario.write_text(
+        json.dumps({"t": 0, "user": "alice", "text": "go"})
+        + "\n"
+        + json.dumps({"t": 4, "user": "alice", "press": "Approve"})
+        + "\n"
+    )
+    res = run(["replay", str(scenario)], make_env(tmp_path, llm_thread), tmp_path)
+    assert res.returncode == 0, res.stderr
+    lines = [json.loads(x) for x in res.stdout.splitlines()]
+    assert [x["kind"] for x in lines] == ["approval", "edit", "message"]
+    assert lines[-1] == {**lines[-1], "t": 4, "text": "done", "conversation": "alice"}
+
+
+def test_doctor(llm_thread: ScriptedLLM, tmp_path: Path) -> None:
+    ok = run(["doctor"], make_env(tmp_path, llm_thread), tmp_path)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "✓ model: openai/scripted" in ok.stdout
+    bad = run(["doctor"], make_env(tmp_path, None), tmp_path)
+    assert bad.returncode == 1
+    assert "✗ model: no model configured" in bad.stdout and "fix: set STEWARD_MODEL" in bad.stdout
+
+
+def test_memory_and_rules_commands(llm_thread: ScriptedLLM, tmp_path: Path) -> None:
+    env = make_env(tmp_path, llm_thread)
+    llm_thread.reply_text("the answer")
+    assert run(["chat", "-m", "deploy the parser service"], env, tmp_path).returncode == 0
+    stats = run(["memory", "stats"], env, tmp_path)
+    assert "episodes: 1 success=1" in stats.stdout
+    found = run(["memory", "search", "parser", "--json"], env, tmp_path)
+    [hit] = json.loads(found.stdout)
+    assert hit["request"] == "deploy the parser service"
+    rules = run(["rules", "list"], env, tmp_path)
+    assert rules.returncode == 0 and "No rules yet" in rules.stdout

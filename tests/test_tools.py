@@ -1,0 +1,450 @@
+"""The tools against real files, real subprocesses and a real local HTTP server."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from core.tools import ALL_TOOLS, tool_schemas
+from core.tools.base import ToolContext, ToolError
+from core.tools.workspace import display, resolve_in_workspace
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    root = tmp_path / "ws"
+    root.mkdir()
+    return root
+
+
+@pytest.fixture
+def ctx(ws: Path) -> ToolContext:
+    return ToolContext(workspace=ws, shell_timeout=10, output_cap=2000, fetch_timeout=5)
+
+
+async def call(ctx: ToolContext, tool: str, **args: object) -> str:
+    return await ALL_TOOLS[tool].run(ctx, args)
+
+
+# ── registry ────────────────────────────────────────────────────────────────────
+
+
+def test_registry_order_and_schemas() -> None:
+    assert list(ALL_TOOLS) == [
+        "read_file",
+        "write_file",
+        "edit_file",
+        "list_files",
+        "search_files",
+        "shell",
+        "web_fetch",
+    ]
+    schemas = tool_schemas()
+    assert [s["function"]["name"] for s in schemas] == list(ALL_TOOLS)
+    for schema in schemas:
+        assert schema["type"] == "function"
+        assert schema["function"]["parameters"]["type"] == "object"
+        assert "\n" not in schema["function"]["description"]
+    assert [s["function"]["name"] for s in tool_schemas(["shell", "read_file"])] == [
+        "read_file",
+        "shell",
+    ]
+    with pytest.raises(ValueError, match="nope"):
+        tool_schemas(["nope"])
+
+
+# ── workspace confinement ───────────────────────────────────────────────────────
+
+
+def test_resolve_relative_absolute_and_new_paths(ws: Path) -> None:
+    (ws / "a.txt").write_text("x")
+    real = Path(os.path.realpath(ws))
+    assert resolve_in_workspace(ws, "a.txt", must_exist=True) == real / "a.txt"
+    assert resolve_in_workspace(ws, str(ws / "a.txt"), must_exist=True) == real / "a.txt"
+    assert resolve_in_workspace(ws, "new/dir/b.txt", must_exist=False) == real / "new/dir/b.txt"
+    assert resolve_in_workspace(ws, "sub/../a.txt", must_exist=True) == real / "a.txt"
+    assert display(ws, real / "new/dir/b.txt") == "new/dir/b.txt"
+    assert display(ws, real) == "."
+
+
+@pytest.mark.parametrize(
+    "path", ["../outside.txt", "a/../../outside.txt", "new/../../x", "/etc/passwd"]
+)
+def test_resolve_refuses_escapes(ws: Path, path: str) -> None:
+    with pytest.raises(
+        ToolError, match=r"is outside the workspace .*file tools only work inside it"
+    ):
+        resolve_in_workspace(ws, path, must_exist=False)
+
+
+async def test_symlink_out_of_the_workspace_is_refused_for_read_and_write(
+    ws: Path, tmp_path: Path, ctx: ToolContext
+) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text("top secret")
+    (ws / "link.txt").symlink_to(secret)
+    (ws / "linkdir").symlink_to(tmp_path)
+    (ws / "dangling").symlink_to(tmp_path / "not-yet")
+    with pytest.raises(ToolError, match="outside the workspace"):
+        await call(ctx, "read_file", path="link.txt")
+    with pytest.raises(ToolError, match="outside the workspace"):
+        await call(ctx, "write_file", path="link.txt", content="pwned")
+    with pytest.raises(ToolError, match="outside the workspace"):
+        await call(ctx, "write_file", path="linkdir/new.txt", content="pwned")
+    with pytest.raises(ToolError, match="outside the workspace"):
+        await call(ctx, "write_file", path="dangling", content="pwned")
+    with pytest.raises(ToolError, match="outside the workspace"):
+        await call(ctx, "edit_file", path="link.txt", old_text="top", new_text="x")
+    assert secret.read_text() == "top secret"
+    assert not (tmp_path / "new.txt").exists()
+    assert not (tmp_path / "not-yet").exists()
+
+
+async def test_escape_via_dotdot_and_absolute_path(
+    ws: Path, tmp_path: Path, ctx: ToolContext
+) -> None:
+    (tmp_path / "outside.txt").write_text("no")
+    with pytest.raises(ToolError, match="outside the workspace"):
+        await call(ctx, "read_file", path="../outside.txt")
+    with pytest.raises(ToolError, match="outside the workspace"):
+        await call(ctx, "read_file", path=str(tmp_path / "outside.txt"))
+    with pytest.raises(ToolError, match="outside the workspace"):
+        await call(ctx, "list_files", path="..")
+    with pytest.raises(ToolError, match="outside the workspace"):
+        await call(ctx, "search_files", pattern="no", path="..")
+    (ws / "in.txt").write_text("yes")
+    assert await call(ctx, "read_file", path=str(ws / "in.txt")) == "yes"
+
+
+# ── read_file ───────────────────────────────────────────────────────────────────
+
+
+async def test_read_file_whole_and_ranges(ws: Path, ctx: ToolContext) -> None:
+    (ws / "notes.md").write_text("".join(f"line {i}\n" for i in range(1, 11)))
+    assert (await call(ctx, "read_file", path="notes.md")).startswith("line 1\nline 2\n")
+    part = await call(ctx, "read_file", path="notes.md", offset=3, limit=2)
+    assert part.startswith("line 3\nline 4\n")
+    assert "[lines 3-4 of 10; use offset=5 to read on]" in part
+    tail = await call(ctx, "read_file", path="notes.md", offset=9)
+    assert tail.startswith("line 9\nline 10\n") and "[lines 9-10 of 10]" in tail
+    with pytest.raises(ToolError, match="past the end"):
+        await call(ctx, "read_file", path="notes.md", offset=50)
+    with pytest.raises(ToolError, match="offset must be"):
+        await call(ctx, "read_file", path="notes.md", offset=0)
+
+
+async def test_read_file_missing_lists_neighbours(ws: Path, ctx: ToolContext) -> None:
+    (ws / "a.md").write_text("a")
+    (ws / "b.md").write_text("b")
+    (ws / "docs").mkdir()
+    with pytest.raises(ToolError) as err:
+        await call(ctx, "read_file", path="notes.md")
+    assert str(err.value) == "No such file: notes.md. Files here: a.md, b.md, docs/"
+    with pytest.raises(ToolError, match=r"No such file: docs/x.md. The folder docs/ is empty"):
+        await call(ctx, "read_file", path="docs/x.md")
+
+
+async def test_read_file_binary_folder_and_cap(ws: Path, ctx: ToolContext) -> None:
+    (ws / "img.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR")
+    with pytest.raises(ToolError, match="binary file"):
+        await call(ctx, "read_file", path="img.png")
+    (ws / "sub").mkdir()
+    with pytest.raises(ToolError, match="is a folder"):
+        await call(ctx, "read_file", path="sub")
+    (ws / "big.txt").write_text("x" * 100 + "\n" * 1 + "y" * 5000)
+    out = await call(ctx, "read_file", path="big.txt")
+    assert len(out) < ctx.output_cap + 100
+    assert "[output cut:" in out
+
+
+# ── write_file / edit_file ──────────────────────────────────────────────────────
+
+
+async def test_write_file_creates_parents_atomically(ws: Path, ctx: ToolContext) -> None:
+    out = await call(ctx, "write_file", path="deep/er/note.md", content="héllo\n")
+    assert out == "Wrote 7 bytes to deep/er/note.md"
+    assert (ws / "deep/er/note.md").read_text() == "héllo\n"
+    (ws / "deep/er/note.md").chmod(0o600)
+    await call(ctx, "write_file", path="deep/er/note.md", content="second")
+    assert (ws / "deep/er/note.md").read_text() == "second"
+    assert (ws / "deep/er/note.md").stat().st_mode & 0o777 == 0o600
+    assert sorted(p.name for p in (ws / "deep/er").iterdir()) == ["note.md"]  # no temp files
+    with pytest.raises(ToolError, match="content must be a string"):
+        await call(ctx, "write_file", path="x.md", content=None)
+    with pytest.raises(ToolError, match="is a folder"):
+        await call(ctx, "write_file", path="deep", content="x")
+
+
+async def test_edit_file_zero_one_many(ws: Path, ctx: ToolContext) -> None:
+    target = ws / "app.py"
+    target.write_text("def main():\n    value = 1\n    print(value)\n\nvalue = 1\n")
+    with pytest.raises(ToolError) as err:
+        await call(ctx, "edit_file", path="app.py", old_text="valeu = 1", new_text="value = 2")
+    assert "not found in app.py" in str(err.value)
+    assert "Closest line (2)" in str(err.value)
+    with pytest.raises(ToolError, match="whitespace"):
+        await call(
+            ctx, "edit_file", path="app.py", old_text="def main():\n  value = 1", new_text=""
+        )
+    with pytest.raises(ToolError, match=r"appears 2 times in app\.py"):
+        await call(ctx, "edit_file", path="app.py", old_text="value = 1", new_text="value = 2")
+    assert target.read_text().count("value = 1") == 2  # untouched after errors
+    out = await call(
+        ctx, "edit_file", path="app.py", old_text="print(value)", new_text="return value"
+    )
+    assert out == "Replaced 1 occurrence in app.py"
+    out = await call(
+        ctx,
+        "edit_file",
+        path="app.py",
+        old_text="value = 1",
+        new_text="value = 2",
+        replace_all=True,
+    )
+    assert out == "Replaced 2 occurrences in app.py"
+    assert target.read_text() == "def main():\n    value = 2\n    return value\n\nvalue = 2\n"
+    with pytest.raises(ToolError, match="No such file"):
+        await call(ctx, "edit_file", path="nope.py", old_text="a", new_text="b")
+
+
+# ── list_files / search_files ───────────────────────────────────────────────────
+
+
+def make_tree(ws: Path) -> None:
+    (ws / "src" / "pkg").mkdir(parents=True)
+    (ws / "src" / "pkg" / "mod.py").write_text("import os\n# TODO: tidy\n")
+    (ws / "src" / "main.py").write_text("print('hi')  # TODO later\n")
+    (ws / "README.md").write_text("# Title\nTODO: docs\n")
+    (ws / "data.bin").write_bytes(b"TODO\x00\x01\x02")
+    (ws / ".git").mkdir()
+    (ws / ".git" / "config").write_text("TODO in git\n")
+
+
+async def test_list_files(ws: Path, ctx: ToolContext) -> None:
+    make_tree(ws)
+    top = await call(ctx, "list_files")
+    assert top.splitlines() == ["README.md  (19 bytes)", "data.bin  (7 bytes)", "src/"]
+    deep = await call(ctx, "list_files", path="src", recursive=True)
+    assert deep.splitlines() == [
+        "main.py  (26 bytes)",
+        "pkg/",
+        "pkg/mod.py  (23 bytes)",
+    ]
+    capped = await call(ctx, "list_files", recursive=True, max_entries=2)
+    assert capped.splitlines()[:2] == ["README.md  (19 bytes)", "data.bin  (7 bytes)"]
+    assert "4 more entries not shown" in capped
+    (ws / "empty").mkdir()
+    assert await call(ctx, "list_files", path="empty") == "(empty folder)"
+    with pytest.raises(ToolError, match="No such"):
+        await call(ctx, "list_files", path="missing")
+
+
+async def test_search_files(ws: Path, ctx: ToolContext) -> None:
+    make_tree(ws)
+    out = await call(ctx, "search_files", pattern=r"TODO")
+    assert out.splitlines() == [
+        "README.md:2: TODO: docs",
+        "src/main.py:1: print('hi')  # TODO later",
+        "src/pkg/mod.py:2: # TODO: tidy",
+    ]
+    only_py = await call(ctx, "search_files", pattern="TODO", glob="*.py", path="src")
+    assert "README" not in only_py and only_py.count("\n") == 1
+    capped = await call(ctx, "search_files", pattern="TODO", max_results=1)
+    assert capped.startswith("README.md:2:") and "stopped after 1 matches" in capped
+    assert (await call(ctx, "search_files", pattern="nothing-here")).startswith("No matches")
+    with pytest.raises(ToolError, match=r"Invalid regular expression '\(unclosed'.*missing \)"):
+        await call(ctx, "search_files", pattern="(unclosed")
+
+
+# ── shell ───────────────────────────────────────────────────────────────────────
+
+
+def _group_alive(pgid: int) -> bool:
+    """Any live (non-zombie) process left in the group? Zombies are dead, just unreaped."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        state, group = fields[0], int(fields[2])
+        if group == pgid and state not in ("Z", "X"):
+            return True
+    return False
+
+
+def _group_gone(pgid: int, *, within: float) -> bool:
+    deadline = time.monotonic() + within
+    while _group_alive(pgid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _real(path: Path) -> Path:
+    return Path(os.path.realpath(path))
+
+
+async def test_shell_runs_in_workspace(ws: Path, ctx: ToolContext) -> None:
+    out = await call(ctx, "shell", command="pwd; echo out; echo err >&2")
+    lines = out.splitlines()
+    assert lines[0] == "exit code 0"
+    assert Path(lines[1]) == _real(ws)
+    assert "out" in lines and "err" in lines
+    # stdin is closed: `cat` ends at once instead of waiting for input
+    assert await call(ctx, "shell", command="cat") == "exit code 0\n"
+
+
+async def test_shell_nonzero_exit_is_an_error(ctx: ToolContext) -> None:
+    with pytest.raises(ToolError) as err:
+        await call(ctx, "shell", command="echo oops; exit 2")
+    assert str(err.value) == "exit code 2\noops\n"
+
+
+async def test_shell_timeout_kills_the_whole_group(ctx: ToolContext) -> None:
+    start = time.monotonic()
+    with pytest.raises(ToolError) as err:
+        await call(ctx, "shell", command="echo pid=$$; sleep 30 & sleep 30; wait", timeout=0.5)
+    assert time.monotonic() - start < 5
+    message = str(err.value)
+    assert message.startswith("Command timed out after 0.5s and was stopped; partial output:")
+    pgid = int(re.search(r"pid=(\d+)", message).group(1))
+    assert _group_gone(pgid, within=2.0)
+
+
+async def test_shell_hides_secrets(monkeypatch: pytest.MonkeyPatch, ws: Path) -> None:
+    monkeypatch.setenv("FOO_API_KEY", "s3cret-key")
+    monkeypatch.setenv("GITHUB_TOKEN", "s3cret-token")
+    monkeypatch.setenv("STEWARD_SLACK_SIGNING", "s3cret-steward")
+    monkeypatch.setenv("DB_PASSWORD", "s3cret-pw")
+    monkeypatch.setenv("HARMLESS_SETTING", "visible")
+    ctx = ToolContext(workspace=ws, env={"EXTRA": "given"})
+    out = await call(
+        ctx,
+        "shell",
+        command='echo "[$FOO_API_KEY][$GITHUB_TOKEN][$STEWARD_SLACK_SIGNING][$DB_PASSWORD]"; '
+        'echo "$HARMLESS_SETTING $EXTRA"; env',
+    )
+    assert "[][][][]" in out
+    assert "visible given" in out
+    assert "s3cret" not in out
+    assert "PATH=" in out
+
+
+async def test_shell_output_is_capped(ws: Path) -> None:
+    ctx = ToolContext(workspace=ws, output_cap=1000)
+    out = await call(ctx, "shell", command="seq 1 100000")
+    assert out.startswith("exit code 0\n1\n2\n")
+    assert "[output cut:" in out
+    assert out.rstrip().endswith("100000")  # the tail is kept too
+    assert len(out) < 1200
+
+
+async def test_shell_rejects_bad_arguments(ctx: ToolContext) -> None:
+    with pytest.raises(ToolError, match="command must be"):
+        await call(ctx, "shell", command="")
+    with pytest.raises(ToolError, match="timeout must be"):
+        await call(ctx, "shell", command="true", timeout=-1)
+
+
+# ── web_fetch ───────────────────────────────────────────────────────────────────
+
+PAGE = """<!doctype html><html><head><title>Release notes</title>
+<style>body { color: red }</style><script>var tracking = 1;</script></head>
+<body><nav>Home | About</nav>
+<h1>Version   2.0</h1>
+<p>Faster   startup.</p>
+<p>Fixed
+   the login bug.</p>
+<footer>Copyright footer</footer></body></html>"""
+
+
+@pytest.fixture
+async def site() -> AsyncIterator[str]:
+    async def page(_: web.Request) -> web.Response:
+        return web.Response(text=PAGE, content_type="text/html")
+
+    async def big(_: web.Request) -> web.Response:
+        return web.Response(text="z" * 200_000, content_type="text/plain")
+
+    async def data(_: web.Request) -> web.Response:
+        return web.json_response({"ok": True, "items": [1, 2]})
+
+    async def binary(_: web.Request) -> web.Response:
+        return web.Response(body=b"\x00\x01", content_type="application/octet-stream")
+
+    async def missing(_: web.Request) -> web.Response:
+        return web.Response(status=404, text="gone")
+
+    async def moved(_: web.Request) -> web.Response:
+        raise web.HTTPFound("/page")
+
+    async def loop(_: web.Request) -> web.Response:
+        raise web.HTTPFound("/loop")
+
+    app = web.Application()
+    app.router.add_get("/page", page)
+    app.router.add_get("/big", big)
+    app.router.add_get("/data", data)
+    app.router.add_get("/bin", binary)
+    app.router.add_get("/missing", missing)
+    app.router.add_get("/moved", moved)
+    app.router.add_get("/loop", loop)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    tcp = web.TCPSite(runner, "127.0.0.1", 0)
+    await tcp.start()
+    host, port = runner.addresses[0][:2]
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        await runner.cleanup()
+
+
+@pytest.fixture
+def fetch_ctx(ws: Path, monkeypatch: pytest.MonkeyPatch) -> ToolContext:
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    return ToolContext(workspace=ws, fetch_timeout=5, fetch_max_bytes=10_000, output_cap=5000)
+
+
+async def test_web_fetch_html_becomes_text(site: str, fetch_ctx: ToolContext) -> None:
+    out = await call(fetch_ctx, "web_fetch", url=f"{site}/moved")
+    assert out.splitlines()[:2] == [f"URL: {site}/page", "Title: Release notes"]
+    assert "Version 2.0" in out
+    assert "Faster startup." in out
+    assert "Fixed the login bug." in out
+    for furniture in ("tracking", "color: red", "Home | About", "Copyright footer"):
+        assert furniture not in out
+
+
+async def test_web_fetch_json_and_limits(site: str, fetch_ctx: ToolContext) -> None:
+    out = await call(fetch_ctx, "web_fetch", url=f"{site}/data")
+    assert json.loads(out.split("\n\n", 1)[1]) == {"ok": True, "items": [1, 2]}
+    big = await call(fetch_ctx, "web_fetch", url=f"{site}/big")
+    assert "[download cut at 10000 bytes" in big
+    assert "[output cut:" in big  # 10 000 bytes > output_cap 5000
+    short = await call(fetch_ctx, "web_fetch", url=f"{site}/big", max_chars=100)
+    assert short.count("z") == 100
+
+
+async def test_web_fetch_errors(site: str, fetch_ctx: ToolContext) -> None:
+    with pytest.raises(ToolError, match="HTTP 404"):
+        await call(fetch_ctx, "web_fetch", url=f"{site}/missing")
+    with pytest.raises(ToolError, match="application/octet-stream"):
+        await call(fetch_ctx, "web_fetch", url=f"{site}/bin")
+    with pytest.raises(ToolError, match="Too many redirects"):
+        await call(fetch_ctx, "web_fetch", url=f"{site}/loop")
+    for url in ("file:///etc/passwd", "ftp://example.com/x", "javascript:alert(1)", "example.com"):
+        with pytest.raises(ToolError, match="Only http:// and https://"):
+            await call(fetch_ctx, "web_fetch", url=url)

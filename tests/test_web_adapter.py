@@ -1,0 +1,456 @@
+"""The local web chat over real HTTP and WebSocket.
+
+A real aiohttp server on 127.0.0.1 (port 0) carries the channel's routes and a real
+client talks to it, so the frames tested here are the frames the page gets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import WSMsgType, web
+from structlog.testing import capture_logs
+
+from adapters.web import HISTORY_LIMIT, WebChannel
+from core.events import (
+    ApprovalRequest,
+    Button,
+    ButtonPress,
+    Cancel,
+    Channel,
+    Inbound,
+    Message,
+    MessageRef,
+    Progress,
+    Suggestion,
+)
+
+SESSION = "testsession01"
+CONV = f"web:{SESSION}"
+TIMEOUT = 2.0
+
+
+class Recorder:
+    """A dispatch callback that remembers what reached it, in order."""
+
+    def __init__(self) -> None:
+        self.events: list[Inbound] = []
+        self._queue: asyncio.Queue[Inbound] = asyncio.Queue()
+        self.fail = False
+
+    async def __call__(self, event: Inbound) -> None:
+        self.events.append(event)
+        self._queue.put_nowait(event)
+        if self.fail:
+            raise RuntimeError("dispatcher bug")
+
+    async def next(self) -> Inbound:
+        return await asyncio.wait_for(self._queue.get(), TIMEOUT)
+
+
+@dataclass
+class Server:
+    channel: WebChannel
+    dispatch: Recorder
+    url: str
+    http: aiohttp.ClientSession
+
+    async def connect(
+        self, session: str = SESSION
+    ) -> tuple[aiohttp.ClientWebSocketResponse, list[dict[str, Any]]]:
+        """Open a tab: returns the socket and the history it was sent on connect."""
+        ws = await self.http.ws_connect(f"{self.url}/ws?session={session}")
+        notice = await recv(ws)
+        assert notice["type"] == "notice"
+        history = await recv(ws)
+        assert history["type"] == "history"
+        return ws, history["items"]
+
+
+@asynccontextmanager
+async def serve(data_dir: Path, **kwargs: Any) -> AsyncIterator[Server]:
+    channel = WebChannel(data_dir, **kwargs)
+    app = web.Application()
+    channel.add_routes(app)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    recorder = Recorder()
+    await channel.start(recorder)
+    try:
+        async with aiohttp.ClientSession() as http:
+            yield Server(channel, recorder, f"http://127.0.0.1:{port}", http)
+    finally:
+        await channel.stop()
+        await runner.cleanup()
+
+
+@pytest.fixture
+async def server(tmp_path: Path) -> AsyncIterator[Server]:
+    async with serve(tmp_path) as s:
+        yield s
+
+
+async def recv(ws: aiohttp.ClientWebSocketResponse) -> dict[str, Any]:
+    msg = await ws.receive(timeout=TIMEOUT)
+    assert msg.type == WSMsgType.TEXT, msg
+    return json.loads(msg.data)
+
+
+def approval(**overrides: Any) -> ApprovalRequest:
+    fields: dict[str, Any] = {
+        "id": "ap1",
+        "what": "run `rm -rf build/`",
+        "why": "clean the build",
+        "risk": "deletes files",
+        "asked_by": "owner",
+        "conversation": CONV,
+        "channel": "web",
+        "expires_at": 0.0,
+        "buttons": [
+            Button("Approve", "ap1:yes", "primary"),
+            Button("Deny", "ap1:no", "danger"),
+        ],
+    }
+    fields.update(overrides)
+    return ApprovalRequest(**fields)
+
+
+# ---------------------------------------------------------------------- page
+
+
+def test_implements_channel_protocol(tmp_path: Path) -> None:
+    channel = WebChannel(tmp_path)
+    assert isinstance(channel, Channel)
+    assert channel.name == "web"
+    assert channel.capabilities.buttons and channel.capabilities.live_progress
+
+
+async def test_page_and_static_files(server: Server) -> None:
+    async with server.http.get(f"{server.url}/") as resp:
+        assert resp.status == 200
+        assert resp.content_type == "text/html"
+        body = await resp.text()
+        assert "/static/app.js" in body and "/static/style.css" in body
+        assert "Content-Security-Policy" in resp.headers
+    async with server.http.get(f"{server.url}/static/app.js") as resp:
+        assert resp.status == 200
+        assert "javascript" in resp.content_type
+        assert "renderMarkdown" in await resp.text()
+    async with server.http.get(f"{server.url}/static/style.css") as resp:
+        assert resp.status == 200
+        assert resp.content_type == "text/css"
+    for bad in ("nope.js", "__init__.py", "..%2Fweb.py"):
+        async with server.http.get(f"{server.url}/static/{bad}") as resp:
+            assert resp.status == 404, bad
+
+
+# ---------------------------------------------------------------------- inbound
+
+
+async def test_message_reaches_dispatch_and_is_echoed(server: Server) -> None:
+    ws, history = await server.connect()
+    assert history == []
+    await ws.send_json({"type": "message", "text": "   "})  # empty: ignored
+    await ws.send_json({"type": "message", "text": "deploy **it**"})
+    event = await server.dispatch.next()
+    assert isinstance(event, Message)
+    assert (event.channel, event.conversation, event.user, event.text) == (
+        "web",
+        CONV,
+        "owner",
+        "deploy **it**",
+    )
+    echo = await recv(ws)
+    assert echo["type"] == "message" and echo["role"] == "user"
+    assert echo["text"] == "deploy **it**" and echo["id"] == event.id
+    assert server.dispatch.events == [event]
+
+
+async def test_cancel_frame(server: Server) -> None:
+    ws, _ = await server.connect()
+    await ws.send_json({"type": "cancel"})
+    assert await server.dispatch.next() == Cancel(channel="web", conversation=CONV, user="owner")
+
+
+async def test_malformed_frames_answer_an_error_and_keep_the_socket(server: Server) -> None:
+    ws, _ = await server.connect()
+    with capture_logs() as logs:
+        for bad in (
+            "{nope",
+            "[1, 2]",
+            json.dumps({"type": "dance"}),
+            json.dumps({"type": "message", "text": 5}),
+            json.dumps({"type": "press", "message_id": "x"}),
+        ):
+            await ws.send_str(bad)
+            frame = await recv(ws)
+            assert frame["type"] == "error" and frame["text"], bad
+    assert [e["event"] for e in logs].count("web.bad_frame") == 5
+    await ws.send_json({"type": "message", "text": "still here"})
+    event = await server.dispatch.next()
+    assert isinstance(event, Message) and event.text == "still here"
+    assert server.dispatch.events == [event]
+
+
+async def test_dispatch_failure_is_logged_and_answered(server: Server) -> None:
+    ws, _ = await server.connect()
+    server.dispatch.fail = True
+    with capture_logs() as logs:
+        await ws.send_json({"type": "cancel"})
+        frame = await recv(ws)
+    assert frame["type"] == "error"
+    failed = [e for e in logs if e["event"] == "web.dispatch_failed"]
+    assert failed and failed[0]["log_level"] == "error" and failed[0].get("exc_info")
+    server.dispatch.fail = False
+    await ws.send_json({"type": "cancel"})
+    await server.dispatch.next()  # the failing one
+    assert isinstance(await server.dispatch.next(), Cancel)
+
+
+async def test_bad_session_id_is_refused(server: Server) -> None:
+    for bad in ("short", "has/slash/inside", "x" * 65, "..%2F..%2Fetc%2Fpasswd"):
+        ws = await server.http.ws_connect(f"{server.url}/ws?session={bad}")
+        frame = await recv(ws)
+        assert frame["type"] == "error" and "session" in frame["text"]
+        msg = await ws.receive(timeout=TIMEOUT)
+        assert msg.type == WSMsgType.CLOSE and msg.data == 1008
+    with pytest.raises(ValueError, match="web chat conversation"):
+        await server.channel.send("web:../../etc", "x")
+    with pytest.raises(ValueError):
+        await server.channel.send("slack:C123", "x")
+
+
+async def test_cross_origin_socket_is_refused(server: Server) -> None:
+    with pytest.raises(aiohttp.WSServerHandshakeError) as info:
+        await server.http.ws_connect(
+            f"{server.url}/ws?session={SESSION}", origin="http://evil.example"
+        )
+    assert info.value.status == 403
+    ws = await server.http.ws_connect(f"{server.url}/ws?session={SESSION}", origin=server.url)
+    assert (await recv(ws))["type"] == "notice"
+
+
+# ---------------------------------------------------------------------- outbound
+
+
+async def test_send_and_edit_reach_the_socket(server: Server) -> None:
+    ws, _ = await server.connect()
+    ref = await server.channel.send(CONV, "Working on it")
+    assert ref == MessageRef(channel="web", conversation=CONV, id=ref.id)
+    frame = await recv(ws)
+    assert frame["type"] == "message" and frame["role"] == "assistant"
+    assert (frame["id"], frame["text"], frame["buttons"]) == (ref.id, "Working on it", [])
+    assert isinstance(frame["ts"], float)
+
+    await server.channel.edit(ref, "Done", buttons=[Button("Undo", "u1")])
+    frame = await recv(ws)
+    assert frame == {
+        "type": "edit",
+        "id": ref.id,
+        "text": "Done",
+        "buttons": [{"label": "Undo", "value": "u1", "style": "default"}],
+    }
+    await server.channel.edit(ref, "Done.")  # buttons=None removes them
+    assert (await recv(ws))["buttons"] == []
+
+    other = await server.channel.send(CONV, "again")
+    assert other.id != ref.id
+
+
+async def test_approval_buttons_and_press(server: Server) -> None:
+    ws, _ = await server.connect()
+    request = approval()
+    ref = await server.channel.send_approval(request)
+    frame = await recv(ws)
+    assert frame["text"] == request.text()
+    assert frame["buttons"] == [
+        {"label": "Approve", "value": "ap1:yes", "style": "primary"},
+        {"label": "Deny", "value": "ap1:no", "style": "danger"},
+    ]
+    await ws.send_json({"type": "press", "value": "ap1:yes", "message_id": ref.id})
+    assert await server.dispatch.next() == ButtonPress(
+        channel="web", conversation=CONV, user="owner", value="ap1:yes", message_id=ref.id
+    )
+
+
+async def test_suggestion_buttons(server: Server) -> None:
+    ws, _ = await server.connect()
+    suggestion = Suggestion(
+        id="s1",
+        text="Want a hand?",
+        conversation=CONV,
+        channel="web",
+        user="owner",
+        buttons=[Button("Yes please", "s1:yes", "primary"), Button("No", "s1:no")],
+    )
+    await server.channel.send_suggestion(suggestion)
+    frame = await recv(ws)
+    assert frame["text"] == "Want a hand?"
+    assert [b["value"] for b in frame["buttons"]] == ["s1:yes", "s1:no"]
+
+
+async def test_progress_and_typing_are_live_only(server: Server) -> None:
+    ws, _ = await server.connect()
+    await server.channel.typing(CONV)
+    assert await recv(ws) == {"type": "typing"}
+    await server.channel.progress(CONV, Progress("tool_start", "t1", text="ls -la", tool="shell"))
+    assert await recv(ws) == {
+        "type": "progress",
+        "kind": "tool_start",
+        "task_id": "t1",
+        "text": "ls -la",
+        "tool": "shell",
+        "ok": True,
+    }
+    await server.channel.progress(CONV, Progress("tool_end", "t1", tool="shell", ok=False))
+    assert (await recv(ws))["ok"] is False
+    await server.channel.progress(CONV, Progress("text", "t1", text="Hel"))
+    assert (await recv(ws))["text"] == "Hel"
+    await server.channel.send(CONV, "Hello")
+    await recv(ws)
+    await ws.close()
+
+    _, history = await server.connect()
+    assert [item["text"] for item in history] == ["Hello"]
+    stored = (server.channel._dir / f"{SESSION}.jsonl").read_text()
+    assert "progress" not in stored and "typing" not in stored
+
+
+async def test_two_tabs_on_one_session_both_receive(server: Server) -> None:
+    tab1, _ = await server.connect()
+    tab2, _ = await server.connect()
+    lone, _ = await server.connect("othersession")
+    await tab1.send_json({"type": "message", "text": "from tab 1"})
+    for tab in (tab1, tab2):
+        echo = await recv(tab)
+        assert (echo["role"], echo["text"]) == ("user", "from tab 1")
+    await server.channel.send(CONV, "to both")
+    for tab in (tab1, tab2):
+        assert (await recv(tab))["text"] == "to both"
+    await server.channel.send("web:othersession", "only you")
+    assert (await recv(lone))["text"] == "only you"  # the other session saw nothing before this
+
+
+async def test_notice_on_connect_and_when_changed(tmp_path: Path) -> None:
+    async with serve(tmp_path, notice="No model configured: set STEWARD_MODEL") as srv:
+        ws = await srv.http.ws_connect(f"{srv.url}/ws?session={SESSION}")
+        assert await recv(ws) == {
+            "type": "notice",
+            "text": "No model configured: set STEWARD_MODEL",
+        }
+        assert (await recv(ws))["type"] == "history"
+        srv.channel.notice = None
+        assert await recv(ws) == {"type": "notice", "text": ""}
+
+
+async def test_stop_closes_sockets_going_away(server: Server) -> None:
+    ws, _ = await server.connect()
+    await server.channel.stop()
+    msg = await ws.receive(timeout=TIMEOUT)
+    assert msg.type == WSMsgType.CLOSE and msg.data == 1001
+
+
+# ---------------------------------------------------------------------- history
+
+
+async def test_history_survives_reconnect_and_restart(tmp_path: Path) -> None:
+    async with serve(tmp_path) as srv:
+        # Sent while no tab is open: stored, shown on the next connect.
+        first = await srv.channel.send(CONV, "first")
+        ref = await srv.channel.send_approval(approval())
+        ws, history = await srv.connect()
+        assert [(m["id"], m["role"]) for m in history] == [
+            (first.id, "assistant"),
+            (ref.id, "assistant"),
+        ]
+        assert len(history[1]["buttons"]) == 2
+        await ws.send_json({"type": "message", "text": "hello"})
+        await recv(ws)
+        await srv.channel.edit(ref, "Approved by owner")
+        await recv(ws)
+        await ws.close()
+
+        _, history = await srv.connect()
+        assert [m["text"] for m in history] == ["first", "Approved by owner", "hello"]
+        assert history[1]["buttons"] == []
+        async with srv.http.get(f"{srv.url}/api/history", params={"session": SESSION}) as resp:
+            assert (await resp.json())["items"] == history
+        async with srv.http.get(f"{srv.url}/api/history", params={"session": "../x"}) as resp:
+            assert resp.status == 400
+
+    async with serve(tmp_path) as restarted:  # a brand-new channel on the same data dir
+        _, history = await restarted.connect()
+        assert [m["text"] for m in history] == ["first", "Approved by owner", "hello"]
+        assert [m["role"] for m in history] == ["assistant", "assistant", "user"]
+        newer = await restarted.channel.send(CONV, "after restart")
+        assert newer.id not in {m["id"] for m in history}
+    lines = (tmp_path / "web" / f"{SESSION}.jsonl").read_text().splitlines()
+    assert len(lines) == 4  # compacted on connect: edits folded in, then one new message
+
+
+async def test_corrupt_history_line_is_skipped(tmp_path: Path) -> None:
+    path = tmp_path / "web" / f"{SESSION}.jsonl"
+    path.parent.mkdir(parents=True)
+    good = {
+        "type": "message",
+        "id": "a",
+        "role": "assistant",
+        "text": "one",
+        "buttons": [],
+        "ts": 1.0,
+    }
+    path.write_text(
+        json.dumps(good)
+        + "\n"
+        + "{this is not json\n"
+        + json.dumps({"type": "message", "id": "b", "role": "hacker", "text": "x"})
+        + "\n"
+        + json.dumps({**good, "id": "c", "text": "two"})
+        + "\n"
+        + '{"type": "message", "id": "d", "ro'  # a write cut short by a crash
+    )
+    async with serve(tmp_path) as srv:
+        with capture_logs() as logs:
+            _, history = await srv.connect()
+        assert [m["text"] for m in history] == ["one", "two"]
+        assert [e["event"] for e in logs].count("web.history_bad_line") == 3
+        await srv.channel.send(CONV, "three")
+        _, history = await srv.connect()
+        assert [m["text"] for m in history] == ["one", "two", "three"]
+
+
+async def test_history_keeps_the_last_messages(tmp_path: Path) -> None:
+    path = tmp_path / "web" / f"{SESSION}.jsonl"
+    path.parent.mkdir(parents=True)
+    path.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "type": "message",
+                    "id": f"m{i}",
+                    "role": "user",
+                    "text": str(i),
+                    "buttons": [],
+                    "ts": 1.0,
+                }
+            )
+            + "\n"
+            for i in range(HISTORY_LIMIT + 10)
+        )
+    )
+    async with serve(tmp_path) as srv:
+        _, history = await srv.connect()
+    assert len(history) == HISTORY_LIMIT
+    assert history[0]["text"] == "10" and history[-1]["text"] == str(HISTORY_LIMIT + 9)
+    assert len(path.read_text().splitlines()) == HISTORY_LIMIT

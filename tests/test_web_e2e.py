@@ -1,0 +1,130 @@
+"""`steward run`'s server end to end: a browser-like WebSocket client chats with the agent,
+sees tool calls live, approves a risky call with a button, and finds its history on reload."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from bot.server import serve
+from config.settings import ConfigError
+from tests.fakes.llm import ScriptedLLM
+
+SESSION = "test-session-0001"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.asynccontextmanager
+async def running(settings: Any):
+    stop = asyncio.Event()
+    task = asyncio.create_task(serve(settings, stop_event=stop))
+    url = f"http://127.0.0.1:{settings.port}"
+    async with aiohttp.ClientSession() as http:
+        for _ in range(200):
+            with contextlib.suppress(aiohttp.ClientError):
+                async with http.get(f"{url}/healthz") as r:
+                    if r.status == 200:
+                        break
+            if task.done():
+                task.result()
+            await asyncio.sleep(0.05)
+        try:
+            yield http, url
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 10)
+
+
+async def frames_until(
+    ws: aiohttp.ClientWebSocketResponse,
+    pred: Callable[[dict], bool],
+    seen: list[dict],
+    limit: float = 20,
+) -> dict:
+    async with asyncio.timeout(limit):
+        while True:
+            frame = await ws.receive_json()
+            seen.append(frame)
+            if pred(frame):
+                return frame
+
+
+async def test_web_chat_with_tools_approval_and_history(
+    llm: ScriptedLLM, settings_for: Callable, tmp_path: Path
+) -> None:
+    s = settings_for(llm, port=free_port())
+    llm.reply_tool("write_file", {"path": "a.txt", "content": "A"})
+    llm.reply_tool("shell", {"command": "cp a.txt ../copied.txt"})
+    llm.reply_text("Copied a.txt out of the workspace.")
+    async with running(s) as (http, url):
+        async with http.get(url + "/") as page:
+            assert page.status == 200 and "text/html" in page.headers["Content-Type"]
+        seen: list[dict] = []
+        async with http.ws_connect(f"{url}/ws?session={SESSION}", headers={"Origin": url}) as ws:
+            await ws.send_json({"type": "message", "text": "copy a out"})
+            approval = await frames_until(
+                ws, lambda f: f["type"] == "message" and bool(f.get("buttons")), seen
+            )
+            assert "Approval needed" in approval["text"]
+            tool_starts = [
+                f["tool"] for f in seen if f["type"] == "progress" and f["kind"] == "tool_start"
+            ]
+            assert tool_starts == ["write_file", "shell"]
+            approve = next(b for b in approval["buttons"] if b["label"] == "Approve")
+            await ws.send_json(
+                {"type": "press", "value": approve["value"], "message_id": approval["id"]}
+            )
+            final = await frames_until(
+                ws, lambda f: f["type"] == "message" and f["text"].startswith("Copied"), seen
+            )
+            assert final["role"] == "assistant"
+            edit = next(f for f in seen if f["type"] == "edit")
+            assert "Approved by owner" in edit["text"]
+            streamed = "".join(
+                f["text"] for f in seen if f["type"] == "progress" and f["kind"] == "text"
+            )
+            assert streamed == "Copied a.txt out of the workspace."
+        assert (tmp_path / "copied.txt").read_text() == "A"
+        async with http.ws_connect(f"{url}/ws?session={SESSION}", headers={"Origin": url}) as ws:
+            history = await frames_until(ws, lambda f: f["type"] == "history", [])
+            texts = [i["text"] for i in history["items"]]
+            assert texts[0] == "copy a out" and texts[-1] == "Copied a.txt out of the workspace."
+            assert any("Approved by owner" in t for t in texts)
+
+
+async def test_web_chat_without_model_explains(settings_for: Callable) -> None:
+    s = settings_for(None, port=free_port())
+    async with running(s) as (http, url):
+        async with http.ws_connect(f"{url}/ws?session={SESSION}", headers={"Origin": url}) as ws:
+            notice = await frames_until(ws, lambda f: f["type"] == "notice", [])
+            assert "STEWARD_MODEL" in notice["text"]
+            await ws.send_json({"type": "message", "text": "hello"})
+            reply = await frames_until(
+                ws, lambda f: f["type"] == "message" and f["role"] == "assistant", []
+            )
+            assert "No model is configured" in reply["text"]
+
+
+async def test_port_in_use_is_a_clear_error(settings_for: Callable) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        settings = settings_for(None, port=port)
+        try:
+            await serve(settings, stop_event=asyncio.Event())
+        except ConfigError as exc:
+            assert f"Port {port}" in str(exc) and "STEWARD_PORT" in str(exc)
+        else:
+            raise AssertionError("serve() should refuse a port in use")
