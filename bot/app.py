@@ -102,6 +102,7 @@ class App:
                 episodes=self.episodes,
                 clock=self.clock,
                 max_steps=settings.max_steps,
+                task_timeout=settings.task_timeout,
             )
         self.agent = agent
         self.dispatcher = Dispatcher(

@@ -82,6 +82,7 @@ class Agent:
         episodes: EpisodeStore,
         clock: Clock,
         max_steps: int = 12,
+        task_timeout: float = 600.0,
     ) -> None:
         self.llm = llm
         self.tools = tools
@@ -91,6 +92,7 @@ class Agent:
         self.episodes = episodes
         self.clock = clock
         self.max_steps = max_steps
+        self.task_timeout = task_timeout
         self._schemas = [t.schema() for t in tools.values()]
 
     def _messages(self, req: TaskRequest) -> list[dict[str, Any]]:
@@ -103,6 +105,13 @@ class Agent:
 
     async def run(self, req: TaskRequest, observe: Observer | None = None) -> TaskResult:
         task_id = new_task_id(self.clock)
+        # Every log line inside the task (tools, llm retries, approvals) carries these.
+        with structlog.contextvars.bound_contextvars(
+            task_id=task_id, conversation=req.conversation, channel=req.channel.name
+        ):
+            return await self._run(req, task_id, observe)
+
+    async def _run(self, req: TaskRequest, task_id: str, observe: Observer | None) -> TaskResult:
         started_wall = self.clock.utcnow()
         t0 = time.perf_counter()
         episode = Episode(
@@ -115,7 +124,7 @@ class Agent:
             outcome="failure",
             model=self.llm.model,
         )
-        bound = log.bind(task_id=task_id, conversation=req.conversation, channel=req.channel.name)
+        bound = log
         bound.info("task.started")
 
         async def emit(event: Progress) -> None:
@@ -127,7 +136,8 @@ class Agent:
                 bound.warning("task.progress_failed", exc_info=True)
 
         try:
-            reply = await self._loop(req, task_id, episode, emit, bound)
+            async with asyncio.timeout(self.task_timeout):
+                reply = await self._loop(req, task_id, episode, emit, bound)
         except asyncio.CancelledError:
             episode.outcome = "cancelled"
             episode.error = "cancelled by the person"
@@ -135,6 +145,13 @@ class Agent:
             await asyncio.shield(self._save(episode, bound))
             bound.info("task.cancelled")
             raise
+        except TimeoutError:
+            episode.outcome = "failure"
+            episode.error = f"task timeout ({self.task_timeout:g}s)"
+            reply = (
+                f"I stopped: the task took longer than {self.task_timeout:g}s. "
+                "Split it into smaller steps, or raise STEWARD_TASK_TIMEOUT."
+            )
         except LLMError as exc:
             episode.outcome = "failure"
             episode.error = str(exc)

@@ -28,7 +28,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import bashlex
-import bashlex.ast
 
 
 class Verdict(StrEnum):

@@ -1,0 +1,31 @@
+"""`python3 dev.py bench [NAME ...]`: run the benchmarks and print their numbers.
+
+Each benchmark measures a baseline in the same run and prints the ratio to it, so
+a figure survives a noisy or slower machine.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+BENCHES = {
+    "cli_startup": "bench.cli_startup",
+    "agent_overhead": "bench.agent_overhead",
+}
+
+
+def main(argv: list[str]) -> int:
+    names = argv or list(BENCHES)
+    unknown = [n for n in names if n not in BENCHES]
+    if unknown:
+        print(f"unknown benchmark(s): {', '.join(unknown)}; choose from {', '.join(BENCHES)}")
+        return 2
+    for name in names:
+        print(f"== {name}", flush=True)
+        importlib.import_module(BENCHES[name]).main()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

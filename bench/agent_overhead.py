@@ -1,0 +1,104 @@
+"""Per-message overhead of the agent loop with a zero-latency model.
+
+200 messages, each in its own conversation, through the real dispatcher, agent,
+litellm (HTTP to the scripted server), episode write (fsync) and channel. Baselines
+measured in the same run against the same server: a raw HTTP POST (aiohttp), and a
+bare `litellm.acompletion` call. The overhead Steward adds is the difference.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from adapters.replay import ReplayChannel
+from bot.app import App
+from bot.logs import configure_logging
+from config.settings import load_settings
+from core.events import Message
+from core.llm import load_litellm
+from tests.fakes.llm import Reply, ScriptedLLM
+
+N = 200
+
+
+def _ms(xs: list[float]) -> str:
+    xs = sorted(xs)
+    p90 = xs[int(len(xs) * 0.9) - 1]
+    return f"median {statistics.median(xs) * 1000:6.2f} ms  p90 {p90 * 1000:6.2f} ms"
+
+
+async def _run() -> None:
+    configure_logging("warning", "json")
+    litellm = load_litellm()
+    async with ScriptedLLM() as llm:
+        llm.responder = lambda body: Reply.text("ok")
+        body = {"model": "scripted", "messages": [{"role": "user", "content": "hi"}]}
+        raw: list[float] = []
+        async with aiohttp.ClientSession() as http:
+            for _ in range(N):
+                t0 = time.perf_counter()
+                async with http.post(llm.base_url + "/chat/completions", json=body) as r:
+                    await r.json()
+                raw.append(time.perf_counter() - t0)
+        bare: list[float] = []
+        for i in range(N + 5):
+            t0 = time.perf_counter()
+            await litellm.acompletion(
+                model="openai/scripted",
+                api_base=llm.base_url,
+                api_key="x",
+                messages=body["messages"],
+                num_retries=0,
+            )
+            if i >= 5:
+                bare.append(time.perf_counter() - t0)
+        tmp = Path(tempfile.mkdtemp(prefix="steward-bench-"))
+        settings = load_settings(
+            env={
+                "STEWARD_MODEL": "openai/scripted",
+                "STEWARD_API_BASE": llm.base_url,
+                "STEWARD_DATA_DIR": str(tmp / "data"),
+                "STEWARD_WORKSPACE": str(tmp / "ws"),
+            },
+            cwd=tmp,
+        )
+        app = App(settings)
+        sink: list[dict[str, Any]] = []
+        channel = ReplayChannel(time.monotonic, sink.append)
+        await app.start([channel])
+        agent: list[float] = []
+        try:
+            for i in range(N + 5):
+                key = f"replay:c{i}"
+                t0 = time.perf_counter()
+                await app.dispatcher.handle(
+                    Message("replay", f"c{i}", "bench", f"message {i}"), channel
+                )
+                await app.conversations.wait_idle(key)
+                if i >= 5:
+                    agent.append(time.perf_counter() - t0)
+        finally:
+            await app.stop()
+        assert all(o["text"] == "ok" for o in sink), "unexpected replies"
+    m_raw, m_bare, m_agent = (statistics.median(x) for x in (raw, bare, agent))
+    print(f"raw HTTP POST          {_ms(raw)}   (baseline 1)")
+    print(f"bare litellm call      {_ms(bare)}   ratio {m_bare / m_raw:.1f}x raw")
+    print(
+        f"one message, end to end {_ms(agent)}   ratio {m_agent / m_raw:.1f}x raw, "
+        f"{m_agent / m_bare:.2f}x bare litellm"
+    )
+    print(
+        f"Steward's own overhead per message (median end to end - bare litellm): "
+        f"{(m_agent - m_bare) * 1000:.2f} ms over {N} messages"
+    )
+
+
+def main() -> None:
+    asyncio.run(_run())

@@ -1,0 +1,135 @@
+"""Conversations run concurrently, one task at a time each; one task's crash or timeout
+never takes down another conversation."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+from adapters.replay import ReplayChannel
+from bot.app import App
+from core.events import Message
+from core.tools.base import Tool
+from tests.fakes.llm import Reply, ScriptedLLM
+
+
+def last_user(body: dict[str, Any]) -> str:
+    return next(m["content"] for m in reversed(body["messages"]) if m["role"] == "user")
+
+
+async def start_app(settings: Any) -> tuple[App, ReplayChannel]:
+    app = App(settings)
+    out: list[dict[str, Any]] = []
+    channel = ReplayChannel(time.monotonic, out.append)
+    await app.start([channel])
+    return app, channel
+
+
+async def wait_all(app: App, keys: list[str]) -> None:
+    async with asyncio.timeout(30):
+        for key in keys:
+            await app.conversations.wait_idle(key)
+
+
+async def test_conversations_run_concurrently(llm: ScriptedLLM, settings_for: Callable) -> None:
+    async def slow(body: dict[str, Any]) -> Reply:
+        await asyncio.sleep(0.6)
+        return Reply.text(f"answer to {last_user(body)}")
+
+    llm.responder = slow
+    app, ch = await start_app(settings_for(llm))
+    try:
+        await app.dispatcher.handle(Message("replay", "c0", "u", "warm up"), ch)
+        await wait_all(app, ["replay:c0"])  # first call pays litellm's import and set-up
+        t0 = time.perf_counter()
+        for i in range(1, 5):
+            await app.dispatcher.handle(Message("replay", f"c{i}", f"u{i}", f"q{i}"), ch)
+        await wait_all(app, [f"replay:c{i}" for i in range(1, 5)])
+        elapsed = time.perf_counter() - t0
+    finally:
+        await app.stop()
+    replies = {o["conversation"]: o["text"] for o in ch.outbound}
+    assert replies == {
+        "c0": "answer to warm up",
+        **{f"c{i}": f"answer to q{i}" for i in range(1, 5)},
+    }
+    assert elapsed < 4 * 0.6, f"4 conversations took {elapsed:.2f}s: they ran one after another"
+
+
+async def test_one_task_at_a_time_per_conversation(
+    llm: ScriptedLLM, settings_for: Callable
+) -> None:
+    active = 0
+    peak = 0
+
+    async def counting(body: dict[str, Any]) -> Reply:
+        nonlocal active, peak
+        active += 1
+        peak = max(peak, active)
+        await asyncio.sleep(0.2)
+        active -= 1
+        return Reply.text(f"done {last_user(body)}")
+
+    llm.responder = counting
+    app, ch = await start_app(settings_for(llm))
+    try:
+        for text in ("first", "second", "third"):
+            await app.dispatcher.handle(Message("replay", "same", "u", text), ch)
+        await wait_all(app, ["replay:same"])
+    finally:
+        await app.stop()
+    texts = [o["text"] for o in ch.outbound]
+    assert peak == 1
+    assert texts[:2] == [
+        "Queued: 1 task(s) ahead of this one. Send /cancel to stop the running one.",
+        "Queued: 2 task(s) ahead of this one. Send /cancel to stop the running one.",
+    ]
+    assert texts[2:] == ["done first", "done second", "done third"]
+
+
+async def test_crashing_tool_and_timeout_are_contained(
+    llm: ScriptedLLM, settings_for: Callable
+) -> None:
+    async def boom(ctx: Any, args: dict[str, Any]) -> str:
+        raise RuntimeError("tool bug")
+
+    async def hang(ctx: Any, args: dict[str, Any]) -> str:
+        await asyncio.sleep(60)
+        return "never"
+
+    def respond(body: dict[str, Any]) -> Reply:
+        user = last_user(body)
+        has_tool_result = any(m["role"] == "tool" for m in body["messages"])
+        if user == "crash" and not has_tool_result:
+            return Reply.tool("list_files", {})
+        if user == "slow":
+            return Reply.tool("read_file", {"path": "x"})
+        return Reply.text(f"fine: {user}")
+
+    llm.responder = respond
+    app, ch = await start_app(settings_for(llm, task_timeout=1.5))
+    assert app.agent is not None
+    # Tools are a registry (the seam plugins use): swap in a buggy and a hanging one.
+    schema = {"type": "object", "properties": {}}
+    app.agent.tools["list_files"] = Tool("list_files", "crashes", schema, boom)
+    app.agent.tools["read_file"] = Tool("read_file", "hangs", schema, hang)
+    try:
+        await app.dispatcher.handle(Message("replay", "a", "u", "crash"), ch)
+        await app.dispatcher.handle(Message("replay", "b", "u", "slow"), ch)
+        await app.dispatcher.handle(Message("replay", "c", "u", "hello"), ch)
+        await wait_all(app, ["replay:a", "replay:b", "replay:c"])
+    finally:
+        await app.stop()
+    replies = {o["conversation"]: o["text"] for o in ch.outbound}
+    assert replies["a"] == "fine: crash"  # the model was told the tool crashed, and went on
+    assert replies["b"].startswith("I stopped: the task took longer than 1.5s")
+    assert replies["c"] == "fine: hello"
+    crash_result = next(
+        m["content"]
+        for body in llm.requests
+        for m in body["messages"]
+        if m["role"] == "tool" and "crashed" in m["content"]
+    )
+    assert "RuntimeError: tool bug" in crash_result
