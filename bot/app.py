@@ -6,6 +6,7 @@ same agent, guardian and dispatcher, differing only in clock and channels.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -72,6 +73,7 @@ class App:
         self.rules = RuleStore(self.data_dir)
         self.guardian = Guardian(self.workspace)
         self.llm: LLMClient | None = None
+        self._warm: asyncio.Future[object] | None = None
         agent: Agent | None = None
         if settings.model_configured:
             self.llm = LLMClient(
@@ -113,6 +115,14 @@ class App:
             no_model_message=NO_MODEL_MESSAGE,
             history_turns=settings.history_turns,
         )
+
+    def warm_up(self) -> None:
+        """Import litellm in a thread now, so the first message doesn't wait seconds for it."""
+        if self.llm is None:
+            return
+        from core.llm import load_litellm
+
+        self._warm = asyncio.get_running_loop().run_in_executor(None, load_litellm)
 
     @property
     def notice(self) -> str | None:

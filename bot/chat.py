@@ -51,6 +51,7 @@ async def chat_interactive(settings: Settings) -> int:
     app = App(settings)
     channel = TerminalChannel(console)
     await app.start([channel])
+    app.warm_up()
     key = app.dispatcher.key(channel, "terminal")
     console.print("[bold]Steward[/bold] — type a task, /help for commands, /quit to leave.")
     if app.llm is not None:

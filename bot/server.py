@@ -52,6 +52,7 @@ async def serve(settings: Settings, *, stop_event: asyncio.Event | None = None) 
             ) from exc
         raise ConfigError(f"Cannot listen on {settings.host}:{settings.port}: {exc}") from exc
     await app.start([web_channel])
+    app.warm_up()
     port = site._server.sockets[0].getsockname()[1] if site._server else settings.port  # type: ignore[union-attr]
     url = f"http://{settings.host}:{port}"
     log.info("server.started", url=url, model=app.llm.describe() if app.llm else None)

@@ -140,9 +140,9 @@ class Approvals:
         log.info("approval.decided", approval=rid, approved=decision.approved, by=decision.by)
         if pending.ref is not None:
             if decision.by == "expiry":
-                outcome = f"⏱ Expired: denied ({decision.reason})"
+                outcome = f"Expired: denied ({decision.reason})"
             else:
-                outcome = f"{'✅ Approved' if decision.approved else '❌ Denied'} by {decision.by}"
+                outcome = f"{'✓ Approved' if decision.approved else '✗ Denied'} by {decision.by}"
             try:
                 await pending.channel.edit(
                     pending.ref, f"{pending.request.text()}\n\n{outcome}", buttons=[]

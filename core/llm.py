@@ -8,9 +8,11 @@ switches off, so `steward --help` stays fast and nothing phones home at start-up
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,12 +25,19 @@ from core.clock import Clock
 log = structlog.get_logger("steward.llm")
 
 _litellm: Any = None
+_import_lock = threading.Lock()
 
 
 def load_litellm() -> Any:
-    """Import litellm once, offline: no cost-map download, no tokenizer fetch, no banner."""
+    """Import litellm once, offline: no cost-map download, no tokenizer fetch, no banner.
+
+    Thread-safe: `steward run` warms it up in a worker thread while the first task may
+    ask for it from another.
+    """
     global _litellm
-    if _litellm is None:
+    with _import_lock:
+        if _litellm is not None:
+            return _litellm
         os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
         os.environ.setdefault("LITELLM_OFFLINE_MODE", "true")
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -215,7 +224,8 @@ class LLMClient:
         on_reset: OnReset | None = None,
     ) -> LLMResult:
         """One model turn. Raises LLMError (with a person-readable message) when it gives up."""
-        litellm = load_litellm()
+        # The first import takes seconds: never on the event loop.
+        litellm = _litellm if _litellm is not None else await asyncio.to_thread(load_litellm)
         kwargs = self._kwargs(messages, tools or [])
         attempts = 0
         emitted = False

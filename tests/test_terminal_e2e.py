@@ -1,0 +1,131 @@
+"""`steward chat` as a person uses it: a real pseudo-terminal, typed lines, an approval
+answered by typing "a", then /quit. And: nothing but the model endpoint is contacted."""
+
+from __future__ import annotations
+
+import os
+import pty
+import re
+import select
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import make_env
+from tests.fakes.llm import ScriptedLLM
+
+STEWARD = str(Path(sys.executable).with_name("steward"))
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\r")
+
+
+@pytest.fixture
+def llm_thread() -> Iterator[ScriptedLLM]:
+    server = ScriptedLLM()
+    server.start_in_thread()
+    try:
+        yield server
+    finally:
+        server.stop_thread()
+
+
+class Terminal:
+    """A child process on a pty, read incrementally."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: Path) -> None:
+        self.master, slave = pty.openpty()
+        self.proc = subprocess.Popen(
+            argv, stdin=slave, stdout=slave, stderr=slave, env=env, cwd=cwd, close_fds=True
+        )
+        os.close(slave)
+        self.screen = ""
+
+    def expect(self, text: str, timeout: float = 40) -> str:
+        deadline = time.monotonic() + timeout
+        while text not in self.screen:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"{text!r} not seen; screen so far:\n{self.screen}")
+            ready, _, _ = select.select([self.master], [], [], min(left, 0.5))
+            if ready:
+                try:
+                    raw = os.read(self.master, 65536).decode("utf-8", "replace")
+                    self.screen += ANSI.sub("", raw)
+                except OSError:
+                    break
+        return self.screen
+
+    def type(self, line: str) -> None:
+        os.write(self.master, (line + "\n").encode())
+
+    def close(self) -> int:
+        try:
+            return self.proc.wait(timeout=20)
+        finally:
+            os.close(self.master)
+
+
+def test_interactive_chat_with_approval(llm_thread: ScriptedLLM, tmp_path: Path) -> None:
+    llm_thread.reply_tool("shell", {"command": "echo from-terminal > ../term.txt"})
+    llm_thread.reply_text("Wrote term.txt next to the workspace.")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEWARD_")}
+    env.update(make_env(tmp_path, llm_thread), TERM="xterm", COLUMNS="100")
+    term = Terminal([STEWARD, "chat"], env, tmp_path)
+    try:
+        term.expect("/quit to leave")
+        term.type("write term.txt outside the workspace")
+        term.expect("Approval needed")
+        term.type("a")
+        term.expect("Wrote term.txt next to the workspace.")
+        assert (tmp_path / "term.txt").read_text() == "from-terminal\n"
+        term.type("/quit")
+        assert term.close() == 0
+    finally:
+        if term.proc.poll() is None:
+            term.proc.kill()
+    assert "Approved by owner" in term.screen
+
+
+AUDIT = r"""
+import ipaddress, sys
+seen = []
+def hook(event, args):
+    if event in ("socket.connect", "socket.getaddrinfo"):
+        host = args[1][0] if event == "socket.connect" else args[0]
+        if isinstance(host, bytes):
+            host = host.decode()
+        if not isinstance(host, str):
+            return
+        try:
+            if ipaddress.ip_address(host).is_loopback:
+                return
+        except ValueError:
+            if host == "localhost":
+                return
+        seen.append((event, host))
+sys.addaudithook(hook)
+from bot.cli import main
+code = main(["chat", "-m", "hello"])
+print("NONLOOPBACK", seen, file=sys.stderr)
+sys.exit(code)
+"""
+
+
+def test_no_network_but_the_model_endpoint(llm_thread: ScriptedLLM, tmp_path: Path) -> None:
+    llm_thread.reply_text("hi there")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEWARD_")}
+    env.update(make_env(tmp_path, llm_thread))
+    res = subprocess.run(
+        [sys.executable, "-c", AUDIT],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == "hi there\n"
+    assert "NONLOOPBACK []" in res.stderr
