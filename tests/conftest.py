@@ -7,7 +7,7 @@ environment, so a STEWARD_* variable in someone's shell can't change a test.
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,17 @@ os.environ.setdefault("LITELLM_OFFLINE_MODE", "true")
 async def llm() -> AsyncIterator[ScriptedLLM]:
     async with ScriptedLLM() as server:
         yield server
+
+
+@pytest.fixture
+def llm_thread() -> Iterator[ScriptedLLM]:
+    """The scripted model on its own thread, for tests that wait on a subprocess."""
+    server = ScriptedLLM()
+    server.start_in_thread()
+    try:
+        yield server
+    finally:
+        server.stop_thread()
 
 
 def make_env(tmp_path: Path, llm: ScriptedLLM | None, **overrides: Any) -> dict[str, str]:

@@ -6,26 +6,13 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from memory.episodes import EpisodeStore
 from tests.conftest import make_env
 from tests.fakes.llm import ScriptedLLM
 
 STEWARD = str(Path(sys.executable).with_name("steward"))
-
-
-@pytest.fixture
-def llm_thread() -> Iterator[ScriptedLLM]:
-    server = ScriptedLLM()
-    server.start_in_thread()
-    try:
-        yield server
-    finally:
-        server.stop_thread()
 
 
 def run(

@@ -10,26 +10,13 @@ import select
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from tests.conftest import make_env
 from tests.fakes.llm import ScriptedLLM
 
 STEWARD = str(Path(sys.executable).with_name("steward"))
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\r")
-
-
-@pytest.fixture
-def llm_thread() -> Iterator[ScriptedLLM]:
-    server = ScriptedLLM()
-    server.start_in_thread()
-    try:
-        yield server
-    finally:
-        server.stop_thread()
 
 
 class Terminal:
