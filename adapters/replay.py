@@ -36,6 +36,8 @@ class ScenarioLine:
     event: Inbound | None
     warning: str = ""
     conversation: str = ""
+    restart: bool = False
+    access: Any = None  # core.access.Rules, built by the runner from `access_rules`
 
 
 class ReplayChannel:
@@ -122,6 +124,11 @@ class ReplayChannel:
     async def typing(self, conversation: str) -> None:
         return None
 
+    async def send_private(self, conversation: str, user: str, text: str) -> None:
+        """Recorded as a message with `to`: only that user would see it on a platform."""
+        ref = self._new_ref(conversation, None)
+        self._record("message", conversation, text, None, id=ref.id, to=user)
+
     async def progress(self, conversation: str, event: Progress) -> None:
         return None
 
@@ -155,11 +162,20 @@ class ReplayChannel:
             t = float(data.get("t", last_t))
         except (TypeError, ValueError):
             return ScenarioLine(last_t, None, f"line {lineno}: `t` must be a number; skipped")
+        if data.get("restart"):
+            return ScenarioLine(t, None, restart=True)
+        if isinstance(data.get("access"), dict):
+            return ScenarioLine(t, None, access=data["access"])
         user = str(data.get("user", "user"))
         conversation = str(data.get("conversation") or user)
         if "text" in data:
             event: Inbound = Message(
-                self.name, conversation, user, str(data["text"]), id=f"in{lineno}"
+                self.name,
+                conversation,
+                user,
+                str(data["text"]),
+                id=f"in{lineno}",
+                space=data.get("space"),
             )
         elif "press" in data:
             found = self.find_button(conversation, str(data["press"]))

@@ -515,6 +515,10 @@ class TerminalChannel:
     async def typing(self, conversation: str) -> None:
         """Nothing to show: streamed text and tool lines already say the agent is working."""
 
+    async def send_private(self, conversation: str, user: str, text: str) -> None:
+        """The terminal has one reader, so private is simply shown."""
+        await self.send(conversation, text)
+
     async def progress(self, conversation: str, event: Progress) -> None:
         """Stream text inline and print tool/status lines as they happen."""
         if event.kind == "text":
@@ -629,6 +633,10 @@ class OneShotChannel:
 
     async def typing(self, conversation: str) -> None:
         """No typing indicator in a one-shot run."""
+
+    async def send_private(self, conversation: str, user: str, text: str) -> None:
+        """Notes go to stderr with the tool lines; they are not the reply."""
+        self.console.print(Text(text, style="dim"))
 
     async def progress(self, conversation: str, event: Progress) -> None:
         """Tool and status lines on stderr; streamed text is skipped (the reply comes whole)."""

@@ -202,6 +202,10 @@ class WebChannel:
         """Tell open tabs Steward is working; live only, never stored."""
         await self._broadcast(self._session_of(conversation), {"type": "typing"})
 
+    async def send_private(self, conversation: str, user: str, text: str) -> None:
+        """The web chat belongs to one person (the owner): a private note is a message."""
+        await self.send(conversation, text)
+
     async def progress(self, conversation: str, event: Progress) -> None:
         """Stream a task's visible progress to open tabs; live only, so history stays clean."""
         frame = {

@@ -21,6 +21,7 @@ from adapters.replay import ReplayChannel
 from bot.app import App
 from bot.logs import configure_logging
 from config.settings import load_settings
+from core.access import Rules
 from core.events import Message
 from core.llm import load_litellm
 from tests.fakes.llm import Reply, ScriptedLLM
@@ -38,7 +39,7 @@ async def _run() -> None:
     configure_logging("warning", "json")
     litellm = load_litellm()
     async with ScriptedLLM() as llm:
-        llm.responder = lambda body: Reply.text("ok")
+        llm.responder = lambda body: Reply.text("Noted, nothing to do for that.")
         body = {"model": "scripted", "messages": [{"role": "user", "content": "hi"}]}
         raw: list[float] = []
         async with aiohttp.ClientSession() as http:
@@ -70,6 +71,7 @@ async def _run() -> None:
             cwd=tmp,
         )
         app = App(settings)
+        app.access.rules["replay"] = Rules(open=True)
         sink: list[dict[str, Any]] = []
         channel = ReplayChannel(time.monotonic, sink.append)
         await app.start([channel])
@@ -86,7 +88,7 @@ async def _run() -> None:
                     agent.append(time.perf_counter() - t0)
         finally:
             await app.stop()
-        assert all(o["text"] == "ok" for o in sink), "unexpected replies"
+        assert all(o["text"] == "Noted, nothing to do for that." for o in sink), sink[:1]
     m_raw, m_bare, m_agent = (statistics.median(x) for x in (raw, bare, agent))
     print(f"raw HTTP POST          {_ms(raw)}   (baseline 1)")
     print(f"bare litellm call      {_ms(bare)}   ratio {m_bare / m_raw:.1f}x raw")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from bot.dispatcher import Dispatcher
 from config.settings import ConfigError, Settings
+from core.access import Access
 from core.agent import Agent
 from core.approvals import Approvals
 from core.clock import Clock
@@ -21,6 +22,7 @@ from core.guardian import Guardian
 from core.llm import LLMClient
 from core.tools import ALL_TOOLS
 from core.tools.base import ToolContext
+from memory.approvals import ApprovalStore
 from memory.episodes import EpisodeStore
 from memory.rules import RuleStore
 
@@ -67,11 +69,20 @@ class App:
         self.data_dir = ensure_dir(settings.data_dir, "data_dir")
         self.workspace = ensure_dir(settings.workspace, "workspace").resolve()
         self.channels: list[Channel] = []
-        self.approvals = Approvals(self.clock, timeout=settings.approval_timeout)
         self.conversations = Conversations(self.clock)
         self.episodes = EpisodeStore(self.data_dir)
         self.rules = RuleStore(self.data_dir)
-        self.guardian = Guardian(self.workspace)
+        self.guardian = Guardian(self.workspace, overlay_path=self.data_dir / "policy.toml")
+        self.access = Access.from_settings(settings, data_dir=self.data_dir, clock=self.clock)
+        self.approvals = Approvals(
+            self.clock,
+            ApprovalStore(self.data_dir),
+            timeout=settings.approval_timeout,
+            approvers=settings.approvers,
+            always_allow=lambda tool, args, user: self.guardian.always_allow(
+                tool, args, added_by=user
+            ),
+        )
         self.llm: LLMClient | None = None
         self._warm: asyncio.Future[object] | None = None
         agent: Agent | None = None
@@ -112,6 +123,8 @@ class App:
             approvals=self.approvals,
             agent=agent,
             rules=self.rules,
+            access=self.access,
+            policy=self.guardian,
             no_model_message=NO_MODEL_MESSAGE,
             history_turns=settings.history_turns,
         )
@@ -132,6 +145,7 @@ class App:
         for channel in channels:
             await channel.start(self.dispatcher.bind(channel))
             self.channels.append(channel)
+        await self.approvals.recover({c.name: c for c in self.channels})
 
     async def stop(self) -> None:
         await self.conversations.stop()

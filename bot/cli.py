@@ -57,6 +57,10 @@ def _parser() -> argparse.ArgumentParser:
         help="simulated time to keep running after the last line (default 3600)",
     )
 
+    from bot.policy_cli import add_policy_parser  # light: argparse and json only
+
+    add_policy_parser(sub)
+
     sub.add_parser("doctor", help="check the set-up and say what to fix")
     sub.add_parser("version", help="print the version")
     return p
@@ -142,6 +146,10 @@ def _dispatch(args: argparse.Namespace, settings: Any, parser: argparse.Argument
         from bot.memory_cli import memory_command
 
         return memory_command(settings, args)
+    if args.command == "policy":
+        from bot.policy_cli import policy_command
+
+        return policy_command(settings, args)
     parser.print_help()
     return EXIT_FAIL
 

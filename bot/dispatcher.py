@@ -11,11 +11,13 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import structlog
 
+from core.access import Access
 from core.agent import Agent, TaskRequest, TaskResult
-from core.approvals import APPROVE, DENY, Approvals
+from core.approvals import ACTIONS, ALWAYS, APPROVE, DENY, SESSION, Approvals
 from core.conversations import Conversations
 from core.events import ButtonPress, Cancel, Channel, Inbound, Message, MessageRef, Progress
 from memory.rules import RuleStore
@@ -26,8 +28,10 @@ HELP = """Commands:
 /help — this list
 /cancel — stop the running task
 /status — what is running and queued here
-/approve ID, /deny ID — decide an approval (for clients without buttons)
+/approve ID [session|always], /deny ID — decide an approval (for clients without buttons)
 /rules [candidate|active|retired] — the rules Steward has learned
+/policy — the safety policy overlay; /policy revoke RULE — drop an always-allow rule (admins)
+/pair CODE — let a person who asked for access talk to me (admins)
 Anything else is a task for Steward."""
 
 
@@ -45,6 +49,9 @@ class Dispatcher:
     approvals: Approvals
     agent: Agent | None
     rules: RuleStore
+    access: Access
+    #: The guardian's overlay, for /policy (describe_overlay, revoke); None hides it.
+    policy: Any = None
     #: Sent instead of running a task when no model is configured.
     no_model_message: str = ""
     history_turns: int = 20
@@ -62,6 +69,14 @@ class Dispatcher:
         return f"{channel.name}:{conversation}"
 
     async def handle(self, event: Inbound, channel: Channel) -> None:
+        """Access first: nothing from a stranger reaches a command, a button or the model."""
+        verdict = self.access.check(channel.name, event.user, event.space)
+        if not verdict.allowed:
+            if isinstance(event, Message) and event.text.strip():
+                await self.say(channel, event.conversation, verdict.reply, event.thread)
+            elif isinstance(event, ButtonPress):
+                await self._private(channel, event.conversation, event.user, verdict.reply)
+            return
         if isinstance(event, ButtonPress):
             await self._press(event, channel)
         elif isinstance(event, Cancel):
@@ -86,13 +101,21 @@ class Dispatcher:
             self.undelivered.append(Undelivered(channel.name, conversation, text, repr(exc)))
             return None
 
+    async def _private(self, channel: Channel, conversation: str, user: str, text: str) -> None:
+        try:
+            await channel.send_private(conversation, user, text)
+        except Exception:
+            log.exception("dispatch.private_failed", channel=channel.name)
+
     async def _press(self, event: ButtonPress, channel: Channel) -> None:
-        if event.value.startswith((f"{APPROVE}:", f"{DENY}:")):
+        if event.value.partition(":")[0] in ACTIONS:
             answer = await self.approvals.press(event.value, event.user)
-            if not answer.startswith(("Approved", "Denied")):
-                await self.say(channel, event.conversation, answer)
+            if not answer.decided:  # the edited request already shows a decision
+                await self._private(channel, event.conversation, event.user, answer.text)
             return
-        await self.say(channel, event.conversation, "That button is no longer active.")
+        await self._private(
+            channel, event.conversation, event.user, "That button is no longer active."
+        )
 
     async def _cancel(self, channel: Channel, conversation: str) -> None:
         key = self.key(channel, conversation)
@@ -120,11 +143,21 @@ class Dispatcher:
                 )
             await self.say(channel, msg.conversation, " ".join(parts), msg.thread)
         elif name in (APPROVE, DENY):
-            if not arg:
+            rid, _, mode = arg.partition(" ")
+            if not rid:
                 await self.say(channel, msg.conversation, f"Usage: /{name} ID", msg.thread)
                 return
-            answer = await self.approvals.press(f"{name}:{arg}", msg.user)
-            await self.say(channel, msg.conversation, answer, msg.thread)
+            action = {"session": SESSION, "always": ALWAYS}.get(mode.strip().lower(), name)
+            answer = await self.approvals.press(
+                f"{action if name == APPROVE else DENY}:{rid}", msg.user
+            )
+            await self.say(channel, msg.conversation, answer.text, msg.thread)
+        elif name == "pair":
+            await self.say(
+                channel, msg.conversation, self.access.pair(channel.name, msg.user, arg), msg.thread
+            )
+        elif name == "policy":
+            await self.say(channel, msg.conversation, self._policy(channel, msg, arg), msg.thread)
         elif name == "rules":
             await self.say(
                 channel, msg.conversation, self.rules.render_list(arg or None), msg.thread
@@ -136,6 +169,21 @@ class Dispatcher:
                 f"Unknown command /{name}. Send /help for the list.",
                 msg.thread,
             )
+
+    def _policy(self, channel: Channel, msg: Message, arg: str) -> str:
+        if self.policy is None:
+            return "The policy overlay is not available here."
+        action, _, rule = arg.partition(" ")
+        if action.lower() == "revoke":
+            if not self.access.is_admin(channel.name, msg.user):
+                return "Only an admin can change the policy."
+            if not rule.strip():
+                return "Usage: /policy revoke RULE_ID"
+            removed = self.policy.revoke(rule.strip())
+            return (
+                f"Revoked {rule.strip()}." if removed else f"No rule {rule.strip()} in the overlay."
+            )
+        return str(self.policy.describe_overlay())
 
     async def _task(self, msg: Message, channel: Channel, text: str) -> None:
         key = self.key(channel, msg.conversation)

@@ -15,6 +15,7 @@ from typing import TextIO
 from adapters.replay import ReplayChannel
 from bot.app import App
 from config.settings import Settings
+from core.access import Rules
 from core.clock import SimClock
 
 
@@ -24,6 +25,8 @@ async def run_replay(
     """Replay; returns the number of outbound actions printed."""
     clock = SimClock()
     app = App(settings, clock=clock)
+    # Scenario users are allowed until the scenario sets access rules itself.
+    app.access.rules["replay"] = Rules(open=True)
 
     def emit(item: dict) -> None:
         out.write(json.dumps(item, ensure_ascii=False) + "\n")
@@ -43,6 +46,20 @@ async def run_replay(
                 t = last_t
             await clock.advance_to(clock.start + t)
             last_t = t
+            if parsed.access is not None:
+                app.access.rules["replay"] = Rules(
+                    allowed={str(u) for u in parsed.access.get("allowed_users", [])},
+                    admins={str(u) for u in parsed.access.get("admins", [])},
+                )
+                continue
+            if parsed.restart:
+                rules = app.access.rules["replay"]
+                await app.stop()
+                app = App(settings, clock=clock)
+                app.access.rules["replay"] = rules
+                await app.start([channel])
+                await clock.activity.wait_idle()
+                continue
             if parsed.event is None:
                 channel.warn(parsed.conversation, parsed.warning)
                 continue

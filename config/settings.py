@@ -18,7 +18,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 ENV_PREFIX = "STEWARD_"
 DEFAULT_CONFIG_NAME = "steward.toml"
@@ -57,6 +57,44 @@ class Settings(BaseModel):
     approval_timeout: float = Field(gt=0)
     log_format: Literal["auto", "json", "console"]
     log_level: Literal["debug", "info", "warning", "error"]
+    telegram_allowed_users: str
+    telegram_admins: str
+    discord_allowed_users: str
+    discord_admins: str
+    slack_allowed_users: str
+    slack_admins: str
+    line_allowed_users: str
+    line_admins: str
+    whatsapp_allowed_users: str
+    whatsapp_admins: str
+    googlechat_allowed_users: str
+    googlechat_admins: str
+    mattermost_allowed_users: str
+    mattermost_admins: str
+    pairing: bool
+    pairing_code_ttl: float = Field(gt=0)
+    approvers: dict[str, list[str]]
+
+    @field_validator("approvers", mode="before")
+    @classmethod
+    def _parse_approvers(cls, value: Any) -> Any:
+        """Accept the env form "slack=U1,U2; discord:123=42" as well as a TOML table."""
+        if not isinstance(value, str):
+            return value
+        table: dict[str, list[str]] = {}
+        for part in value.split(";"):
+            if not part.strip():
+                continue
+            scope, sep, ids = part.partition("=")
+            if not sep or not scope.strip():
+                raise ValueError(f"{part.strip()!r} is not `channel[:conversation]=id1,id2`")
+            table[scope.strip()] = [i.strip() for i in ids.split(",") if i.strip()]
+        return table
+
+    def ids(self, key: str) -> frozenset[str]:
+        """A comma-separated id list setting as a set."""
+        raw = getattr(self, key)
+        return frozenset(i.strip() for i in str(raw).split(",") if i.strip())
 
     #: Where each value came from ("default", "steward.toml", "env STEWARD_MODEL"), for doctor.
     sources: dict[str, str] = Field(default_factory=dict, exclude=True)
@@ -183,6 +221,8 @@ def _explain(exc: ValidationError, values: dict[str, Any], sources: dict[str, st
         field = Settings.model_fields.get(key)
         kind = getattr(field.annotation, "__name__", str(field.annotation)) if field else "?"
         expected = _EXPECTED.get(kind, kind)
+        if key == "approvers":
+            expected = 'a table, or "channel[:conversation]=id1,id2; ..." in the env'
         if err["type"] == "literal_error":
             expected = "one of " + str(err.get("ctx", {}).get("expected", ""))
         where = f"{origin}" if origin.startswith("env") else f"`{key}` in {origin}"

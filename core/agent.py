@@ -21,6 +21,7 @@ import structlog
 from core.approvals import Approvals
 from core.clock import Clock
 from core.events import Channel, Progress
+from core.gates import check_answer, honest_suffix, retry_instruction
 from core.guardian import Guardian, Verdict
 from core.llm import LLMClient, LLMError, LLMResult, ToolCallRequest
 from core.signatures import signature
@@ -30,6 +31,8 @@ from memory.episodes import Episode, EpisodeStore, ToolRecord
 log = structlog.get_logger("steward.agent")
 
 Observer = Callable[[Progress], Awaitable[None]]
+
+EMPTY_ANSWER = "(The model finished without saying anything.)"
 
 SYSTEM_PROMPT = """You are Steward, an AI agent working for a team through chat.
 You do real work with tools inside the workspace folder {workspace}.
@@ -203,7 +206,8 @@ class Agent:
 
         live = req.live_progress  # stream only when someone can watch it
 
-        for _step in range(self.max_steps):
+        retried = False
+        for step in range(self.max_steps):
             episode.steps += 1
             result = await self.llm.complete(
                 messages,
@@ -213,9 +217,25 @@ class Agent:
             )
             self._account(episode, result)
             if not result.tool_calls:
-                episode.outcome = "success"
-                text = result.text.strip()
-                return text or "(The model finished without saying anything.)"
+                text = result.text.strip() or EMPTY_ANSWER
+                verdict = check_answer(text, episode.tools, request=req.text)
+                if verdict.ok():
+                    episode.outcome = "success"
+                    if retried:
+                        episode.gates.append("passed after retry")
+                    return text
+                episode.gates.append(str(verdict.gate))
+                bound.info("gate.fired", gate=verdict.gate, problems=verdict.problems)
+                if not retried and step + 1 < self.max_steps:
+                    # One more step: the model may do the missing work or correct its claim.
+                    retried = True
+                    await emit(Progress("reset", task_id))
+                    messages.append({"role": "assistant", "content": text})
+                    messages.append({"role": "user", "content": retry_instruction(verdict)})
+                    continue
+                episode.outcome = "failure"
+                episode.error = "; ".join(verdict.problems)[:1000]
+                return text + honest_suffix(verdict)
             messages.append(result.assistant_message())
             for call in result.tool_calls:
                 content = await self._call_tool(req, task_id, call, episode, emit, bound)
@@ -290,6 +310,8 @@ class Agent:
         if decision.verdict == Verdict.APPROVAL:
             answer = await self.approvals.ask(
                 req.channel,
+                tool=call.name,
+                args=args,
                 what=f"{call.name}: {_summary(args)}",
                 why=decision.reason,
                 risk="changes things outside the workspace or is not known to be safe",

@@ -1,26 +1,35 @@
-"""Approvals: a risky action waits for a person's button press, without blocking anything else.
+"""Approvals: a risky action waits for a person's decision, without blocking anything else.
 
-The button carries only a short opaque id; the request stays here. A decision is
-taken once (double clicks and replayed callbacks are no-ops), only by an allowed
-approver, and an unanswered request is denied at expiry. The full flow (per
-conversation approvers, persistence across restarts, "always allow") grows here
-in the safety issue; this is the floor: ask, wait, decide, edit the message.
+The button carries only a short opaque id (`approve:1a2b3c4d`); the request stays on
+the server. A request is decided once (double clicks, two approvers at once and
+replayed callbacks are no-ops), only by a configured approver (default: the person
+who asked), and an unanswered one is denied at expiry. Every request is stored, so
+after a restart it is expired with a visible edit, never silently lost or approved.
 """
 
 from __future__ import annotations
 
+import json
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 
 from core.clock import Clock, Waiter
 from core.events import ApprovalRequest, Button, Channel, MessageRef
+from memory.approvals import ApprovalStore
 
 log = structlog.get_logger("steward.approvals")
 
-APPROVE = "approve"
+APPROVE = "approve"  # once
+SESSION = "session"  # this call, for the rest of this conversation's session
+ALWAYS = "always"  # a narrow rule in the policy overlay
 DENY = "deny"
+ACTIONS = (APPROVE, SESSION, ALWAYS, DENY)
+
+AlwaysAllow = Callable[[str, dict[str, Any], str], str]
 
 
 @dataclass(slots=True)
@@ -31,26 +40,61 @@ class Decision:
 
 
 @dataclass(slots=True)
+class PressAnswer:
+    """What to tell the presser; `private` answers go only to them where possible."""
+
+    text: str
+    private: bool = False
+    decided: bool = False
+
+
+@dataclass(slots=True)
 class _Pending:
     request: ApprovalRequest
     channel: Channel
     ref: MessageRef | None
     waiter: Waiter[Decision]
     approvers: frozenset[str]
+    tool: str
+    args: dict[str, Any]
+    record: dict[str, Any]
+
+
+def _grant_key(conversation_key: str, tool: str, args: dict[str, Any]) -> str:
+    return f"{conversation_key}\x00{tool}\x00{json.dumps(args, sort_keys=True)}"
 
 
 class Approvals:
-    """Creates requests, routes presses to them, expires them on the clock."""
+    """Creates requests, routes presses to them, expires them on the clock, stores them."""
 
-    def __init__(self, clock: Clock, *, timeout: float = 600.0) -> None:
+    def __init__(
+        self,
+        clock: Clock,
+        store: ApprovalStore,
+        *,
+        timeout: float = 600.0,
+        approvers: dict[str, list[str]] | None = None,
+        always_allow: AlwaysAllow | None = None,
+    ) -> None:
         self.clock = clock
+        self.store = store
         self.timeout = timeout
+        self.approvers = approvers or {}
+        self.always_allow = always_allow
         self._pending: dict[str, _Pending] = {}
         self._decided: dict[str, Decision] = {}
+        self._grants: set[str] = set()
 
     @staticmethod
     def new_id() -> str:
         return secrets.token_hex(4)
+
+    def approvers_for(self, channel: str, conversation: str, asked_by: str) -> frozenset[str]:
+        """Configured approvers of the conversation, else of the channel, else the asker."""
+        for scope in (f"{channel}:{conversation}", channel):
+            if scope in self.approvers:
+                return frozenset(self.approvers[scope])
+        return frozenset({asked_by})
 
     def pending(self, conversation: str | None = None) -> list[ApprovalRequest]:
         return [
@@ -59,10 +103,48 @@ class Approvals:
             if conversation is None or p.request.conversation == conversation
         ]
 
+    async def recover(self, channels: dict[str, Channel]) -> int:
+        """At start-up: requests left pending by a previous run lost their task. Expire them
+        visibly (edit the message where the channel is up) and remember every decision, so a
+        late or replayed press is answered "already decided", never acted on."""
+        expired = 0
+        for record in self.store.load_all():
+            rid = str(record["id"])
+            if record["status"] != "pending":
+                self._decided[rid] = Decision(
+                    record["status"] == "approved",
+                    str(record.get("decided_by") or "?"),
+                    str(record.get("reason") or record["status"]),
+                )
+                continue
+            reason = "Steward restarted before this was answered; the task stopped. Ask again."
+            decision = Decision(False, "restart", reason)
+            self._decided[rid] = decision
+            record.update(
+                status="expired", decided_by="restart", reason=reason, decided_at=self.clock.now()
+            )
+            await self.store.save(record)
+            expired += 1
+            channel = channels.get(str(record.get("channel")))
+            if channel is not None and record.get("message_id"):
+                ref = MessageRef(
+                    channel.name, str(record["conversation"]), str(record["message_id"])
+                )
+                try:
+                    await channel.edit(
+                        ref, f"{record.get('text', '')}\n\nExpired: {reason}", buttons=[]
+                    )
+                except Exception:
+                    log.warning("approval.recover_edit_failed", approval=rid, exc_info=True)
+            log.info("approval.expired_on_restart", approval=rid)
+        return expired
+
     async def ask(
         self,
         channel: Channel,
         *,
+        tool: str,
+        args: dict[str, Any],
         what: str,
         why: str,
         risk: str,
@@ -71,7 +153,11 @@ class Approvals:
         thread: str | None = None,
         task_id: str = "",
     ) -> Decision:
-        """Send the request and wait for a decision; never raises for a person's silence."""
+        """Send the request and wait for a decision; a person's silence is a denial."""
+        grant = _grant_key(f"{channel.name}:{conversation}", tool, args)
+        if grant in self._grants:
+            log.info("approval.session_grant_used", tool=tool, conversation=conversation)
+            return Decision(True, "session", "approved earlier for this session")
         if not channel.capabilities.interactive:
             log.info("approval.unavailable", channel=channel.name, what=what)
             return Decision(
@@ -91,45 +177,97 @@ class Approvals:
             expires_at=self.clock.now() + self.timeout,
             task_id=task_id,
             buttons=[
-                Button("Approve", f"{APPROVE}:{rid}", "primary"),
+                Button("Approve once", f"{APPROVE}:{rid}", "primary"),
+                Button("Approve for this session", f"{SESSION}:{rid}"),
+                Button("Always allow", f"{ALWAYS}:{rid}"),
                 Button("Deny", f"{DENY}:{rid}", "danger"),
             ],
         )
+        approvers = self.approvers_for(channel.name, conversation, asked_by)
+        record: dict[str, Any] = {
+            "id": rid,
+            "status": "pending",
+            "what": what,
+            "why": why,
+            "risk": risk,
+            "text": request.text(),
+            "tool": tool,
+            "args": json.dumps(args, sort_keys=True)[:2000],
+            "asked_by": asked_by,
+            "approvers": sorted(approvers),
+            "channel": channel.name,
+            "conversation": conversation,
+            "task_id": task_id,
+            "created": self.clock.now(),
+            "expires_at": request.expires_at,
+            "message_id": None,
+        }
         waiter: Waiter[Decision] = Waiter(self.clock, deadline=request.expires_at)
-        pending = _Pending(request, channel, None, waiter, frozenset({asked_by}))
+        pending = _Pending(request, channel, None, waiter, approvers, tool, args, record)
         self._pending[rid] = pending
+        await self.store.save(record)
         log.info("approval.requested", approval=rid, what=what, conversation=conversation)
         try:
             pending.ref = await channel.send_approval(request, thread=thread)
         except Exception:
             log.exception("approval.send_failed", approval=rid)
-            self._pending.pop(rid, None)
+            await self._finish(rid, Decision(False, "nobody", "the request could not be delivered"))
             return Decision(False, "nobody", "the approval request could not be delivered")
+        record["message_id"] = pending.ref.id
+        await self.store.save(record)
         try:
-            decision = await waiter.wait()
+            return await waiter.wait()
         except TimeoutError:
-            decision = Decision(False, "expiry", f"nobody answered within {self.timeout:.0f}s")
+            decision = Decision(False, "expiry", f"nobody answered within {self.timeout:g}s")
             await self._finish(rid, decision)
-        return decision
+            return decision
 
-    async def press(self, value: str, user: str) -> str:
-        """Handle a button value or `/approve ID`; returns a short line for the presser."""
+    async def press(self, value: str, user: str) -> PressAnswer:
+        """Handle a button value or `/approve ID`; idempotent."""
         action, _, rid = value.partition(":")
-        if action not in (APPROVE, DENY) or not rid:
-            return "That button is not an approval."
+        if action not in ACTIONS or not rid:
+            return PressAnswer("That button is not an approval.", private=True)
         if rid in self._decided:
             d = self._decided[rid]
-            return f"Already {'approved' if d.approved else 'denied'} by {d.by}."
+            word = (
+                "approved"
+                if d.approved
+                else ("expired" if d.by in ("expiry", "restart") else "denied")
+            )
+            return PressAnswer(
+                f"Already {word}" + (f" by {d.by}." if word != "expired" else "."), private=True
+            )
         pending = self._pending.get(rid)
         if pending is None:
-            return f"No pending approval with id {rid}."
+            return PressAnswer(f"No pending approval with id {rid}.", private=True)
         if user not in pending.approvers:
             log.warning("approval.refused_presser", approval=rid, user=user)
-            return "You are not an approver for this request."
-        approved = action == APPROVE
-        decision = Decision(approved, user, "approved" if approved else "denied")
+            return PressAnswer("You are not an approver for this request.", private=True)
+        if action == DENY:
+            decision = Decision(False, user, "denied")
+        elif action == SESSION:
+            self._grants.add(
+                _grant_key(
+                    f"{pending.channel.name}:{pending.request.conversation}",
+                    pending.tool,
+                    pending.args,
+                )
+            )
+            decision = Decision(True, user, "approved for this session")
+        elif action == ALWAYS:
+            if self.always_allow is None:
+                return PressAnswer(
+                    "Always-allow is not available here; approve once instead.", private=True
+                )
+            try:
+                rule = self.always_allow(pending.tool, pending.args, user)
+            except (ValueError, OSError) as exc:
+                return PressAnswer(f"Could not add an always-allow rule: {exc}", private=True)
+            decision = Decision(True, user, f"always allowed (rule {rule}; /policy to revoke)")
+        else:
+            decision = Decision(True, user, "approved once")
         await self._finish(rid, decision)
-        return f"{'Approved' if approved else 'Denied'}."
+        return PressAnswer(f"{'Approved' if decision.approved else 'Denied'}.", decided=True)
 
     async def _finish(self, rid: str, decision: Decision) -> None:
         pending = self._pending.pop(rid, None)
@@ -137,15 +275,39 @@ class Approvals:
             return
         self._decided[rid] = decision
         pending.waiter.wake(decision)
-        log.info("approval.decided", approval=rid, approved=decision.approved, by=decision.by)
-        if pending.ref is not None:
-            if decision.by == "expiry":
-                outcome = f"Expired: denied ({decision.reason})"
-            else:
-                outcome = f"{'✓ Approved' if decision.approved else '✗ Denied'} by {decision.by}"
-            try:
-                await pending.channel.edit(
-                    pending.ref, f"{pending.request.text()}\n\n{outcome}", buttons=[]
-                )
-            except Exception:
-                log.exception("approval.edit_failed", approval=rid)
+        status = (
+            "approved"
+            if decision.approved
+            else ("expired" if decision.by == "expiry" else "denied")
+        )
+        pending.record.update(
+            status=status,
+            decided_by=decision.by,
+            reason=decision.reason,
+            decided_at=self.clock.now(),
+        )
+        try:
+            await self.store.save(pending.record)
+        except OSError:
+            log.exception("approval.store_failed", approval=rid)
+        log.info(
+            "approval.decided",
+            approval=rid,
+            approved=decision.approved,
+            by=decision.by,
+            reason=decision.reason,
+        )
+        if pending.ref is None:
+            return
+        if decision.by == "expiry":
+            outcome = f"Expired: denied ({decision.reason})"
+        elif decision.approved:
+            outcome = f"✓ Approved by {decision.by} ({decision.reason})"
+        else:
+            outcome = f"✗ Denied by {decision.by}"
+        try:
+            await pending.channel.edit(
+                pending.ref, f"{pending.request.text()}\n\n{outcome}", buttons=[]
+            )
+        except Exception:
+            log.exception("approval.edit_failed", approval=rid)

@@ -43,6 +43,11 @@ class Message:
     user_name: str | None = None
     #: Seconds on the dispatcher's clock when the message arrived (set by the receiver).
     at: float | None = None
+    #: The workspace / team / guild / space the conversation belongs to, where the
+    #: platform has one (access rules can allow a whole space).
+    space: str | None = None
+    #: True for a direct (one-to-one) conversation.
+    direct: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +60,7 @@ class ButtonPress:
     value: str
     message_id: str = ""
     user_name: str | None = None
+    space: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +70,7 @@ class Cancel:
     channel: str
     conversation: str
     user: str
+    space: str | None = None
 
 
 Inbound = Message | ButtonPress | Cancel
@@ -165,5 +172,9 @@ class Channel(Protocol):
     ) -> MessageRef: ...
 
     async def typing(self, conversation: str) -> None: ...
+
+    async def send_private(self, conversation: str, user: str, text: str) -> None:
+        """A note only `user` sees (ephemeral) where the platform allows; else a normal send."""
+        ...
 
     async def progress(self, conversation: str, event: Progress) -> None: ...

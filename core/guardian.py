@@ -1,15 +1,27 @@
 """The guardian: every tool call is judged allow · needs approval · forbid before it runs.
 
-This is the safety floor that holds before (and under) the policy file: tables of
-rules at the top of this module, applied by a small engine below. Shell commands are
-parsed with bashlex, never grepped: the engine walks the syntax tree (pipelines,
-lists, subshells, substitutions, redirections, functions, loops) and follows commands
-into `sh -c '…'`, `eval`, `xargs`, `sudo`/`env`/`timeout`-style wrappers and
-`find -exec`. Every simple command is judged on its own; the strictest verdict wins
-and its reason names the part that caused it.
+The decision comes from a policy people can read and edit, never from the model: the
+lists (allowlist, approval and forbidden commands with their reasons, credential
+paths, protected folders, package-manager subcommands, max_delete_files) live in
+config/policy.toml plus a deployment's overlay (<data dir>/policy.toml), loaded and
+merged by core/policy.py. This module is the engine that applies them, and the
+knowledge of how particular programs read their arguments (which options of curl
+upload, what `find -exec` runs, which wrappers run the command after them).
 
-It is fail-closed: text bashlex cannot parse is refused, a command name computed at
-run time needs approval, any error or a check slower than the timeout is refused.
+Shell commands are parsed with bashlex, never grepped: the engine walks the syntax
+tree (pipelines, lists, subshells, substitutions, redirections, functions, loops) and
+follows commands into `sh -c '…'`, `eval`, `xargs`, `sudo`/`env`/`timeout`-style
+wrappers and `find -exec`. Every simple command is judged on its own; the strictest
+verdict wins and its reason names the part that caused it.
+
+The overlay may add exact always-allow rules (the "Always allow" button); they lift
+an approval to allow but never a forbid, which always wins. The policy files
+themselves cannot be changed by a tool call: the agent may not change its own rules.
+
+It is fail-closed: a policy that cannot be loaded refuses every call (with the file,
+key and fix in the reason), text bashlex cannot parse is refused, a command name
+computed at run time needs approval, any error or a check slower than the timeout
+is refused.
 """
 
 from __future__ import annotations
@@ -20,14 +32,31 @@ import glob
 import itertools
 import os
 import re
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import bashlex
+
+from core.policy import (
+    AlwaysAllowRule,
+    Policy,
+    PolicyError,
+    Subcommands,
+    builtin_path,
+    merge,
+    overlay_text_with_rule,
+    overlay_text_without_rule,
+    read_document,
+    rule_id,
+    rule_match,
+)
+from memory.atomic import atomic_write_text
 
 
 class Verdict(StrEnum):
@@ -47,65 +76,19 @@ class Decision:
 
 
 # ════════════════════════════════════════════════════════════════════════════════
-# Rule tables. A policy file will later extend or override these; keep them data.
+# Engine knowledge: how programs read their arguments. The lists people edit (allowlist,
+# approval and forbidden commands, credentials, protected folders, subcommands) are in
+# config/policy.toml and reach the engine as a `Policy` (core/policy.py).
 # ════════════════════════════════════════════════════════════════════════════════
 
-# ── Credentials: reading (or writing) these is refused outright. ────────────────
-# A match needs a path boundary on the left (start, "/", quote, "=", …), so a word
-# such as "my.sshd" does not count, but "~/.ssh/id_rsa" and "$HOME/.ssh" do.
-_L = r"(?:^|(?<=[/\s'\"=:@(,;<>]))"
-_R = r"(?=$|[/\s'\")\],;:<>])"
-CREDENTIAL_PATTERNS: tuple[tuple[str, str], ...] = (
-    (_L + r"\.ssh" + _R, "SSH keys (~/.ssh)"),
-    (_L + r"id_(?:rsa|dsa|ecdsa|ed25519)(?:_sk)?(?:\.pub)?" + _R, "an SSH key file"),
-    (r"ssh_host_\w+_key" + _R, "an SSH host key"),
-    (_L + r"\.aws/(?:credentials|config)" + _R, "AWS credentials"),
-    (_L + r"\.config/gcloud" + _R, "Google Cloud credentials"),
-    (_L + r"\.azure" + _R, "Azure credentials"),
-    (_L + r"\.kube/config" + _R, "Kubernetes credentials"),
-    (_L + r"\.docker/config\.json" + _R, "Docker registry credentials"),
-    (_L + r"[._]netrc" + _R, "the .netrc password file"),
-    (_L + r"\.git-credentials" + _R, "stored git credentials"),
-    (_L + r"\.pgpass" + _R, "the PostgreSQL password file"),
-    (_L + r"\.gnupg" + _R, "GnuPG keys"),
-    (_L + r"\.vault-token" + _R, "a Vault token"),
-    (r"/etc/g?shadow" + _R, "the system password hashes"),
-    (r"/proc/[^/\s]+/environ" + _R, "another process's environment (it holds secrets)"),
-    (r"169\.254\.169\.254|metadata\.google\.internal|fd00:ec2::254", "cloud instance credentials"),
-)
-_CREDENTIAL_RES = tuple((re.compile(p), what) for p, what in CREDENTIAL_PATTERNS)
-#: Concrete credential paths, to see what a glob such as `~/.ss?/id_*` could reach.
-CREDENTIAL_EXAMPLES = (
-    "~/.ssh",
-    "~/.ssh/id_rsa",
-    "~/.ssh/id_ed25519",
-    "~/.ssh/id_ecdsa",
-    "~/.ssh/config",
-    "~/.aws/credentials",
-    "~/.aws/config",
-    "~/.config/gcloud",
-    "~/.azure",
-    "~/.kube/config",
-    "~/.docker/config.json",
-    "~/.netrc",
-    "~/.git-credentials",
-    "~/.pgpass",
-    "~/.gnupg",
-    "/root/.ssh/id_rsa",
-    "/etc/shadow",
-    "/etc/gshadow",
-)
-#: Dotenv-style files: fine inside the workspace (the project's own), secret elsewhere.
-ENV_FILE_RE = re.compile(r"^\.env(?:rc)?(?:\.[\w.-]+)?$|^\.(?:npmrc|pypirc)$")
+_INSTALL = "installs packages"
+
+
+def _names(text: str) -> frozenset[str]:
+    return frozenset(text.split())
+
 
 # ── Places and devices. ──────────────────────────────────────────────────────────
-#: Deleting (recursively) or chmod -R on these, or anything directly in them, is refused.
-#: The user's home folder is added at run time.
-PROTECTED_DIRS = frozenset(
-    "/ /bin /boot /dev /etc /home /lib /lib32 /lib64 /libx32 /media /mnt /opt /proc /root "
-    "/run /sbin /snap /srv /sys /usr /var /Applications /Library /System /Users /Volumes "
-    "/private".split()
-)
 #: Raw disks and partitions: writing here destroys a filesystem.
 BLOCK_DEVICE_RE = re.compile(
     r"^/dev/(?:sd[a-z]|hd[a-z]|vd[a-z]|xvd[a-z]|nvme\d|mmcblk\d|md\d|dm-\d|loop\d|sr\d"
@@ -122,203 +105,6 @@ HARMLESS_DEVICE_RE = re.compile(r"^/dev/fd/\d+$|^/proc/self/fd/\d+$")
 #: Folders whose programs are the ordinary system ones: `/usr/bin/rm` is judged as `rm`.
 SYSTEM_BIN_DIRS = frozenset("/bin /sbin /usr/bin /usr/sbin /usr/local/bin /usr/local/sbin".split())
 
-# ── Commands judged by their name alone. ─────────────────────────────────────────
-FORBIDDEN_COMMANDS: dict[str, str] = {
-    "mkfs": "formats a filesystem",
-    "mke2fs": "formats a filesystem",
-    "mkdosfs": "formats a filesystem",
-    "mkntfs": "formats a filesystem",
-    "newfs": "formats a filesystem",
-    "wipefs": "wipes filesystem signatures",
-    "blkdiscard": "discards every block of a disk",
-    "shutdown": "shuts the machine down",
-    "reboot": "reboots the machine",
-    "halt": "halts the machine",
-    "poweroff": "powers the machine off",
-    "killall5": "kills every process",
-}
-#: Prefixes: `mkfs.ext4`, `mkfs.xfs`, …
-FORBIDDEN_PREFIXES: dict[str, str] = {"mkfs.": "formats a filesystem"}
-
-#: Read-only or ordinary commands: allowed. Their arguments are still checked for
-#: credential paths and their redirections for where they write.
-READ_ONLY_COMMANDS = frozenset(
-    """
-    ls dir vdir cat tac head tail less more wc grep egrep fgrep zgrep rg ag ack echo printf
-    pwd date cal whoami id groups logname uname hostname arch nproc uptime free df du lscpu
-    lsblk sort cut paste join tr diff diff3 sdiff cmp comm file stat tree which whereis type
-    hash true false test [ basename dirname realpath readlink pathchk jq yq sleep printenv
-    cd pushd popd dirs export unset set shopt local declare typeset readonly read wait jobs :
-    seq yes nl od hexdump xxd strings column fold fmt pr expand unexpand rev md5sum sha1sum
-    sha224sum sha256sum sha384sum sha512sum b2sum cksum sum base64 base32 basenc iconv locale
-    getconf tput clear ps pgrep pidof lsof top history help man info whatis apropos ulimit
-    umask expr bc factor numfmt shuf tsort mktemp return break continue shift exit
-    pytest py.test ruff mypy black isort flake8 pylint pyright coverage make cmake ninja
-    gcc g++ cc c++ clang clang++ rustc javac tsc eslint prettier jest vitest mocha
-    """.split()
-)
-
-#: Commands that change files: allowed while every path argument stays in the workspace.
-WORKSPACE_WRITERS = frozenset(
-    """
-    cp mv rmdir mkdir touch ln install rsync truncate tee unlink split csplit patch mkfifo
-    uniq gzip gunzip bzip2 bunzip2 xz unxz zstd unzstd zip unzip 7z
-    """.split()
-)
-
-#: Always asks first, with the reason shown to the approver.
-APPROVAL_COMMANDS: dict[str, str] = {
-    "ssh": "connects to a remote host",
-    "scp": "copies files to or from a remote host",
-    "sftp": "transfers files with a remote host",
-    "telnet": "connects to a remote host",
-    "ftp": "transfers files with a remote host",
-    "nc": "opens raw network connections",
-    "ncat": "opens raw network connections",
-    "netcat": "opens raw network connections",
-    "socat": "opens raw network connections",
-    "mail": "sends mail",
-    "mailx": "sends mail",
-    "sendmail": "sends mail",
-    "mutt": "sends mail",
-    "msmtp": "sends mail",
-    "swaks": "sends mail",
-    "su": "runs commands as another user",
-    "runuser": "runs commands as another user",
-    "pkexec": "runs commands as another user",
-    "sudoedit": "edits files as root",
-    "crontab": "schedules commands to run later",
-    "at": "schedules commands to run later",
-    "batch": "schedules commands to run later",
-    "service": "changes system services",
-    "pkill": "sends signals to processes",
-    "killall": "sends signals to processes",
-    "npx": "downloads and runs a package",
-    "uvx": "downloads and runs a package",
-    "pipx": "installs or runs packages",
-    "dc": "dc can run shell commands",
-}
-
-#: Tools with subcommands: (allowed subcommands, {subcommand needing approval: why}).
-#: Anything else needs approval as "not on the read-only allowlist".
-_INSTALL = "installs packages"
-_PUBLISH = "publishes a package to a registry"
-_SYSTEM_PKG = "installs or changes system packages"
-_DLX = "downloads and runs a package"
-
-
-def _names(text: str) -> frozenset[str]:
-    return frozenset(text.split())
-
-
-SUBCOMMANDS: dict[str, tuple[frozenset[str], dict[str, str]]] = {
-    "git": (
-        _names(
-            """status log diff show add commit branch checkout switch restore init rev-parse
-            ls-files ls-tree blame stash tag describe shortlog grep mv rm reset merge rebase
-            cherry-pick revert reflog fetch pull remote notes bisect apply am format-patch clean
-            cat-file rev-list for-each-ref symbolic-ref show-ref submodule archive gc fsck
-            count-objects help version clone worktree config request-pull whatchanged
-            merge-base name-rev"""
-        ),
-        {
-            "push": "pushes commits to a remote repository",
-            "send-email": "sends mail",
-            "daemon": "serves the repository on the network",
-            "instaweb": "serves the repository on the network",
-            "filter-branch": "rewrites history by running commands",
-            "difftool": "runs an external program",
-            "mergetool": "runs an external program",
-        },
-    ),
-    "pip": (
-        _names("list show freeze check help index inspect --version -V"),
-        dict.fromkeys(_names("install uninstall download wheel"), _INSTALL),
-    ),
-    "uv": (
-        _names("run venv lock tree version help --version self cache"),
-        {**dict.fromkeys(_names("add remove sync tool python"), _INSTALL), "publish": _PUBLISH},
-    ),
-    "npm": (
-        _names(
-            """run run-script test t start stop restart ls list view info outdated help init
-            pack prefix root bin doctor explain why fund search version audit"""
-        ),
-        {
-            **dict.fromkeys(
-                _names("install i in ci add update up upgrade uninstall remove rm un link"),
-                _INSTALL,
-            ),
-            **dict.fromkeys(_names("publish unpublish"), _PUBLISH),
-            **dict.fromkeys(_names("exec x"), _DLX),
-        },
-    ),
-    "yarn": (
-        _names("run test start build lint dev format typecheck list info why help"),
-        {
-            **dict.fromkeys(_names("add install upgrade up remove global link import"), _INSTALL),
-            "": _INSTALL,  # a bare `yarn` installs
-            "publish": _PUBLISH,
-            **dict.fromkeys(_names("dlx create"), _DLX),
-        },
-    ),
-    "pnpm": (
-        _names("run test start build lint dev list ls why outdated help init"),
-        {
-            **dict.fromkeys(_names("add install i update up upgrade remove rm link"), _INSTALL),
-            "publish": _PUBLISH,
-            **dict.fromkeys(_names("dlx exec"), _DLX),
-        },
-    ),
-    "cargo": (
-        _names(
-            """build b check c test t run r bench doc fmt clippy clean new init tree metadata
-            search version help update fetch vendor package remove verify-project
-            locate-project --version -V"""
-        ),
-        {
-            **dict.fromkeys(_names("install uninstall add"), _INSTALL),
-            **dict.fromkeys(_names("publish yank"), _PUBLISH),
-            "login": "stores registry credentials",
-        },
-    ),
-    "go": (
-        _names("build test run vet fmt mod env version list doc generate tool help clean work fix"),
-        dict.fromkeys(_names("install get"), _INSTALL),
-    ),
-    "gem": (
-        _names("list search info which env help contents query specification"),
-        {**dict.fromkeys(_names("install i uninstall update"), _INSTALL), "push": _PUBLISH},
-    ),
-    **{
-        runner: (
-            _names("run show check lock build version env help --version graph"),
-            {
-                **dict.fromkeys(_names("add install update sync self"), _INSTALL),
-                "publish": _PUBLISH,
-            },
-        )
-        for runner in ("poetry", "pipenv", "pdm")
-    },
-    **{
-        manager: (
-            _names("list search show policy info depends rdepends changelog help --version"),
-            dict.fromkeys(_names("install remove purge upgrade update autoremove"), _SYSTEM_PKG),
-        )
-        for manager in ("apt", "apt-get", "aptitude", "dnf", "yum", "zypper", "apk", "snap")
-    },
-    "brew": (
-        _names("list ls search info desc config doctor leaves deps uses outdated --version help"),
-        dict.fromkeys(_names("install reinstall upgrade uninstall remove tap"), _SYSTEM_PKG),
-    ),
-    **{
-        manager: (
-            _names("list info search help --version"),
-            dict.fromkeys(_names("install create update upgrade remove uninstall"), _INSTALL),
-        )
-        for manager in ("conda", "mamba", "micromamba")
-    },
-}
 #: `<tool> <sub> <command…>` runs <command…> (judged on its own).
 RUNNER_SUBCOMMANDS = frozenset(
     {("uv", "run"), ("poetry", "run"), ("pipenv", "run"), ("pdm", "run")}
@@ -406,14 +192,6 @@ WRAPPERS: dict[str, tuple[frozenset[str], frozenset[str], str]] = {
     "watch": (frozenset("nd"), frozenset({"--interval"}), ""),
     "chroot": (frozenset(), frozenset({"--userspec", "--groups"}), "runs in another root folder"),
 }
-
-#: Variables that change which programs run (or what they load): setting one needs approval.
-RISKY_ENV_VARS = frozenset(
-    """PATH LD_PRELOAD LD_LIBRARY_PATH LD_AUDIT BASH_ENV ENV PROMPT_COMMAND IFS SHELLOPTS
-    BASHOPTS GIT_SSH GIT_SSH_COMMAND GIT_EXTERNAL_DIFF GIT_PAGER GIT_EDITOR GIT_ASKPASS
-    GIT_CONFIG_GLOBAL GIT_DIR GIT_WORK_TREE PAGER EDITOR VISUAL SSH_ASKPASS PYTHONSTARTUP
-    NODE_OPTIONS PERL5OPT RUBYOPT""".split()
-)
 
 #: Options of otherwise read-only commands that write a file (path is checked) …
 OUTPUT_OPTIONS: dict[str, frozenset[str]] = {
@@ -675,10 +453,15 @@ def _subst_nodes(word: _Word) -> list[Any]:
 class _Analysis:
     """One shell command's walk: collects findings; the strictest one is the decision."""
 
-    def __init__(self, root: str, home: str) -> None:
+    def __init__(
+        self, root: str, home: str, policy: Policy, guarded: frozenset[str] = frozenset()
+    ) -> None:
         self.root = root
         self.home = home
-        self.protected = PROTECTED_DIRS | {home}
+        self.policy = policy
+        self.protected = policy.protected_dirs | {home}
+        #: The policy files themselves (real and lexical paths): changing them is refused.
+        self.guarded = guarded
         self.findings: list[Decision] = []
         self.downloaded: set[str] = set()
         self.src = ""
@@ -1020,27 +803,27 @@ class _Analysis:
                 elif p.lexical is not None:
                     texts += [x for x in (p.lexical, p.real) if x]
                     concrete.append(p.lexical)
-                elif ENV_FILE_RE.match(os.path.basename(value.rstrip("/"))):
+                elif self.policy.is_env_file(os.path.basename(value.rstrip("/"))):
                     self.flag(
                         Verdict.APPROVAL,
                         f"{where} uses `{value}` in a folder only known at run time",
                     )
         for text in texts:
-            for regex, what in _CREDENTIAL_RES:
-                if regex.search(text):
-                    self.flag(Verdict.FORBID, f"{where} touches credentials ({what})")
+            for cred in self.policy.credentials:
+                if cred.regex.search(text):
+                    self.flag(Verdict.FORBID, f"{where} touches credentials ({cred.what})")
                     return
         for path in concrete:
             real = os.path.realpath(path)
             names = (os.path.basename(path), os.path.basename(real))
-            if any(ENV_FILE_RE.match(n) for n in names) and not _under(real, self.root):
+            if any(self.policy.is_env_file(n) for n in names) and not _under(real, self.root):
                 self.flag(
                     Verdict.FORBID,
                     f"{where} touches `{path}`, a secrets file outside the workspace",
                 )
                 return
 
-    def expand_glob(self, value: str, scope: _Scope) -> list[str]:
+    def expand_glob(self, value: str, scope: _Scope, cap: int = MAX_GLOB_MATCHES) -> list[str]:
         """What a glob matches right now (bash would expand it the same way), capped."""
         pattern = os.path.expanduser(value)
         if not pattern.startswith("/"):
@@ -1049,10 +832,10 @@ class _Analysis:
             pattern = os.path.join(scope.cwd, pattern)
         found: list[str] = []
         for alternative in _expand_braces(pattern):
-            found.extend(itertools.islice(glob.iglob(alternative), MAX_GLOB_MATCHES))
-            if len(found) >= MAX_GLOB_MATCHES:
+            found.extend(itertools.islice(glob.iglob(alternative), cap))
+            if len(found) >= cap:
                 break
-        return found[:MAX_GLOB_MATCHES]
+        return found[:cap]
 
     def glob_reaches_credentials(self, value: str, scope: _Scope) -> list[str]:
         """Credential paths a glob could match even if they do not exist on this machine."""
@@ -1063,7 +846,7 @@ class _Analysis:
             pattern = os.path.join(scope.cwd, pattern)
         hits = []
         for alternative in _expand_braces(_norm(pattern)):
-            for example in CREDENTIAL_EXAMPLES:
+            for example in self.policy.credential_examples:
                 concrete = (
                     example.replace("~", self.home, 1) if example.startswith("~") else example
                 )
@@ -1077,6 +860,54 @@ class _Analysis:
         if real is None:
             return False
         return real in ("/etc", "/root") or _under(self.home, real) or _under("/root", real)
+
+    def policy_file(self, p: _Path, *, holding: bool = False) -> bool:
+        """Is `p` one of the guardian's own policy files (or, `holding`, a folder above one)?"""
+        for x in (p.lexical, p.real):
+            if x is None or p.glob:
+                continue
+            if any(x == g or (holding and _under(g, x)) for g in self.guarded):
+                return True
+        return False
+
+    def deletes_policy_file(self, value: str, p: _Path, scope: _Scope, *, recursive: bool) -> bool:
+        """Would deleting `value` (a path or a glob) delete a policy file?"""
+        if not p.glob:
+            return self.policy_file(p, holding=recursive)
+        pattern = os.path.expanduser(value)
+        if not pattern.startswith("/"):
+            if scope.cwd is None:
+                return False
+            pattern = os.path.join(scope.cwd, pattern)
+        for guarded in self.guarded:
+            reached = [guarded]
+            if recursive:
+                parent = os.path.dirname(guarded)
+                while parent not in ("/", ""):
+                    reached.append(parent)
+                    parent = os.path.dirname(parent)
+            for alternative in _expand_braces(_norm(pattern)):
+                if any(_glob_matches(alternative, r) for r in reached):
+                    return True
+        return False
+
+    def delete_count(self, value: str, p: _Path, scope: _Scope, recursive: bool, cap: int) -> int:
+        """How many files deleting `value` removes, counted up to `cap` (cheap: stops there).
+
+        A path counts one; a glob counts its matches; with -r a folder counts the files in it.
+        """
+        if not p.glob and p.real is None:
+            return 1
+        targets = self.expand_glob(value, scope, cap) if p.glob else [p.real or value]
+        count = 0
+        for target in targets:
+            if count >= cap:
+                break
+            if not recursive or os.path.islink(target) or not os.path.isdir(target):
+                count += 1
+                continue
+            count += max(1, _count_files(target, cap - count))
+        return count
 
     def check_write(self, word: _Word, scope: _Scope, where: str, verb: str = "writes") -> None:
         """Writing to `word`: a disk device is refused, outside the workspace needs approval."""
@@ -1094,6 +925,12 @@ class _Analysis:
             self.flag(Verdict.FORBID, f"{where} writes to the disk device {value}")
         elif any(x and KERNEL_FILE_RE.match(x) for x in (p.lexical, p.real)):
             self.flag(Verdict.FORBID, f"{where} writes to the kernel interface {value}")
+        elif self.policy_file(p):
+            self.flag(
+                Verdict.FORBID,
+                f"{where} {verb} `{value}`, the guardian's policy file; the agent may not "
+                "change its own rules",
+            )
         elif p.real is None:
             self.flag(
                 Verdict.APPROVAL,
@@ -1154,7 +991,7 @@ class _Analysis:
             if provided is not None:
                 flow = provided
         for name, _value in assignments:
-            if name in RISKY_ENV_VARS:
+            if name in self.policy.risky_env_vars:
                 self.flag(Verdict.APPROVAL, f"{where} sets {name}, which changes what programs run")
         if not words:
             for name, value in assignments:
@@ -1205,25 +1042,28 @@ class _Analysis:
                 self.flag(Verdict.APPROVAL, f"{where} uses an argument hidden in decoded text")
         if name in scope.functions:
             return _Flow(stdin.taint)
-        reason = FORBIDDEN_COMMANDS.get(name) or next(
-            (why for prefix, why in FORBIDDEN_PREFIXES.items() if name.startswith(prefix)), None
-        )
-        if reason:
-            self.flag(Verdict.FORBID, f"{where} {reason}")
-            return _Flow()
         canonical = INTERPRETER_ALIASES.get(name, name)
         if re.fullmatch(r"python\d(\.\d+)?", canonical):
             canonical = "python"
-        out = self.dispatch(cmd, canonical)
+        reason = self.policy.forbidden_reason(name, canonical)
+        if reason:
+            self.flag(Verdict.FORBID, f"{where} {reason}")
+            return _Flow()
+        # An approval entry asks first, and the command is still judged (its arguments may
+        # make it worse: a forbidden credential path, a write to a disk).
+        asks = self.policy.approval_reason(name, canonical)
+        if asks:
+            self.flag(Verdict.APPROVAL, f"{where} {asks}")
+        out = self.dispatch(cmd, canonical, asks is not None)
         if canonical in DECODERS:
             return _Flow("decoded")
         if canonical in DOWNLOADERS and out.taint is None:
             return _Flow("network")
         return out
 
-    def dispatch(self, cmd: _Cmd, canonical: str) -> _Flow:
-        """The rule table lookup for one command name."""
-        name, where, stdin = cmd.name, cmd.snippet, cmd.stdin
+    def dispatch(self, cmd: _Cmd, canonical: str, asked: bool = False) -> _Flow:
+        """The rule table lookup for one command name (`asked`: approval already flagged)."""
+        name, stdin, policy = cmd.name, cmd.stdin, self.policy
         handler = _HANDLERS.get(canonical)
         if handler is not None:
             return handler(self, cmd) or _Flow(stdin.taint)
@@ -1231,20 +1071,19 @@ class _Analysis:
             return self.interpreter(cmd, canonical)
         if canonical in WRAPPERS:
             return self.wrapper(cmd)
-        if canonical in SUBCOMMANDS or re.fullmatch(r"pip\d(\.\d+)?", canonical):
+        if canonical in policy.subcommands or re.fullmatch(r"pip\d(\.\d+)?", canonical):
             return self.subcommand(cmd, "pip" if canonical.startswith("pip") else canonical)
         self.options(cmd)
-        if canonical in READ_ONLY_COMMANDS:
+        if canonical in policy.allow:
             return self.output_of(cmd)
-        if canonical in WORKSPACE_WRITERS:
+        if canonical in policy.workspace_writers:
             self.writer(cmd)
             if canonical == "tee":  # passes its input on, and writes it to files
                 for word in _positionals(cmd.args):
                     self.remember_written(word, cmd.scope, stdin.text)
                 return _Flow(stdin.taint, stdin.text, None, stdin.present)
             return _Flow(stdin.taint)
-        if canonical in APPROVAL_COMMANDS:
-            self.flag(Verdict.APPROVAL, f"{where} {APPROVAL_COMMANDS[canonical]}")
+        if asked:
             return _Flow()
         self.flag(Verdict.APPROVAL, f"`{name}` is not on the read-only allowlist")
         return _Flow(stdin.taint)
@@ -1306,6 +1145,16 @@ class _Analysis:
 
     def writer(self, cmd: _Cmd) -> None:
         """Every path-like argument (and option value) must stay in the workspace."""
+        if cmd.name == "mv":  # moving a folder away takes the policy file in it along
+            for word in _positionals(cmd.args)[:-1]:
+                if word.value is not None and self.policy_file(
+                    self.path(word.value, cmd.scope), holding=True
+                ):
+                    self.flag(
+                        Verdict.FORBID,
+                        f"{cmd.snippet} moves the guardian's policy file away; the agent may "
+                        "not change its own rules",
+                    )
         for word in cmd.args:
             text = word.text
             if text.startswith("-"):
@@ -1451,9 +1300,19 @@ class _Analysis:
         return self.simple(rest, cmd.scope, cmd.stdin, cmd.snippet)
 
     def subcommand(self, cmd: _Cmd, tool: str) -> _Flow:
-        allowed, approvals = SUBCOMMANDS[tool]
+        rules = self.policy.subcommands.get(tool)
+        if rules is None:  # `pip3` with no [subcommands.pip] table
+            self.flag(Verdict.APPROVAL, f"`{cmd.name}` is not on the read-only allowlist")
+            return _Flow(cmd.stdin.taint)
+        allowed = rules.allow
         positionals = [w for w in cmd.args if not w.text.startswith("-") or w.text in allowed]
         sub = positionals[0].text if positionals else ""
+        if sub in rules.forbid:
+            self.flag(Verdict.FORBID, f"{cmd.snippet} {rules.forbid[sub]}")
+            return _Flow()
+        if sub in rules.approval:
+            self.flag(Verdict.APPROVAL, f"{cmd.snippet} {rules.approval[sub]}")
+            return _Flow(cmd.stdin.taint)
         if tool == "uv" and sub == "pip":
             rest = cmd.args[cmd.args.index(positionals[0]) + 1 :]
             return self.subcommand(
@@ -1467,12 +1326,29 @@ class _Analysis:
             if rest:
                 return self.simple(rest, cmd.scope, cmd.stdin, cmd.snippet)
             return _Flow()
-        if sub in approvals:
-            self.flag(Verdict.APPROVAL, f"{cmd.snippet} {approvals[sub]}")
-        elif sub not in allowed:
+        if sub not in allowed:
             shown = f"{cmd.name} {sub}".strip()
             self.flag(Verdict.APPROVAL, f"`{shown}` is not on the read-only allowlist")
         return _Flow(cmd.stdin.taint)
+
+
+def _count_files(folder: str, cap: int) -> int:
+    """Files (not folders) below `folder`, without following links; stops at `cap`."""
+    count = 0
+    stack = [folder]
+    while stack and count < cap:
+        try:
+            with os.scandir(stack.pop()) as entries:
+                for entry in entries:
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+                    else:
+                        count += 1
+                        if count >= cap:
+                            break
+        except OSError:
+            continue
+    return count
 
 
 def _skip_options(words: list[_Word], short: frozenset[str], long: frozenset[str]) -> list[_Word]:
@@ -1529,6 +1405,7 @@ def _merge(flows: list[_Flow]) -> _Flow:
     return _Flow(taint, text, None, any(f.present for f in flows))
 
 
+_NO_SUBCOMMANDS = Subcommands(frozenset(), {}, {})
 _RUNNER_VALUE_OPTIONS = frozenset(
     "--python --directory --project --with --with-requirements --env-file --group".split()
 )
@@ -1544,6 +1421,8 @@ def _rm(a: _Analysis, cmd: _Cmd) -> _Flow | None:
     force = "f" in flags or "--force" in longs
     if "--no-preserve-root" in longs:
         a.flag(Verdict.FORBID, f"{cmd.snippet} disables rm's protection of / (--no-preserve-root)")
+    limit = a.policy.max_delete_files
+    count = 0  # files this rm deletes, counted up to limit + 1
     for target in _positionals(cmd.args):
         if target.value is not None:
             p = a.path(target.value, cmd.scope)
@@ -1551,10 +1430,26 @@ def _rm(a: _Analysis, cmd: _Cmd) -> _Flow | None:
                 shown = os.path.join(p.lexical or "", "*") if p.glob else p.lexical
                 a.flag(Verdict.FORBID, f"{cmd.snippet} deletes {shown}, a system or home folder")
                 continue
+            if a.deletes_policy_file(target.value, p, cmd.scope, recursive=recursive):
+                a.flag(
+                    Verdict.FORBID,
+                    f"{cmd.snippet} deletes the guardian's policy file; the agent may not "
+                    "change its own rules",
+                )
+                continue
             if recursive and p.real == a.root:
                 a.flag(Verdict.APPROVAL, f"{cmd.snippet} deletes the whole workspace")
                 continue
+            if count <= limit:
+                count += a.delete_count(target.value, p, cmd.scope, recursive, limit + 1 - count)
+        else:
+            count += 1
         a.check_write(target, cmd.scope, cmd.snippet, "deletes")
+    if count > limit:
+        a.flag(
+            Verdict.APPROVAL,
+            f"{cmd.snippet} deletes more than {limit} files at once (max_delete_files)",
+        )
     return None
 
 
@@ -1638,6 +1533,12 @@ def _find(a: _Analysis, cmd: _Cmd) -> _Flow | None:
                 p = a.path(start.value, cmd.scope) if start.value is not None else None
                 if p is not None and a.is_protected(p):
                     a.flag(Verdict.FORBID, f"{cmd.snippet} deletes files across {p.lexical}")
+                elif p is not None and a.policy_file(p, holding=True):
+                    a.flag(
+                        Verdict.FORBID,
+                        f"{cmd.snippet} deletes the guardian's policy file; the agent may not "
+                        "change its own rules",
+                    )
                 else:
                     a.flag(
                         Verdict.APPROVAL,
@@ -1809,14 +1710,14 @@ def _git(a: _Analysis, cmd: _Cmd) -> _Flow | None:
     if i >= len(args):
         return None
     sub, rest = args[i].text, args[i + 1 :]
-    if sub in ("credential", "credential-store", "credential-cache", "credential-osxkeychain"):
-        a.flag(Verdict.FORBID, f"{cmd.snippet} reads stored git credentials")
+    rules = a.policy.subcommands.get("git") or _NO_SUBCOMMANDS
+    if sub in rules.forbid:
+        a.flag(Verdict.FORBID, f"{cmd.snippet} {rules.forbid[sub]}")
         return None
-    allowed, approvals = SUBCOMMANDS["git"]
-    if sub in approvals:
-        a.flag(Verdict.APPROVAL, f"{cmd.snippet} {approvals[sub]}")
+    if sub in rules.approval:
+        a.flag(Verdict.APPROVAL, f"{cmd.snippet} {rules.approval[sub]}")
         return None
-    if sub not in allowed:
+    if sub not in rules.allow:
         a.flag(Verdict.APPROVAL, f"`git {sub}` is not on the read-only allowlist")
         return None
     if sub == "config":
@@ -1984,7 +1885,7 @@ def _export(a: _Analysis, cmd: _Cmd) -> _Flow | None:
     for word in cmd.args:
         if "=" in word.text and not word.text.startswith("-"):
             name, _, value = word.text.partition("=")
-            if name in RISKY_ENV_VARS:
+            if name in a.policy.risky_env_vars:
                 a.flag(
                     Verdict.APPROVAL, f"{cmd.snippet} sets {name}, which changes what programs run"
                 )
@@ -2014,7 +1915,7 @@ def _env(a: _Analysis, cmd: _Cmd) -> _Flow | None:
             continue
         if "=" in text:
             name, _, value = text.partition("=")
-            if name in RISKY_ENV_VARS:
+            if name in a.policy.risky_env_vars:
                 a.flag(
                     Verdict.APPROVAL, f"{cmd.snippet} sets {name}, which changes what programs run"
                 )
@@ -2058,7 +1959,7 @@ def _xargs(a: _Analysis, cmd: _Cmd) -> _Flow | None:
     a.simple(rest, cmd.scope, _Flow(), cmd.snippet)
     inner = rest[0].text
     inner = os.path.basename(inner) if os.path.dirname(inner) in SYSTEM_BIN_DIRS else inner
-    if inner in DESTRUCTIVE or inner in WORKSPACE_WRITERS:
+    if inner in DESTRUCTIVE or inner in a.policy.workspace_writers:
         a.flag(
             Verdict.APPROVAL,
             f"{cmd.snippet} runs `{inner}` on arguments only known at run time",
@@ -2250,13 +2151,91 @@ _HANDLERS: dict[str, Callable[[_Analysis, _Cmd], _Flow | None]] = {
 FILE_TOOLS = frozenset({"read_file", "write_file", "edit_file", "list_files", "search_files"})
 
 
-class Guardian:
-    """Judges each tool call before it runs; see the module docstring for the rules."""
+#: Names the engine judges by their arguments: an overlay [allow] entry cannot change them.
+ENGINE_COMMANDS = frozenset({*_HANDLERS, *INTERPRETERS, *INTERPRETER_ALIASES, *WRAPPERS, *SHELLS})
+_UNLOADED = object()
 
-    def __init__(self, workspace: Path, *, timeout: float = 2.0) -> None:
+
+def _stamp(path: Path | None) -> object:
+    """What changes when a file is edited or replaced (atomic writes change the inode)."""
+    if path is None:
+        return None
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return "missing"
+    except OSError as exc:
+        return ("unreadable", str(exc))
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+class Guardian:
+    """Judges each tool call before it runs; see the module docstring for the rules.
+
+    The policy is config/policy.toml (or `policy_path`) plus the deployment's overlay
+    at `overlay_path` (typically `<data dir>/policy.toml`; it need not exist). Both are
+    re-read when they change on disk, so a person's edit or a revoked rule applies to
+    the next call; if either cannot be loaded every call is refused with the reason.
+    """
+
+    def __init__(
+        self,
+        workspace: Path,
+        *,
+        timeout: float = 2.0,
+        overlay_path: Path | None = None,
+        policy_path: Path | None = None,
+    ) -> None:
         self.workspace = Path(workspace)
         self.timeout = timeout
+        self.overlay_path = Path(overlay_path) if overlay_path is not None else None
+        self.policy_path = Path(policy_path) if policy_path is not None else builtin_path()
+        self._lock = threading.RLock()
+        self._stamps: object = _UNLOADED
+        self._policy: Policy | None = None
+        self._error: str | None = None
+        self._guarded_paths: frozenset[str] = frozenset()
 
+    # ── the policy ──────────────────────────────────────────────────────────────
+    def policy(self) -> Policy:
+        """The merged policy, reloaded when a file changed; raises PolicyError if unusable."""
+        stamps = (_stamp(self.policy_path), _stamp(self.overlay_path))
+        with self._lock:
+            if stamps != self._stamps:
+                self._load()
+                self._guarded_paths = self._guarded()
+                self._stamps = stamps
+            if self._policy is None:
+                raise PolicyError(self._error or "the policy is not loaded")
+            return self._policy
+
+    def _load(self) -> None:
+        try:
+            base = read_document(self.policy_path, overlay=False)
+            overlay = None
+            if self.overlay_path is not None and self.overlay_path.exists():
+                overlay = read_document(self.overlay_path, overlay=True)
+            self._policy = merge(
+                base,
+                overlay,
+                engine_commands=ENGINE_COMMANDS,
+                builtin=self.policy_path,
+                overlay_path=self.overlay_path,
+            )
+            self._error = None
+        except PolicyError as exc:
+            self._policy, self._error = None, str(exc)
+
+    def _guarded(self) -> frozenset[str]:
+        """The policy files as the engine sees paths (lexical and real; refreshed on reload)."""
+        out: set[str] = set()
+        for path in (self.policy_path, self.overlay_path):
+            if path is not None:
+                out.add(_norm(os.path.abspath(path)))
+                out.add(os.path.realpath(path))
+        return frozenset(out)
+
+    # ── checks ──────────────────────────────────────────────────────────────────
     async def check(self, tool: str, args: dict) -> Decision:
         """The decision for one call. Never raises: an error or a slow check is a refusal."""
         try:
@@ -2275,27 +2254,150 @@ class Guardian:
             )
 
     def check_sync(self, tool: str, args: dict) -> Decision:
-        """The classification itself (synchronous; `check` adds the timeout and error floor)."""
+        """The classification itself (synchronous; `check` adds the timeout and error floor).
+
+        The built-in verdict is decided first; an always-allow rule can then lift an
+        approval to allow, but never a forbid.
+        """
         if not isinstance(args, dict):
             return Decision(Verdict.FORBID, "tool arguments must be a JSON object")
+        try:
+            policy = self.policy()
+        except PolicyError as exc:
+            return Decision(
+                Verdict.FORBID,
+                f"the guardian's policy could not be loaded, so every tool call is refused: {exc}",
+            )
+        decision = self._classify(policy, tool, args)
+        rule = policy.rule_for(tool, args)
+        if rule is None:
+            return decision
+        if decision.verdict == Verdict.FORBID:
+            return Decision(
+                Verdict.FORBID,
+                f"{decision.reason} (always-allow rule {rule.id} matches, but a forbidden "
+                "call is never allowed)",
+            )
+        return Decision(Verdict.ALLOW, f"allowed by always-allow rule {rule.id}")
+
+    def _classify(self, policy: Policy, tool: str, args: dict) -> Decision:
         if tool == "shell":
-            return self.check_shell(args.get("command"))
+            return self.check_shell(args.get("command"), policy)
         if tool in FILE_TOOLS:
-            return self.check_file_tool(tool, args)
+            return self.check_file_tool(tool, args, policy)
         if tool == "web_fetch":
-            return self.check_fetch(args.get("url"))
+            return self.check_fetch(args.get("url"), policy)
         return Decision(Verdict.FORBID, f"unknown tool `{tool}`: there is no rule that allows it")
 
+    # ── the overlay's always-allow rules ───────────────────────────────────────
+    def always_allow(self, tool: str, args: dict, *, added_by: str) -> str:
+        """Write a narrow rule allowing exactly this call from now on; returns the rule id.
+
+        Narrow means exact: the same shell command string (or the same path, or URL), not
+        a pattern. Raises ValueError for a call that is forbidden (never offered for
+        forbidden classes), for a tool no rule can name, or when there is no overlay.
+        The same call twice gives the same id and one rule.
+        """
+        if self.overlay_path is None:
+            raise ValueError(
+                "no policy overlay is configured, so there is nowhere to keep the rule"
+            )
+        match = rule_match(tool, args) if isinstance(args, dict) else None
+        if not match:
+            raise ValueError(
+                f"`{tool}` calls cannot be always-allowed (no exact argument to match)"
+            )
+        with self._lock:
+            decision = self.check_sync(tool, args)
+            if decision.verdict == Verdict.FORBID:
+                raise ValueError(f"a forbidden call cannot be always-allowed: {decision.reason}")
+            policy = self.policy()
+            existing = policy.rule_for(tool, args)
+            if existing is not None:
+                return existing.id
+            rule = AlwaysAllowRule(
+                id=rule_id(tool, match),
+                tool=tool,
+                match=match,
+                added_by=added_by,
+                added_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                reason=decision.reason,
+            )
+            path = self.overlay_path
+            text = path.read_text(encoding="utf-8") if path.exists() else ""
+            atomic_write_text(path, overlay_text_with_rule(text, rule, str(path)))
+            self._stamps = _UNLOADED
+            return rule.id
+
+    def revoke(self, rule_id: str) -> bool:
+        """Remove an always-allow rule from the overlay; False when there is no such rule."""
+        if self.overlay_path is None:
+            return False
+        with self._lock:
+            path = self.overlay_path
+            try:
+                text = path.read_text(encoding="utf-8")
+            except FileNotFoundError:
+                return False
+            new_text = overlay_text_without_rule(text, rule_id.strip(), str(path))
+            if new_text is None:
+                return False
+            atomic_write_text(path, new_text)
+            self._stamps = _UNLOADED
+            return True
+
+    def describe_overlay(self) -> str:
+        """The active overlay in a few chat-sized lines (for /policy and `steward policy show`)."""
+        try:
+            policy = self.policy()
+        except PolicyError as exc:
+            return f"Policy error: {exc}\nEvery tool call is refused until this is fixed."
+        doc = policy.overlay
+        if doc is None or doc.is_empty():
+            return "No overlay: the built-in policy applies (config/policy.toml)."
+        lines = [f"Policy overlay: {self.overlay_path}"]
+
+        def listed(label: str, items: list[str]) -> None:
+            if items:
+                lines.append(f"{label}: {', '.join(items)}")
+
+        listed("Allowed commands added", doc.allow)
+        listed("Workspace writers added", doc.workspace_writers)
+        listed("Approval added", [f"{k} ({v})" for k, v in doc.approval.items()])
+        listed("Forbidden added", [f"{k} ({v})" for k, v in doc.forbid.items()])
+        listed("Credentials added", [f"{c.shown} ({c.what})" for c in doc.credentials])
+        listed("Protected folders added", doc.protected_dirs)
+        listed("Risky variables added", doc.risky_env_vars)
+        listed("Secrets files added", doc.env_files)
+        for programs, spec in doc.subcommands.items():
+            parts = [*(f"allow {a}" for a in spec.allow)]
+            parts += [f"approval {k}" for k in spec.approval]
+            parts += [f"forbid {k}" for k in spec.forbid]
+            listed(f"Subcommands of {programs}", parts)
+        if doc.max_delete_files is not None:
+            lines.append(f"max_delete_files: {policy.max_delete_files}")
+        if doc.always_allow:
+            lines.append("Always-allow rules:")
+            for r in doc.always_allow:
+                by = f" by {r.added_by}" if r.added_by else ""
+                at = f" {r.added_at[:10]}" if r.added_at else ""
+                lines.append(f"  {r.id}  {r.tool} `{_short(r.match, 60)}`{by}{at}")
+            lines.append("Revoke one with /policy revoke RULE_ID.")
+        for note in policy.notes:
+            lines.append(f"Note: {note}")
+        return "\n".join(lines)
+
     # ── per tool ────────────────────────────────────────────────────────────────
-    def _analysis(self) -> _Analysis:
+    def _analysis(self, policy: Policy | None) -> _Analysis:
         root = os.path.realpath(self.workspace)
         home = os.path.realpath(os.path.expanduser("~"))
-        return _Analysis(root, home)
+        policy = policy or self.policy()
+        return _Analysis(root, home, policy, self._guarded_paths)
 
-    def check_shell(self, command: Any) -> Decision:
+    def check_shell(self, command: Any, policy: Policy | None = None) -> Decision:
         if not isinstance(command, str):
             return Decision(Verdict.FORBID, "shell command must be a string")
-        analysis = self._analysis()
+        analysis = self._analysis(policy)
         try:
             analysis.script(command, _Scope(cwd=analysis.root))
         except _Unparseable as exc:
@@ -2310,21 +2412,30 @@ class Guardian:
             )
         return analysis.decision()
 
-    def check_file_tool(self, tool: str, args: dict) -> Decision:
-        """File tools are workspace-scoped by construction; only credential paths are refused."""
+    def check_file_tool(self, tool: str, args: dict, policy: Policy | None = None) -> Decision:
+        """File tools are workspace-scoped by construction; credential paths are refused, and
+        so is changing the guardian's own policy files (if the data dir is in the workspace)."""
         path = args.get("path", ".")
         if path is None:
             path = "."
         if not isinstance(path, str):
             return Decision(Verdict.FORBID, f"{tool}: path must be a string")
-        analysis = self._analysis()
-        analysis.check_credentials(_Word(path, path), _Scope(cwd=analysis.root), f"{tool} `{path}`")
+        analysis = self._analysis(policy)
+        scope = _Scope(cwd=analysis.root)
+        where = f"{tool} `{path}`"
+        analysis.check_credentials(_Word(path, path), scope, where)
+        if tool in ("write_file", "edit_file") and analysis.policy_file(analysis.path(path, scope)):
+            analysis.flag(
+                Verdict.FORBID,
+                f"{where} changes the guardian's policy file; the agent may not change its "
+                "own rules",
+            )
         decision = analysis.decision()
         if decision.verdict == Verdict.ALLOW:
             return Decision(Verdict.ALLOW, f"{tool} stays inside the workspace")
         return decision
 
-    def check_fetch(self, url: Any) -> Decision:
+    def check_fetch(self, url: Any, policy: Policy | None = None) -> Decision:
         if not isinstance(url, str):
             return Decision(Verdict.FORBID, "web_fetch: url must be a string")
         scheme = urlsplit(url.strip()).scheme.lower()
@@ -2332,10 +2443,10 @@ class Guardian:
             return Decision(
                 Verdict.FORBID, f"web_fetch only fetches http(s) URLs, not `{_short(url)}`"
             )
-        for regex, what in _CREDENTIAL_RES:
-            if regex.search(url):
-                return Decision(Verdict.FORBID, f"web_fetch `{_short(url)}` reads {what}")
+        for cred in (policy or self.policy()).credentials:
+            if cred.regex.search(url):
+                return Decision(Verdict.FORBID, f"web_fetch `{_short(url)}` reads {cred.what}")
         return Decision(Verdict.ALLOW, "web_fetch is a read-only http(s) GET")
 
 
-__all__ = ["Decision", "Guardian", "Verdict"]
+__all__ = ["Decision", "Guardian", "PolicyError", "Verdict"]

@@ -48,6 +48,8 @@ class Episode:
     duration_s: float = 0.0
     error: str = ""
     tools: list[ToolRecord] = field(default_factory=list)
+    #: Which answer gates fired ("evidence", "quality", "passed after retry").
+    gates: list[str] = field(default_factory=list)
 
     @property
     def error_signatures(self) -> list[str]:
@@ -65,6 +67,7 @@ class Episode:
             "error": self.error or None,
             "error_signatures": self.error_signatures,
             "tools": [asdict(t) for t in self.tools],
+            "gates": self.gates,
             "model": self.model,
             "steps": self.steps,
             "tokens_in": self.tokens_in,

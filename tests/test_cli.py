@@ -102,7 +102,9 @@ def test_bad_config_names_the_key(tmp_path: Path) -> None:
 
 
 def test_replay_command(llm_thread: ScriptedLLM, tmp_path: Path) -> None:
-    llm_thread.reply_tool("shell", {"command": "echo hi > ../out.txt"}).reply_text("done")
+    llm_thread.reply_tool("shell", {"command": "echo hi > ../out.txt"}).reply_text(
+        "Wrote the file next to the workspace."
+    )
     scenario = tmp_path / "s.jsonl"
     scenario.write_text(
         json.dumps({"t": 0, "user": "alice", "text": "go"})
@@ -114,7 +116,12 @@ def test_replay_command(llm_thread: ScriptedLLM, tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     lines = [json.loads(x) for x in res.stdout.splitlines()]
     assert [x["kind"] for x in lines] == ["approval", "edit", "message"]
-    assert lines[-1] == {**lines[-1], "t": 4, "text": "done", "conversation": "alice"}
+    assert lines[-1] == {
+        **lines[-1],
+        "t": 4,
+        "text": "Wrote the file next to the workspace.",
+        "conversation": "alice",
+    }
 
 
 def test_doctor(llm_thread: ScriptedLLM, tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 from adapters.replay import ReplayChannel
 from bot.app import App
+from core.access import Rules
 from core.events import Message
 from core.tools.base import Tool
 from tests.fakes.llm import Reply, ScriptedLLM
@@ -21,6 +22,7 @@ def last_user(body: dict[str, Any]) -> str:
 
 async def start_app(settings: Any) -> tuple[App, ReplayChannel]:
     app = App(settings)
+    app.access.rules["replay"] = Rules(open=True)  # as `steward replay` does
     out: list[dict[str, Any]] = []
     channel = ReplayChannel(time.monotonic, out.append)
     await app.start([channel])

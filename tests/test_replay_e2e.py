@@ -91,7 +91,12 @@ async def test_approval_approved_runs_the_call(
     )
     kinds = [(o["kind"], o["t"]) for o in out]
     assert kinds == [("approval", 0), ("edit", 5), ("message", 5)]
-    assert [b["label"] for b in out[0]["buttons"]] == ["Approve", "Deny"]
+    assert [b["label"] for b in out[0]["buttons"]] == [
+        "Approve once",
+        "Approve for this session",
+        "Always allow",
+        "Deny",
+    ]
     assert "Approved by alice" in out[1]["text"] and out[1]["buttons"] == []
     assert (tmp_path / "outside.txt").read_text() == "outside\n"
     assert out[2]["text"] == "Written outside."
@@ -278,10 +283,10 @@ async def test_commands(llm: ScriptedLLM, settings_for: Callable) -> None:
 
 async def test_long_scenario_replays_in_seconds(llm: ScriptedLLM, settings_for: Callable) -> None:
     s = settings_for(llm)
-    llm.responder = lambda body: Reply.text("ok")
+    llm.responder = lambda body: Reply.text("Noted, nothing to do for that.")
     lines = [{"t": i, "user": f"u{i % 5}", "text": f"message {i}"} for i in range(500)]
     t0 = time.perf_counter()
     out = await replay(s, lines)
     elapsed = time.perf_counter() - t0
-    assert len(out) == 500 and all(o["text"] == "ok" for o in out)
+    assert len(out) == 500 and all(o["text"] == "Noted, nothing to do for that." for o in out)
     assert elapsed < 60, elapsed

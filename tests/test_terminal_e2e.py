@@ -65,7 +65,7 @@ def test_interactive_chat_with_approval(llm_thread: ScriptedLLM, tmp_path: Path)
         term.expect("/quit to leave")
         term.type("write term.txt outside the workspace")
         term.expect("Approval needed")
-        term.type("a")
+        term.type("1")
         term.expect("Wrote term.txt next to the workspace.")
         assert (tmp_path / "term.txt").read_text() == "from-terminal\n"
         term.type("/quit")

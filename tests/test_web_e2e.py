@@ -81,7 +81,7 @@ async def test_web_chat_with_tools_approval_and_history(
                 f["tool"] for f in seen if f["type"] == "progress" and f["kind"] == "tool_start"
             ]
             assert tool_starts == ["write_file", "shell"]
-            approve = next(b for b in approval["buttons"] if b["label"] == "Approve")
+            approve = next(b for b in approval["buttons"] if b["label"] == "Approve once")
             await ws.send_json(
                 {"type": "press", "value": approve["value"], "message_id": approval["id"]}
             )
