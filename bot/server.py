@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import errno
+import hmac
+import ipaddress
 import signal
 import sys
+from typing import Any
 
 import structlog
 from aiohttp import web
@@ -18,8 +22,45 @@ from config.settings import ConfigError, Settings
 log = structlog.get_logger("steward.server")
 
 
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def login_middleware(password: str) -> Any:
+    """HTTP Basic auth for every route: the web chat acts as the owner, so beyond this
+    machine it must not be open. Constant-time comparison; user name "owner"."""
+    expected = "Basic " + base64.b64encode(f"owner:{password}".encode()).decode()
+
+    @web.middleware
+    async def check(request: web.Request, handler: Any) -> web.StreamResponse:
+        given = request.headers.get("Authorization", "")
+        if not hmac.compare_digest(given.encode(), expected.encode()):
+            log.warning("web.login_refused", remote=request.remote)
+            return web.Response(
+                status=401,
+                text="Login required (user: owner, password: STEWARD_WEB_PASSWORD).",
+                headers={"WWW-Authenticate": 'Basic realm="Steward", charset="UTF-8"'},
+            )
+        return await handler(request)
+
+    return check
+
+
 def build_web_app(app: App, web_channel: WebChannel) -> web.Application:
-    server = web.Application(client_max_size=1024 * 1024)
+    settings = app.settings
+    if not is_loopback(settings.host) and not settings.web_password:
+        raise ConfigError(
+            f"STEWARD_HOST={settings.host} would open the web chat (which acts as the owner) "
+            f"beyond this machine without a login. Set STEWARD_WEB_PASSWORD, or keep "
+            f"STEWARD_HOST=127.0.0.1."
+        )
+    middlewares = [login_middleware(settings.web_password)] if settings.web_password else []
+    server = web.Application(client_max_size=1024 * 1024, middlewares=middlewares)
     web_channel.add_routes(server)
 
     async def healthz(_request: web.Request) -> web.Response:

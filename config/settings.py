@@ -74,6 +74,17 @@ class Settings(BaseModel):
     pairing: bool
     pairing_code_ttl: float = Field(gt=0)
     approvers: dict[str, list[str]]
+    slack_bot_token: str = Field(repr=False)
+    slack_app_token: str = Field(repr=False)
+    slack_signing_secret: str = Field(repr=False)
+    slack_api_url: str
+    discord_token: str = Field(repr=False)
+    discord_api_url: str
+    discord_gateway_url: str
+    web_password: str = Field(repr=False)
+    delivery_retries: int = Field(ge=0, le=20)
+    delivery_backoff: float = Field(ge=0)
+    delivery_backoff_max: float = Field(ge=0)
 
     @field_validator("approvers", mode="before")
     @classmethod

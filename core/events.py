@@ -74,6 +74,49 @@ class Cancel:
 
 
 Inbound = Message | ButtonPress | Cancel
+
+
+class DeliveryError(Exception):
+    """An adapter could not deliver. The channel layer (bot/channels.py) retries on it.
+
+    Adapters translate their SDK's errors into this and never retry themselves:
+    `retry_after` is the platform's own hint (HTTP 429 Retry-After, Discord's
+    retry_after); `transient` is False for errors a retry cannot fix (bad token,
+    unknown channel, payload refused), which are reported at once.
+    """
+
+    def __init__(self, message: str, *, retry_after: float | None = None, transient: bool = True):
+        super().__init__(message)
+        self.retry_after = retry_after
+        self.transient = transient
+
+
+HealthState = Literal["stopped", "starting", "connected", "reconnecting", "deaf", "down"]
+
+
+@dataclass(slots=True)
+class ChannelHealth:
+    """What an adapter knows about its connection; shown by doctor, /healthz and the logs.
+
+    `deaf`: connected but not receiving what the platform says exists (no events while
+    the platform reports some, a polling conflict): the worst state, because it looks fine.
+    """
+
+    state: HealthState = "stopped"
+    detail: str = ""
+    since: float = 0.0
+    last_event_at: float | None = None
+    reconnects: int = 0
+
+    def set(self, state: HealthState, detail: str = "", *, now: float | None = None) -> None:
+        import time
+
+        if state != self.state or detail != self.detail:
+            self.state = state
+            self.detail = detail
+            self.since = time.time() if now is None else now
+
+
 Dispatch = Callable[[Inbound], Awaitable[None]]
 
 

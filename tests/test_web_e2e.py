@@ -4,6 +4,7 @@ sees tool calls live, approves a risky call with a button, and finds its history
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import socket
 from collections.abc import Callable
@@ -26,11 +27,11 @@ def free_port() -> int:
 
 
 @contextlib.asynccontextmanager
-async def running(settings: Any):
+async def running(settings: Any, headers: dict[str, str] | None = None):
     stop = asyncio.Event()
     task = asyncio.create_task(serve(settings, stop_event=stop))
     url = f"http://127.0.0.1:{settings.port}"
-    async with aiohttp.ClientSession() as http:
+    async with aiohttp.ClientSession(headers=headers) as http:
         for _ in range(200):
             with contextlib.suppress(aiohttp.ClientError):
                 async with http.get(f"{url}/healthz") as r:
@@ -128,3 +129,33 @@ async def test_port_in_use_is_a_clear_error(settings_for: Callable) -> None:
             assert f"Port {port}" in str(exc) and "STEWARD_PORT" in str(exc)
         else:
             raise AssertionError("serve() should refuse a port in use")
+
+
+async def test_web_chat_beyond_loopback_needs_a_login(settings_for: Callable) -> None:
+    exposed = settings_for(None, host="0.0.0.0", port=free_port())
+    try:
+        await serve(exposed, stop_event=asyncio.Event())
+    except ConfigError as exc:
+        assert "STEWARD_WEB_PASSWORD" in str(exc)
+    else:
+        raise AssertionError("an exposed web chat without a login must not start")
+
+
+async def test_web_login(settings_for: Callable) -> None:
+    s = settings_for(None, port=free_port(), web_password="s3cret")
+
+    def basic(password: str) -> dict[str, str]:
+        token = base64.b64encode(f"owner:{password}".encode()).decode()
+        return {"Authorization": f"Basic {token}"}
+
+    async with running(s, headers=basic("s3cret")) as (http, url):
+        async with aiohttp.ClientSession() as anonymous:
+            async with anonymous.get(url + "/") as r:
+                assert r.status == 401 and "WWW-Authenticate" in r.headers
+            async with anonymous.get(url + "/", headers=basic("wrong")) as r:
+                assert r.status == 401
+        async with http.get(url + "/") as r:
+            assert r.status == 200
+        async with http.ws_connect(f"{url}/ws?session={SESSION}", headers={"Origin": url}) as ws:
+            notice = await frames_until(ws, lambda f: f["type"] == "notice", [])
+            assert "STEWARD_MODEL" in notice["text"]
