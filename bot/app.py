@@ -10,6 +10,7 @@ import asyncio
 from collections.abc import Sequence
 from pathlib import Path
 
+from bot.channels import Outbox, wrap
 from bot.dispatcher import Dispatcher
 from config.settings import ConfigError, Settings
 from core.access import Access
@@ -141,11 +142,17 @@ class App:
     def notice(self) -> str | None:
         return None if self.agent is not None else NO_MODEL_MESSAGE
 
-    async def start(self, channels: Sequence[Channel]) -> None:
-        for channel in channels:
-            await channel.start(self.dispatcher.bind(channel))
-            self.channels.append(channel)
+    async def start(self, channels: Sequence[Channel]) -> list[Outbox]:
+        """Start each adapter behind its Outbox (the shared delivery layer); the dispatcher
+        and approvals only ever see the Outbox."""
+        started = []
+        for adapter in channels:
+            outbox = wrap(adapter, self.settings, self.clock, self.data_dir)
+            await adapter.start(self.dispatcher.bind(outbox))
+            self.channels.append(outbox)
+            started.append(outbox)
         await self.approvals.recover({c.name: c for c in self.channels})
+        return started
 
     async def stop(self) -> None:
         await self.conversations.stop()

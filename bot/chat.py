@@ -27,10 +27,10 @@ async def chat_once(settings: Settings, text: str, *, quiet: bool = False) -> in
         return EXIT_FAIL
     app = App(settings)
     channel = OneShotChannel(Console(stderr=True), show_progress=not quiet)
-    await app.start([channel])
+    [outbox] = await app.start([channel])
     key = app.dispatcher.key(channel, "terminal")
     try:
-        await app.dispatcher.handle(Message(channel.name, "terminal", "owner", text), channel)
+        await app.dispatcher.handle(Message(channel.name, "terminal", "owner", text), outbox)
         await app.conversations.wait_idle(key)
     finally:
         await app.stop()

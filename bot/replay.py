@@ -33,7 +33,7 @@ async def run_replay(
         out.flush()
 
     channel = ReplayChannel(lambda: clock.elapsed, emit)
-    await app.start([channel])
+    [outbox] = await app.start([channel])
     last_t = 0.0
     try:
         for lineno, raw in enumerate(lines, start=1):
@@ -57,13 +57,13 @@ async def run_replay(
                 await app.stop()
                 app = App(settings, clock=clock)
                 app.access.rules["replay"] = rules
-                await app.start([channel])
+                [outbox] = await app.start([channel])
                 await clock.activity.wait_idle()
                 continue
             if parsed.event is None:
                 channel.warn(parsed.conversation, parsed.warning)
                 continue
-            await app.dispatcher.handle(parsed.event, channel)
+            await app.dispatcher.handle(parsed.event, outbox)
             await clock.activity.wait_idle()
         await clock.advance_to(clock.start + last_t + drain)
     finally:

@@ -17,7 +17,9 @@ from aiohttp import web
 
 from adapters.web import WebChannel
 from bot.app import App
+from bot.channels import UndeliveredStore, configured_platforms
 from config.settings import ConfigError, Settings
+from core.events import Channel
 
 log = structlog.get_logger("steward.server")
 
@@ -51,7 +53,9 @@ def login_middleware(password: str) -> Any:
     return check
 
 
-def build_web_app(app: App, web_channel: WebChannel) -> web.Application:
+def build_web_app(
+    app: App, web_channel: WebChannel, platforms: list[Channel] | None = None
+) -> web.Application:
     settings = app.settings
     if not is_loopback(settings.host) and not settings.web_password:
         raise ConfigError(
@@ -62,13 +66,29 @@ def build_web_app(app: App, web_channel: WebChannel) -> web.Application:
     middlewares = [login_middleware(settings.web_password)] if settings.web_password else []
     server = web.Application(client_max_size=1024 * 1024, middlewares=middlewares)
     web_channel.add_routes(server)
+    for adapter in platforms or []:
+        add_routes = getattr(adapter, "add_routes", None)
+        if add_routes is not None:  # webhook platforms (Slack HTTP mode, …)
+            add_routes(server)
 
     async def healthz(_request: web.Request) -> web.Response:
+        channels = {}
+        for c in app.channels:
+            h = c.health
+            channels[c.name] = {
+                "state": h.state,
+                "detail": h.detail,
+                "since": h.since,
+                "last_event_at": h.last_event_at,
+                "reconnects": h.reconnects,
+            }
+        bad = [n for n, h in channels.items() if h["state"] in ("down", "deaf")]
         return web.json_response(
             {
-                "ok": True,
+                "ok": not bad,
                 "model": app.llm.describe() if app.llm else None,
-                "channels": [c.name for c in app.channels],
+                "channels": channels,
+                "undelivered": UndeliveredStore(app.data_dir).count(),
             }
         )
 
@@ -76,10 +96,25 @@ def build_web_app(app: App, web_channel: WebChannel) -> web.Application:
     return server
 
 
+def build_platforms(settings: Settings) -> list[Channel]:
+    """Every platform whose credentials are present; a half-configured one is an error."""
+    adapters = []
+    for spec in configured_platforms(settings):
+        problems = spec.problems(settings)
+        if problems:
+            raise ConfigError(" ".join(problems))
+        try:
+            adapters.append(spec.build(settings))
+        except ValueError as exc:
+            raise ConfigError(f"{spec.name}: {exc}") from exc
+    return adapters
+
+
 async def serve(settings: Settings, *, stop_event: asyncio.Event | None = None) -> int:
     app = App(settings)
     web_channel = WebChannel(settings.data_dir, notice=app.notice)
-    runner = web.AppRunner(build_web_app(app, web_channel), access_log=None)
+    platforms = build_platforms(settings)
+    runner = web.AppRunner(build_web_app(app, web_channel, platforms), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port)
     try:
@@ -93,6 +128,13 @@ async def serve(settings: Settings, *, stop_event: asyncio.Event | None = None) 
             ) from exc
         raise ConfigError(f"Cannot listen on {settings.host}:{settings.port}: {exc}") from exc
     await app.start([web_channel])
+    for adapter in platforms:
+        try:
+            await app.start([adapter])
+            log.info("channel.started", channel=adapter.name)
+        except Exception as exc:  # one platform down must not keep the others (or web) down
+            log.exception("channel.start_failed", channel=adapter.name)
+            print(f"steward: {adapter.name} did not start: {exc}", file=sys.stderr, flush=True)
     app.warm_up()
     port = site._server.sockets[0].getsockname()[1] if site._server else settings.port  # type: ignore[union-attr]
     url = f"http://{settings.host}:{port}"

@@ -1,0 +1,386 @@
+"""The channel layer: what every platform shares, once, around a thin adapter.
+
+`Outbox` wraps an adapter and is what the dispatcher and approvals talk to. It
+converts Markdown to the platform's dialect, splits long answers at the platform's
+limit, degrades buttons to `/approve ID` text when the platform or the message
+can't carry them, shows progress as a status message edited in place where the
+platform has no live view, and retries delivery (429 honouring Retry-After, 5xx and
+network errors with jittered backoff, bounded). What still can't be delivered is
+logged and kept in `<data dir>/outbox/undelivered.jsonl`: nothing is dropped silently.
+
+`PLATFORMS` is the registry: adding a platform is its adapter, its fake, one entry
+here and its README section.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import structlog
+
+from core.clock import Clock
+from core.events import (
+    ApprovalRequest,
+    Button,
+    Capabilities,
+    Channel,
+    ChannelHealth,
+    DeliveryError,
+    Dispatch,
+    MessageRef,
+    Progress,
+    Suggestion,
+)
+from core.formatting import DIALECTS, split_message
+
+log = structlog.get_logger("steward.channels")
+
+T = TypeVar("T")
+#: Longest Retry-After we wait for in-line; beyond it the message is kept as undelivered.
+MAX_RETRY_AFTER = 300.0
+STATUS_EDIT_INTERVAL = 1.5
+
+
+class UndeliveredStore:
+    """Append-only record of messages that could not be delivered after all retries."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.path = data_dir / "outbox" / "undelivered.jsonl"
+
+    def _append(self, line: str) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+            fh.flush()
+
+    async def keep(self, item: dict[str, Any]) -> None:
+        await asyncio.to_thread(self._append, json.dumps(item, ensure_ascii=False))
+
+    def count(self) -> int:
+        if not self.path.is_file():
+            return 0
+        with self.path.open(encoding="utf-8") as fh:
+            return sum(1 for _ in fh)
+
+
+@dataclass(slots=True)
+class _Status:
+    ref: MessageRef | None = None
+    lines: list[str] = field(default_factory=list)
+    last_edit: float = 0.0
+    dirty: bool = False
+
+
+class Outbox:
+    """A Channel around a Channel: the shared delivery behaviour, applied once."""
+
+    def __init__(
+        self,
+        adapter: Channel,
+        *,
+        clock: Clock,
+        undelivered: UndeliveredStore,
+        dialect: str = "markdown",
+        retries: int = 4,
+        backoff: float = 1.0,
+        backoff_max: float = 60.0,
+        status_progress: bool = False,
+    ) -> None:
+        self.adapter = adapter
+        self.name = adapter.name
+        self.clock = clock
+        self.undelivered = undelivered
+        self.convert = DIALECTS[dialect]
+        self.retries = retries
+        self.backoff = backoff
+        self.backoff_max = backoff_max
+        caps = adapter.capabilities
+        # Where the platform can edit, progress is shown as a status message (see progress()).
+        self.capabilities = Capabilities(
+            buttons=caps.buttons,
+            edit=caps.edit,
+            typing=caps.typing,
+            threads=caps.threads,
+            live_progress=caps.live_progress or (status_progress and caps.edit),
+            interactive=caps.interactive,
+            max_length=caps.max_length,
+            max_buttons=caps.max_buttons,
+            max_label_length=caps.max_label_length,
+        )
+        self._status: dict[str, _Status] = {}
+
+    @property
+    def health(self) -> ChannelHealth:
+        return getattr(self.adapter, "health", None) or ChannelHealth(state="connected")
+
+    def __getattr__(self, name: str) -> Any:  # add_routes, check_credentials, …
+        return getattr(self.adapter, name)
+
+    async def start(self, dispatch: Dispatch) -> None:
+        await self.adapter.start(dispatch)
+
+    async def stop(self) -> None:
+        await self.adapter.stop()
+
+    # ── delivery with retries ────────────────────────────────────────────────
+    async def _deliver(
+        self, what: str, call: Callable[[], Awaitable[T]], keep: dict[str, Any]
+    ) -> T:
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return await call()
+            except DeliveryError as exc:
+                error: Exception = exc
+                retry = exc.transient and attempt <= self.retries
+                if exc.retry_after is not None and exc.retry_after > MAX_RETRY_AFTER:
+                    retry = False
+                if retry:
+                    delay = min(self.backoff_max, self.backoff * 2 ** (attempt - 1))
+                    delay *= 0.5 + random.random() / 2
+                    if exc.retry_after is not None:
+                        delay = max(delay, exc.retry_after)
+                    log.warning(
+                        "delivery.retry",
+                        channel=self.name,
+                        what=what,
+                        attempt=attempt,
+                        wait_s=round(delay, 2),
+                        error=str(exc)[:200],
+                    )
+                    await self.clock.sleep(delay)
+                    continue
+            except Exception as exc:  # a bug in an adapter: not retried, but never lost
+                log.exception("delivery.adapter_error", channel=self.name, what=what)
+                error = exc
+            log.error(
+                "delivery.failed",
+                channel=self.name,
+                what=what,
+                attempts=attempt,
+                error=str(error)[:300],
+            )
+            await self.undelivered.keep(
+                {
+                    "at": self.clock.now(),
+                    "channel": self.name,
+                    "what": what,
+                    "error": str(error)[:500],
+                    **keep,
+                }
+            )
+            if isinstance(error, DeliveryError):
+                raise error
+            raise DeliveryError(f"{type(error).__name__}: {error}", transient=False) from error
+
+    # ── Channel methods ──────────────────────────────────────────────────────
+    async def send(self, conversation: str, text: str, *, thread: str | None = None) -> MessageRef:
+        await self._finish_status(conversation)
+        pieces = split_message(self.convert(text), self.capabilities.max_length)
+        ref: MessageRef | None = None
+        for piece in pieces:
+            ref = await self._deliver(
+                "send",
+                lambda piece=piece: self.adapter.send(conversation, piece, thread=thread),
+                {"conversation": conversation, "text": piece, "thread": thread},
+            )
+        assert ref is not None
+        return ref
+
+    async def edit(
+        self, ref: MessageRef, text: str, *, buttons: list[Button] | None = None
+    ) -> None:
+        body = split_message(self.convert(text), self.capabilities.max_length)[0]
+        await self._deliver(
+            "edit",
+            lambda: self.adapter.edit(ref, body, buttons=buttons),
+            {"conversation": ref.conversation, "message_id": ref.id, "text": body},
+        )
+
+    def _buttons_fit(self, text: str, buttons: list[Button]) -> bool:
+        caps = self.capabilities
+        return (
+            caps.buttons
+            and len(buttons) <= caps.max_buttons
+            and all(len(b.label) <= caps.max_label_length for b in buttons)
+            and len(self.convert(text)) <= caps.max_length
+        )
+
+    async def send_approval(
+        self, request: ApprovalRequest, *, thread: str | None = None
+    ) -> MessageRef:
+        if self._buttons_fit(request.text(), request.buttons):
+            return await self._deliver(
+                "approval",
+                lambda: self.adapter.send_approval(request, thread=thread),
+                {"conversation": request.conversation, "approval": request.id},
+            )
+        text = (
+            f"{request.text()}\n\nReply `/approve {request.id}` (or `/approve {request.id} "
+            f"session`, `/approve {request.id} always`) or `/deny {request.id}`."
+        )
+        return await self.send(request.conversation, text, thread=thread)
+
+    async def send_suggestion(
+        self, suggestion: Suggestion, *, thread: str | None = None
+    ) -> MessageRef:
+        if self._buttons_fit(suggestion.text, suggestion.buttons):
+            return await self._deliver(
+                "suggestion",
+                lambda: self.adapter.send_suggestion(suggestion, thread=thread),
+                {"conversation": suggestion.conversation, "suggestion": suggestion.id},
+            )
+        choices = ", ".join(f"`/suggestion {b.value}` ({b.label})" for b in suggestion.buttons)
+        return await self.send(
+            suggestion.conversation, f"{suggestion.text}\n\nReply {choices}.", thread=thread
+        )
+
+    async def send_private(self, conversation: str, user: str, text: str) -> None:
+        body = self.convert(text)
+        await self._deliver(
+            "private",
+            lambda: self.adapter.send_private(conversation, user, body),
+            {"conversation": conversation, "to": user, "text": body},
+        )
+
+    async def typing(self, conversation: str) -> None:
+        try:
+            await self.adapter.typing(conversation)
+        except Exception:  # a typing indicator is never worth failing for
+            log.debug("delivery.typing_failed", channel=self.name, exc_info=True)
+
+    async def progress(self, conversation: str, event: Progress) -> None:
+        """Live where the adapter renders progress itself; else a status message edited
+        in place (throttled), since chat platforms rate-limit edits."""
+        if self.adapter.capabilities.live_progress:
+            await self.adapter.progress(conversation, event)
+            return
+        if event.kind not in ("tool_start", "tool_end", "status"):
+            return
+        status = self._status.setdefault(conversation, _Status())
+        if event.kind == "tool_start":
+            status.lines.append(f"▸ {event.tool} {event.text[:80]}".rstrip())
+        elif event.kind == "tool_end" and status.lines:
+            mark = "✓" if event.ok else "✗"
+            status.lines[-1] = mark + status.lines[-1][1:]
+        elif event.kind == "status":
+            status.lines.append(event.text[:120])
+        status.dirty = True
+        now = time.monotonic()
+        if status.ref is not None and now - status.last_edit < STATUS_EDIT_INTERVAL:
+            return
+        await self._flush_status(conversation, status, working=True)
+
+    def _status_text(self, status: _Status, working: bool) -> str:
+        shown = status.lines[-8:]
+        more = len(status.lines) - len(shown)
+        head = "Working…" if working else f"Done: {len(status.lines)} step(s)"
+        lines = [head] + ([f"… {more} earlier"] if more else []) + shown
+        return "\n".join(lines)
+
+    async def _flush_status(self, conversation: str, status: _Status, *, working: bool) -> None:
+        text = self._status_text(status, working)
+        try:
+            if status.ref is None:
+                status.ref = await self.adapter.send(conversation, text)
+            else:
+                await self.adapter.edit(status.ref, text, buttons=None)
+            status.last_edit = time.monotonic()
+            status.dirty = False
+        except Exception:  # progress is best effort; the answer itself is retried
+            log.warning("delivery.status_failed", channel=self.name, exc_info=True)
+
+    async def _finish_status(self, conversation: str) -> None:
+        status = self._status.pop(conversation, None)
+        if status is not None and status.ref is not None:
+            await self._flush_status(conversation, status, working=False)
+
+
+# ── the registry ───────────────────────────────────────────────────────────────
+
+
+@dataclass(frozen=True, slots=True)
+class PlatformSpec:
+    name: str
+    dialect: str
+    #: Settings keys whose presence turns the platform on.
+    keys: tuple[str, ...]
+    build: Callable[[Any], Channel]
+    #: Settings problems a person must fix (e.g. an app token without a bot token).
+    problems: Callable[[Any], list[str]]
+
+
+def _slack(settings: Any) -> Channel:
+    from adapters.slack import SlackChannel
+
+    return SlackChannel(
+        bot_token=settings.slack_bot_token,
+        app_token=settings.slack_app_token,
+        signing_secret=settings.slack_signing_secret,
+        api_url=settings.slack_api_url,
+    )
+
+
+def _slack_problems(settings: Any) -> list[str]:
+    problems = []
+    if (settings.slack_app_token or settings.slack_signing_secret) and not settings.slack_bot_token:
+        problems.append(
+            "STEWARD_SLACK_APP_TOKEN or STEWARD_SLACK_SIGNING_SECRET is set but "
+            "STEWARD_SLACK_BOT_TOKEN is not: Slack needs the bot token (xoxb-…) in both "
+            "Socket Mode and HTTP mode (see README → Slack)."
+        )
+    if settings.slack_bot_token and not (settings.slack_app_token or settings.slack_signing_secret):
+        problems.append(
+            "STEWARD_SLACK_BOT_TOKEN is set but neither STEWARD_SLACK_APP_TOKEN (Socket Mode) "
+            "nor STEWARD_SLACK_SIGNING_SECRET (HTTP mode) is: Steward can send but not "
+            "receive (see README → Slack)."
+        )
+    return problems
+
+
+def _discord(settings: Any) -> Channel:
+    from adapters.discord import DiscordChannel
+
+    return DiscordChannel(
+        token=settings.discord_token,
+        api_url=settings.discord_api_url,
+        gateway_url=settings.discord_gateway_url,
+    )
+
+
+PLATFORMS: tuple[PlatformSpec, ...] = (
+    PlatformSpec(
+        "slack",
+        "slack",
+        ("slack_bot_token", "slack_app_token", "slack_signing_secret"),
+        _slack,
+        _slack_problems,
+    ),
+    PlatformSpec("discord", "discord", ("discord_token",), _discord, lambda s: []),
+)
+
+
+def configured_platforms(settings: Any) -> list[PlatformSpec]:
+    return [p for p in PLATFORMS if any(getattr(settings, k, "") for k in p.keys)]
+
+
+def wrap(adapter: Channel, settings: Any, clock: Clock, data_dir: Path) -> Outbox:
+    spec = next((p for p in PLATFORMS if p.name == adapter.name), None)
+    return Outbox(
+        adapter,
+        clock=clock,
+        undelivered=UndeliveredStore(data_dir),
+        dialect=spec.dialect if spec else "markdown",
+        status_progress=spec is not None,  # chat platforms: a status message edited in place
+        retries=settings.delivery_retries,
+        backoff=settings.delivery_backoff,
+        backoff_max=settings.delivery_backoff_max,
+    )

@@ -1,0 +1,208 @@
+"""The shared delivery layer: retries honour Retry-After on the clock, failures are
+kept, long answers split, buttons degrade to text, progress becomes a status message."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bot.channels import Outbox, UndeliveredStore
+from core.clock import SimClock
+from core.events import (
+    ApprovalRequest,
+    Button,
+    Capabilities,
+    ChannelHealth,
+    DeliveryError,
+    MessageRef,
+    Progress,
+    Suggestion,
+)
+from core.formatting import FENCE_RE
+
+
+class PlatformDouble:
+    """Stands in for a platform (not for Steward code): records calls, fails on demand."""
+
+    name = "slack"
+
+    def __init__(self, caps: Capabilities) -> None:
+        self.capabilities = caps
+        self.health = ChannelHealth(state="connected")
+        self.calls: list[tuple[str, Any]] = []
+        self.failures: list[DeliveryError] = []
+        self.n = 0
+        self.clock: SimClock | None = None
+        self.attempt_times: list[float] = []
+
+    def _maybe_fail(self) -> None:
+        if self.clock is not None:
+            self.attempt_times.append(self.clock.elapsed)
+        if self.failures:
+            raise self.failures.pop(0)
+
+    async def start(self, dispatch: Any) -> None: ...
+    async def stop(self) -> None: ...
+
+    async def send(self, conversation: str, text: str, *, thread: str | None = None) -> MessageRef:
+        self._maybe_fail()
+        self.n += 1
+        self.calls.append(("send", text))
+        return MessageRef(self.name, conversation, f"m{self.n}", thread)
+
+    async def edit(
+        self, ref: MessageRef, text: str, *, buttons: list[Button] | None = None
+    ) -> None:
+        self._maybe_fail()
+        self.calls.append(("edit", (ref.id, text)))
+
+    async def send_approval(
+        self, request: ApprovalRequest, *, thread: str | None = None
+    ) -> MessageRef:
+        self._maybe_fail()
+        self.calls.append(("approval", [b.label for b in request.buttons]))
+        return MessageRef(self.name, request.conversation, "a1")
+
+    async def send_suggestion(
+        self, suggestion: Suggestion, *, thread: str | None = None
+    ) -> MessageRef:
+        self.calls.append(("suggestion", suggestion.text))
+        return MessageRef(self.name, suggestion.conversation, "s1")
+
+    async def typing(self, conversation: str) -> None: ...
+    async def progress(self, conversation: str, event: Progress) -> None: ...
+
+    async def send_private(self, conversation: str, user: str, text: str) -> None:
+        self.calls.append(("private", (user, text)))
+
+
+CAPS = Capabilities(buttons=True, edit=True, max_length=200, max_buttons=4, max_label_length=30)
+
+
+def outbox(
+    tmp_path: Path, caps: Capabilities = CAPS, **kw: Any
+) -> tuple[Outbox, PlatformDouble, SimClock]:
+    clock = SimClock(0.0)
+    platform = PlatformDouble(caps)
+    platform.clock = clock
+    box = Outbox(
+        platform,
+        clock=clock,
+        undelivered=UndeliveredStore(tmp_path),
+        dialect="slack",
+        retries=3,
+        backoff=1.0,
+        backoff_max=10.0,
+        **kw,
+    )
+    return box, platform, clock
+
+
+async def run_on_clock(clock: SimClock, coro: Any) -> Any:
+    task = asyncio.create_task(coro)
+    clock.activity.inc()
+    task.add_done_callback(lambda _t: clock.activity.dec())
+    await asyncio.sleep(0)
+    await clock.advance_to(10_000)
+    return await task
+
+
+async def test_rate_limit_honours_retry_after(tmp_path: Path) -> None:
+    box, platform, clock = outbox(tmp_path)
+    platform.failures = [DeliveryError("429", retry_after=30.0)]
+    ref = await run_on_clock(clock, box.send("C1", "hello"))
+    assert ref.id == "m1" and platform.calls == [("send", "hello")]
+    assert platform.attempt_times[0] == 0 and platform.attempt_times[1] >= 30.0
+
+
+async def test_transient_errors_back_off_then_are_kept(tmp_path: Path) -> None:
+    box, platform, clock = outbox(tmp_path)
+    platform.failures = [DeliveryError("502") for _ in range(10)]
+    with pytest.raises(DeliveryError):
+        await run_on_clock(clock, box.send("C1", "lost?"))
+    assert len(platform.failures) == 6  # 1 try + 3 retries
+    gaps = [b - a for a, b in zip(platform.attempt_times, platform.attempt_times[1:], strict=False)]
+    assert [0.5 <= g <= 1 for g in gaps[:1]] == [True]  # jittered exponential backoff
+    assert 1 <= gaps[1] <= 2 and 2 <= gaps[2] <= 4
+    [kept] = [
+        json.loads(x) for x in (tmp_path / "outbox/undelivered.jsonl").read_text().splitlines()
+    ]
+    assert kept["text"] == "lost?" and kept["conversation"] == "C1" and "502" in kept["error"]
+
+
+async def test_permanent_errors_are_not_retried(tmp_path: Path) -> None:
+    box, platform, _clock = outbox(tmp_path)
+    platform.failures = [DeliveryError("channel_not_found", transient=False)]
+    with pytest.raises(DeliveryError, match="channel_not_found"):
+        await box.send("C1", "x")
+    assert platform.attempt_times == [0] and UndeliveredStore(tmp_path).count() == 1
+
+
+async def test_long_answer_split_and_converted(tmp_path: Path) -> None:
+    box, platform, _ = outbox(tmp_path)
+    code = "```\n" + "\n".join(f"line {i}" for i in range(40)) + "\n```"
+    await box.send("C1", "**Result**\n\n" + code)
+    sent = [t for kind, t in platform.calls if kind == "send"]
+    assert len(sent) > 1 and all(len(t) <= 200 for t in sent)
+    assert sent[0].startswith("*Result*")  # Slack mrkdwn
+    assert all(sum(bool(FENCE_RE.match(x)) for x in t.split("\n")) % 2 == 0 for t in sent)
+
+
+def request(buttons: int = 4, label: str = "Approve once") -> ApprovalRequest:
+    return ApprovalRequest(
+        id="ab12cd34",
+        what="shell: git push",
+        why="pushes",
+        risk="remote",
+        asked_by="U1",
+        conversation="C1",
+        channel="slack",
+        expires_at=600,
+        buttons=[Button(label, "approve:ab12cd34")]
+        + [Button("Deny", "deny:ab12cd34")] * (buttons - 1),
+    )
+
+
+async def test_approval_with_buttons(tmp_path: Path) -> None:
+    box, platform, _ = outbox(tmp_path)
+    await box.send_approval(request())
+    assert platform.calls[0][0] == "approval"
+
+
+@pytest.mark.parametrize(
+    "caps, req",
+    [
+        (Capabilities(buttons=False, edit=True, max_length=500), request()),
+        (CAPS, request(buttons=6)),
+        (CAPS, request(label="A label far longer than thirty characters")),
+    ],
+)
+async def test_approval_degrades_to_text(
+    tmp_path: Path, caps: Capabilities, req: ApprovalRequest
+) -> None:
+    box, platform, _ = outbox(tmp_path, caps)
+    await box.send_approval(req)
+    [(kind, text)] = platform.calls
+    assert kind == "send" and "/approve ab12cd34" in text and "/deny ab12cd34" in text
+
+
+async def test_progress_is_one_status_message_edited_in_place(tmp_path: Path) -> None:
+    box, platform, _ = outbox(tmp_path, status_progress=True)
+    assert box.capabilities.live_progress
+    await box.progress("C1", Progress("tool_start", "t1", tool="shell", text="ls"))
+    await box.progress("C1", Progress("tool_end", "t1", tool="shell", ok=True))
+    await box.progress("C1", Progress("text", "t1", text="ignored"))
+    await box.send("C1", "the answer")
+    kinds = [k for k, _ in platform.calls]
+    assert kinds[0] == "send" and platform.calls[0][1].startswith("Working…")
+    assert kinds[-1] == "send" and platform.calls[-1][1] == "the answer"
+    final_status = [v for k, v in platform.calls if k == "edit"][-1]
+    assert (
+        final_status[0] == "m1"
+        and final_status[1].startswith("Done: 1 step")
+        and "✓ shell" in final_status[1]
+    )
