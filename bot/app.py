@@ -21,6 +21,7 @@ from core.conversations import Conversations
 from core.events import Channel
 from core.guardian import Guardian
 from core.llm import LLMClient
+from core.suggestions import Suggestions
 from core.tools import ALL_TOOLS
 from core.tools.base import ToolContext
 from memory.approvals import ApprovalStore
@@ -75,6 +76,7 @@ class App:
         self.rules = RuleStore(self.data_dir)
         self.guardian = Guardian(self.workspace, overlay_path=self.data_dir / "policy.toml")
         self.access = Access.from_settings(settings, data_dir=self.data_dir, clock=self.clock)
+        self.suggestions = Suggestions(self.clock, self.data_dir)
         self.approvals = Approvals(
             self.clock,
             ApprovalStore(self.data_dir),
@@ -125,6 +127,7 @@ class App:
             agent=agent,
             rules=self.rules,
             access=self.access,
+            suggestions=self.suggestions,
             policy=self.guardian,
             no_model_message=NO_MODEL_MESSAGE,
             history_turns=settings.history_turns,

@@ -20,6 +20,7 @@ from core.agent import Agent, TaskRequest, TaskResult
 from core.approvals import ACTIONS, ALWAYS, APPROVE, DENY, SESSION, Approvals
 from core.conversations import Conversations
 from core.events import ButtonPress, Cancel, Channel, Inbound, Message, MessageRef, Progress
+from core.suggestions import NO, YES, Suggestions
 from memory.rules import RuleStore
 
 log = structlog.get_logger("steward.dispatcher")
@@ -50,6 +51,7 @@ class Dispatcher:
     agent: Agent | None
     rules: RuleStore
     access: Access
+    suggestions: Suggestions
     #: The guardian's overlay, for /policy (describe_overlay, revoke); None hides it.
     policy: Any = None
     #: Sent instead of running a task when no model is configured.
@@ -113,9 +115,25 @@ class Dispatcher:
             if not answer.decided:  # the edited request already shows a decision
                 await self._private(channel, event.conversation, event.user, answer.text)
             return
+        if event.value.partition(":")[0] in (YES, NO):
+            await self._suggestion(channel, event.conversation, event.user, event.value, None)
+            return
         await self._private(
             channel, event.conversation, event.user, "That button is no longer active."
         )
+
+    async def _suggestion(
+        self, channel: Channel, conversation: str, user: str, value: str, thread: str | None
+    ) -> None:
+        answer = await self.suggestions.answer(value, user)
+        if not answer.decided:
+            await self._private(channel, conversation, user, answer.text)
+        elif answer.task:
+            await self._task(
+                Message(channel.name, conversation, user, answer.task, thread=thread),
+                channel,
+                answer.task,
+            )
 
     async def _cancel(self, channel: Channel, conversation: str) -> None:
         key = self.key(channel, conversation)
@@ -152,6 +170,8 @@ class Dispatcher:
                 f"{action if name == APPROVE else DENY}:{rid}", msg.user
             )
             await self.say(channel, msg.conversation, answer.text, msg.thread)
+        elif name == "suggestion":
+            await self._suggestion(channel, msg.conversation, msg.user, arg, msg.thread)
         elif name == "pair":
             await self.say(
                 channel, msg.conversation, self.access.pair(channel.name, msg.user, arg), msg.thread

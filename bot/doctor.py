@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 from bot.app import ensure_dir
 from config.settings import ConfigError, Settings
@@ -114,15 +116,85 @@ async def _model(settings: Settings) -> list[Check]:
     return checks
 
 
-def _channels() -> list[Check]:
-    return [
-        Check(
-            "channels",
-            True,
-            "terminal and local web chat are always available; "
-            "chat platforms are configured per platform (README → Channels)",
+async def _channels(settings: Settings) -> list[Check]:
+    """Per configured platform: settings problems, then a real credential check, then the
+    live health of a running Steward (its /healthz), if one answers."""
+    from bot.channels import configured_platforms
+
+    checks = [Check("channels", True, "terminal and local web chat are always available")]
+    live = await _live_health(settings)
+    specs = configured_platforms(settings)
+    if not specs:
+        checks.append(Check("chat platforms", True, "none configured (README → Slack, Discord)"))
+    for spec in specs:
+        problems = spec.problems(settings)
+        if problems:
+            checks.append(Check(spec.name, False, " ".join(problems), "see README"))
+            continue
+        try:
+            adapter = spec.build(settings)
+            who = await asyncio.wait_for(adapter.check_credentials(), 20)  # type: ignore[attr-defined]
+        except Exception as exc:
+            checks.append(
+                Check(
+                    spec.name,
+                    False,
+                    f"credentials rejected or unreachable: {exc}",
+                    f"check the STEWARD_{spec.name.upper()}_* settings",
+                )
+            )
+            continue
+        state = live.get(spec.name) if live else None
+        if state is None:
+            checks.append(Check(spec.name, True, f"credentials OK ({who}); not running here"))
+        elif state["state"] in ("down", "deaf"):
+            checks.append(
+                Check(
+                    spec.name,
+                    False,
+                    f"credentials OK ({who}) but the running channel is {state['state']}: "
+                    f"{state['detail']}",
+                    "see the adapter.* log lines of `steward run`",
+                )
+            )
+        else:
+            checks.append(
+                Check(
+                    spec.name,
+                    True,
+                    f"{who}; running: {state['state']} ({state['reconnects']} reconnects)",
+                )
+            )
+    if live and live.get("_undelivered"):
+        checks.append(
+            Check(
+                "delivery",
+                True,
+                f"{live['_undelivered']} undelivered message(s) kept in "
+                f"{settings.data_dir}/outbox/undelivered.jsonl",
+                "read them there",
+                warn=True,
+            )
         )
-    ]
+    return checks
+
+
+async def _live_health(settings: Settings) -> dict[str, Any] | None:
+    """The /healthz of a Steward running with these settings, or None."""
+    import aiohttp
+
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(
+                f"http://{host}:{settings.port}/healthz", timeout=aiohttp.ClientTimeout(total=2)
+            ) as r:
+                data = await r.json()
+    except Exception:
+        return None
+    channels = dict(data.get("channels") or {})
+    channels["_undelivered"] = data.get("undelivered", 0)
+    return channels
 
 
 async def run_doctor(settings: Settings) -> int:
@@ -130,7 +202,7 @@ async def run_doctor(settings: Settings) -> int:
     checks += _dirs(settings)
     checks.append(_port(settings))
     checks += await _model(settings)
-    checks += _channels()
+    checks += await _channels(settings)
     failed = 0
     for c in checks:
         mark = "!" if c.warn else ("✓" if c.ok else "✗")

@@ -1,0 +1,137 @@
+"""Unprompted suggestions: offered with "Yes, help" / "No thanks", every answer recorded.
+
+This is the delivery-and-answer half that every channel needs; deciding *when* to
+suggest (frustration signals, thresholds that adapt to refusals) belongs to the
+proactive engine, which calls `offer` and reads the recorded answers. Records live
+in `<data dir>/suggestions/<id>.md` so the engine's learning survives restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import frontmatter
+import structlog
+import yaml
+
+from core.clock import Clock
+from core.events import Button, Channel, MessageRef, Suggestion
+from memory.atomic import atomic_write_text
+
+log = structlog.get_logger("steward.suggestions")
+
+YES = "suggest-yes"
+NO = "suggest-no"
+
+
+@dataclass(slots=True)
+class Answer:
+    text: str
+    #: The task to start when the person accepted; None otherwise.
+    task: str | None = None
+    decided: bool = False
+
+
+class Suggestions:
+    def __init__(self, clock: Clock, data_dir: Path) -> None:
+        self.clock = clock
+        self.root = data_dir / "suggestions"
+        self._open: dict[str, tuple[dict[str, Any], Channel, MessageRef | None]] = {}
+
+    def _path(self, sid: str) -> Path:
+        return self.root / f"{sid}.md"
+
+    async def _save(self, record: dict[str, Any]) -> None:
+        head = yaml.safe_dump(record, sort_keys=False, allow_unicode=True)
+        await asyncio.to_thread(
+            atomic_write_text, self._path(record["id"]), f"---\n{head}---\n\n{record['text']}\n"
+        )
+
+    def _load(self, sid: str) -> dict[str, Any] | None:
+        path = self._path(sid)
+        if not path.is_file():
+            return None
+        try:
+            return dict(frontmatter.loads(path.read_text(encoding="utf-8")).metadata)
+        except (OSError, ValueError, yaml.YAMLError):
+            log.warning("suggestions.malformed", path=str(path))
+            return None
+
+    def open_in(self, conversation: str) -> bool:
+        return any(r["conversation"] == conversation for r, _, _ in self._open.values())
+
+    async def offer(
+        self,
+        channel: Channel,
+        *,
+        user: str,
+        conversation: str,
+        text: str,
+        task: str,
+        thread: str | None = None,
+    ) -> str:
+        sid = secrets.token_hex(4)
+        suggestion = Suggestion(
+            id=sid,
+            text=text,
+            conversation=conversation,
+            channel=channel.name,
+            user=user,
+            buttons=[
+                Button("Yes, help", f"{YES}:{sid}", "primary"),
+                Button("No thanks", f"{NO}:{sid}"),
+            ],
+        )
+        record = {
+            "id": sid,
+            "status": "open",
+            "user": user,
+            "channel": channel.name,
+            "conversation": conversation,
+            "text": text,
+            "task": task,
+            "offered_at": self.clock.now(),
+        }
+        await self._save(record)
+        ref = await channel.send_suggestion(suggestion, thread=thread)
+        self._open[sid] = (record, channel, ref)
+        log.info("suggestion.offered", suggestion=sid, user=user, conversation=conversation)
+        return sid
+
+    async def answer(self, value: str, user: str) -> Answer:
+        action, _, sid = value.partition(":")
+        entry = self._open.get(sid)
+        if entry is None:
+            record = self._load(sid)
+            if record is not None and record["status"] != "open":
+                return Answer(f"You already answered this suggestion ({record['status']}).")
+            return Answer("That suggestion is no longer open.")
+        record, channel, ref = entry
+        if user != record["user"]:
+            return Answer("This suggestion was for someone else.")
+        accepted = action == YES
+        record.update(status="accepted" if accepted else "refused", answered_at=self.clock.now())
+        del self._open[sid]
+        await self._save(record)
+        log.info("suggestion.answered", suggestion=sid, accepted=accepted)
+        if ref is not None:
+            outcome = "Yes — working on it." if accepted else "No thanks — noted."
+            try:
+                await channel.edit(ref, f"{record['text']}\n\n{outcome}", buttons=[])
+            except Exception:
+                log.warning("suggestion.edit_failed", suggestion=sid, exc_info=True)
+        return Answer("", task=record["task"] if accepted else None, decided=True)
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every stored suggestion with its answer (for the proactive engine and tests)."""
+        out = []
+        if self.root.is_dir():
+            for path in sorted(self.root.glob("*.md")):
+                record = self._load(path.stem)
+                if record is not None:
+                    out.append(record)
+        return out

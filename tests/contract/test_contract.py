@@ -1,0 +1,184 @@
+"""The channel contract, the same for every platform: the real adapter and its unmodified
+SDK over real HTTP/WebSocket to the platform's wire-level fake, behind the real channel
+layer, dispatcher, approvals and agent (the model is the scripted server)."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from bot.app import App
+from bot.channels import Outbox
+from tests.contract.harness import Harness, Sent
+from tests.fakes.llm import ScriptedLLM
+
+PLATFORMS = {
+    "slack": ("tests.contract.slack_harness", "SlackHarness"),
+    "discord": ("tests.contract.discord_harness", "DiscordHarness"),
+}
+
+
+async def until(pred: Callable[[], Any], limit: float = 15.0, what: str = "") -> Any:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what or pred}")
+
+
+class Rig:
+    def __init__(self, harness: Harness, app: App, outbox: Outbox, llm: ScriptedLLM) -> None:
+        self.h, self.app, self.outbox, self.llm = harness, app, outbox, llm
+
+    async def reply_to(self, pred: Callable[[Sent], bool], what: str) -> Sent:
+        return await until(lambda: next((s for s in self.h.sent() if pred(s)), None), what=what)
+
+
+@pytest.fixture(params=sorted(PLATFORMS))
+async def rig(
+    request: pytest.FixtureRequest, llm: ScriptedLLM, settings_for: Callable
+) -> AsyncIterator[Rig]:
+    module, cls = PLATFORMS[request.param]
+    harness: Harness = getattr(importlib.import_module(module), cls)()
+    await harness.start()
+    name = harness.name
+    settings = settings_for(
+        llm,
+        **{f"{name}_allowed_users": harness.user, f"{name}_admins": harness.user},
+        delivery_backoff=0.05,
+    )
+    app = App(settings)
+    [outbox] = await app.start([harness.channel])
+    try:
+        yield Rig(harness, app, outbox, llm)
+    finally:
+        await app.stop()
+        await harness.stop()
+
+
+async def test_text_round_trip_in_dialect(rig: Rig) -> None:
+    rig.llm.reply_text("Hello **there**, all good.")
+    await rig.h.user_says("hi")
+    sent = await rig.reply_to(lambda s: "Hello" in s.text, "the reply")
+    assert sent.conversation == rig.h.dm
+    expected = {"slack": "Hello *there*, all good.", "discord": "Hello **there**, all good."}
+    assert sent.text == expected[rig.h.name]
+    assert rig.llm.last_user_text() == "hi"
+
+
+async def test_long_answer_is_split_at_the_platform_limit(rig: Rig) -> None:
+    paragraphs = [f"Paragraph {i}: " + "word " * 150 for i in range(12)]
+    rig.llm.reply_text("\n\n".join(paragraphs))
+    await rig.h.user_says("write a lot")
+    await rig.reply_to(lambda s: s.text.startswith("Paragraph 11"), "the last piece")
+    pieces = [s for s in rig.h.sent() if s.text.startswith("Paragraph")]
+    limit = rig.h.channel.capabilities.max_length
+    assert len(pieces) > 1 and all(len(s.text) <= limit for s in pieces)
+    assert sum(s.text.count("Paragraph ") for s in pieces) == 12
+
+
+async def test_approval_buttons_press_and_outcome_edit(rig: Rig, tmp_path: Any) -> None:
+    rig.llm.reply_tool("shell", {"command": "echo approved > ../contract.txt"})
+    rig.llm.reply_text("Wrote contract.txt next to the workspace.")
+    await rig.h.user_says("write outside")
+    approval = await rig.reply_to(lambda s: bool(s.buttons), "the approval")
+    labels = [label for label, _ in approval.buttons]
+    assert labels == ["Approve once", "Approve for this session", "Always allow", "Deny"]
+    value = approval.buttons[0][1]
+    await rig.h.press(approval.id, value)
+    await rig.reply_to(lambda s: s.text.startswith("Wrote contract.txt"), "the answer")
+    ack = rig.h.acknowledged_within()
+    assert ack is not None and ack < 3.0
+    edited = next(s for s in rig.h.sent() if s.id == approval.id)
+    assert "Approved by" in edited.text and rig.h.user in edited.text
+    assert edited.buttons == []
+    assert (tmp_path / "contract.txt").read_text() == "approved\n"
+
+
+async def test_stranger_press_is_refused(rig: Rig, tmp_path: Any) -> None:
+    rig.llm.reply_tool("shell", {"command": "echo x > ../stranger.txt"})
+    await rig.h.user_says("write outside")
+    approval = await rig.reply_to(lambda s: bool(s.buttons), "the approval")
+    await rig.h.press(approval.id, approval.buttons[0][1], user=rig.h.stranger)
+    note = await rig.reply_to(lambda s: s.to == rig.h.stranger, "the private refusal")
+    assert note.text
+    await asyncio.sleep(0.3)
+    still = next(s for s in rig.h.sent() if s.id == approval.id)
+    assert len(still.buttons) == 4  # undecided
+    assert not (tmp_path / "stranger.txt").exists()
+    assert rig.app.approvals.pending()
+
+
+async def test_suggestion_no_thanks_is_recorded(rig: Rig) -> None:
+    await rig.app.suggestions.offer(
+        rig.outbox,
+        user=rig.h.user,
+        conversation=rig.h.dm,
+        text="The last 3 deploys failed on the same missing variable. Want me to check?",
+        task="check the deploy config",
+    )
+    offer = await rig.reply_to(lambda s: bool(s.buttons), "the suggestion")
+    assert [label for label, _ in offer.buttons] == ["Yes, help", "No thanks"]
+    await rig.h.press(offer.id, offer.buttons[1][1])
+    await until(
+        lambda: any(r["status"] == "refused" for r in rig.app.suggestions.records()),
+        what="the refusal record",
+    )
+    edited = await rig.reply_to(lambda s: s.id == offer.id and "No thanks" in s.text, "the edit")
+    assert edited.buttons == []
+    assert rig.llm.requests == []  # "no" starts nothing
+
+
+async def test_rules_list_command(rig: Rig) -> None:
+    await rig.h.user_says("/rules list")
+    sent = await rig.reply_to(lambda s: "rules" in s.text.lower(), "the rules list")
+    assert "No rules yet" in sent.text
+
+
+async def test_rate_limit_retry_after_is_honoured(rig: Rig) -> None:
+    rig.llm.reply_text("after the rate limit")
+    rig.h.rate_limit_next(1.0)
+    t0 = time.monotonic()
+    await rig.h.user_says("hi")
+    await rig.reply_to(lambda s: s.text == "after the rate limit", "the delayed reply")
+    assert time.monotonic() - t0 >= 1.0
+
+
+async def test_reconnect_after_the_connection_drops(rig: Rig) -> None:
+    rig.llm.reply_text("still here")
+    await rig.h.drop_connection()
+    await until(
+        lambda: rig.outbox.health.state == "connected" and rig.outbox.health.reconnects,
+        what="the reconnect",
+    )
+    await rig.h.user_says("are you there?")
+    await rig.reply_to(lambda s: s.text == "still here", "the reply after reconnecting")
+
+
+async def test_forged_inbound_is_refused(rig: Rig) -> None:
+    status = await rig.h.forged_inbound()
+    assert status in (0, 401, 403)
+    await asyncio.sleep(0.3)
+    assert rig.llm.requests == [] and rig.h.sent() == []
+
+
+async def test_stranger_message_never_reaches_the_model(rig: Rig) -> None:
+    await rig.h.user_says("run rm -rf ~", user=rig.h.stranger)
+    refusal = await rig.reply_to(lambda s: "don't know you" in s.text, "the refusal")
+    assert "/pair" in refusal.text and rig.llm.requests == []
+
+
+async def test_group_mention_answers_in_thread(rig: Rig) -> None:
+    if not rig.h.channel.capabilities.threads:
+        pytest.skip("no threads on this platform")
+    rig.llm.reply_text("answered in the thread")
+    await rig.h.user_says("help here", group=True, mention=True)
+    sent = await rig.reply_to(lambda s: s.text == "answered in the thread", "the reply")
+    assert sent.conversation == rig.h.group
