@@ -170,6 +170,14 @@ class Dispatcher:
                 f"{action if name == APPROVE else DENY}:{rid}", msg.user
             )
             await self.say(channel, msg.conversation, answer.text, msg.thread)
+        elif name == "pause":
+            await self.say(
+                channel,
+                msg.conversation,
+                "Nothing to pause: Steward's own work queue (perpetual mode) is not running. "
+                "Use /cancel to stop the task running here.",
+                msg.thread,
+            )
         elif name == "suggestion":
             await self._suggestion(channel, msg.conversation, msg.user, arg, msg.thread)
         elif name == "pair":
@@ -179,6 +187,7 @@ class Dispatcher:
         elif name == "policy":
             await self.say(channel, msg.conversation, self._policy(channel, msg, arg), msg.thread)
         elif name == "rules":
+            arg = arg.removeprefix("list").strip()  # `/rules list [status]` and `/rules [status]`
             await self.say(
                 channel, msg.conversation, self.rules.render_list(arg or None), msg.thread
             )

@@ -16,6 +16,10 @@ import pytest
 from config.settings import Settings, load_settings
 from tests.fakes.llm import ScriptedLLM
 
+# Everything in the tests talks to 127.0.0.1; a proxy from the environment would
+# swallow that traffic (slack_sdk ignores NO_PROXY).
+for _var in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+    os.environ.pop(_var, None)
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("LITELLM_OFFLINE_MODE", "true")
 

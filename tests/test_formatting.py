@@ -65,9 +65,9 @@ def test_random_documents(seed: int) -> None:
     pieces = split_message(text, limit)
     assert all(len(p) <= limit for p in pieces), [len(p) for p in pieces]
     assert all(fences_balanced(p) for p in pieces)
-    assert " ".join(content_lines("\n".join(pieces))).split() == " ".join(
-        content_lines(text)
-    ).split()
+    assert (
+        " ".join(content_lines("\n".join(pieces))).split() == " ".join(content_lines(text)).split()
+    )
 
 
 SAMPLE = (

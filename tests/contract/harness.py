@@ -46,8 +46,15 @@ class Harness(Protocol):
 
     async def stop(self) -> None: ...
 
-    async def user_says(self, text: str, *, user: str | None = None, group: bool = False,
-                        mention: bool = True, thread: str | None = None) -> None:
+    async def user_says(
+        self,
+        text: str,
+        *,
+        user: str | None = None,
+        group: bool = False,
+        mention: bool = True,
+        thread: str | None = None,
+    ) -> None:
         """The platform delivers a message from a person to the bot (over its real inbound
         path: a gateway/socket event, or a signed webhook POST)."""
         ...

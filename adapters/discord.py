@@ -1,0 +1,839 @@
+"""Discord: the gateway in, REST out, message components for buttons.
+
+discord.py's ``Client`` owns the gateway (heartbeats, zlib, sequence numbers,
+RESUME after a drop, the guild/channel cache that tells a DM from a thread); this
+module only turns its events into `Message` / `ButtonPress` and renders outbound
+messages as Discord JSON. Outbound payloads are built here (not through
+``discord.ui.View``) so that the exact JSON Discord receives is ours and can be
+golden-tested, and so that no per-message view objects accumulate in the SDK.
+
+Conversations: a conversation is the Discord channel a message was written in.
+A thread is a channel of its own on Discord, so a message in a thread has
+``conversation == thread == <thread id>``: replies, typing, `/cancel` and even a
+caller that forgets ``thread=`` all stay in the thread. Guild messages reach
+Steward only when they @-mention the bot (the mention is stripped); DMs always do.
+Bots, webhooks and the bot itself are ignored, so our own replies never come back
+as inbound.
+
+Traps found in discord.py 2.7.1 (and handled here):
+
+* **429s and 5xx never reach a caller by default.** ``HTTPClient.request`` sleeps
+  ``retry_after`` and retries a 429 up to five times, and retries 500/502/504/524
+  with 1+3+5+7+9 s sleeps; the interaction webhook adapter does the same with no
+  limit option at all. ``max_ratelimit_timeout`` cannot help: it is clamped to
+  at least 30 s, so a 2-second 429 is still slept on inside the SDK. Retrying is
+  the channel layer's job (bot/channels.py), so the adapter passes a public
+  ``http_trace`` whose ``on_request_end`` raises `_Refused` for any 429/5xx before
+  discord.py looks at the status: one request, one `DeliveryError` (with
+  Discord's JSON ``retry_after``), no hidden sleeps.
+* A 429 without a ``Via`` header is a Cloudflare ban, not a rate limit.
+* A gateway event discord.py cannot parse raises out of ``Client.connect`` and
+  ends the connection loop; the adapter restarts it (new session) with backoff.
+* ``Client.run`` installs signal handlers and owns the loop, so the adapter uses
+  ``login`` + ``connect`` in a task; ``_set_api_version`` would rewrite the
+  REST base back to discord.com, so it is never called.
+* REST and gateway URLs are process-global class attributes
+  (``discord.http.Route.BASE``, ``DiscordWebSocket.DEFAULT_GATEWAY``): one API
+  URL per process. Reconnects use READY's ``resume_gateway_url``.
+
+Slash commands `/rules`, `/approve`, `/deny`, `/pause` are registered globally at
+start (one bulk PUT). Their interaction is deferred at once ("thinking…") and the
+next reply sent to that conversation becomes the command's answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+import time
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+import aiohttp
+import discord
+import discord.gateway
+import discord.http
+import structlog
+import yarl
+from discord import app_commands
+
+from core.events import (
+    ApprovalRequest,
+    Button,
+    ButtonPress,
+    Capabilities,
+    ChannelHealth,
+    DeliveryError,
+    Dispatch,
+    Inbound,
+    Message,
+    MessageRef,
+    Progress,
+    Suggestion,
+)
+
+log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
+
+#: discord.py's own targets; an adapter without overrides restores them, because the
+#: attributes are process-global and a previous instance may have redirected them.
+DISCORD_API_URL = "https://discord.com/api/v10"
+DISCORD_GATEWAY_URL = "wss://gateway.discord.gg/"
+
+#: Interaction tokens live 15 minutes; keep a margin so a followup never races expiry.
+INTERACTION_TTL = 14 * 60.0
+MAX_BUTTONS = 25
+BUTTONS_PER_ROW = 5
+MAX_LABEL = 80
+MAX_CUSTOM_ID = 100
+#: Discord button styles: primary → success (green), danger → danger (red), else grey.
+BUTTON_STYLES = {
+    "primary": discord.ButtonStyle.success.value,
+    "danger": discord.ButtonStyle.danger.value,
+    "default": discord.ButtonStyle.secondary.value,
+}
+#: Model and tool output must never ping @everyone, roles or people.
+NO_PINGS: dict[str, list[str]] = {"parse": []}
+EPHEMERAL = 64
+
+TOKEN_REFUSED = (
+    "Discord refused STEWARD_DISCORD_TOKEN (401 Unauthorized): copy the bot token from the "
+    "developer portal (Applications → your app → Bot → Reset Token) into STEWARD_DISCORD_TOKEN"
+)
+INTENT_HINT = (
+    "Discord closed the gateway with 4014 (disallowed intents): enable the MESSAGE CONTENT "
+    "intent in the Discord developer portal (Applications → your app → Bot → Privileged "
+    "Gateway Intents), then restart Steward"
+)
+AUTH_FAILED = (
+    "Discord closed the gateway with 4004 (authentication failed): the token in "
+    "STEWARD_DISCORD_TOKEN was refused; reset it in the developer portal and set it again"
+)
+#: First delay before restarting a gateway loop that crashed; doubles up to the cap.
+RESTART_DELAY = 1.0
+RESTART_DELAY_MAX = 60.0
+
+
+class _Refused(aiohttp.ClientResponseError):
+    """A 429 or 5xx, raised by our trace hook so that discord.py cannot retry it.
+
+    It subclasses ``aiohttp.ClientError`` on purpose: where discord.py does see it
+    (the gateway handshake inside ``Client.connect``), it is handled as a network
+    error, i.e. a reconnect with backoff.
+    """
+
+    def __init__(
+        self,
+        request_info: aiohttp.RequestInfo,
+        *,
+        status: int,
+        message: str,
+        retry_after: float | None,
+        via: bool,
+    ) -> None:
+        super().__init__(request_info, (), status=status, message=message)
+        self.retry_after = retry_after
+        self.via = via
+
+
+async def _stop_sdk_retries(
+    session: aiohttp.ClientSession,
+    ctx: Any,
+    params: aiohttp.TraceRequestEndParams,
+) -> None:
+    """Turn a 429/5xx into `_Refused` before discord.py's retry loop sees the status."""
+    response = params.response
+    status = response.status
+    if status != 429 and status < 500:
+        return
+    retry_after: float | None = None
+    if status == 429:
+        body: Any = None
+        with contextlib.suppress(ValueError, aiohttp.ClientError):
+            body = json.loads(await response.read())
+        if isinstance(body, dict) and isinstance(body.get("retry_after"), int | float):
+            retry_after = float(body["retry_after"])
+        else:
+            with contextlib.suppress(TypeError, ValueError):
+                retry_after = float(response.headers.get("Retry-After", ""))
+    raise _Refused(
+        response.request_info,
+        status=status,
+        message=f"{params.method} {params.url.path}: {status} {response.reason or ''}".strip(),
+        retry_after=retry_after,
+        via=bool(response.headers.get("Via")),
+    )
+
+
+def _trace() -> aiohttp.TraceConfig:
+    trace = aiohttp.TraceConfig()
+    trace.on_request_end.append(_stop_sdk_retries)
+    return trace
+
+
+def delivery_error(what: str, exc: BaseException) -> DeliveryError | None:
+    """Translate an SDK/network error into `DeliveryError`; None for anything else (a bug)."""
+    if isinstance(exc, _Refused):
+        if exc.status == 429:
+            if not exc.via:
+                return DeliveryError(
+                    f"Discord {what}: 429 without a Via header (a Cloudflare block after too "
+                    "many invalid requests, not a rate limit)",
+                    retry_after=exc.retry_after,
+                )
+            return DeliveryError(
+                f"Discord {what}: rate limited, retry after {exc.retry_after}s",
+                retry_after=exc.retry_after,
+            )
+        return DeliveryError(f"Discord {what}: server error {exc.status}")
+    if isinstance(exc, discord.RateLimited):
+        return DeliveryError(
+            f"Discord {what}: rate limited, retry after {exc.retry_after:.2f}s",
+            retry_after=exc.retry_after,
+        )
+    if isinstance(exc, discord.LoginFailure):
+        return DeliveryError(TOKEN_REFUSED, transient=False)
+    if isinstance(exc, discord.HTTPException):
+        status = exc.status
+        detail = f"{exc.code} {exc.text}".strip() if exc.code else exc.text
+        if status == 429:
+            retry = None
+            with contextlib.suppress(TypeError, ValueError):
+                retry = float(exc.response.headers.get("Retry-After", ""))
+            return DeliveryError(f"Discord {what}: 429 {detail}", retry_after=retry)
+        if status >= 500:
+            return DeliveryError(f"Discord {what}: server error {status} {detail}")
+        hint = {
+            401: "the bot token was refused (STEWARD_DISCORD_TOKEN)",
+            403: "the bot lacks access or permission there (View Channel, Send Messages)",
+            404: "unknown channel, message or interaction",
+        }.get(status, "Discord refused the request")
+        return DeliveryError(f"Discord {what}: {status} {detail}: {hint}", transient=False)
+    if isinstance(exc, aiohttp.ClientError | OSError | TimeoutError):
+        return DeliveryError(f"Discord {what}: network error: {exc!r}")
+    return None
+
+
+async def _guard(what: str, call: Awaitable[T]) -> T:
+    """Await one SDK call; errors come out as `DeliveryError`, bugs unchanged."""
+    try:
+        return await call
+    except Exception as exc:
+        err = delivery_error(what, exc)
+        if err is None:
+            raise
+        raise err from exc
+
+
+def _snowflake(value: str, what: str) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise DeliveryError(f"{what} {value!r} is not a Discord id", transient=False) from None
+
+
+def _cut(label: str) -> str:
+    return label if len(label) <= MAX_LABEL else label[: MAX_LABEL - 1] + "…"
+
+
+def render_buttons(buttons: Sequence[Button]) -> list[dict[str, Any]]:
+    """Action rows of ≤5 buttons each; ``custom_id`` is the button's opaque value."""
+    if len(buttons) > MAX_BUTTONS:
+        raise DeliveryError(
+            f"{len(buttons)} buttons: Discord allows at most {MAX_BUTTONS}", transient=False
+        )
+    seen: set[str] = set()
+    for b in buttons:
+        if not 1 <= len(b.value) <= MAX_CUSTOM_ID:
+            raise DeliveryError(
+                f"button value of {len(b.value)} chars: Discord custom_id takes 1–{MAX_CUSTOM_ID}",
+                transient=False,
+            )
+        if b.value in seen:
+            raise DeliveryError(f"duplicate button value {b.value!r}", transient=False)
+        seen.add(b.value)
+    rows = []
+    for start in range(0, len(buttons), BUTTONS_PER_ROW):
+        rows.append(
+            {
+                "type": 1,
+                "components": [
+                    {
+                        "type": 2,
+                        "style": BUTTON_STYLES.get(b.style, BUTTON_STYLES["default"]),
+                        "label": _cut(b.label.strip() or b.value),
+                        "custom_id": b.value,
+                    }
+                    for b in buttons[start : start + BUTTONS_PER_ROW]
+                ],
+            }
+        )
+    return rows
+
+
+def message_payload(text: str, buttons: Sequence[Button] | None = None) -> dict[str, Any]:
+    """The JSON of a message create/edit. ``buttons=None`` leaves components out;
+    ``[]`` sends ``components: []``, which removes existing buttons on an edit."""
+    payload: dict[str, Any] = {"content": text, "allowed_mentions": NO_PINGS}
+    if buttons is not None:
+        payload["components"] = render_buttons(buttons)
+    return payload
+
+
+def _params(payload: dict[str, Any]) -> discord.http.MultipartParameters:
+    return discord.http.MultipartParameters(payload=payload, multipart=None, files=None)
+
+
+def _is_thread(channel: object) -> bool:
+    return isinstance(channel, discord.Thread)
+
+
+@dataclass(slots=True)
+class _Held:
+    """An interaction kept to answer later through its webhook (15-minute token)."""
+
+    interaction: discord.Interaction
+    message_id: str
+    expires: float
+
+
+class _Gateway(discord.Client):
+    """discord.py's Client with its events routed to the adapter."""
+
+    def __init__(self, adapter: DiscordChannel, **options: Any) -> None:
+        super().__init__(**options)
+        self.adapter = adapter
+        self.tree = app_commands.CommandTree(self)
+        adapter._register_commands(self.tree)
+
+    async def setup_hook(self) -> None:
+        await self.adapter._sync_commands(self)
+
+    async def on_connect(self) -> None:  # READY: a new gateway session
+        self.adapter._on_session(self)
+
+    async def on_resumed(self) -> None:
+        self.adapter._on_resumed()
+
+    async def on_disconnect(self) -> None:
+        self.adapter._on_disconnect()
+
+    async def on_message(self, message: discord.Message) -> None:
+        self.adapter._on_message(self, message)
+
+    async def on_interaction(self, interaction: discord.Interaction) -> None:
+        if interaction.type is discord.InteractionType.component:
+            await self.adapter._on_press(interaction)
+
+    async def on_error(self, event_method: str, /, *args: Any, **kwargs: Any) -> None:
+        log.exception("adapter.event_failed", channel="discord", event=event_method)
+
+
+class DiscordChannel:
+    """A Discord bot: DMs and @-mentions in, messages with buttons out."""
+
+    name = "discord"
+    capabilities = Capabilities(
+        buttons=True,
+        edit=True,
+        typing=True,
+        threads=True,
+        live_progress=False,
+        interactive=True,
+        max_length=2000,
+        max_buttons=MAX_BUTTONS,
+        max_label_length=MAX_LABEL,
+    )
+
+    def __init__(
+        self,
+        *,
+        token: str,
+        api_url: str = "",
+        gateway_url: str = "",
+        guild_ready_timeout: float = 2.0,
+        ready_timeout: float = 10.0,
+    ) -> None:
+        """``api_url``: REST base (``…/api/v10``; a bare origin gets ``/api/v10``);
+        ``gateway_url``: the first gateway URL (``ws(s)://…``). Empty = Discord's own.
+        ``ready_timeout``: how long `start` waits for the first READY before returning
+        with health still "starting" (the connection keeps trying in the background)."""
+        self._token = token.strip()
+        self._api_url = _rest_base(api_url) if api_url else DISCORD_API_URL
+        self._gateway_url = gateway_url or DISCORD_GATEWAY_URL
+        self._guild_ready_timeout = guild_ready_timeout
+        self._ready_timeout = ready_timeout
+        self.health = ChannelHealth()
+        self._client: _Gateway | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._ready = asyncio.Event()
+        self._dispatch: Dispatch | None = None
+        self._stopping = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        #: (conversation, user) -> the button press to answer privately (ephemeral).
+        self._presses: dict[tuple[str, str], _Held] = {}
+        #: conversation -> a deferred slash command whose answer is the next send.
+        self._commands: dict[str, _Held] = {}
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _redirect(self) -> None:
+        # Public class attributes, read on every Route() and every first connect.
+        discord.http.Route.BASE = self._api_url
+        discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY = yarl.URL(self._gateway_url)
+
+    def _new_client(self) -> _Gateway:
+        # Steward never joins voice: without this, every start logs "PyNaCl is not
+        # installed, voice will NOT be supported", which reads like a fault.
+        discord.VoiceClient.warn_nacl = False
+        discord.VoiceClient.warn_dave = False
+        intents = discord.Intents.default()
+        intents.message_content = True
+        intents.dm_messages = True
+        intents.guild_messages = True
+        return _Gateway(
+            self,
+            intents=intents,
+            guild_ready_timeout=self._guild_ready_timeout,
+            http_trace=_trace(),
+            allowed_mentions=discord.AllowedMentions.none(),
+            max_messages=None,
+            chunk_guilds_at_startup=False,
+        )
+
+    async def start(self, dispatch: Dispatch) -> None:
+        """Log in (REST), register the slash commands, open the gateway in a task.
+
+        Waits up to ``ready_timeout`` for READY. Raises `DeliveryError` when Discord
+        refuses us for good (bad token, MESSAGE CONTENT intent not enabled:
+        ``transient=False``) or is unreachable at login (``transient=True``); health
+        says the same. A gateway that is merely slow keeps connecting in the background.
+        """
+        if self._client is not None:
+            raise RuntimeError("DiscordChannel is already started")
+        self._dispatch = dispatch
+        self._stopping = False
+        self._ready = asyncio.Event()
+        self._redirect()
+        self.health.set("starting", "logging in")
+        client = self._new_client()
+        self._client = client
+        try:
+            await client.login(self._token)
+        except asyncio.CancelledError:
+            await client.close()
+            self._client = None
+            raise
+        except Exception as exc:
+            await client.close()
+            self._client = None
+            err = delivery_error("login", exc)
+            if err is None:
+                raise
+            self._down(str(err))
+            raise err from exc
+        self.health.set("starting", "connecting to the gateway")
+        self._task = asyncio.create_task(self._run(client), name="discord-gateway")
+        ready = asyncio.create_task(self._ready.wait())
+        await asyncio.wait(
+            {ready, self._task}, timeout=self._ready_timeout, return_when=asyncio.FIRST_COMPLETED
+        )
+        ready.cancel()
+        if self.health.state == "down":
+            # Refused for good: release the session now, so that a later start() (after
+            # the operator fixed the token or the portal setting) begins from scratch.
+            detail = self.health.detail
+            await self.stop()
+            self.health.set("down", detail)
+            raise DeliveryError(detail, transient=False)
+        log.info("adapter.started", channel=self.name, state=self.health.state)
+
+    async def _run(self, client: _Gateway) -> None:
+        """discord.py's connect loop (it reconnects and resumes by itself), restarted
+        when it dies of something it does not handle, e.g. an event it cannot parse."""
+        failures = 0
+        while not client.is_closed():
+            try:
+                await client.connect(reconnect=True)
+                return
+            except discord.PrivilegedIntentsRequired:
+                self._down(INTENT_HINT)
+                return
+            except discord.ConnectionClosed as exc:
+                self._down(AUTH_FAILED if exc.code == 4004 else f"gateway closed: {exc}")
+                return
+            except Exception as exc:
+                if self._stopping or client.is_closed():
+                    return
+                failures += 1
+                delay = min(RESTART_DELAY * 2 ** (failures - 1), RESTART_DELAY_MAX)
+                log.exception("adapter.gateway_failed", channel=self.name, retry_in=delay)
+                self.health.reconnects += 1
+                self.health.set("reconnecting", f"gateway loop failed: {type(exc).__name__}")
+                log.warning(
+                    "adapter.reconnect", channel=self.name, reconnects=self.health.reconnects
+                )
+                if client.ws is not None:
+                    with contextlib.suppress(Exception):
+                        await client.ws.close(code=4000)
+                await asyncio.sleep(delay)
+
+    async def stop(self) -> None:
+        """Close the gateway and HTTP session; in-flight dispatches are cancelled."""
+        self._stopping = True
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()
+        task, self._task = self._task, None
+        if task is not None:
+            try:
+                await asyncio.wait_for(task, 5.0)
+            except TimeoutError:
+                log.warning("adapter.stop_timeout", channel=self.name)
+            except Exception:
+                log.debug("adapter.stop_gateway_error", channel=self.name, exc_info=True)
+        self._presses.clear()
+        self._commands.clear()
+        self._dispatch = None
+        self.health.set("stopped")
+        log.info("adapter.stopped", channel=self.name)
+
+    async def check_credentials(self) -> str:
+        """For `steward doctor`: GET /users/@me → ``"bot NAME (ID)"``, or `DeliveryError`."""
+        self._redirect()
+        http = discord.http.HTTPClient(asyncio.get_running_loop(), http_trace=_trace())
+        try:
+            data = await _guard("GET /users/@me", http.static_login(self._token))
+        finally:
+            await http.close()
+        return f"bot {data['username']} ({data['id']})"
+
+    # ------------------------------------------------------------------ health
+
+    def _down(self, detail: str) -> None:
+        self.health.set("down", detail)
+        self._ready.set()
+        log.error("adapter.down", channel=self.name, detail=detail)
+
+    def _on_session(self, client: _Gateway) -> None:
+        was = self.health.state
+        user = client.user
+        self.health.set("connected", f"as {user} ({user.id})" if user else "")
+        self._ready.set()
+        if was == "reconnecting":
+            log.info("adapter.reconnected", channel=self.name, resumed=False)
+        else:
+            log.info("adapter.connected", channel=self.name, user=str(user))
+
+    def _on_resumed(self) -> None:
+        detail = self.health.detail if self.health.state == "connected" else ""
+        if self._client is not None and self._client.user is not None:
+            detail = f"as {self._client.user} ({self._client.user.id})"
+        self.health.set("connected", detail)
+        log.info("adapter.reconnected", channel=self.name, resumed=True)
+
+    def _on_disconnect(self) -> None:
+        # discord.py also dispatches "disconnect" on our own close and just before a
+        # fatal close code is raised; neither is a reconnect.
+        if self._stopping or self.health.state == "down":
+            return
+        self.health.reconnects += 1
+        self.health.set("reconnecting", "gateway connection lost; resuming")
+        log.warning("adapter.reconnect", channel=self.name, reconnects=self.health.reconnects)
+
+    # ------------------------------------------------------------------ inbound
+
+    def _deliver(self, event: Inbound) -> None:
+        dispatch = self._dispatch
+        if dispatch is None or self._stopping:
+            return
+        task = asyncio.create_task(self._dispatch_one(dispatch, event))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _dispatch_one(self, dispatch: Dispatch, event: Inbound) -> None:
+        try:
+            await dispatch(event)
+        except Exception:
+            log.exception(
+                "adapter.dispatch_failed", channel=self.name, conversation=event.conversation
+            )
+
+    def _on_message(self, client: _Gateway, message: discord.Message) -> None:
+        self.health.last_event_at = time.time()
+        me = client.user
+        author = message.author
+        if me is None or author.bot or author.id == me.id or message.webhook_id is not None:
+            return
+        if message.type not in (discord.MessageType.default, discord.MessageType.reply):
+            return
+        text = message.content
+        direct = message.guild is None
+        if not direct:
+            # People often pick the bot's own role from the @-autocomplete (same name as
+            # the bot): a mention of that managed role counts as mentioning the bot.
+            roles = [r.id for r in message.role_mentions if r.tags and r.tags.bot_id == me.id]
+            ids = "|".join([f"@!?{me.id}", *(f"@&{r}" for r in roles)])
+            mention = re.compile(rf"\s*<(?:{ids})>\s*")
+            named = roles or any(u.id == me.id for u in message.mentions)
+            if not (named or mention.search(text)):
+                return
+            text = mention.sub(" ", text)
+        channel = message.channel
+        conversation = str(channel.id)
+        self._deliver(
+            Message(
+                channel=self.name,
+                conversation=conversation,
+                user=str(author.id),
+                text=text.strip(),
+                id=str(message.id),
+                thread=conversation if _is_thread(channel) else None,
+                user_name=author.display_name,
+                space=None if message.guild is None else str(message.guild.id),
+                direct=direct,
+            )
+        )
+
+    async def _on_press(self, interaction: discord.Interaction) -> None:
+        """Acknowledge at once (deferred update, type 6), then dispatch in the background:
+        Discord shows "interaction failed" if the answer takes more than 3 seconds."""
+        self.health.last_event_at = time.time()
+        data: dict[str, Any] = dict(interaction.data or {})
+        custom_id = data.get("custom_id")
+        if not isinstance(custom_id, str) or not custom_id or interaction.user.bot:
+            return
+        try:
+            await interaction.response.defer()
+        except Exception as exc:
+            # The press still happened; an approver's decision must not be lost because
+            # the acknowledgement was late or refused.
+            if delivery_error("interaction ack", exc) is None:
+                raise
+            log.warning("adapter.ack_failed", channel=self.name, error=str(exc))
+        conversation = str(interaction.channel_id)
+        user = str(interaction.user.id)
+        message_id = str(interaction.message.id) if interaction.message else ""
+        self._hold(self._presses, (conversation, user), interaction, message_id)
+        self._deliver(
+            ButtonPress(
+                channel=self.name,
+                conversation=conversation,
+                user=user,
+                value=custom_id,
+                message_id=message_id,
+                user_name=interaction.user.display_name,
+                space=None if interaction.guild_id is None else str(interaction.guild_id),
+            )
+        )
+
+    def _hold(
+        self,
+        store: dict[Any, _Held],
+        key: Any,
+        interaction: discord.Interaction,
+        message_id: str = "",
+    ) -> None:
+        now = time.monotonic()
+        for old in [k for k, held in store.items() if held.expires <= now]:
+            del store[old]
+        store[key] = _Held(interaction, message_id, now + INTERACTION_TTL)
+
+    @staticmethod
+    def _fresh(held: _Held | None) -> _Held | None:
+        return held if held is not None and held.expires > time.monotonic() else None
+
+    # ------------------------------------------------------------------ slash commands
+
+    def _register_commands(self, tree: app_commands.CommandTree[Any]) -> None:
+        """`/rules`, `/approve`, `/deny`, `/pause`: each becomes the text command the
+        dispatcher already understands, so they behave as in every other chat."""
+        adapter = self
+
+        @tree.command(name="rules", description="The rules Steward has learned")
+        @app_commands.describe(what="list (default), or a status: candidate, active, retired")
+        async def rules(interaction: discord.Interaction, what: str = "list") -> None:
+            await adapter._on_command(interaction, f"/rules {what.strip() or 'list'}")
+
+        @tree.command(name="approve", description="Approve a pending request by its id")
+        @app_commands.rename(request="id")
+        @app_commands.describe(request="the id shown in the approval request", scope="how far")
+        async def approve(
+            interaction: discord.Interaction,
+            request: str,
+            scope: Literal["once", "session", "always"] = "once",
+        ) -> None:
+            suffix = "" if scope == "once" else f" {scope}"
+            await adapter._on_command(interaction, f"/approve {request.strip()}{suffix}")
+
+        @tree.command(name="deny", description="Deny a pending request by its id")
+        @app_commands.rename(request="id")
+        @app_commands.describe(request="the id shown in the approval request")
+        async def deny(interaction: discord.Interaction, request: str) -> None:
+            await adapter._on_command(interaction, f"/deny {request.strip()}")
+
+        @tree.command(name="pause", description="Pause Steward's own task queue")
+        async def pause(interaction: discord.Interaction) -> None:
+            await adapter._on_command(interaction, "/pause")
+
+        @tree.error
+        async def on_tree_error(
+            interaction: discord.Interaction, error: app_commands.AppCommandError
+        ) -> None:
+            log.error("adapter.command_failed", channel=self.name, error=repr(error))
+
+        del rules, approve, deny, pause, on_tree_error
+
+    async def _sync_commands(self, client: _Gateway) -> None:
+        """One bulk PUT of the global commands. A failure (e.g. the bot was invited
+        without the applications.commands scope) costs the slash commands, not the bot."""
+        try:
+            synced = await client.tree.sync()
+        except Exception as exc:
+            err = delivery_error("PUT /applications/{id}/commands", exc)
+            if err is None and not isinstance(exc, discord.DiscordException):
+                raise
+            log.warning("adapter.commands_sync_failed", channel=self.name, error=str(err or exc))
+            return
+        log.info("adapter.commands_synced", channel=self.name, commands=[c.name for c in synced])
+
+    async def _on_command(self, interaction: discord.Interaction, text: str) -> None:
+        self.health.last_event_at = time.time()
+        conversation = str(interaction.channel_id)
+        try:
+            await interaction.response.defer(thinking=True)
+        except Exception as exc:
+            if delivery_error("interaction ack", exc) is None:
+                raise
+            log.warning("adapter.ack_failed", channel=self.name, error=str(exc))
+        else:
+            self._hold(self._commands, conversation, interaction)
+        self._deliver(
+            Message(
+                channel=self.name,
+                conversation=conversation,
+                user=str(interaction.user.id),
+                text=text,
+                id=str(interaction.id),
+                thread=conversation if _is_thread(interaction.channel) else None,
+                user_name=interaction.user.display_name,
+                space=None if interaction.guild_id is None else str(interaction.guild_id),
+                direct=interaction.guild_id is None,
+            )
+        )
+
+    # ------------------------------------------------------------------ outbound
+
+    @property
+    def _http(self) -> discord.http.HTTPClient:
+        client = self._client
+        if client is None or client.is_closed():
+            raise DeliveryError("the Discord channel is not running", transient=False)
+        return client.http
+
+    async def _post(
+        self, conversation: str, thread: str | None, payload: dict[str, Any]
+    ) -> MessageRef:
+        target = thread or conversation
+        cid = _snowflake(target, "channel")
+        data = await _guard(
+            f"POST /channels/{target}/messages",
+            self._http.send_message(cid, params=_params(payload)),
+        )
+        return MessageRef(
+            channel=self.name, conversation=conversation, id=str(data["id"]), thread=thread
+        )
+
+    async def send(self, conversation: str, text: str, *, thread: str | None = None) -> MessageRef:
+        """Post a message (text is already Discord Markdown and ≤2000 chars: the channel
+        layer converts and splits). The first send after a slash command answers it."""
+        held = self._fresh(self._commands.get(conversation))
+        if held is not None:
+            try:
+                sent = await held.interaction.followup.send(
+                    text, wait=True, allowed_mentions=discord.AllowedMentions.none()
+                )
+            except (discord.NotFound, discord.Forbidden):
+                self._commands.pop(conversation, None)  # token gone: post normally
+            except Exception as exc:
+                err = delivery_error("interaction followup", exc)
+                if err is None:
+                    raise
+                raise err from exc
+            else:
+                self._commands.pop(conversation, None)
+                return MessageRef(self.name, conversation, str(sent.id), thread)
+        return await self._post(conversation, thread, message_payload(text))
+
+    async def edit(
+        self, ref: MessageRef, text: str, *, buttons: list[Button] | None = None
+    ) -> None:
+        """Replace text and buttons; no buttons (None or []) sends ``components: []``,
+        which is how a decided approval loses its buttons."""
+        target = ref.thread or ref.conversation
+        cid = _snowflake(target, "channel")
+        mid = _snowflake(ref.id, "message")
+        await _guard(
+            f"PATCH /channels/{target}/messages/{ref.id}",
+            self._http.edit_message(cid, mid, params=_params(message_payload(text, buttons or []))),
+        )
+
+    async def send_approval(
+        self, request: ApprovalRequest, *, thread: str | None = None
+    ) -> MessageRef:
+        """The request text with one button per option (custom_id = opaque value)."""
+        return await self._post(
+            request.conversation, thread, message_payload(request.text(), request.buttons)
+        )
+
+    async def send_suggestion(
+        self, suggestion: Suggestion, *, thread: str | None = None
+    ) -> MessageRef:
+        """An unprompted offer of help with its answer buttons."""
+        return await self._post(
+            suggestion.conversation, thread, message_payload(suggestion.text, suggestion.buttons)
+        )
+
+    async def typing(self, conversation: str) -> None:
+        """Show "Steward is typing…" (Discord keeps it about 10 seconds)."""
+        cid = _snowflake(conversation, "channel")
+        await _guard(f"POST /channels/{conversation}/typing", self._http.send_typing(cid))
+
+    async def send_private(self, conversation: str, user: str, text: str) -> None:
+        """An ephemeral followup to the user's last button press here (only they see it);
+        without one (or once its token expired), a DM to the user — a normal message,
+        but never in a shared channel where everybody would read it."""
+        held = self._fresh(self._presses.get((conversation, user)))
+        if held is not None:
+            try:
+                await held.interaction.followup.send(
+                    text, ephemeral=True, allowed_mentions=discord.AllowedMentions.none()
+                )
+                return
+            except (discord.NotFound, discord.Forbidden):
+                self._presses.pop((conversation, user), None)
+            except Exception as exc:
+                err = delivery_error("ephemeral followup", exc)
+                if err is None:
+                    raise
+                raise err from exc
+        uid = _snowflake(user, "user")
+        dm = await _guard("POST /users/@me/channels", self._http.start_private_message(uid))
+        await self._post(str(dm["id"]), None, message_payload(text))
+
+    async def progress(self, conversation: str, event: Progress) -> None:
+        """Not shown on Discord (typing covers "working"; edits are rate limited)."""
+        return None
+
+
+def _rest_base(url: str) -> str:
+    url = url.rstrip("/")
+    return url if re.search(r"/api/v\d+$", url) else f"{url}/api/v10"

@@ -1,0 +1,638 @@
+"""A fake Slack on 127.0.0.1 that speaks Slack's wire protocol to the unmodified SDKs.
+
+Why: the Slack adapter must be tested through slack_bolt / slack_sdk exactly as they
+talk to slack.com (Bearer tokens, JSON bodies, ``{"ok": false}`` errors, 429 with
+Retry-After, the Socket Mode websocket with hello/envelopes/acks, v0-signed HTTP
+events), without any network and without patching Steward's code. The adapter is
+pointed here by its public ``api_url`` option (slack_sdk's ``base_url``).
+
+What it serves::
+
+    POST /api/<method>     auth.test · apps.connections.open · chat.postMessage ·
+                           chat.update · chat.postEphemeral
+    GET  /link?ticket=N    the Socket Mode websocket (hello, envelopes, acks)
+
+What a test drives: :meth:`send_envelope` (Socket Mode inbound), :meth:`post_event`
+(signed HTTP inbound), :meth:`drop`, :meth:`rate_limit_next`, :meth:`fail_next`,
+:meth:`error_next`; and what it reads: :attr:`messages` (every message by ts, edits
+applied), :attr:`requests`, :attr:`acks`. Payload builders (:meth:`mention`,
+:meth:`dm`, :meth:`block_actions`, :meth:`slash_command`) follow the shapes of
+Slack's documentation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import itertools
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+from urllib.parse import urlencode
+
+import aiohttp
+from aiohttp import WSMsgType, web
+
+__all__ = ["Ack", "FakeSlack", "Recorded", "sign"]
+
+Signature = Literal["valid", "bad", "stale", "none"]
+
+#: Methods authenticated with the app-level token (xapp-…); all others use the bot token.
+_APP_TOKEN_METHODS = {"apps.connections.open"}
+
+
+def sign(secret: str, timestamp: str, body: bytes) -> str:
+    """Slack's v0 request signature: ``v0=`` + hex HMAC-SHA256 of ``v0:{ts}:{body}``."""
+    base = b"v0:" + timestamp.encode() + b":" + body
+    return "v0=" + hmac.new(secret.encode(), base, hashlib.sha256).hexdigest()
+
+
+def _json(
+    data: dict[str, Any], status: int = 200, headers: dict[str, str] | None = None
+) -> web.Response:
+    # slack_sdk parses by content type; send exactly what Slack sends (no charset suffix).
+    return web.Response(
+        status=status,
+        body=json.dumps(data).encode(),
+        headers={"Content-Type": "application/json", **(headers or {})},
+    )
+
+
+@dataclass
+class Recorded:
+    """One Web API call as the fake received it."""
+
+    method: str
+    body: dict[str, Any]
+    token: str
+    #: The HTTP status the fake answered with.
+    status: int = 200
+    #: The Slack error code answered (``ok: false``), if any.
+    error: str | None = None
+
+
+@dataclass
+class Ack:
+    """A Socket Mode acknowledgement of one envelope."""
+
+    envelope_id: str
+    kind: str
+    #: Seconds from sending the envelope to receiving its ack.
+    latency: float
+    payload: dict[str, Any] | None = None
+
+
+@dataclass
+class _Failure:
+    status: int
+    error: str
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class FakeSlack:
+    """An aiohttp server playing slack.com (Web API + Socket Mode + signed HTTP events)."""
+
+    team_id = "T0TEAM"
+    team_name = "Acme"
+    app_id = "A0STEWARD"
+    bot_user = "U0BOT"
+    bot_name = "steward"
+    bot_id = "B0BOT"
+
+    def __init__(
+        self,
+        *,
+        bot_token: str = "xoxb-test-bot",
+        app_token: str = "xapp-test-app",
+        signing_secret: str = "test-signing-secret",
+        echo_own_messages: bool = True,
+    ) -> None:
+        self.bot_token = bot_token
+        self.app_token = app_token
+        self.signing_secret = signing_secret
+        #: Like real Slack, push a ``message`` event (with bot_id) back over the socket for
+        #: every message the bot posts: the adapter must not take its own words as input.
+        self.echo_own_messages = echo_own_messages
+        self.base_url = ""
+        #: Every message by ts (user messages injected by the builders and bot messages),
+        #: edits applied. Bot messages carry ``bot_id``; ephemeral ones carry ``to``.
+        self.messages: dict[str, dict[str, Any]] = {}
+        #: ts of every message the bot posted (incl. ephemeral), in order.
+        self.posted: list[str] = []
+        #: Every chat.update body, in order.
+        self.updates: list[dict[str, Any]] = []
+        self.requests: list[Recorded] = []
+        self.acks: list[Ack] = []
+        #: Socket Mode connections accepted so far (each one got a hello).
+        self.connections = 0
+        self._failures: dict[str, list[_Failure]] = {}
+        self._ts = itertools.count(1)
+        self._envelopes = itertools.count(1)
+        self._tickets = itertools.count(1)
+        self._triggers = itertools.count(1)
+        self._ws: web.WebSocketResponse | None = None
+        self._pending: dict[str, tuple[asyncio.Future[Ack], float, str]] = {}
+        self._changed = asyncio.Condition()
+        self._runner: web.AppRunner | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> FakeSlack:
+        """Serve on an ephemeral 127.0.0.1 port; :attr:`base_url` is the Web API base."""
+        app = web.Application()
+        app.router.add_post("/api/{method}", self._api)
+        app.router.add_get("/link", self._link)
+        self._runner = web.AppRunner(
+            app, access_log=None, handle_signals=False, shutdown_timeout=0.5
+        )
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.port = port
+        self.base_url = f"http://127.0.0.1:{port}/api/"
+        return self
+
+    async def stop(self) -> None:
+        """Close the socket and stop serving."""
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.drop()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> FakeSlack:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # ------------------------------------------------------------------ scripting
+
+    def rate_limit_next(self, seconds: float, method: str = "chat.postMessage") -> None:
+        """The next call of ``method`` answers HTTP 429 with ``Retry-After: seconds``."""
+        retry = str(int(seconds)) if float(seconds).is_integer() else str(seconds)
+        self._failures.setdefault(method, []).append(
+            _Failure(429, "ratelimited", {"Retry-After": retry})
+        )
+
+    def fail_next(self, status: int = 500, method: str = "chat.postMessage") -> None:
+        """The next call of ``method`` answers with HTTP ``status`` (a server error)."""
+        self._failures.setdefault(method, []).append(_Failure(status, "internal_error"))
+
+    def error_next(self, error: str, method: str = "chat.postMessage") -> None:
+        """The next call of ``method`` answers HTTP 200 ``{"ok": false, "error": error}``."""
+        self._failures.setdefault(method, []).append(_Failure(200, error))
+
+    # ------------------------------------------------------------------ reading
+
+    def bot_messages(self) -> list[dict[str, Any]]:
+        """Everything the bot posted, in order, edits applied."""
+        return [self.messages[ts] for ts in self.posted]
+
+    def calls(self, method: str) -> list[Recorded]:
+        """Recorded calls of one Web API method."""
+        return [r for r in self.requests if r.method == method]
+
+    async def wait_for(self, predicate: Any, within: float = 3.0) -> None:
+        """Wait until ``predicate()`` is true; state changes wake the waiter."""
+        async with asyncio.timeout(within):
+            async with self._changed:
+                await self._changed.wait_for(predicate)
+
+    async def wait_connected(self, connections: int = 1, within: float = 3.0) -> None:
+        """Wait until ``connections`` sockets have been accepted and one is open."""
+        await self.wait_for(
+            lambda: self.connections >= connections and self._ws is not None, within
+        )
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    # ------------------------------------------------------------------ Web API
+
+    async def _api(self, request: web.Request) -> web.Response:
+        method = request.match_info["method"]
+        if request.content_type == "application/json":
+            body = await request.json()
+        else:
+            body = dict(await request.post())
+        auth = request.headers.get("Authorization", "")
+        token = auth.removeprefix("Bearer ").strip() if auth.startswith("Bearer ") else ""
+        record = Recorded(method, body, token)
+        self.requests.append(record)
+        try:
+            return self._answer(method, body, token, record)
+        finally:
+            await self._notify()
+
+    def _answer(
+        self, method: str, body: dict[str, Any], token: str, record: Recorded
+    ) -> web.Response:
+        expected = self.app_token if method in _APP_TOKEN_METHODS else self.bot_token
+        if not token:
+            record.error = "not_authed"
+            return _json({"ok": False, "error": "not_authed"})
+        if token != expected:
+            record.error = "invalid_auth"
+            return _json({"ok": False, "error": "invalid_auth"})
+        queue = self._failures.get(method)
+        if queue:
+            failure = queue.pop(0)
+            record.status, record.error = failure.status, failure.error
+            return _json({"ok": False, "error": failure.error}, failure.status, failure.headers)
+        handler = {
+            "auth.test": self._auth_test,
+            "apps.connections.open": self._connections_open,
+            "chat.postMessage": self._post_message,
+            "chat.update": self._update,
+            "chat.postEphemeral": self._post_ephemeral,
+        }.get(method)
+        if handler is None:
+            record.error = "unknown_method"
+            return _json({"ok": False, "error": "unknown_method"}, 404)
+        data = handler(body)
+        if not data.get("ok"):
+            record.error = data.get("error")
+        return _json(data)
+
+    def _auth_test(self, body: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "ok": True,
+            "url": "https://acme.slack.com/",
+            "team": self.team_name,
+            "user": self.bot_name,
+            "team_id": self.team_id,
+            "user_id": self.bot_user,
+            "bot_id": self.bot_id,
+            "is_enterprise_install": False,
+        }
+
+    def _connections_open(self, body: dict[str, Any]) -> dict[str, Any]:
+        return {"ok": True, "url": f"ws://127.0.0.1:{self.port}/link?ticket={next(self._tickets)}"}
+
+    def next_ts(self) -> str:
+        """A fresh, increasing message timestamp (deterministic, for golden files)."""
+        n = next(self._ts)
+        return f"{1700000000 + n}.{n:06d}"
+
+    def _post_message(self, body: dict[str, Any]) -> dict[str, Any]:
+        channel = body.get("channel")
+        if not channel:
+            return {"ok": False, "error": "channel_not_found"}
+        if not body.get("text") and not body.get("blocks"):
+            return {"ok": False, "error": "no_text"}
+        ts = self.next_ts()
+        message: dict[str, Any] = {
+            "type": "message",
+            "channel": channel,
+            "user": self.bot_user,
+            "bot_id": self.bot_id,
+            "text": body.get("text", ""),
+            "ts": ts,
+        }
+        if body.get("blocks"):
+            message["blocks"] = body["blocks"]
+        if body.get("thread_ts"):
+            message["thread_ts"] = body["thread_ts"]
+        self.messages[ts] = message
+        self.posted.append(ts)
+        if self.echo_own_messages:
+            self._echo(message)
+        reply = {k: v for k, v in message.items() if k != "channel"}
+        return {"ok": True, "channel": channel, "ts": ts, "message": reply}
+
+    def _update(self, body: dict[str, Any]) -> dict[str, Any]:
+        ts = body.get("ts", "")
+        message = self.messages.get(ts)
+        if message is None or message.get("channel") != body.get("channel"):
+            return {"ok": False, "error": "message_not_found"}
+        if message.get("bot_id") != self.bot_id:
+            return {"ok": False, "error": "cant_update_message"}
+        self.updates.append(body)
+        message["text"] = body.get("text", message["text"])
+        if "blocks" in body:
+            if body["blocks"]:
+                message["blocks"] = body["blocks"]
+            else:
+                message.pop("blocks", None)
+        message["edited"] = {"user": self.bot_user, "ts": self.next_ts()}
+        return {"ok": True, "channel": body["channel"], "ts": ts, "text": message["text"]}
+
+    def _post_ephemeral(self, body: dict[str, Any]) -> dict[str, Any]:
+        if not body.get("channel"):
+            return {"ok": False, "error": "channel_not_found"}
+        if not body.get("user"):
+            return {"ok": False, "error": "user_not_in_channel"}
+        ts = self.next_ts()
+        self.messages[ts] = {
+            "type": "message",
+            "channel": body["channel"],
+            "user": self.bot_user,
+            "bot_id": self.bot_id,
+            "text": body.get("text", ""),
+            "ts": ts,
+            "to": body["user"],
+        }
+        self.posted.append(ts)
+        return {"ok": True, "message_ts": ts}
+
+    def _echo(self, message: dict[str, Any]) -> None:
+        if self._ws is None:
+            return
+        channel = message["channel"]
+        event = {
+            "type": "message",
+            "subtype": "bot_message",
+            "text": message["text"],
+            "user": self.bot_user,
+            "bot_id": self.bot_id,
+            "ts": message["ts"],
+            "channel": channel,
+            "channel_type": "im" if channel.startswith("D") else "channel",
+            "event_ts": message["ts"],
+        }
+        if "thread_ts" in message:
+            event["thread_ts"] = message["thread_ts"]
+        task = asyncio.ensure_future(
+            self.send_envelope("events_api", self.event_callback(event), wait_ack=False)
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ------------------------------------------------------------------ Socket Mode
+
+    async def _link(self, request: web.Request) -> web.StreamResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        old, self._ws = self._ws, ws
+        if old is not None:
+            with contextlib.suppress(Exception):
+                await old.close()
+        self.connections += 1
+        await ws.send_json(
+            {
+                "type": "hello",
+                "num_connections": 1,
+                "debug_info": {
+                    "host": "fake-slack",
+                    "build_number": 1,
+                    "approximate_connection_time": 18060,
+                },
+                "connection_info": {"app_id": self.app_id},
+            }
+        )
+        await self._notify()
+        try:
+            async for msg in ws:
+                if msg.type != WSMsgType.TEXT:
+                    continue
+                with contextlib.suppress(ValueError):
+                    self._on_ack(json.loads(msg.data))
+                await self._notify()
+        finally:
+            if self._ws is ws:
+                self._ws = None
+            await self._notify()
+        return ws
+
+    def _on_ack(self, data: Any) -> None:
+        if not isinstance(data, dict) or "envelope_id" not in data:
+            return
+        pending = self._pending.pop(data["envelope_id"], None)
+        if pending is None:
+            return
+        future, sent_at, kind = pending
+        ack = Ack(data["envelope_id"], kind, time.monotonic() - sent_at, data.get("payload"))
+        self.acks.append(ack)
+        if not future.done():
+            future.set_result(ack)
+
+    async def send_envelope(
+        self, kind: str, payload: dict[str, Any], *, wait_ack: bool = True, within: float = 3.0
+    ) -> Ack | None:
+        """Deliver one Socket Mode envelope; by default wait for (and return) its ack.
+
+        Waits for an open socket first, so a test may send right after a drop: the
+        envelope goes out once the client has reconnected.
+        """
+        await self.wait_for(lambda: self._ws is not None, within)
+        ws = self._ws
+        assert ws is not None
+        envelope_id = f"env-{next(self._envelopes):04d}"
+        future: asyncio.Future[Ack] = asyncio.get_running_loop().create_future()
+        self._pending[envelope_id] = (future, time.monotonic(), kind)
+        envelope: dict[str, Any] = {
+            "envelope_id": envelope_id,
+            "type": kind,
+            "accepts_response_payload": kind != "events_api",
+            "payload": payload,
+        }
+        if kind == "events_api":
+            envelope.update(retry_attempt=0, retry_reason="")
+        await ws.send_json(envelope)
+        if not wait_ack:
+            return None
+        async with asyncio.timeout(within):
+            return await future
+
+    async def drop(self) -> None:
+        """Close the Socket Mode connection the way a server restart does."""
+        ws, self._ws = self._ws, None
+        if ws is not None:
+            with contextlib.suppress(Exception):
+                await ws.close(code=aiohttp.WSCloseCode.GOING_AWAY, message=b"server restart")
+        await self._notify()
+
+    async def refresh(self) -> None:
+        """Ask the client to reconnect with a ``disconnect`` message (Slack does so hourly)."""
+        if self._ws is not None:
+            await self._ws.send_json(
+                {"type": "disconnect", "reason": "refresh_requested", "debug_info": {}}
+            )
+
+    # ------------------------------------------------------------------ signed HTTP
+
+    async def post_event(
+        self,
+        url: str,
+        payload: dict[str, Any],
+        *,
+        signature: Signature = "valid",
+    ) -> tuple[int, str]:
+        """POST an inbound request to the app the way Slack does; returns (status, body).
+
+        Event callbacks and url_verification go as JSON; interactive payloads
+        (``block_actions``…) as the form field ``payload=``; slash commands (a dict
+        with ``command``) as plain form fields.
+        """
+        if "command" in payload:
+            body = urlencode(payload).encode()
+            content_type = "application/x-www-form-urlencoded"
+        elif payload.get("type") in ("event_callback", "url_verification", "app_rate_limited"):
+            body = json.dumps(payload).encode()
+            content_type = "application/json"
+        else:
+            body = urlencode({"payload": json.dumps(payload)}).encode()
+            content_type = "application/x-www-form-urlencoded"
+        return await self.post_raw(url, body, content_type, signature=signature)
+
+    async def post_raw(
+        self, url: str, body: bytes, content_type: str, *, signature: Signature = "valid"
+    ) -> tuple[int, str]:
+        """POST exact bytes with a valid/bad/stale/no v0 signature; returns (status, body)."""
+        now = int(time.time())
+        headers = {"Content-Type": content_type}
+        if signature != "none":
+            ts = str(now - 600 if signature == "stale" else now)
+            secret = self.signing_secret if signature != "bad" else self.signing_secret + "x"
+            headers["X-Slack-Request-Timestamp"] = ts
+            headers["X-Slack-Signature"] = sign(secret, ts, body)
+        timeout = aiohttp.ClientTimeout(total=5)
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as session,
+            session.post(url, data=body, headers=headers) as resp,
+        ):
+            return resp.status, await resp.text()
+
+    # ------------------------------------------------------------------ payload builders
+
+    def event_callback(self, event: dict[str, Any]) -> dict[str, Any]:
+        """Wrap an event the way the Events API delivers it (same body over HTTP and socket)."""
+        n = next(self._envelopes)
+        return {
+            "token": "verification-token-unused",
+            "team_id": self.team_id,
+            "api_app_id": self.app_id,
+            "event": event,
+            "type": "event_callback",
+            "event_id": f"Ev{n:08d}",
+            "event_time": 1700000000 + n,
+            "authorizations": [
+                {
+                    "enterprise_id": None,
+                    "team_id": self.team_id,
+                    "user_id": self.bot_user,
+                    "is_bot": True,
+                    "is_enterprise_install": False,
+                }
+            ],
+            "is_ext_shared_channel": False,
+            "event_context": f"4-ctx-{n}",
+        }
+
+    def _user_message(
+        self, kind: str, channel: str, user: str, text: str, thread_ts: str | None, **extra: Any
+    ) -> dict[str, Any]:
+        ts = self.next_ts()
+        event: dict[str, Any] = {
+            "type": kind,
+            "user": user,
+            "text": text,
+            "ts": ts,
+            "channel": channel,
+            "event_ts": ts,
+            "team": self.team_id,
+            "client_msg_id": f"cm-{ts}",
+            **extra,
+        }
+        if thread_ts:
+            event["thread_ts"] = thread_ts
+        self.messages[ts] = dict(event)
+        return self.event_callback(event)
+
+    def mention(
+        self, channel: str, user: str, text: str, *, thread_ts: str | None = None
+    ) -> dict[str, Any]:
+        """An ``app_mention`` event: ``<@bot> text`` in a channel."""
+        return self._user_message(
+            "app_mention", channel, user, f"<@{self.bot_user}> {text}", thread_ts
+        )
+
+    def channel_message(
+        self, channel: str, user: str, text: str, *, thread_ts: str | None = None
+    ) -> dict[str, Any]:
+        """A plain ``message`` in a channel (no mention): Steward must not answer it."""
+        return self._user_message("message", channel, user, text, thread_ts, channel_type="channel")
+
+    def dm(
+        self, channel: str, user: str, text: str, *, thread_ts: str | None = None
+    ) -> dict[str, Any]:
+        """A ``message`` event in a direct-message conversation (``channel_type: im``)."""
+        return self._user_message("message", channel, user, text, thread_ts, channel_type="im")
+
+    def block_actions(self, message_ts: str, value: str, user: str) -> dict[str, Any]:
+        """A ``block_actions`` payload: ``user`` pressed the button carrying ``value``."""
+        message = self.messages[message_ts]
+        channel = message["channel"]
+        action_id, block_id, label = "unknown", "unknown", value
+        for block in message.get("blocks", []):
+            for element in block.get("elements", []) if block.get("type") == "actions" else []:
+                if element.get("value") == value:
+                    action_id = element["action_id"]
+                    block_id = block.get("block_id", "b1")
+                    label = element["text"]["text"]
+                    break
+        return {
+            "type": "block_actions",
+            "user": {
+                "id": user,
+                "username": user.lower(),
+                "name": user.lower(),
+                "team_id": self.team_id,
+            },
+            "api_app_id": self.app_id,
+            "token": "verification-token-unused",
+            "container": {
+                "type": "message",
+                "message_ts": message_ts,
+                "channel_id": channel,
+                "is_ephemeral": False,
+            },
+            "trigger_id": f"tr-{message_ts}",
+            "team": {"id": self.team_id, "domain": "acme"},
+            "enterprise": None,
+            "is_enterprise_install": False,
+            "channel": {
+                "id": channel,
+                "name": "general" if channel.startswith("C") else "directmessage",
+            },
+            "message": {k: v for k, v in message.items() if k != "channel"},
+            "state": {"values": {}},
+            "response_url": f"http://127.0.0.1:{self.port}/respond/{message_ts}",
+            "actions": [
+                {
+                    "type": "button",
+                    "action_id": action_id,
+                    "block_id": block_id,
+                    "text": {"type": "plain_text", "text": label, "emoji": True},
+                    "value": value,
+                    "action_ts": f"{time.time():.6f}",
+                }
+            ],
+        }
+
+    def slash_command(self, channel: str, user: str, text: str) -> dict[str, Any]:
+        """The form fields of a ``/steward`` slash command."""
+        return {
+            "token": "verification-token-unused",
+            "team_id": self.team_id,
+            "team_domain": "acme",
+            "channel_id": channel,
+            "channel_name": "directmessage" if channel.startswith("D") else "general",
+            "user_id": user,
+            "user_name": user.lower(),
+            "command": "/steward",
+            "text": text,
+            "api_app_id": self.app_id,
+            "is_enterprise_install": "false",
+            "response_url": f"http://127.0.0.1:{self.port}/commands/{channel}",
+            "trigger_id": f"tr-cmd-{next(self._triggers)}",
+        }

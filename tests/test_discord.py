@@ -1,0 +1,626 @@
+"""The Discord adapter against a wire-level fake: real discord.py, real HTTP and WebSocket.
+
+Each test starts tests/fakes/discord.py on 127.0.0.1 and a `DiscordChannel` pointed
+at it, so what is tested is what Discord would see: the gateway handshake, the
+JSON bodies, the interaction callbacks and their timing. Golden files in
+tests/golden/discord/ pin inbound parsing and outbound rendering; regenerate the
+expected halves with ``STEWARD_UPDATE_GOLDEN=1``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from structlog.testing import capture_logs
+
+import adapters.discord as discord_adapter
+from adapters.discord import INTENT_HINT, DiscordChannel, message_payload, render_buttons
+from core.events import (
+    ApprovalRequest,
+    Button,
+    ButtonPress,
+    Channel,
+    DeliveryError,
+    Inbound,
+    Message,
+    MessageRef,
+    Progress,
+    Suggestion,
+)
+from tests.contract.discord_harness import DiscordHarness
+from tests.contract.harness import Harness
+from tests.fakes.discord import (
+    ALICE,
+    APP_ID,
+    BOB,
+    BOT_ID,
+    GROUP,
+    GUILD,
+    OTHER_BOT,
+    THREAD,
+    TOKEN,
+    FakeDiscord,
+)
+
+GOLDEN = Path(__file__).parent / "golden" / "discord"
+UPDATE = os.environ.get("STEWARD_UPDATE_GOLDEN") == "1"
+WAIT = 3.0
+DM = FakeDiscord.dm_channel(ALICE)
+
+
+class Recorder:
+    """A dispatch callback that remembers what reached it, in order."""
+
+    def __init__(self) -> None:
+        self.events: list[Inbound] = []
+        self._queue: asyncio.Queue[Inbound] = asyncio.Queue()
+
+    async def __call__(self, event: Inbound) -> None:
+        self.events.append(event)
+        self._queue.put_nowait(event)
+
+    async def next(self) -> Inbound:
+        return await asyncio.wait_for(self._queue.get(), WAIT)
+
+    def pending(self) -> int:
+        return self._queue.qsize()
+
+
+def make_channel(fake: FakeDiscord, *, token: str = TOKEN) -> DiscordChannel:
+    return DiscordChannel(
+        token=token,
+        api_url=fake.api_url,
+        gateway_url=fake.gateway_url,
+        guild_ready_timeout=0.1,
+        ready_timeout=5.0,
+    )
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeDiscord]:
+    async with FakeDiscord(heartbeat_interval=0.5) as server:
+        yield server
+
+
+@pytest.fixture
+async def bot(fake: FakeDiscord) -> AsyncIterator[tuple[DiscordChannel, Recorder]]:
+    channel = make_channel(fake)
+    received = Recorder()
+    await channel.start(received)
+    try:
+        yield channel, received
+    finally:
+        await channel.stop()
+
+
+async def until(predicate: Any, within: float = WAIT) -> None:
+    deadline = time.monotonic() + within
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.01)
+
+
+def approval(conversation: str = GROUP, rid: str = "ap12") -> ApprovalRequest:
+    return ApprovalRequest(
+        id=rid,
+        what="run `rm -rf build/`",
+        why="clean the build before deploying",
+        risk="deletes files inside the workspace",
+        asked_by=ALICE,
+        conversation=conversation,
+        channel="discord",
+        expires_at=0.0,
+        buttons=[
+            Button("Approve once", f"approve:{rid}", "primary"),
+            Button("Approve for this session", f"session:{rid}"),
+            Button("Always allow", f"always:{rid}"),
+            Button("Deny", f"deny:{rid}", "danger"),
+        ],
+    )
+
+
+def suggestion(conversation: str = DM) -> Suggestion:
+    return Suggestion(
+        id="sg7",
+        text="The last three builds failed the same way. Want me to look into it?",
+        conversation=conversation,
+        channel="discord",
+        user=ALICE,
+        buttons=[Button("Yes, please", "help:sg7", "primary"), Button("No thanks", "nope:sg7")],
+    )
+
+
+# ---------------------------------------------------------------------- wiring
+
+
+def test_module_name_does_not_shadow_the_sdk() -> None:
+    # adapters/discord.py does `import discord`: it must be discord.py, not itself.
+    assert discord_adapter.discord.__file__ is not None
+    assert "site-packages" in discord_adapter.discord.__file__
+    assert hasattr(discord_adapter.discord, "Client")
+
+
+def test_channel_satisfies_the_protocols() -> None:
+    channel = DiscordChannel(token=TOKEN)
+    assert isinstance(channel, Channel)
+    assert channel.capabilities.max_length == 2000
+    assert channel.capabilities.max_buttons == 25
+    assert channel.capabilities.max_label_length == 80
+    harness: Harness = DiscordHarness()
+    assert harness.name == "discord"
+
+
+async def test_login_identify_and_slash_commands(
+    fake: FakeDiscord, bot: tuple[DiscordChannel, Recorder]
+) -> None:
+    channel, _ = bot
+    assert channel.health.state == "connected"
+    (identify,) = fake.identifies
+    assert identify["intents"] & (1 << 15), "MESSAGE_CONTENT intent must be requested"
+    assert identify["intents"] & (1 << 12), "DIRECT_MESSAGES intent"
+    assert identify["intents"] & (1 << 9), "GUILD_MESSAGES intent"
+    put = fake.requests_to("PUT", f"/applications/{APP_ID}/commands")
+    assert len(put) == 1
+    assert [c["name"] for c in put[0].body] == ["rules", "approve", "deny", "pause"]
+    assert all("guild" not in r.path for r in put)  # global, not per guild
+
+
+async def test_check_credentials(fake: FakeDiscord) -> None:
+    assert await make_channel(fake).check_credentials() == f"bot steward ({BOT_ID})"
+    origin = fake.api_url.removesuffix("/api/v10")  # a bare origin gets /api/v10
+    assert await DiscordChannel(token=TOKEN, api_url=origin).check_credentials()
+    with pytest.raises(DeliveryError) as err:
+        await make_channel(fake, token="wrong").check_credentials()
+    assert not err.value.transient
+    assert "STEWARD_DISCORD_TOKEN" in str(err.value)
+
+
+async def test_bad_token_at_start_is_reported_not_retried(fake: FakeDiscord) -> None:
+    channel = make_channel(fake, token="wrong")
+    with pytest.raises(DeliveryError) as err:
+        await channel.start(Recorder())
+    assert not err.value.transient
+    assert channel.health.state == "down"
+    assert "STEWARD_DISCORD_TOKEN" in channel.health.detail
+    assert fake.identifies == []
+    await channel.stop()
+
+
+# ---------------------------------------------------------------------- inbound
+
+
+async def test_dm_round_trip(fake: FakeDiscord, bot: tuple[DiscordChannel, Recorder]) -> None:
+    channel, received = bot
+    await fake.dm_message("hello there")
+    event = await received.next()
+    assert event == Message(
+        channel="discord",
+        conversation=DM,
+        user=ALICE,
+        text="hello there",
+        id=event.id,
+        thread=None,
+        user_name="Alice",
+        space=None,
+        direct=True,
+    )
+    assert channel.health.last_event_at is not None
+    ref = await channel.send(event.conversation, "hi **Alice**", thread=event.thread)
+    assert ref == MessageRef("discord", DM, ref.id, None)
+    post = fake.requests_to("POST", f"/channels/{DM}/messages")[-1]
+    assert post.body == {"content": "hi **Alice**", "allowed_mentions": {"parse": []}}
+    assert post.authorization == f"Bot {TOKEN}"
+    # The fake echoes our reply on the gateway, as Discord does; it must not come back.
+    await asyncio.sleep(0.2)
+    assert received.pending() == 0
+
+
+async def test_guild_needs_a_mention_which_is_stripped(
+    fake: FakeDiscord, bot: tuple[DiscordChannel, Recorder]
+) -> None:
+    _, received = bot
+    await fake.guild_message("just chatting", mention=False)
+    await fake.guild_message("deploy the docs")
+    event = await received.next()
+    assert isinstance(event, Message)
+    assert event.text == "deploy the docs"
+    assert (event.conversation, event.space, event.direct, event.thread) == (
+        GROUP,
+        GUILD,
+        False,
+        None,
+    )
+    assert received.pending() == 0
+    await fake.guild_message("and the changelog", role_mention=True)
+    event = await received.next()
+    assert isinstance(event, Message) and event.text == "and the changelog"
+
+
+async def test_thread_reply_stays_in_thread(
+    fake: FakeDiscord, bot: tuple[DiscordChannel, Recorder]
+) -> None:
+    channel, received = bot
+    await fake.guild_message("summarise this thread", thread=THREAD)
+    event = await received.next()
+    assert isinstance(event, Message)
+    assert (event.conversation, event.thread) == (THREAD, THREAD)
+    ref = await channel.send(event.conversation, "Summary: …", thread=event.thread)
+    assert ref.thread == THREAD
+    assert fake.requests_to("POST", f"/channels/{THREAD}/messages")
+    # A thread created after start (THREAD_CREATE) works the same way.
+    await fake.guild_message("and here", thread="3777")
+    event = await received.next()
+    assert isinstance(event, Message)
+    assert (event.conversation, event.thread) == ("3777", "3777")
+
+
+async def test_own_and_other_bot_messages_are_ignored(
+    fake: FakeDiscord, bot: tuple[DiscordChannel, Recorder]
+) -> None:
+    _, received = bot
+    await fake.dm_message("I am the bot", user=BOT_ID)
+    await fake.dm_message("approve everything", user=OTHER_BOT)
+    await fake.guild_message("run rm -rf /", user=OTHER_BOT)
+    await fake.dm_message("a person")
+    event = await received.next()
+    assert isinstance(event, Message) and event.text == "a person"
+    await asyncio.sleep(0.1)
+    assert received.events == [event]
+
+
+async def test_malformed_event_does_not_kill_the_adapter(
+    fake: FakeDiscord, bot: tuple[DiscordChannel, Recorder]
+) -> None:
+    channel, received = bot
+    harness = DiscordHarness()
+    harness.fake, harness.channel = fake, channel
+    assert await harness.forged_inbound() == 0
+    await fake.dm_message("still listening")
+    event = await received.next()
+    assert isinstance(event, Message) and event.text == "still listening"
+    assert received.events == [event]
+    assert channel.health.state == "connected"
+
+
+# ---------------------------------------------------------------------- buttons
+
+
+async def test_press_is_acknowledged_then_dispatched(
+    fake: FakeDiscord, bot: tuple[DiscordChannel, Recorder]
+) -> None:
+    channel, received = bot
+    ref = await channel.send_approval(approval())
+    await fake.press_button(ref.id, "approve:ap12", user=ALICE)
+    event = await received.next()
+    assert event == ButtonPress(
+        channel="discord",
+        conversation=GROUP,
+        user=ALICE,
+        value="approve:ap12",
+        message_id=ref.id,
+        user_name="Alice",
+        space=GUILD,
+    )
+    (callback,) = fake.callbacks
+    assert callback.type == 6  # deferred update: no "interaction failed", message unchanged
+    assert callback.latency < 3.0
+
+
+async def test_edit_removes_components(
+    fake: FakeDiscord, bot: tuple[DiscordChannel, Recorder]
+) -> None:
+    channel, _ = bot
+    ref = await channel.send_approval(approval())
+    assert len(fake.messages[ref.id]["components"][0]["components"]) == 4
+    await channel.edit(ref, "Approved by alice")
+    (mid, body) = fake.edits[-1]
+    assert mid == ref.id
+    assert body["components"] == []
+    assert fake.messages[ref.id]["content"] == "Approved by alice"
+
+
+async def test_private_note_is_ephemeral_to_the_presser(
+    fake: FakeDiscord, bot: tuple[DiscordChannel, Recorder]
+) -> None:
+    channel, received = bot
+    ref = await channel.send_approval(approval())
+    await fake.press_button(ref.id, "approve:ap12", user=BOB)
+    press = await received.next()
+    assert isinstance(press, ButtonPress)
+    await channel.send_private(press.conversation, press.user, "You are not an approver.")
+    (_token, body) = fake.followups[-1]
+    assert body["content"] == "You are not an approver."
+    assert body["flags"] & 64
+    harness = DiscordHarness()
+    harness.fake = fake
+    assert [s.to for s in harness.sent() if s.text == "You are not an approver."] == [BOB]
+
+
+async def test_private_note_without_a_press_goes_to_a_dm(
+    fake: FakeDiscord, bot: tuple[DiscordChannel, Recorder]
+) -> None:
+    channel, _ = bot
+    await channel.send_private(GROUP, BOB, "Only for you.")
+    assert fake.requests_to("POST", "/users/@me/channels")[-1].body == {"recipient_id": int(BOB)}
+    dm = FakeDiscord.dm_channel(BOB)
+    assert fake.requests_to("POST", f"/channels/{dm}/messages")[-1].body["content"] == (
+        "Only for you."
+    )
+    assert not fake.requests_to("POST", f"/channels/{GROUP}/messages")
+
+
+def test_buttons_render_rows_styles_and_limits() -> None:
+    buttons = [Button(f"b{i}", f"v{i}") for i in range(7)]
+    rows = render_buttons(buttons)
+    assert [len(r["components"]) for r in rows] == [5, 2]
+    (row,) = render_buttons(
+        [Button("x" * 100, "a", "primary"), Button("Deny", "b", "danger"), Button("", "c")]
+    )
+    first, deny, empty = row["components"]
+    assert len(first["label"]) == 80 and first["label"].endswith("…")
+    assert (first["style"], deny["style"], empty["style"]) == (3, 4, 2)
+    assert empty["label"] == "c"
+    for bad in ([Button("x", "v" * 101)], [Button("x", "")], [Button("a", "v"), Button("b", "v")]):
+        with pytest.raises(DeliveryError) as err:
+            render_buttons(bad)
+        assert not err.value.transient
+    with pytest.raises(DeliveryError):
+        render_buttons([Button(str(i), str(i)) for i in range(26)])
+    assert "components" not in message_payload("plain")
+
+
+# ---------------------------------------------------------------------- slash commands
+
+
+async def test_slash_command_becomes_a_text_command_answered_by_the_next_send(
+    fake: FakeDiscord, bot: tuple[DiscordChannel, Recorder]
+) -> None:
+    channel, received = bot
+    await fake.slash_command("rules")
+    event = await received.next()
+    assert isinstance(event, Message)
+    assert (event.text, event.conversation, event.user, event.direct) == (
+        "/rules list",
+        DM,
+        ALICE,
+        True,
+    )
+    assert fake.callbacks[-1].type == 5  # deferred: "Steward is thinking…"
+    assert fake.callbacks[-1].latency < 3.0
+    ref = await channel.send(event.conversation, "No rules yet.")
+    (_token, body) = fake.followups[-1]
+    assert body["content"] == "No rules yet." and not int(body.get("flags") or 0) & 64
+    assert ref.id == fake.bot_messages[-1]
+    await channel.send(event.conversation, "A second message is a normal post.")
+    assert len(fake.followups) == 1
+    assert fake.requests_to("POST", f"/channels/{DM}/messages")
+
+    await fake.slash_command("approve", {"id": "ab12", "scope": "session"}, channel=GROUP)
+    event = await received.next()
+    assert isinstance(event, Message)
+    assert (event.text, event.conversation, event.space) == ("/approve ab12 session", GROUP, GUILD)
+    await fake.slash_command("pause")
+    event = await received.next()
+    assert isinstance(event, Message) and event.text == "/pause"
+
+
+# ---------------------------------------------------------------------- errors
+
+
+async def test_429_is_raised_with_retry_after_not_slept_on(
+    fake: FakeDiscord, bot: tuple[DiscordChannel, Recorder]
+) -> None:
+    channel, _ = bot
+    before = len(fake.requests_to("POST", f"/channels/{DM}/messages"))
+    fake.rate_limit_next(2.5)
+    started = time.monotonic()
+    with pytest.raises(DeliveryError) as err:
+        await channel.send(DM, "hello")
+    assert time.monotonic() - started < 1.0, "discord.py must not sleep on the 429 itself"
+    assert err.value.retry_after == 2.5
+    assert err.value.transient
+    assert len(fake.requests_to("POST", f"/channels/{DM}/messages")) == before + 1
+    await channel.send(DM, "hello")  # the channel layer's retry goes through
+
+
+async def test_429_on_an_interaction_followup_is_raised_too(
+    fake: FakeDiscord, bot: tuple[DiscordChannel, Recorder]
+) -> None:
+    channel, received = bot
+    ref = await channel.send_approval(approval())
+    await fake.press_button(ref.id, "deny:ap12", user=BOB)
+    await received.next()
+    fake.rate_limit_next(1.5)
+    with pytest.raises(DeliveryError) as err:
+        await channel.send_private(GROUP, BOB, "no")
+    assert err.value.retry_after == 1.5
+    await channel.send_private(GROUP, BOB, "no")
+    assert fake.followups[-1][1]["content"] == "no"
+
+
+async def test_server_error_is_transient_and_not_retried_inside(
+    fake: FakeDiscord, bot: tuple[DiscordChannel, Recorder]
+) -> None:
+    channel, _ = bot
+    fake.fail_next(502)
+    started = time.monotonic()
+    with pytest.raises(DeliveryError) as err:
+        await channel.send(GROUP, "hello")
+    assert err.value.transient and err.value.retry_after is None
+    assert time.monotonic() - started < 1.0, "discord.py retries 5xx with 1+3+5+7+9 s sleeps"
+    assert len(fake.requests_to("POST", f"/channels/{GROUP}/messages")) == 1
+
+
+@pytest.mark.parametrize("status", [403, 404])
+async def test_refusals_are_not_transient(
+    fake: FakeDiscord, bot: tuple[DiscordChannel, Recorder], status: int
+) -> None:
+    channel, _ = bot
+    fake.fail_next(status)
+    with pytest.raises(DeliveryError) as err:
+        await channel.send(GROUP, "hello")
+    assert not err.value.transient
+
+
+async def test_401_is_not_transient(
+    fake: FakeDiscord, bot: tuple[DiscordChannel, Recorder]
+) -> None:
+    channel, _ = bot
+    fake.token = "rotated-in-the-portal"
+    with pytest.raises(DeliveryError) as err:
+        await channel.send(DM, "hello")
+    assert not err.value.transient
+    assert "401" in str(err.value)
+
+
+async def test_bad_ids_are_refused_before_any_request(
+    bot: tuple[DiscordChannel, Recorder],
+) -> None:
+    channel, _ = bot
+    with pytest.raises(DeliveryError) as err:
+        await channel.send("general", "hello")
+    assert not err.value.transient
+
+
+async def test_typing_and_progress(fake: FakeDiscord, bot: tuple[DiscordChannel, Recorder]) -> None:
+    channel, _ = bot
+    await channel.typing(DM)
+    assert fake.requests_to("POST", f"/channels/{DM}/typing")
+    count = len(fake.requests)
+    await channel.progress(DM, Progress(kind="status", task_id="t1"))
+    assert len(fake.requests) == count
+
+
+# ---------------------------------------------------------------------- gateway health
+
+
+async def test_gateway_drop_resumes_and_messages_keep_arriving(
+    fake: FakeDiscord, bot: tuple[DiscordChannel, Recorder]
+) -> None:
+    channel, received = bot
+    with capture_logs() as logs:
+        await fake.drop()
+        await until(lambda: channel.health.state == "reconnecting" or fake.resumes)
+        await fake.wait_ready()
+        await until(lambda: channel.health.state == "connected")
+    assert fake.gateway_paths == ["/gw", "/gw-resume"]  # READY's resume_gateway_url
+    assert len(fake.identifies) == 1 and len(fake.resumes) == 1
+    assert fake.resumes[0]["session_id"] == "sess-1"
+    events = [e["event"] for e in logs if e["event"].startswith("adapter.")]
+    assert events.index("adapter.reconnect") < events.index("adapter.reconnected")
+    assert channel.health.reconnects == 1
+    await fake.dm_message("after the drop")
+    event = await received.next()
+    assert isinstance(event, Message) and event.text == "after the drop"
+
+
+async def test_disallowed_intents_is_down_with_the_portal_hint() -> None:
+    async with FakeDiscord(message_content_enabled=False) as fake:
+        channel = make_channel(fake)
+        with pytest.raises(DeliveryError) as err:
+            await channel.start(Recorder())
+        assert not err.value.transient
+        assert channel.health.state == "down"
+        assert channel.health.detail == INTENT_HINT
+        assert "MESSAGE CONTENT intent" in channel.health.detail
+        assert "developer portal" in channel.health.detail
+        await asyncio.sleep(0.1)  # a late "disconnect" event must not overwrite "down"
+        assert channel.health.state == "down"
+        await channel.stop()
+        assert channel.health.state == "stopped"
+
+
+async def test_gateway_auth_failure_is_down(fake: FakeDiscord) -> None:
+    fake.close_on_identify = 4004
+    channel = make_channel(fake)
+    with pytest.raises(DeliveryError):
+        await channel.start(Recorder())
+    assert channel.health.state == "down" and "4004" in channel.health.detail
+    await channel.stop()
+
+
+# ---------------------------------------------------------------------- golden files
+
+
+def _event_json(event: Inbound) -> dict[str, Any]:
+    return {"type": type(event).__name__, **dataclasses.asdict(event)}
+
+
+def _check_golden(path: Path, actual: Any) -> None:
+    if UPDATE or not path.exists():
+        if not UPDATE:
+            pytest.fail(f"{path.name} is missing: run with STEWARD_UPDATE_GOLDEN=1 to create it")
+        path.write_text(json.dumps(actual, indent=2, ensure_ascii=False) + "\n")
+    assert actual == json.loads(path.read_text())
+
+
+@pytest.mark.parametrize(
+    "case", ["dm_message", "guild_mention", "thread_message", "button_press", "slash_command"]
+)
+async def test_golden_inbound(
+    fake: FakeDiscord, bot: tuple[DiscordChannel, Recorder], case: str
+) -> None:
+    _, received = bot
+    recorded = json.loads((GOLDEN / f"in_{case}.json").read_text())
+    await fake.dispatch(recorded["t"], recorded["d"])
+    event = await received.next()
+    _check_golden(GOLDEN / f"in_{case}.expected.json", _event_json(event))
+
+
+async def test_golden_outbound(fake: FakeDiscord, bot: tuple[DiscordChannel, Recorder]) -> None:
+    channel, _ = bot
+
+    async def body_of(call: Any) -> dict[str, Any]:
+        count = len(fake.requests)
+        await call
+        (request,) = [r for r in fake.requests[count:] if "/typing" not in r.path]
+        body = {k: v for k, v in request.body.items() if k not in ("nonce",)}
+        return {"method": request.method, "path": request.path, "body": body}
+
+    _check_golden(GOLDEN / "out_text.json", await body_of(channel.send(DM, "Done: **3** files")))
+    ref_holder: list[MessageRef] = []
+
+    async def send_approval() -> None:
+        ref_holder.append(await channel.send_approval(approval()))
+
+    _check_golden(GOLDEN / "out_approval.json", await body_of(send_approval()))
+    _check_golden(
+        GOLDEN / "out_suggestion.json", await body_of(channel.send_suggestion(suggestion()))
+    )
+    out = await body_of(channel.edit(ref_holder[0], "Approved once by Alice."))
+    out["path"] = out["path"].replace(ref_holder[0].id, "{message_id}")
+    _check_golden(GOLDEN / "out_edit.json", out)
+
+
+# ---------------------------------------------------------------------- harness
+
+
+async def test_harness_round_trip() -> None:
+    harness = DiscordHarness()
+    await harness.start()
+    received = Recorder()
+    try:
+        await harness.channel.start(received)
+        await harness.user_says("hi", group=True, thread="design")
+        event = await received.next()
+        assert isinstance(event, Message)
+        ref = await harness.channel.send_approval(approval(event.conversation), thread=event.thread)
+        await harness.press(ref.id, "approve:ap12", user=harness.stranger)
+        await received.next()
+        assert (harness.acknowledged_within() or 99) < 3.0
+        (sent,) = harness.sent()
+        assert sent.thread == "design"
+        assert sent.buttons[0] == ("Approve once", "approve:ap12")
+        await harness.channel.edit(ref, "Denied by bob.")
+        assert harness.edits()[-1].buttons == []
+    finally:
+        await harness.stop()
