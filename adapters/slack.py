@@ -431,6 +431,9 @@ class SlackChannel:
             authorize=authorize,
             signing_secret=signing_secret,
             request_verification_enabled=self.mode == "http",
+            # Our own messages must reach _on_event (which ignores them) so that their
+            # echo proves inbound events still arrive (the channel layer's deaf check).
+            ignoring_self_events_enabled=False,
             logger=logging.getLogger("adapters.slack.bolt"),
         )
         self._register()

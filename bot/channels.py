@@ -46,6 +46,10 @@ T = TypeVar("T")
 #: Longest Retry-After we wait for in-line; beyond it the message is kept as undelivered.
 MAX_RETRY_AFTER = 300.0
 STATUS_EDIT_INTERVAL = 1.5
+#: A platform echoes the bot's own messages as events (Slack, Discord). If none came
+#: back this long after a successful send, inbound events are not arriving: "deaf".
+DEAF_AFTER = 90.0
+DEAF_CHECK_EVERY = 15.0
 
 
 class UndeliveredStore:
@@ -115,6 +119,10 @@ class Outbox:
             max_label_length=caps.max_label_length,
         )
         self._status: dict[str, _Status] = {}
+        #: Time of the oldest successful send not yet followed by any inbound event.
+        self._unechoed_since: float | None = None
+        self.echoes = status_progress  # chat platforms echo the bot's messages
+        self._watchdog: asyncio.Task[None] | None = None
 
     @property
     def health(self) -> ChannelHealth:
@@ -125,9 +133,47 @@ class Outbox:
 
     async def start(self, dispatch: Dispatch) -> None:
         await self.adapter.start(dispatch)
+        if self.echoes and not self.clock.simulated:
+            self._watchdog = asyncio.create_task(self._watch(), name=f"deaf-check:{self.name}")
 
     async def stop(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
         await self.adapter.stop()
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(DEAF_CHECK_EVERY)
+            self.check_deaf()
+
+    def _sent_ok(self) -> None:
+        if self.echoes and self._unechoed_since is None:
+            self._unechoed_since = self.clock.now()
+
+    def check_deaf(self) -> bool:
+        """Detect "alive but deaf": connected, yet our own recent messages never came back
+        as events, so people's messages aren't arriving either. Reported loudly; cleared
+        as soon as any event arrives."""
+        health = getattr(self.adapter, "health", None)
+        if health is None or self._unechoed_since is None:
+            return False
+        last = health.last_event_at
+        if last is not None and last >= self._unechoed_since:
+            self._unechoed_since = None
+            if health.state == "deaf":
+                health.set("connected", "events arrive again")
+                log.info("adapter.hearing_again", channel=self.name)
+            return False
+        waited = self.clock.now() - self._unechoed_since
+        if health.state == "connected" and waited >= DEAF_AFTER:
+            health.set(
+                "deaf",
+                f"connected, but no event arrived in {waited:.0f}s although Steward posted "
+                f"messages the platform echoes: check the app's event subscriptions / intents",
+            )
+            log.error("adapter.deaf", channel=self.name, waited_s=round(waited))
+            return True
+        return health.state == "deaf"
 
     # ── delivery with retries ────────────────────────────────────────────────
     async def _deliver(
@@ -193,6 +239,7 @@ class Outbox:
                 {"conversation": conversation, "text": piece, "thread": thread},
             )
         assert ref is not None
+        self._sent_ok()
         return ref
 
     async def edit(

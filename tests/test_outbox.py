@@ -206,3 +206,16 @@ async def test_progress_is_one_status_message_edited_in_place(tmp_path: Path) ->
         and final_status[1].startswith("Done: 1 step")
         and "✓ shell" in final_status[1]
     )
+
+
+async def test_alive_but_deaf_is_detected_and_cleared(tmp_path: Path) -> None:
+    box, platform, clock = outbox(tmp_path, status_progress=True)
+    await box.send("C1", "hello")  # the platform should echo this back as an event
+    clock._now = 30.0
+    assert not box.check_deaf() and platform.health.state == "connected"
+    clock._now = 100.0
+    assert box.check_deaf() and platform.health.state == "deaf"
+    assert "no event arrived" in platform.health.detail
+    platform.health.last_event_at = 101.0  # an event (e.g. the echo) arrives
+    clock._now = 102.0
+    assert not box.check_deaf() and platform.health.state == "connected"
