@@ -239,7 +239,9 @@ class Dispatcher:
         if channel.capabilities.typing:
             with contextlib.suppress(Exception):
                 await channel.typing(msg.conversation)
-        request = TaskRequest(channel, msg.conversation, msg.user, text, msg.thread, list(window))
+        request = TaskRequest(
+            channel, msg.conversation, msg.user, text, msg.thread, list(window), direct=msg.direct
+        )
         try:
             result = await self.agent.run(request, observe)
         except asyncio.CancelledError:

@@ -14,6 +14,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -24,6 +25,7 @@ from core.events import Channel, Progress
 from core.gates import check_answer, honest_suffix, retry_instruction
 from core.guardian import Guardian, Verdict
 from core.llm import LLMClient, LLMError, LLMResult, ToolCallRequest
+from core.recall import Recall, render
 from core.signatures import signature
 from core.tools.base import Tool, ToolContext, ToolError
 from memory.episodes import Episode, EpisodeStore, ToolRecord
@@ -52,10 +54,21 @@ class TaskRequest:
     text: str
     thread: str | None = None
     history: list[dict[str, Any]] = field(default_factory=list)
+    #: A one-to-one conversation (what is said here is private to this person).
+    direct: bool = True
 
     @property
     def live_progress(self) -> bool:
         return self.channel.capabilities.live_progress
+
+    @property
+    def scope(self) -> str:
+        """Who may see what this task remembers: the person (direct messages) or the
+        conversation (groups). Recall only returns episodes of the same scope, so a DM is
+        never recalled into a group or into another person's task."""
+        if self.direct:
+            return f"person:{self.channel.name}:{self.user}"
+        return f"conversation:{self.channel.name}:{self.conversation}"
 
 
 @dataclass(slots=True)
@@ -86,6 +99,10 @@ class Agent:
         clock: Clock,
         max_steps: int = 12,
         task_timeout: float = 600.0,
+        recall: Recall | None = None,
+        recall_limit: int = 3,
+        recall_budget: int = 600,
+        after_episode: Callable[[Path], Awaitable[None]] | None = None,
     ) -> None:
         self.llm = llm
         self.tools = tools
@@ -96,15 +113,28 @@ class Agent:
         self.clock = clock
         self.max_steps = max_steps
         self.task_timeout = task_timeout
+        self.recall = recall
+        self.recall_limit = recall_limit
+        self.recall_budget = recall_budget
+        self.after_episode = after_episode
         self._schemas = [t.schema() for t in tools.values()]
 
-    def _messages(self, req: TaskRequest) -> list[dict[str, Any]]:
+    async def _messages(self, req: TaskRequest, episode: Episode) -> list[dict[str, Any]]:
         system = SYSTEM_PROMPT.format(workspace=self.tool_context.workspace)
-        return [
-            {"role": "system", "content": system},
-            *req.history,
-            {"role": "user", "content": req.text},
-        ]
+        messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
+        if self.recall is not None:
+            try:
+                found = await self.recall.similar(
+                    req.text, scope=req.scope, limit=self.recall_limit
+                )
+            except Exception:  # memory is a help, never a reason to fail the task
+                log.warning("recall.failed", exc_info=True)
+                found = []
+            section, shown = render(found, self.recall_budget)
+            if section:
+                messages.append({"role": "system", "content": section})
+                episode.recalled = shown
+        return [*messages, *req.history, {"role": "user", "content": req.text}]
 
     async def run(self, req: TaskRequest, observe: Observer | None = None) -> TaskResult:
         task_id = new_task_id(self.clock)
@@ -126,6 +156,7 @@ class Agent:
             request=req.text,
             outcome="failure",
             model=self.llm.model,
+            scope=req.scope,
         )
         bound = log
         bound.info("task.started")
@@ -183,10 +214,16 @@ class Agent:
 
     async def _save(self, episode: Episode, bound: Any) -> Any:
         try:
-            return await self.episodes.write(episode)
+            path = await self.episodes.write(episode)
         except Exception:
             bound.exception("episode.write_failed", episode=episode.id)
             return None
+        if self.after_episode is not None:
+            try:
+                await self.after_episode(path)
+            except Exception:  # the file is the truth; an index can be rebuilt from it
+                bound.warning("episode.index_failed", episode=episode.id, exc_info=True)
+        return path
 
     async def _loop(
         self,
@@ -196,7 +233,7 @@ class Agent:
         emit: Observer,
         bound: Any,
     ) -> str:
-        messages = self._messages(req)
+        messages = await self._messages(req, episode)
 
         async def on_text(delta: str) -> None:
             await emit(Progress("text", task_id, text=delta))

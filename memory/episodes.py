@@ -39,6 +39,8 @@ class Episode:
     user: str
     request: str
     outcome: str  # success | failure | cancelled
+    #: person:<channel>:<user> for direct messages, conversation:<channel>:<id> for groups.
+    scope: str = ""
     reply: str = ""
     model: str = ""
     steps: int = 0
@@ -50,6 +52,8 @@ class Episode:
     tools: list[ToolRecord] = field(default_factory=list)
     #: Which answer gates fired ("evidence", "quality", "passed after retry").
     gates: list[str] = field(default_factory=list)
+    #: Ids of the past episodes shown to the model for this task (recall).
+    recalled: list[str] = field(default_factory=list)
 
     @property
     def error_signatures(self) -> list[str]:
@@ -62,12 +66,14 @@ class Episode:
             "channel": self.channel,
             "conversation": self.conversation,
             "user": self.user,
+            "scope": self.scope,
             "request": self.request,
             "outcome": self.outcome,
             "error": self.error or None,
             "error_signatures": self.error_signatures,
             "tools": [asdict(t) for t in self.tools],
             "gates": self.gates,
+            "recalled": self.recalled,
             "model": self.model,
             "steps": self.steps,
             "tokens_in": self.tokens_in,
