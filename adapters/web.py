@@ -39,7 +39,7 @@ import os
 import re
 import secrets
 import time
-from collections.abc import Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -96,8 +96,17 @@ class WebChannel:
         max_buttons=6,
     )
 
-    def __init__(self, data_dir: Path, *, owner: str = "owner", notice: str | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        owner: str = "owner",
+        notice: str | None = None,
+        scrub: Callable[[str], str] | None = None,
+    ) -> None:
         self.owner = owner
+        #: Applied to every text before it is stored (the app passes secret redaction).
+        self._scrub = scrub or (lambda text: text)
         self._dir = Path(data_dir) / "web"
         self._notice = notice or None
         self._dispatch: Dispatch | None = None
@@ -508,7 +517,8 @@ class WebChannel:
                 fh.seek(-1, os.SEEK_END)
                 if fh.read(1) != b"\n":
                     prefix = b"\n"
-            fh.write(prefix + _dumps(frame).encode() + b"\n")
+            stored = {**frame, "text": self._scrub(str(frame.get("text", "")))}
+            fh.write(prefix + _dumps(stored).encode() + b"\n")
             fh.flush()
         count = self._appends.get(session, 0) + 1
         self._appends[session] = count

@@ -26,7 +26,9 @@ from core.tools import ALL_TOOLS
 from core.tools.base import ToolContext
 from memory.approvals import ApprovalStore
 from memory.episodes import EpisodeStore
+from memory.lock import DataDirLocked, acquire
 from memory.rules import RuleStore
+from memory.store import DataStore
 
 NO_MODEL_MESSAGE = (
     "No model is configured, so I can't work on tasks yet. Set STEWARD_MODEL to a litellm "
@@ -121,6 +123,12 @@ class App:
                 task_timeout=settings.task_timeout,
             )
         self.agent = agent
+        # Last, so nothing above can fail while the lock is held: one Steward per data dir.
+        try:
+            self.lock = acquire(self.data_dir)
+        except DataDirLocked as exc:
+            raise ConfigError(str(exc)) from None
+        DataStore(self.data_dir).ensure_repo()  # the data dir is a git repository
         self.dispatcher = Dispatcher(
             conversations=self.conversations,
             approvals=self.approvals,
@@ -158,6 +166,12 @@ class App:
         return started
 
     async def stop(self) -> None:
+        try:
+            await self._stop_channels()
+        finally:
+            self.lock.release()
+
+    async def _stop_channels(self) -> None:
         await self.conversations.stop()
         for channel in reversed(self.channels):
             try:

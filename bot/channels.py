@@ -39,6 +39,7 @@ from core.events import (
     Suggestion,
 )
 from core.formatting import DIALECTS, split_message
+from memory.redact import redact
 
 log = structlog.get_logger("steward.channels")
 
@@ -65,7 +66,7 @@ class UndeliveredStore:
             fh.flush()
 
     async def keep(self, item: dict[str, Any]) -> None:
-        await asyncio.to_thread(self._append, json.dumps(item, ensure_ascii=False))
+        await asyncio.to_thread(self._append, redact(json.dumps(item, ensure_ascii=False)))
 
     def count(self) -> int:
         if not self.path.is_file():

@@ -41,11 +41,13 @@ def _parser() -> argparse.ArgumentParser:
 
     memory = sub.add_parser("memory", help="what Steward remembers")
     mem_sub = memory.add_subparsers(dest="memory_command", metavar="ACTION")
-    mem_sub.add_parser("stats", help="counts of what is stored")
-    ms = mem_sub.add_parser("search", help="search past episodes")
+    mem_sub.add_parser("stats", help="counts, index sizes, last rebuild, embedder")
+    ms = mem_sub.add_parser("search", help="search episodes, rules and notes (words + meaning)")
     ms.add_argument("query")
-    ms.add_argument("--limit", type=int, default=10)
-    ms.add_argument("--json", action="store_true")
+    ms.add_argument("--limit", type=int, default=10, help="how many results (default 10)")
+    ms.add_argument("--kind", choices=["episode", "rule", "note"], help="only this kind")
+    ms.add_argument("--json", action="store_true", help="machine-readable output")
+    mem_sub.add_parser("rebuild", help="recreate the search indexes from the Markdown files")
 
     rp = sub.add_parser("replay", help="replay a JSON-lines scenario on a simulated clock")
     rp.add_argument("file", help="scenario file, or - for stdin")

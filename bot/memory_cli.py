@@ -1,64 +1,140 @@
-"""`steward memory …` over the episode files (the indexes arrive with the memory issue)."""
+"""`steward memory search|rebuild|stats`: the operator's view of what Steward remembers.
+
+This is an operator tool run on the host, so `search` sees every scope (the agent's
+recall filters by scope; this does not). The index opens the way the agent's does:
+missing, corrupt or stale index files are rebuilt or caught up first, with a progress
+bar when stderr is a terminal. faiss, numpy and aiosqlite load only here, never for
+`steward --help`.
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from config.settings import Settings
-from memory.episodes import EpisodeStore
+if TYPE_CHECKING:
+    from config.settings import Settings
 
 
-def _episodes(settings: Settings) -> tuple[list[dict[str, Any]], list[str]]:
-    store = EpisodeStore(settings.data_dir)
-    found, problems = [], []
-    for path in store.iter_files():
-        try:
-            meta = store.read_front_matter(path)
-        except (OSError, ValueError) as exc:
-            problems.append(str(exc))
-            continue
-        meta["path"] = str(path)
-        found.append(meta)
-    return found, problems
+def _embedder(settings: Settings) -> Any:
+    from memory.embedder import make_embedder
+
+    return make_embedder(getattr(settings, "embedding_model", "") or None)
 
 
 def memory_command(settings: Settings, args: argparse.Namespace) -> int:
-    episodes, problems = _episodes(settings)
-    for p in problems:
-        print(f"skipped malformed episode: {p}", file=sys.stderr)
-    if args.memory_command == "search":
-        words = [w.lower() for w in args.query.split() if w]
-        hits = [
-            e
-            for e in episodes
-            if all(w in f"{e.get('request', '')} {e.get('error', '')}".lower() for w in words)
+    action = args.memory_command or "stats"
+    import sqlite3
+
+    try:
+        return asyncio.run(_run(settings, args, action))
+    except (OSError, sqlite3.Error) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        print(
+            f"steward: cannot use the memory index in {settings.data_dir}: {reason} "
+            "(check STEWARD_DATA_DIR and that this user may write there)",
+            file=sys.stderr,
+        )
+        return 1
+
+
+async def _run(settings: Settings, args: argparse.Namespace, action: str) -> int:
+    from memory.index import MemoryIndex
+
+    index = await MemoryIndex.open(
+        settings.data_dir, _embedder(settings), rebuild=action == "rebuild"
+    )
+    try:
+        if action == "search":
+            return await _search(index, args)
+        if action == "rebuild":
+            return _rebuilt(index)
+        return await _stats(index)
+    finally:
+        await index.close()
+
+
+async def _search(index: Any, args: argparse.Namespace) -> int:
+    hits = await index.search(args.query, limit=max(1, args.limit), kinds=args.kind)
+    if args.json:
+        out = [
+            {
+                "id": h.id,
+                "kind": h.kind,
+                "outcome": h.meta["outcome"],
+                "status": h.meta["status"],
+                "started": h.meta["started"],
+                "request": h.meta["request"],
+                "title": h.meta["title"],
+                "error": h.meta["error"],
+                "scope": h.meta["scope"],
+                "path": str(index.data_dir / h.meta["path"]),
+                "score": round(h.score, 6),
+                "similarity": h.meta["similarity"],
+            }
+            for h in hits
         ]
-        hits.sort(key=lambda e: str(e.get("started", "")), reverse=True)
-        hits = hits[: max(1, args.limit)]
-        if args.json:
-            print(
-                json.dumps(
-                    [
-                        {k: e.get(k) for k in ("id", "started", "outcome", "request", "path")}
-                        for e in hits
-                    ],
-                    default=str,
-                )
-            )
-        elif not hits:
-            print(f"No episodes match {args.query!r}.")
-        else:
-            for e in hits:
-                print(f"{e.get('id')}  {e.get('outcome'):9} {str(e.get('request', ''))[:70]}")
+        print(json.dumps(out, ensure_ascii=False))
         return 0
-    outcomes: dict[str, int] = {}
-    for e in episodes:
-        outcomes[str(e.get("outcome"))] = outcomes.get(str(e.get("outcome")), 0) + 1
-    print(f"data dir: {settings.data_dir}")
-    print(f"episodes: {len(episodes)} " + " ".join(f"{k}={v}" for k, v in sorted(outcomes.items())))
-    if problems:
-        print(f"malformed files skipped: {len(problems)}")
+    if not hits:
+        print(f"Nothing in memory matches {args.query!r}.")
+        return 0
+    for h in hits:
+        first = (h.meta["title"].strip().splitlines() or [""])[0]
+        label = h.meta["outcome"] if h.kind == "episode" else f"{h.kind}:{h.meta['status']}"
+        day = h.meta["started"][:10] or "-"
+        print(f"{h.id}  {label:<12} {day:<10}  {first[:90]}")
+    return 0
+
+
+def _rebuilt(index: Any) -> int:
+    report = index.last_rebuild
+    counts = ", ".join(f"{n} {kind}s" for kind, n in sorted(report.counts.items())) or "no files"
+    print(
+        f"Rebuilt the memory index from {report.total} files in {report.seconds:.2f} s: {counts}."
+    )
+    if report.skipped:
+        print(f"Skipped {len(report.skipped)} malformed file(s), left as they are:")
+        for problem in report.skipped:
+            print(f"  {problem}")
+    return 0
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return f"{n} B"
+
+
+def _counted(what: str, n: int, parts: dict[str, int]) -> str:
+    return " ".join([f"{what}: {n}", *(f"{k}={v}" for k, v in parts.items())])
+
+
+async def _stats(index: Any) -> int:
+    s = await index.stats()
+    counts = s["counts"]
+    print(f"data dir: {s['data_dir']}")
+    print(_counted("episodes", counts.get("episode", 0), s["outcomes"]))
+    print(_counted("rules", counts.get("rule", 0), s["rule_statuses"]))
+    print(f"notes: {counts.get('note', 0)}")
+    if s["skipped"]:
+        print(f"malformed files skipped: {len(s['skipped'])}")
+        for problem in s["skipped"]:
+            print(f"  {problem}")
+    print(
+        f"index: {Path(index.sqlite_path).name} {_size(s['sqlite_bytes'])}, "
+        f"{Path(index.faiss_path).name} {_size(s['faiss_bytes'])} "
+        f"({s['vectors']} vectors, {s['stale_vectors']} stale)"
+    )
+    print(f"embedder: {s['embedder']} ({s['dim']} dims)")
+    if s["rebuilt_at"]:
+        print(
+            f"last rebuild: {s['rebuilt_at']} ({s['rebuild_seconds']:.2f} s; {s['rebuild_reason']})"
+        )
     return 0

@@ -20,6 +20,7 @@ from bot.app import App
 from bot.channels import UndeliveredStore, configured_platforms
 from config.settings import ConfigError, Settings
 from core.events import Channel
+from memory.redact import redact
 
 log = structlog.get_logger("steward.server")
 
@@ -112,7 +113,7 @@ def build_platforms(settings: Settings) -> list[Channel]:
 
 async def serve(settings: Settings, *, stop_event: asyncio.Event | None = None) -> int:
     app = App(settings)
-    web_channel = WebChannel(settings.data_dir, notice=app.notice)
+    web_channel = WebChannel(settings.data_dir, notice=app.notice, scrub=redact)
     platforms = build_platforms(settings)
     runner = web.AppRunner(build_web_app(app, web_channel, platforms), access_log=None)
     await runner.setup()

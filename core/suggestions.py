@@ -21,6 +21,7 @@ import yaml
 from core.clock import Clock
 from core.events import Button, Channel, MessageRef, Suggestion
 from memory.atomic import atomic_write_text
+from memory.redact import redact
 
 log = structlog.get_logger("steward.suggestions")
 
@@ -47,9 +48,8 @@ class Suggestions:
 
     async def _save(self, record: dict[str, Any]) -> None:
         head = yaml.safe_dump(record, sort_keys=False, allow_unicode=True)
-        await asyncio.to_thread(
-            atomic_write_text, self._path(record["id"]), f"---\n{head}---\n\n{record['text']}\n"
-        )
+        text = redact(f"---\n{head}---\n\n{record['text']}\n")
+        await asyncio.to_thread(atomic_write_text, self._path(record["id"]), text)
 
     def _load(self, sid: str) -> dict[str, Any] | None:
         path = self._path(sid)

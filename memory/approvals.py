@@ -15,6 +15,7 @@ import structlog
 import yaml
 
 from memory.atomic import atomic_write_text
+from memory.redact import redact
 
 log = structlog.get_logger("steward.approvals.store")
 
@@ -29,7 +30,7 @@ class ApprovalStore:
     def _render(self, record: dict[str, Any]) -> str:
         head = yaml.safe_dump(record, sort_keys=False, allow_unicode=True)
         body = f"{record.get('what', '')}\n\nWhy: {record.get('why', '')}\n"
-        return f"---\n{head}---\n\n{body}"
+        return redact(f"---\n{head}---\n\n{body}")
 
     async def save(self, record: dict[str, Any]) -> None:
         await asyncio.to_thread(atomic_write_text, self.path(record["id"]), self._render(record))

@@ -17,6 +17,7 @@ import frontmatter
 import yaml
 
 from memory.atomic import atomic_write_text
+from memory.redact import redact
 
 
 @dataclass(slots=True)
@@ -109,7 +110,8 @@ class EpisodeStore:
 
     async def write(self, episode: Episode) -> Path:
         path = self.path_for(episode)
-        await asyncio.to_thread(atomic_write_text, path, episode.to_markdown())
+        # Secrets pasted in chat or printed by tools never reach the disk.
+        await asyncio.to_thread(atomic_write_text, path, redact(episode.to_markdown()))
         return path
 
     def iter_files(self) -> Iterator[Path]:
