@@ -60,7 +60,7 @@ async def test_one_steward_per_data_dir(
         scenario = tmp_path / "empty.jsonl"
         scenario.write_text("")
         env = {k: v for k, v in os.environ.items() if not k.startswith("STEWARD_")}
-        other = subprocess.run(
+        other = subprocess.run(  # noqa: ASYNC221 - the test waits on purpose
             [str(Path(sys.executable).with_name("steward")), "replay", str(scenario)],
             env={**env, **make_env(tmp_path, llm)},
             cwd=tmp_path,
