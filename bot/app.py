@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from bot.channels import Outbox, wrap
 from bot.dispatcher import Dispatcher
@@ -90,6 +91,7 @@ class App:
         )
         self.llm: LLMClient | None = None
         self._warm: asyncio.Future[object] | None = None
+        self.index: Any = None
         agent: Agent | None = None
         if settings.model_configured:
             self.llm = LLMClient(
@@ -121,6 +123,8 @@ class App:
                 clock=self.clock,
                 max_steps=settings.max_steps,
                 task_timeout=settings.task_timeout,
+                recall_limit=settings.recall_limit,
+                recall_budget=settings.recall_budget,
             )
         self.agent = agent
         # Last, so nothing above can fail while the lock is held: one Steward per data dir.
@@ -156,6 +160,7 @@ class App:
     async def start(self, channels: Sequence[Channel]) -> list[Outbox]:
         """Start each adapter behind its Outbox (the shared delivery layer); the dispatcher
         and approvals only ever see the Outbox."""
+        await self.open_memory()
         started = []
         for adapter in channels:
             outbox = wrap(adapter, self.settings, self.clock, self.data_dir)
@@ -165,9 +170,27 @@ class App:
         await self.approvals.recover({c.name: c for c in self.channels})
         return started
 
+    async def open_memory(self) -> None:
+        """Open (and if needed rebuild) the memory index; wire recall and indexing."""
+        if self.index is not None:
+            return
+        from core.recall import IndexRecall
+        from memory.embedder import make_embedder
+        from memory.index import MemoryIndex
+
+        embedder = make_embedder(self.settings.embedding_model.strip() or None)
+        self.index = await MemoryIndex.open(self.data_dir, embedder, progress=False)
+        if self.agent is not None:
+            if self.settings.recall_limit:
+                self.agent.recall = IndexRecall(self.index)
+            self.agent.after_episode = self.index.add_episode_file
+
     async def stop(self) -> None:
         try:
             await self._stop_channels()
+            if self.index is not None:
+                await self.index.close()
+                self.index = None
         finally:
             self.lock.release()
 

@@ -82,6 +82,9 @@ class Settings(BaseModel):
     discord_api_url: str
     discord_gateway_url: str
     web_password: str = Field(repr=False)
+    embedding_model: str
+    recall_limit: int = Field(ge=0, le=50)
+    recall_budget: int = Field(ge=0)
     delivery_retries: int = Field(ge=0, le=20)
     delivery_backoff: float = Field(ge=0)
     delivery_backoff_max: float = Field(ge=0)

@@ -9,7 +9,7 @@ capped so recall never crowds out the conversation itself.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,3 +52,23 @@ def render(recalled: list[Recalled], budget_tokens: int) -> tuple[str, list[str]
     if not shown:
         return "", []
     return "\n".join(lines), shown
+
+
+class IndexRecall:
+    """`Recall` over the memory index (memory/index.py): hybrid search, episodes of the
+    task's scope only. Lives in core so that memory never imports core."""
+
+    def __init__(self, index: Any) -> None:
+        self.index = index
+
+    async def similar(self, text: str, *, scope: str, limit: int) -> list[Recalled]:
+        hits = await self.index.search(text, limit=limit, kinds="episode", scopes=[scope])
+        return [
+            Recalled(
+                id=h.id,
+                outcome=str(h.meta.get("outcome", "")),
+                request=str(h.meta.get("request", "")),
+                note=(str(h.meta.get("error") or "").splitlines() or [""])[0],
+            )
+            for h in hits
+        ]

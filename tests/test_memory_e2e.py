@@ -13,6 +13,7 @@ import pytest
 
 from bot.app import App
 from config.settings import ConfigError
+from memory.episodes import EpisodeStore
 from tests.conftest import make_env
 from tests.fakes.llm import ScriptedLLM
 from tests.test_replay_e2e import replay
@@ -83,3 +84,47 @@ async def test_data_dir_is_a_git_repository(settings_for: Callable) -> None:
     await app.stop()
     assert (s.data_dir / ".git").is_dir()
     assert "index.sqlite" in (s.data_dir / ".gitignore").read_text()
+
+
+def recall_section(body: dict) -> str:
+    return next(
+        (
+            m["content"]
+            for m in body["messages"]
+            if m["role"] == "system" and m["content"].startswith("Similar past tasks")
+        ),
+        "",
+    )
+
+
+async def test_recall_shows_similar_past_episodes_of_the_same_scope(
+    llm: ScriptedLLM, settings_for: Callable
+) -> None:
+    s = settings_for(llm)
+    llm.reply_tool("shell", {"command": "echo deploying; exit 4"})
+    llm.reply_text("The deploy of the parser service failed: exit code 4.")
+    llm.reply_text("Deploying the parser service again, carefully.")
+    llm.reply_text("Weather is fine.")
+    llm.reply_text("Group answer.")
+    await replay(
+        s,
+        [
+            {"t": 0, "user": "alice", "text": "deploy the parser service to staging"},
+            {"t": 60, "user": "alice", "text": "deploy the parser service to production"},
+            {"t": 120, "user": "bob", "text": "deploy the parser service please"},
+            {"t": 180, "user": "alice", "conversation": "team", "text": "deploy parser service"},
+        ],
+    )
+    second, bobs = llm.requests[2], llm.requests[3]
+    section = recall_section(second)
+    assert "'deploy the parser service to staging' — shell:ToolError" in section
+    assert recall_section(bobs) == ""  # alice's direct messages are never shown to bob
+    episodes = sorted(
+        (
+            EpisodeStore(s.data_dir).read_front_matter(p)
+            for p in (s.data_dir / "episodes").rglob("*.md")
+        ),
+        key=lambda e: e["started"],
+    )
+    assert episodes[1]["recalled"] == [episodes[0]["id"]]
+    assert episodes[2]["recalled"] == []

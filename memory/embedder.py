@@ -1,0 +1,295 @@
+"""Text → vector, pluggable: a hashed n-gram embedder by default, litellm when configured.
+
+Why a hashed embedder by default: Steward must recall "similar past tasks" on a fresh,
+offline install. Real models either need torch (1.6 GB, ~430 sentences/s here) or
+weights downloaded from a hub, which this deployment cannot assume. Signed feature
+hashing of word stems, stem bigrams and character 3–5-grams needs nothing but numpy,
+is deterministic across processes and machines (crc32 and fixed mixing constants, not
+Python's salted hash()), and embeds thousands of short texts per second.
+
+What it can do: texts that share words, word stems or pieces of words land close
+("the deploy failed because a variable was missing" ~ "missing DEPLOY_TOKEN env var
+broke the release": deploy, missing, var/variable). What it cannot do: synonyms with
+no letters in common ("server is down" vs "host unreachable"), paraphrase, or another
+language. Set STEWARD_EMBEDDING_MODEL to a litellm embedding model for that; the index
+records which embedder built it and re-embeds everything when it changes, so two
+vector spaces are never mixed.
+
+512 dimensions, not 384: hashing noise between unrelated texts has a standard
+deviation of about 1/sqrt(dim), and short chat requests have few features, so 384
+let chance collisions outrank real matches in our examples; 512 costs 0.5 KB more per
+vector (about 50 MB at 100k episodes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import zlib
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+#: Similarity below which a vector hit is noise rather than a related text. Hashed
+#: vectors of unrelated short texts score about ±0.05 (up to ~0.1 with a chance
+#: collision); hosted models sit higher for unrelated text, so they get their own.
+HASHED_MIN_SIMILARITY = 0.12
+MODEL_MIN_SIMILARITY = 0.2
+#: Buckets per word feature (see HashedEmbedder._word_block).
+WORD_PROBES = 4
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """What the memory index needs from an embedder.
+
+    `name` and `dim` identify the vector space: the index stores them and re-embeds
+    everything when either changes. `embed` returns float32 rows of unit length, so
+    inner product is cosine similarity. It may block (CPU or network): the index
+    always calls it off the event loop, or through `aembed` when the embedder has one.
+    """
+
+    name: str
+    dim: int
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray: ...
+
+
+async def embed_async(embedder: Embedder, texts: Sequence[str]) -> np.ndarray:
+    """Embed without blocking the event loop: native async if offered, else a thread."""
+    aembed = getattr(embedder, "aembed", None)
+    if aembed is not None:
+        out = await aembed(texts)
+    else:
+        out = await asyncio.to_thread(embedder.embed, texts)
+    return unit_rows(np.asarray(out, dtype=np.float32))
+
+
+def min_similarity(embedder: Embedder) -> float:
+    """The embedder's noise floor for vector hits (see HASHED_MIN_SIMILARITY)."""
+    return float(getattr(embedder, "min_similarity", MODEL_MIN_SIMILARITY))
+
+
+def unit_rows(m: np.ndarray) -> np.ndarray:
+    """Rows scaled to length 1 (zero rows stay zero), as contiguous float32."""
+    if m.ndim == 1:
+        m = m.reshape(1, -1)
+    norms = np.linalg.norm(m, axis=1, keepdims=True)
+    norms[norms == 0] = 1.0
+    return np.ascontiguousarray(m / norms, dtype=np.float32)
+
+
+# Words too common to say anything about a task. Removed before hashing so that
+# "the", "a", "to" don't make every pair of requests look alike (there is no IDF).
+_STOP = frozenset(
+    """a an and are as at be been but by can could did do does for from had has have how
+    i if in into is it its me my no not of on or our please so than that the their them
+    then there these they this to too us was we were what when where which who why will
+    with would you your just also any all some get got because after before again""".split()
+)
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+_WORD = re.compile(r"[^\W_]+")
+_DIGITS = re.compile(r"\d+")
+_SUFFIXES = ("ingly", "edly", "ing", "ies", "ied", "ed", "es", "ly", "s")
+_U64 = np.uint64
+
+
+def _stem(word: str) -> str:
+    """A crude suffix stripper: failed/fails/failing → fail. Only for word features;
+    character n-grams of the unstemmed word cover what it gets wrong."""
+    for suffix in _SUFFIXES:
+        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
+            return word[: -len(suffix)]
+    return word
+
+
+def _words(text: str) -> list[str]:
+    """Lower-case words, split at camelCase and snake_case, digits folded to 0
+    (ids and counts vary between otherwise identical tasks), stop words removed."""
+    text = _DIGITS.sub("0", _CAMEL.sub(" ", text)).lower()
+    return [w for w in _WORD.findall(text) if w not in _STOP]
+
+
+def _mix(h: np.ndarray) -> np.ndarray:
+    """murmur3's 64-bit finalizer: spreads every input bit over the whole hash."""
+    with np.errstate(over="ignore"):
+        h = h ^ (h >> _U64(33))
+        h = h * _U64(0xFF51AFD7ED558CCD)
+        h = h ^ (h >> _U64(33))
+        h = h * _U64(0xC4CEB9FE1A85EC53)
+        return h ^ (h >> _U64(33))
+
+
+class HashedEmbedder:
+    """Signed feature hashing: stems + stem bigrams + char 3–5-grams, sublinear tf, L2.
+
+    The two blocks (words, characters) are normalized separately and mixed with
+    `char_weight`, so a long text's many character n-grams cannot drown its words.
+    All hashing after tokenization runs in numpy over the whole batch.
+    """
+
+    min_similarity = HASHED_MIN_SIMILARITY
+
+    def __init__(
+        self, dim: int = 512, *, char_weight: float = 0.5, bigram_weight: float = 0.25
+    ) -> None:
+        if dim < 16:
+            raise ValueError("dim must be at least 16")
+        self.dim = dim
+        self.char_weight = char_weight
+        self.bigram_weight = bigram_weight
+        self.name = f"hashed-ngram-v1-{dim}"
+        self._cache: dict[str, int] = {}
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        n = len(texts)
+        if n == 0:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        cache = self._cache
+        rows: list[int] = []
+        hashes: list[int] = []
+        pieces: list[bytes] = []
+        for row, text in enumerate(texts):
+            words = _words(text)
+            for w in words:
+                h = cache.get(w)
+                if h is None:
+                    h = cache[w] = zlib.crc32(_stem(w).encode("utf-8"))
+                hashes.append(h)
+            rows.extend([row] * len(words))
+            pieces.append((" " + " ".join(words) + " ").encode("utf-8"))
+        if len(cache) > 200_000:
+            cache.clear()
+        word_block = self._word_block(rows, hashes, n)
+        char_block = self._char_ngrams(pieces)
+        return unit_rows(_finish(word_block) + self.char_weight * _finish(char_block))
+
+    def _word_block(self, rows: list[int], hashes: list[int], n: int) -> np.ndarray:
+        """Unigram and bigram features of every text in the batch.
+
+        `hashes` are the crc32 of each word's stem, `rows` the text each came from;
+        a bigram's hash mixes two neighbouring stems of the same text.
+        """
+        dim = self.dim
+        if not hashes:
+            return np.zeros((n, dim), dtype=np.float64)
+        r = np.asarray(rows, dtype=np.int64)
+        h = np.asarray(hashes, dtype=_U64)
+        same = r[:-1] == r[1:]
+        with np.errstate(over="ignore"):
+            pair = h[:-1][same] * _U64(0x100000001B3) + h[1:][same] + _U64(0x51ED27)
+            allh = np.concatenate([h * _U64(0x9E3779B97F4A7C15), _mix(pair)])
+        allr = np.concatenate([r, r[:-1][same]])
+        weight = np.ones(len(allh))
+        weight[len(h) :] = self.bigram_weight
+        # Each word goes to WORD_PROBES buckets with independent signs: the same
+        # expected noise, but a chance collision between two unrelated short texts
+        # costs 1/WORD_PROBES of a shared word instead of a whole one.
+        idx, wts = [], []
+        with np.errstate(over="ignore"):
+            for probe in range(WORD_PROBES):
+                ph = _mix(allh + _U64((probe * 0x632BE59BD9B4E019 + 1) & (2**64 - 1)))
+                idx.append(allr * dim + (ph % _U64(dim)).astype(np.int64))
+                wts.append(np.where((ph >> _U64(63)) & _U64(1), -weight, weight))
+        return np.bincount(
+            np.concatenate(idx), weights=np.concatenate(wts), minlength=n * dim
+        ).reshape(n, dim)
+
+    def _char_ngrams(self, pieces: list[bytes]) -> np.ndarray:
+        """Character 3-, 4- and 5-grams (of the UTF-8 bytes) of every text in the batch,
+        by a rolling polynomial hash; n-grams that would span two texts are dropped."""
+        n, dim = len(pieces), self.dim
+        lengths = np.fromiter((len(p) for p in pieces), dtype=np.int64, count=n)
+        data = np.frombuffer(b"".join(pieces), dtype=np.uint8).astype(_U64)
+        owner = np.repeat(np.arange(n, dtype=np.int64), lengths)
+        total = np.zeros(n * dim, dtype=np.float64)
+        with np.errstate(over="ignore"):
+            for size in (3, 4, 5):
+                count = len(data) - size + 1
+                if count <= 0:
+                    continue
+                h = np.full(count, _U64(size * 0x9E3779B97F4A7C15 & (2**64 - 1)), dtype=_U64)
+                for j in range(size):
+                    h = h * _U64(1099511628211) + data[j : j + count]
+                h = _mix(h)
+                valid = owner[:count] == owner[size - 1 : size - 1 + count]
+                h, rows = h[valid], owner[:count][valid]
+                buckets = (h % _U64(dim)).astype(np.int64)
+                signs = np.where((h >> _U64(63)) & _U64(1), -1.0, 1.0)
+                total += np.bincount(rows * dim + buckets, weights=signs, minlength=n * dim)
+        return total.reshape(n, dim)
+
+
+def _finish(block: np.ndarray) -> np.ndarray:
+    """Sublinear tf (a word said five times is not five times the topic), then L2."""
+    block = np.sign(block) * np.log1p(np.abs(block))
+    norms = np.linalg.norm(block, axis=1, keepdims=True)
+    norms[norms == 0] = 1.0
+    return block / norms
+
+
+class LiteLLMEmbedder:
+    """A hosted or local embedding model through litellm (STEWARD_EMBEDDING_MODEL).
+
+    litellm is imported on first use only: it takes seconds to import, and a
+    hashed-embedder install never needs it. `dim` is learned from the first answer
+    unless given; MemoryIndex.open asks once when it is 0.
+    """
+
+    min_similarity = MODEL_MIN_SIMILARITY
+
+    def __init__(
+        self, model: str, *, dim: int = 0, batch_size: int = 64, **litellm_kwargs: Any
+    ) -> None:
+        if not model.strip():
+            raise ValueError(
+                "an embedding model name is required, e.g. openai/text-embedding-3-small"
+            )
+        self.model = model
+        self.name = f"litellm:{model}"
+        self.dim = dim
+        self.batch_size = batch_size
+        self.kwargs = litellm_kwargs
+
+    def _rows(self, response: Any) -> np.ndarray:
+        data = response["data"] if isinstance(response, dict) else response.data
+        vectors = [d["embedding"] if isinstance(d, dict) else d.embedding for d in data]
+        m = np.asarray(vectors, dtype=np.float32)
+        if not self.dim:
+            self.dim = int(m.shape[1])
+        elif m.shape[1] != self.dim:
+            raise ValueError(f"{self.model} returned {m.shape[1]} dimensions, expected {self.dim}")
+        return m
+
+    def _empty(self) -> np.ndarray:
+        return np.zeros((0, self.dim), np.float32)
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        import litellm
+
+        parts = [
+            self._rows(litellm.embedding(model=self.model, input=list(chunk), **self.kwargs))
+            for chunk in _chunks(texts, self.batch_size)
+        ]
+        return unit_rows(np.vstack(parts)) if parts else self._empty()
+
+    async def aembed(self, texts: Sequence[str]) -> np.ndarray:
+        import litellm
+
+        parts = []
+        for chunk in _chunks(texts, self.batch_size):
+            response = await litellm.aembedding(model=self.model, input=list(chunk), **self.kwargs)
+            parts.append(self._rows(response))
+        return unit_rows(np.vstack(parts)) if parts else self._empty()
+
+
+def _chunks(items: Sequence[str], size: int) -> list[Sequence[str]]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def make_embedder(model: str | None = None, **litellm_kwargs: Any) -> Embedder:
+    """The configured embedder: litellm when a model is named, else the hashed default."""
+    if model and model.strip():
+        return LiteLLMEmbedder(model.strip(), **litellm_kwargs)
+    return HashedEmbedder()

@@ -1,0 +1,429 @@
+"""The memory index on real SQLite and faiss files in a temp data dir.
+
+The embedder here is the shipped default (hashed n-grams), so "by meaning" examples
+share word stems or pieces of words ("variable"/"var", "missing"): that is what it
+can match. It cannot match synonyms with no letters in common ("server is down" vs
+"host unreachable"); a litellm embedding model can, and is tested here only for its
+plumbing (dimension probe, normalization, re-embed on change) with a fake litellm.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import memory.vectors as vectors_mod
+from memory.embedder import HashedEmbedder, LiteLLMEmbedder
+from memory.episodes import Episode, EpisodeStore, ToolRecord
+from memory.index import FAISS_NAME, SQLITE_NAME, MemoryIndex, _rrf, fts_query
+from memory.vectors import VectorIndex
+
+TASKS = [
+    # id, request, outcome, user, conversation, error signature
+    ("e-deploy", "missing DEPLOY_TOKEN env var broke the release", "failure", "alice", "C1",
+     "shell:KeyError:DEPLOY_TOKEN"),
+    ("e-front", "deploy the frontend to staging", "success", "bob", "C1", ""),
+    ("e-notes", "summarize the meeting notes from Tuesday", "success", "alice", "C2", ""),
+    ("e-csv", "the parser crashed on an empty CSV file", "failure", "bob", "C2",
+     "shell:ValueError:empty file"),
+    ("e-tls", "rotate the TLS certificate on the web server", "success", "carol", "C3", ""),
+    ("e-report", "write a report about quarterly sales", "cancelled", "alice", "C1", ""),
+]  # fmt: skip
+
+QUERIES = [
+    "the deploy failed because a variable was missing",
+    "csv parser",
+    "certificate",
+    "quarterly report for sales",
+    "notes",
+]
+
+
+def _episode(i: int, task: tuple[str, ...]) -> Episode:
+    eid, request, outcome, user, conversation, sig = task
+    tools = []
+    if sig:
+        tools = [ToolRecord(name="shell", ok=False, error=sig.split(":", 1)[1], signature=sig)]
+    return Episode(
+        id=eid,
+        started=datetime(2026, 5, 1 + i, 12, 0, tzinfo=UTC),
+        channel="slack",
+        conversation=conversation,
+        user=user,
+        request=request,
+        outcome=outcome,
+        error=sig.split(":", 1)[1] if sig else "",
+        reply=f"Done: {request}.",
+        tools=tools,
+    )
+
+
+async def _write_all(data: Path) -> list[Path]:
+    store = EpisodeStore(data)
+    return [await store.write(_episode(i, t)) for i, t in enumerate(TASKS)]
+
+
+def _rule(data: Path, rid: str, text: str, status: str = "active") -> Path:
+    path = data / "rules" / f"{rid}.md"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"---\nid: {rid}\nstatus: {status}\ntrigger: deploy\n---\n{text}\n")
+    return path
+
+
+@pytest.fixture
+async def index(tmp_path: Path) -> Any:
+    await _write_all(tmp_path)
+    _rule(tmp_path, "r-1", "Check that every env var the deploy script reads is set.")
+    idx = await MemoryIndex.open(tmp_path)
+    yield idx
+    await idx.close()
+
+
+async def _ids(idx: MemoryIndex, query: str, **kw: Any) -> list[str]:
+    return [h.id for h in await idx.search(query, **kw)]
+
+
+async def test_keyword_search_and_filters(index: MemoryIndex) -> None:
+    assert (await _ids(index, "csv", semantic=False)) == ["e-csv"]
+    assert (await _ids(index, "deploy", semantic=False, kinds="episode"))[:2] == [
+        "e-deploy",
+        "e-front",
+    ]
+    failures = await _ids(index, "deploy csv certificate", outcome="failure")
+    assert set(failures) == {"e-deploy", "e-csv"}
+    assert set(await _ids(index, "deploy", user="bob")) == {"e-front"}
+    # Scope: episodes without a scope field are scoped to their conversation.
+    scoped = await _ids(
+        index, "deploy notes report", kinds="episode", scopes=["conversation:slack:C1"]
+    )
+    assert set(scoped) == {"e-deploy", "e-front", "e-report"}
+    assert await _ids(index, "deploy", scopes=[]) == []
+    assert await _ids(index, "deploy", signature="shell:KeyError:DEPLOY_TOKEN") == ["e-deploy"]
+    since = datetime(2026, 5, 5, tzinfo=UTC)
+    assert set(await _ids(index, "certificate report", since=since)) == {"e-tls", "e-report"}
+    rules = await index.search("deploy env", kinds="rule", statuses=["active"])
+    assert [h.id for h in rules] == ["r-1"] and rules[0].meta["status"] == "active"
+    hit = (await index.search("csv"))[0]
+    assert hit.meta["signatures"] == ["shell:ValueError:empty file"]
+    assert hit.meta["path"] == "episodes/2026/05/04/e-csv.md"
+
+
+async def test_search_by_meaning(index: MemoryIndex) -> None:
+    query = "the deploy failed because a variable was missing"
+    hits = await index.search(query, keyword=False, kinds="episode")
+    assert hits[0].id == "e-deploy"
+    # Unrelated episodes fall below the embedder's noise floor and are not listed.
+    assert not {"e-notes", "e-tls", "e-report"} & {h.id for h in hits}
+    assert hits[0].meta["similarity"] > 0.25
+    # Hybrid: the same winner, with both ranks recorded.
+    best = (await index.search(query))[0]
+    assert best.id == "e-deploy"
+    assert best.meta["keyword_rank"] == 1 and best.meta["vector_rank"] == 1
+
+
+def test_rrf_rewards_agreement() -> None:
+    fused = _rrf([[1, 2, 3], [3, 4, 1]])
+    order = sorted(fused, key=lambda d: -fused[d])
+    # 1 is first in one list and third in the other; 3 is third and first: tie, both
+    # above 2 and 4 which appear once.
+    assert set(order[:2]) == {1, 3} and fused[1] == pytest.approx(fused[3])
+    assert fused[1] == pytest.approx(1 / 61 + 1 / 63)
+    assert fused[2] == fused[4] == pytest.approx(1 / 62)
+
+
+async def test_fusion_order_in_search(index: MemoryIndex) -> None:
+    # "report" matches e-report by keyword only weakly for the vector side; the
+    # document both lists agree on must come first.
+    hits = await index.search("quarterly report for sales")
+    assert hits[0].id == "e-report"
+    assert hits[0].meta["keyword_rank"] == 1 and hits[0].meta["vector_rank"] == 1
+    scores = [h.score for h in hits]
+    assert scores == sorted(scores, reverse=True)
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    ['"', 'AND(', "NEAR(a b", "*", "title:csv", "'; DROP TABLE docs; --", "-", '""', "a OR",
+     "\x00", "(((", "^csv", "csv*"],
+)  # fmt: skip
+async def test_hostile_queries_never_error(index: MemoryIndex, hostile: str) -> None:
+    hits = await index.search(hostile)
+    assert isinstance(hits, list)
+    assert (await index.search("csv " + hostile))[0].id == "e-csv"
+
+
+def test_fts_query_quotes_every_term() -> None:
+    assert fts_query('deploy AND( "x" NEAR') == '"deploy" OR "near"'  # 1-letter words dropped
+    assert fts_query("the") == '"the"'
+    assert fts_query('"*') is None
+
+
+async def test_update_delete_and_stale_vectors(index: MemoryIndex, tmp_path: Path) -> None:
+    path = next((tmp_path / "episodes").rglob("e-tls.md"))
+    before = index._vectors.stale_count
+    text = path.read_text().replace("rotate the TLS certificate", "renew the TLS certificate")
+    path.write_text(text)
+    assert await index.index_file(path) == "e-tls"
+    assert index._vectors.stale_count == before + 1  # the old vector is dead, not deleted
+    hits = await index.search("renew certificate")
+    assert hits[0].id == "e-tls" and hits[0].meta["title"].startswith("renew")
+    # Same embedded text (only the reply changed): no new vector.
+    path.write_text(path.read_text().replace("## Reply", "## Reply\n\nEdited by hand."))
+    await index.index_file(path)
+    assert index._vectors.stale_count == before + 1
+    path.unlink()
+    assert await index.index_file(path) is None
+    assert await _ids(index, "certificate") == []
+    assert index._vectors.stale_count == before + 2
+
+
+async def test_compaction_keeps_labels_and_results(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(vectors_mod, "STALE_MIN", 4)
+    await _write_all(tmp_path)
+    async with await MemoryIndex.open(tmp_path) as idx:
+        path = next((tmp_path / "episodes").rglob("e-csv.md"))
+        for n in range(6):
+            path.write_text(path.read_text().replace("CSV file", f"CSV file v{n}", 1))
+            await idx.index_file(path)
+        if idx._compaction is not None:  # compaction runs in the background
+            await idx._compaction
+        assert idx._vectors.stale_count < 4  # compacted on the way
+        assert idx._vectors.ntotal == len(TASKS) + idx._vectors.stale_count
+        assert (await idx.search("parser crashed csv", keyword=False))[0].id == "e-csv"
+    # The compacted index was saved and reopens without a rebuild.
+    async with await MemoryIndex.open(tmp_path) as again:
+        assert again.open_reason == ""
+        assert (await again.search("parser crashed csv", keyword=False))[0].id == "e-csv"
+
+
+async def _snapshot(idx: MemoryIndex) -> list[list[tuple[str, float]]]:
+    return [[(h.id, round(h.score, 9)) for h in await idx.search(q)] for q in QUERIES]
+
+
+async def test_rebuild_from_markdown_gives_identical_results(tmp_path: Path) -> None:
+    await _write_all(tmp_path)
+    _rule(tmp_path, "r-1", "Check that every env var the deploy script reads is set.")
+    async with await MemoryIndex.open(tmp_path) as idx:
+        before = await _snapshot(idx)
+    assert any(before)
+    (tmp_path / SQLITE_NAME).unlink()
+    (tmp_path / FAISS_NAME).unlink()
+    async with await MemoryIndex.open(tmp_path) as idx:
+        assert "missing" in idx.open_reason
+        assert await _snapshot(idx) == before
+        await idx.rebuild(progress=True)  # the rich bar path too (stderr is captured)
+        assert await _snapshot(idx) == before
+
+
+@pytest.mark.parametrize("victim", [SQLITE_NAME, FAISS_NAME])
+async def test_corrupt_index_file_is_detected_and_rebuilt(tmp_path: Path, victim: str) -> None:
+    await _write_all(tmp_path)
+    async with await MemoryIndex.open(tmp_path) as idx:
+        before = await _snapshot(idx)
+    (tmp_path / victim).write_bytes(b"this is not an index" * 100)
+    async with await MemoryIndex.open(tmp_path) as idx:
+        assert "unreadable" in idx.open_reason and victim in idx.open_reason
+        assert await _snapshot(idx) == before
+
+
+async def test_embedder_change_reembeds_everything(tmp_path: Path) -> None:
+    await _write_all(tmp_path)
+    async with await MemoryIndex.open(tmp_path) as idx:
+        assert idx._vectors.dim == 512
+    small = HashedEmbedder(dim=256)
+    async with await MemoryIndex.open(tmp_path, small) as idx:
+        assert "embedder changed" in idx.open_reason
+        assert idx._vectors.dim == 256 and idx._vectors.ntotal == len(TASKS)
+        assert (await idx.stats())["embedder"] == small.name
+        query = "the deploy failed because a variable was missing"
+        assert (await idx.search(query, keyword=False))[0].id == "e-deploy"
+    async with await MemoryIndex.open(tmp_path, HashedEmbedder(dim=256)) as idx:
+        assert idx.open_reason == ""  # same embedder again: nothing to do
+
+
+async def test_litellm_embedder_probe_and_reembed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[list[str]] = []
+
+    async def aembedding(model: str, input: list[str], **_: Any) -> dict[str, Any]:
+        calls.append(input)
+        rows = HashedEmbedder(dim=64).embed(input) * 3.0  # not unit length on purpose
+        return {"data": [{"embedding": r.tolist()} for r in rows]}
+
+    monkeypatch.setitem(sys.modules, "litellm", types.SimpleNamespace(aembedding=aembedding))
+    await _write_all(tmp_path)
+    async with await MemoryIndex.open(tmp_path):
+        pass
+    model = LiteLLMEmbedder("openai/fake-embed", batch_size=4)
+    async with await MemoryIndex.open(tmp_path, model) as idx:
+        assert model.dim == 64 and calls[0] == ["dimension probe"]
+        assert "litellm:openai/fake-embed" in idx.open_reason
+        hits = await idx.search("deploy token", keyword=False, min_similarity=0.0)
+        assert hits[0].id == "e-deploy"
+        norms = np.linalg.norm(idx._vectors._matrix(), axis=1)
+        assert np.allclose(norms, 1.0, atol=1e-5)  # normalized although the model's weren't
+    assert max(len(c) for c in calls) <= 4  # batched
+
+
+async def test_malformed_markdown_is_skipped_reported_and_untouched(tmp_path: Path) -> None:
+    await _write_all(tmp_path)
+    bad = tmp_path / "episodes" / "2026" / "05" / "09" / "broken.md"
+    bad.parent.mkdir(parents=True)
+    bad_text = "---\nid: broken\nrequest: [unclosed\n---\nbody\n"
+    bad.write_text(bad_text)
+    plain = tmp_path / "episodes" / "2026" / "05" / "09" / "plain.md"
+    plain.write_text("no front matter at all\n")
+    note = tmp_path / "notes" / "howto.md"
+    note.parent.mkdir()
+    note.write_text("# Release checklist\n\nSet DEPLOY_TOKEN before the release.\n")
+    async with await MemoryIndex.open(tmp_path) as idx:
+        report = idx.last_rebuild
+        assert report is not None and report.counts == {"episode": len(TASKS), "note": 1}
+        assert any(str(bad) in p and "malformed front matter" in p for p in report.skipped)
+        assert any(str(plain) in p and "needs YAML front matter" in p for p in report.skipped)
+        assert len((await idx.stats())["skipped"]) == 2
+        assert (await idx.search("release checklist"))[0].id == "howto"
+    assert bad.read_text() == bad_text  # never rewritten
+    # Fixed by a person: picked up at the next open, and no longer reported.
+    bad.write_text("---\nid: broken\nrequest: fixed by hand\noutcome: success\n---\nbody\n")
+    async with await MemoryIndex.open(tmp_path) as idx:
+        assert "1 added" in idx.open_reason
+        assert (await idx.search("fixed by hand"))[0].id == "broken"
+        assert len((await idx.stats())["skipped"]) == 1
+
+
+async def test_files_changed_while_closed_are_caught_up(tmp_path: Path) -> None:
+    paths = await _write_all(tmp_path)
+    async with await MemoryIndex.open(tmp_path):
+        pass
+    paths[0].unlink()
+    paths[1].write_text(paths[1].read_text().replace("frontend", "backend"))
+    await EpisodeStore(tmp_path).write(
+        _episode(20, ("e-new", "archive the old logs", "success", "bob", "C9", ""))
+    )
+    async with await MemoryIndex.open(tmp_path) as idx:
+        assert idx.open_reason.startswith("caught up: 1 added, 1 changed, 1 removed")
+        assert "e-deploy" not in await _ids(idx, "DEPLOY_TOKEN")
+        assert (await idx.search("backend staging"))[0].id == "e-front"
+        assert (await idx.search("archive logs"))[0].id == "e-new"
+
+
+async def test_vectors_lost_in_a_crash_are_reembedded(tmp_path: Path) -> None:
+    await _write_all(tmp_path)
+    idx = await MemoryIndex.open(tmp_path)
+    path = await EpisodeStore(tmp_path).write(
+        _episode(9, ("e-late", "benchmark the vector store", "success", "bob", "C9", ""))
+    )
+    assert await idx.add_episode_file(path) == "e-late"
+    # Crash: SQLite committed the new row, index.faiss was never saved.
+    assert idx._db is not None
+    await idx._db.close()
+    async with await MemoryIndex.open(tmp_path) as again:
+        assert "1 re-embedded" in again.open_reason
+        hits = await again.search("benchmarking vectors", keyword=False)
+        assert hits[0].id == "e-late"
+
+
+async def test_recall_is_scoped(tmp_path: Path) -> None:
+    store = EpisodeStore(tmp_path)
+    for i, (eid, scope) in enumerate(
+        [("dm-alice", "person:slack:alice"), ("group", "conversation:slack:C1")]
+    ):
+        episode = _episode(i, (eid, "deploy the api", "success", "alice", "C1", ""))
+        episode.scope = scope
+        await store.write(episode)
+    async with await MemoryIndex.open(tmp_path) as idx:
+        in_group = await idx.similar("deploy the api", scope="conversation:slack:C1", limit=5)
+        assert [r.id for r in in_group] == ["group"]
+        in_dm = await idx.similar("deploy the api", scope="person:slack:alice", limit=5)
+        assert [r.id for r in in_dm] == ["dm-alice"] and in_dm[0].outcome == "success"
+
+
+def test_vector_index_paths_agree_with_exact(monkeypatch: pytest.MonkeyPatch) -> None:
+    """HNSW above EXACT_MAX, exact below it, and the fallback when a filter starves HNSW."""
+    monkeypatch.setattr(vectors_mod, "EXACT_MAX", 50)
+    rng = np.random.default_rng(7)
+    data = rng.standard_normal((600, 32)).astype(np.float32)
+    data /= np.linalg.norm(data, axis=1, keepdims=True)
+    labels = np.arange(1000, 1600, dtype=np.int64)
+    vi = VectorIndex(32)
+    vi.add(labels, data)
+    got, scores = vi.search(data[123], 5)  # HNSW path
+    assert got[0] == 1123 and scores[0] == pytest.approx(1.0, abs=1e-5)
+    allowed = labels[::20]  # 30 allowed: exact path
+    got, _ = vi.search(data[140], 5, allowed)
+    assert got[0] == 1140 and set(got) <= set(allowed)
+    wide = labels[:300]  # > EXACT_MAX: HNSW with a selector
+    got, _ = vi.search(data[10], 10, wide)
+    assert got[0] == 1010 and set(got) <= set(wide) and len(got) == 10
+    vi.mark_stale(np.array([1010], dtype=np.int64))
+    got, _ = vi.search(data[10], 10)
+    assert 1010 not in got and len(got) == 10
+    with pytest.raises(ValueError):
+        vi.add(np.array([5], dtype=np.int64), data[:1])
+
+
+def test_hashed_embedder_is_deterministic_and_unit_length() -> None:
+    texts = ["Deploy the API", "déployer l'API", "", "x" * 5000]
+    a, b = HashedEmbedder().embed(texts), HashedEmbedder().embed(texts)
+    assert a.dtype == np.float32 and a.shape == (4, 512)
+    assert np.array_equal(a, b)
+    norms = np.linalg.norm(a, axis=1)
+    assert norms[0] == pytest.approx(1.0, abs=1e-5) and norms[2] == 0.0
+    # Batch and single embeddings agree (no cross-talk between texts in a batch).
+    assert np.allclose(HashedEmbedder().embed([texts[0]])[0], a[0], atol=1e-6)
+
+
+async def test_keyword_budget_prefers_rare_terms_then_recent_rows(
+    index: MemoryIndex, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import memory.index as index_mod
+
+    monkeypatch.setattr(index_mod, "FTS_BUDGET", 1)
+    # "csv" matches one document, "deploy" three: only the rare term is ranked.
+    assert await _ids(index, "deploy csv", semantic=False) == ["e-csv"]
+    # Even the rarest term is over budget: only its most recent match is ranked
+    # (rules/ sorts after episodes/, so the rule was indexed last).
+    assert await _ids(index, "deploy", semantic=False) == ["r-1"]
+
+
+async def test_rebuild_with_worker_processes_matches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import memory.index as index_mod
+
+    await _write_all(tmp_path)
+    async with await MemoryIndex.open(tmp_path) as idx:
+        before = await _snapshot(idx)
+    monkeypatch.setattr(index_mod, "PARALLEL_MIN", 1)
+    monkeypatch.setattr(index_mod, "BATCH", 2)
+    async with await MemoryIndex.open(tmp_path, rebuild=True) as idx:
+        assert idx.last_rebuild is not None and idx.last_rebuild.total == len(TASKS)
+        assert await _snapshot(idx) == before
+
+
+def test_compacted_copy_catches_up_with_changes_made_while_it_was_built() -> None:
+    rng = np.random.default_rng(3)
+    data = rng.standard_normal((40, 16)).astype(np.float32)
+    data /= np.linalg.norm(data, axis=1, keepdims=True)
+    live = VectorIndex(16)
+    live.add(np.arange(30, dtype=np.int64), data[:30])
+    live.mark_stale(np.arange(10, dtype=np.int64))
+    fresh = live.compacted()
+    assert fresh.ntotal == 20 and fresh.stale_count == 0
+    # Meanwhile: two vectors added, one more retired.
+    live.add(np.array([30, 31], dtype=np.int64), data[30:32])
+    live.mark_stale(np.array([15], dtype=np.int64))
+    fresh.catch_up(live)
+    assert fresh.ntotal == 22 and fresh.stale_count == 1
+    assert fresh.search(data[31], 1)[0][0] == 31
+    assert 15 not in fresh.search(data[15], 5)[0]
