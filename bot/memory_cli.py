@@ -44,7 +44,17 @@ def memory_command(settings: Settings, args: argparse.Namespace) -> int:
 
 async def _run(settings: Settings, args: argparse.Namespace, action: str) -> int:
     from memory.index import MemoryIndex
+    from memory.lock import DataDirLocked, acquire
 
+    lock = None
+    if action == "rebuild":  # replacing the index files under a running Steward would hurt it
+        try:
+            lock = acquire(settings.data_dir)
+        except DataDirLocked as exc:
+            print(
+                f"steward: {exc} (`memory rebuild` needs the data dir to itself)", file=sys.stderr
+            )
+            return 2
     index = await MemoryIndex.open(
         settings.data_dir, _embedder(settings), rebuild=action == "rebuild"
     )
@@ -56,6 +66,8 @@ async def _run(settings: Settings, args: argparse.Namespace, action: str) -> int
         return await _stats(index)
     finally:
         await index.close()
+        if lock is not None:
+            lock.release()
 
 
 async def _search(index: Any, args: argparse.Namespace) -> int:

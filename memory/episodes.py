@@ -84,7 +84,9 @@ class Episode:
         }
 
     def to_markdown(self) -> str:
-        head = yaml.safe_dump(self.front_matter(), sort_keys=False, allow_unicode=True)
+        # libyaml's dumper writes the same text about 7x faster than the pure-Python one.
+        dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+        head = yaml.dump(self.front_matter(), Dumper=dumper, sort_keys=False, allow_unicode=True)
         lines = [f"---\n{head}---", "", "## Request", "", self.request.strip(), ""]
         if self.tools:
             lines += ["## Tools", ""]

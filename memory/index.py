@@ -16,9 +16,9 @@ scores, so neither scale has to be calibrated against the other. Filters (kind,
 outcome, user, conversation, channel, scope, since, signature, status) apply to both
 lists before fusion, so a document outside the caller's scope can never surface.
 
-Speed (bench/memory.py, 100k episodes, 2 shared cores): hybrid search ~11 ms p50,
-<20 ms p99. bm25 is the expensive half (~2 µs per matching row), so the keyword list
-ranks at most FTS_BUDGET rows (see _keyword); the vector half is HNSW (~1 ms).
+Speed (bench/memory.py, 100k episodes, 2 shared cores): hybrid search ~10–13 ms p50,
+13–19 ms p99. bm25 is the expensive half, so the keyword list ranks at most
+FTS_BUDGET rows (see _keyword); the vector half is HNSW (~1 ms).
 
 Reads and writes are serialized by one asyncio lock (the SQLite connection and the
 faiss index are shared); SQLite runs in aiosqlite's thread, faiss and embedding in
@@ -44,7 +44,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiosqlite
 import numpy as np
@@ -54,9 +54,6 @@ from memory.documents import KINDS, Doc, DocError, kind_of, parse, walk
 from memory.embedder import Embedder, HashedEmbedder, embed_async, min_similarity
 from memory.vectors import EXACT_MAX, VectorIndex, VectorIndexError
 
-if TYPE_CHECKING:
-    from core.recall import Recalled
-
 log = structlog.get_logger("steward.memory")
 
 SQLITE_NAME = "index.sqlite"
@@ -64,7 +61,7 @@ FAISS_NAME = "index.faiss"
 SCHEMA_VERSION = "1"
 RRF_K = 60
 #: At most this many FTS matches are ranked by bm25 per query (see _keyword).
-FTS_BUDGET = 1000
+FTS_BUDGET = 600
 BATCH = 512
 #: From this many files on, a rebuild parses them in worker processes (_parsers).
 PARALLEL_MIN = 4000
@@ -977,8 +974,9 @@ class MemoryIndex:
     ) -> list[int]:
         """bm25-ranked ids, ranking at most FTS_BUDGET matching rows.
 
-        bm25 costs ~1.5–3 µs per matching row here, and an OR of everyday words
-        ("deploy staging command") matches a large share of 100k episodes. So terms
+        bm25 costs ~3–10 µs per matching row here (more with more query words), and
+        an OR of everyday words ("deploy staging command") matches a large share of
+        100k episodes (one such word: 4.5k matches, 12.7 ms to rank). So terms
         are taken rarest first while their matches fit the budget (rare words carry
         the ranking anyway; the vector list covers the rest of the meaning), and
         when even the rarest matches more, only its most recent FTS_BUDGET matches
@@ -1080,21 +1078,6 @@ class MemoryIndex:
         # rebuild), then path.
         ranked = sorted(rows, key=lambda r: (-round(by_label[r[1]], 5), r[2]))[:depth]
         return [r[0] for r in ranked], {r[0]: by_label[r[1]] for r in ranked}
-
-    async def similar(self, text: str, *, scope: str, limit: int) -> list[Recalled]:
-        """core.recall.Recall: the most similar past episodes of this scope only."""
-        from core.recall import Recalled
-
-        hits = await self.search(text, limit=limit, kinds="episode", scopes=[scope])
-        return [
-            Recalled(
-                id=h.id,
-                outcome=h.meta["outcome"],
-                request=h.meta["request"],
-                note=(h.meta["error"].splitlines() or [""])[0],
-            )
-            for h in hits
-        ]
 
     # -- stats ---------------------------------------------------------------------
 

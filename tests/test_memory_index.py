@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import memory.vectors as vectors_mod
+from core.recall import IndexRecall
 from memory.embedder import HashedEmbedder, LiteLLMEmbedder
 from memory.episodes import Episode, EpisodeStore, ToolRecord
 from memory.index import FAISS_NAME, SQLITE_NAME, MemoryIndex, _rrf, fts_query
@@ -342,9 +343,10 @@ async def test_recall_is_scoped(tmp_path: Path) -> None:
         episode.scope = scope
         await store.write(episode)
     async with await MemoryIndex.open(tmp_path) as idx:
-        in_group = await idx.similar("deploy the api", scope="conversation:slack:C1", limit=5)
+        recall = IndexRecall(idx)
+        in_group = await recall.similar("deploy the api", scope="conversation:slack:C1", limit=5)
         assert [r.id for r in in_group] == ["group"]
-        in_dm = await idx.similar("deploy the api", scope="person:slack:alice", limit=5)
+        in_dm = await recall.similar("deploy the api", scope="person:slack:alice", limit=5)
         assert [r.id for r in in_dm] == ["dm-alice"] and in_dm[0].outcome == "success"
 
 
