@@ -14,14 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import frontmatter
 import structlog
-import yaml
 
 from core.clock import Clock
 from core.events import Button, Channel, MessageRef, Suggestion
 from memory.atomic import atomic_write_text
 from memory.redact import redact
+from memory.store import parse, render
 
 log = structlog.get_logger("steward.suggestions")
 
@@ -47,8 +46,7 @@ class Suggestions:
         return self.root / f"{sid}.md"
 
     async def _save(self, record: dict[str, Any]) -> None:
-        head = yaml.safe_dump(record, sort_keys=False, allow_unicode=True)
-        text = redact(f"---\n{head}---\n\n{record['text']}\n")
+        text = redact(render(record, f"{record['text']}\n"))
         await asyncio.to_thread(atomic_write_text, self._path(record["id"]), text)
 
     def _load(self, sid: str) -> dict[str, Any] | None:
@@ -56,8 +54,8 @@ class Suggestions:
         if not path.is_file():
             return None
         try:
-            return dict(frontmatter.loads(path.read_text(encoding="utf-8")).metadata)
-        except (OSError, ValueError, yaml.YAMLError):
+            return parse(path.read_text(encoding="utf-8"), path)[0]
+        except (OSError, ValueError):
             log.warning("suggestions.malformed", path=str(path))
             return None
 

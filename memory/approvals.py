@@ -10,12 +10,11 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-import frontmatter
 import structlog
-import yaml
 
 from memory.atomic import atomic_write_text
 from memory.redact import redact
+from memory.store import parse, render
 
 log = structlog.get_logger("steward.approvals.store")
 
@@ -28,9 +27,8 @@ class ApprovalStore:
         return self.root / f"{approval_id}.md"
 
     def _render(self, record: dict[str, Any]) -> str:
-        head = yaml.safe_dump(record, sort_keys=False, allow_unicode=True)
         body = f"{record.get('what', '')}\n\nWhy: {record.get('why', '')}\n"
-        return redact(f"---\n{head}---\n\n{body}")
+        return redact(render(record, body))
 
     async def save(self, record: dict[str, Any]) -> None:
         await asyncio.to_thread(atomic_write_text, self.path(record["id"]), self._render(record))
@@ -42,10 +40,10 @@ class ApprovalStore:
             return records
         for path in sorted(self.root.glob("*.md")):
             try:
-                meta = dict(frontmatter.loads(path.read_text(encoding="utf-8")).metadata)
+                meta, _body = parse(path.read_text(encoding="utf-8"), path)
                 if not meta.get("id") or not meta.get("status"):
                     raise ValueError("missing id or status")
                 records.append(meta)
-            except (OSError, ValueError, yaml.YAMLError) as exc:
+            except (OSError, ValueError) as exc:
                 log.warning("approvals.malformed", path=str(path), error=str(exc))
         return records

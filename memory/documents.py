@@ -22,19 +22,14 @@ from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
-import yaml
+from memory.store import MalformedFile
+from memory.store import parse as parse_file
 
 KINDS = ("episode", "rule", "note")
 #: Folder of each kind under the data dir, and whether it is searched recursively.
 FOLDERS = {"episode": ("episodes", True), "rule": ("rules", False), "note": ("notes", True)}
 WORKSPACE_SCOPE = "workspace"
 
-try:  # libyaml is ~10× faster than the pure-Python loader: it decides rebuild time.
-    _Loader: Any = yaml.CSafeLoader
-except AttributeError:  # pragma: no cover - pyyaml built without libyaml
-    _Loader = yaml.SafeLoader
-
-_FENCE = re.compile(r"^-{3,}[ \t]*$", re.MULTILINE)
 _HEADING = re.compile(r"^#{1,6}\s+(.+)$", re.MULTILINE)
 
 
@@ -123,28 +118,6 @@ def walk(data_dir: Path) -> Iterator[tuple[str, str, int, int]]:
         yield from found
 
 
-def split_front_matter(text: str) -> tuple[dict[str, Any] | None, str]:
-    """(front matter mapping or None when there is none, body). Raises ValueError
-    when a front matter block is there but is not a YAML mapping."""
-    if not text.startswith("---"):
-        return None, text
-    first = text.find("\n")
-    if first < 0 or text[:first].strip("-").strip():
-        return None, text
-    end = _FENCE.search(text, first + 1)
-    if end is None:
-        raise ValueError("front matter starts with --- but never ends")
-    try:
-        meta = yaml.load(text[first + 1 : end.start()], Loader=_Loader)
-    except yaml.YAMLError as exc:
-        raise ValueError(f"malformed front matter: {_short(exc)}") from exc
-    if meta is None:
-        meta = {}
-    if not isinstance(meta, dict):
-        raise ValueError("front matter is not a mapping of keys to values")
-    return meta, text[end.end() :].lstrip("\n")
-
-
 def parse(data_dir: Path, rel: str, kind: str, mtime_ns: int = 0, size: int = 0) -> Doc:
     """Read one file into a Doc; raises DocError (with the path) when it can't."""
     path = data_dir / rel
@@ -159,9 +132,9 @@ def parse(data_dir: Path, rel: str, kind: str, mtime_ns: int = 0, size: int = 0)
         st = path.stat()
         mtime_ns, size = st.st_mtime_ns, st.st_size
     try:
-        meta, body = split_front_matter(text)
-    except ValueError as exc:
-        raise DocError(path, str(exc)) from exc
+        meta, body = parse_file(text, path, require_front_matter=False)
+    except MalformedFile as exc:
+        raise DocError(path, f"malformed front matter: {exc.reason}") from exc
     doc = Doc(kind=kind, doc_id=path.stem, path=rel, mtime_ns=mtime_ns, size=size, body=body)
     doc.ts = mtime_ns / 1e9
     try:

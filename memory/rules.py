@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import frontmatter
 import structlog
-import yaml
+
+from memory.store import parse
 
 log = structlog.get_logger("steward.rules")
 
@@ -40,8 +40,7 @@ class RuleStore:
             return rules, problems
         for path in sorted(self.root.glob("*.md")):
             try:
-                post = frontmatter.loads(path.read_text(encoding="utf-8"))
-                meta = post.metadata
+                meta, body = parse(path.read_text(encoding="utf-8"), path)
                 status = str(meta.get("status", "candidate"))
                 if status not in STATUSES:
                     raise ValueError(f"status {status!r} is not one of {', '.join(STATUSES)}")
@@ -50,11 +49,11 @@ class RuleStore:
                         id=str(meta.get("id", path.stem)),
                         status=status,
                         confidence=float(meta.get("confidence", 0.0)),
-                        text=post.content.strip(),
+                        text=body.strip(),
                         path=path,
                     )
                 )
-            except (OSError, ValueError, TypeError, yaml.YAMLError) as exc:
+            except (OSError, ValueError, TypeError) as exc:
                 log.warning("rules.malformed", path=str(path), error=str(exc))
                 problems.append(f"{path}: {exc}")
         return rules, problems
