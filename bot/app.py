@@ -21,6 +21,7 @@ from core.clock import Clock
 from core.conversations import Conversations
 from core.events import Channel
 from core.guardian import Guardian
+from core.history import History, model_summarizer
 from core.llm import LLMClient
 from core.suggestions import Suggestions
 from core.tools import ALL_TOOLS
@@ -30,6 +31,7 @@ from memory.episodes import EpisodeStore
 from memory.lock import DataDirLocked, acquire
 from memory.rules import RuleStore
 from memory.store import DataStore
+from memory.transcripts import TranscriptStore
 
 NO_MODEL_MESSAGE = (
     "No model is configured, so I can't work on tasks yet. Set STEWARD_MODEL to a litellm "
@@ -125,6 +127,7 @@ class App:
                 task_timeout=settings.task_timeout,
                 recall_limit=settings.recall_limit,
                 recall_budget=settings.recall_budget,
+                context_budget=settings.context_budget,
             )
         self.agent = agent
         # Last, so nothing above can fail while the lock is held: one Steward per data dir.
@@ -133,8 +136,21 @@ class App:
         except DataDirLocked as exc:
             raise ConfigError(str(exc)) from None
         DataStore(self.data_dir).ensure_repo()  # the data dir is a git repository
+        # Verbatim turns get what recall and the summary leave of the context budget.
+        turns_share = max(
+            200, settings.context_budget - settings.recall_budget - settings.summary_budget
+        )
+        self.history = History(
+            TranscriptStore(self.data_dir),
+            self.clock,
+            summarizer=model_summarizer(self.llm) if self.llm is not None else None,
+            max_turns=settings.history_turns,
+            budget_tokens=turns_share,
+            summary_tokens=settings.summary_budget,
+        )
         self.dispatcher = Dispatcher(
             conversations=self.conversations,
+            history=self.history,
             approvals=self.approvals,
             agent=agent,
             rules=self.rules,
@@ -142,7 +158,6 @@ class App:
             suggestions=self.suggestions,
             policy=self.guardian,
             no_model_message=NO_MODEL_MESSAGE,
-            history_turns=settings.history_turns,
         )
 
     def warm_up(self) -> None:

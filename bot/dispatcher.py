@@ -20,6 +20,7 @@ from core.agent import Agent, TaskRequest, TaskResult
 from core.approvals import ACTIONS, ALWAYS, APPROVE, DENY, SESSION, Approvals
 from core.conversations import Conversations
 from core.events import ButtonPress, Cancel, Channel, Inbound, Message, MessageRef, Progress
+from core.history import History
 from core.suggestions import NO, YES, Suggestions
 from memory.rules import RuleStore
 
@@ -47,6 +48,7 @@ class Undelivered:
 @dataclass
 class Dispatcher:
     conversations: Conversations
+    history: History
     approvals: Approvals
     agent: Agent | None
     rules: RuleStore
@@ -56,7 +58,6 @@ class Dispatcher:
     policy: Any = None
     #: Sent instead of running a task when no model is configured.
     no_model_message: str = ""
-    history_turns: int = 20
     last_results: dict[str, TaskResult] = field(default_factory=dict)
     undelivered: list[Undelivered] = field(default_factory=list)
 
@@ -229,8 +230,7 @@ class Dispatcher:
         if self.agent is None:
             await self.say(channel, msg.conversation, self.no_model_message, msg.thread)
             return
-        history = self.conversations.history(key)
-        window = history[-2 * self.history_turns :] if self.history_turns else []
+        context = await self.history.context(key)
 
         async def observe(event: Progress) -> None:
             if channel.capabilities.live_progress:
@@ -240,7 +240,14 @@ class Dispatcher:
             with contextlib.suppress(Exception):
                 await channel.typing(msg.conversation)
         request = TaskRequest(
-            channel, msg.conversation, msg.user, text, msg.thread, list(window), direct=msg.direct
+            channel,
+            msg.conversation,
+            msg.user,
+            text,
+            msg.thread,
+            context.turns,
+            summary=context.summary,
+            direct=msg.direct,
         )
         try:
             result = await self.agent.run(request, observe)
@@ -250,8 +257,8 @@ class Dispatcher:
             )
             return
         self.last_results[key] = result
-        history += [
-            {"role": "user", "content": text},
-            {"role": "assistant", "content": result.reply},
-        ]
         await self.say(channel, msg.conversation, result.reply, msg.thread)
+        try:  # after the reply: the person never waits for compaction
+            await self.history.record(key, text, result.reply)
+        except Exception:  # the episode has the exchange; losing the transcript is logged
+            log.exception("history.record_failed", conversation=key)

@@ -50,6 +50,8 @@ class Settings(BaseModel):
     temperature: float = Field(ge=-1, le=2)
     stream: bool
     history_turns: int = Field(ge=0)
+    context_budget: int = Field(ge=200)
+    summary_budget: int = Field(ge=50)
     shell_timeout: float = Field(gt=0)
     output_cap: int = Field(ge=200)
     fetch_timeout: float = Field(gt=0)

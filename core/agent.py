@@ -25,7 +25,7 @@ from core.events import Channel, Progress
 from core.gates import check_answer, honest_suffix, retry_instruction
 from core.guardian import Guardian, Verdict
 from core.llm import LLMClient, LLMError, LLMResult, ToolCallRequest
-from core.recall import Recall, render
+from core.recall import Recall, estimate_tokens, render
 from core.signatures import signature
 from core.tools.base import Tool, ToolContext, ToolError
 from memory.episodes import Episode, EpisodeStore, ToolRecord
@@ -54,6 +54,8 @@ class TaskRequest:
     text: str
     thread: str | None = None
     history: list[dict[str, Any]] = field(default_factory=list)
+    #: The summary of this conversation's compacted earlier turns (core/history.py).
+    summary: str = ""
     #: A one-to-one conversation (what is said here is private to this person).
     direct: bool = True
 
@@ -102,6 +104,7 @@ class Agent:
         recall: Recall | None = None,
         recall_limit: int = 3,
         recall_budget: int = 600,
+        context_budget: int = 4000,
         after_episode: Callable[[Path], Awaitable[None]] | None = None,
     ) -> None:
         self.llm = llm
@@ -116,12 +119,18 @@ class Agent:
         self.recall = recall
         self.recall_limit = recall_limit
         self.recall_budget = recall_budget
+        self.context_budget = context_budget
         self.after_episode = after_episode
         self._schemas = [t.schema() for t in tools.values()]
 
     async def _messages(self, req: TaskRequest, episode: Episode) -> list[dict[str, Any]]:
+        """System prompt, then context inside `context_budget` tokens: past episodes, the
+        summary of compacted turns, then as many recent turns as still fit (newest kept).
+        What each part used is recorded in the episode and logged, per task."""
         system = SYSTEM_PROMPT.format(workspace=self.tool_context.workspace)
         messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
+        left = self.context_budget
+        used = {"episodes": 0, "summary": 0, "history": 0}
         if self.recall is not None:
             try:
                 found = await self.recall.similar(
@@ -130,11 +139,35 @@ class Agent:
             except Exception:  # memory is a help, never a reason to fail the task
                 log.warning("recall.failed", exc_info=True)
                 found = []
-            section, shown = render(found, self.recall_budget)
+            section, shown = render(found, min(self.recall_budget, left))
             if section:
                 messages.append({"role": "system", "content": section})
                 episode.recalled = shown
-        return [*messages, *req.history, {"role": "user", "content": req.text}]
+                used["episodes"] = estimate_tokens(section)
+                left -= used["episodes"]
+        if req.summary.strip():
+            section = "Summary of this conversation's earlier turns (data):\n" + req.summary
+            cost = estimate_tokens(section)
+            if cost <= left:
+                messages.append({"role": "system", "content": section})
+                used["summary"] = cost
+                left -= cost
+        turns: list[dict[str, Any]] = []
+        for turn in reversed(req.history):
+            cost = estimate_tokens(str(turn.get("content") or "")) + 4
+            if cost > left:
+                break
+            turns.insert(0, turn)
+            left -= cost
+            used["history"] += cost
+        episode.context = {
+            "budget": self.context_budget,
+            **used,
+            "turns": len(turns),
+            "turns_dropped": len(req.history) - len(turns),
+        }
+        log.info("task.context", **episode.context)
+        return [*messages, *turns, {"role": "user", "content": req.text}]
 
     async def run(self, req: TaskRequest, observe: Observer | None = None) -> TaskResult:
         task_id = new_task_id(self.clock)

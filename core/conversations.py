@@ -11,7 +11,6 @@ import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import structlog
 
@@ -27,11 +26,10 @@ class _Conversation:
     queue: deque[Job] = field(default_factory=deque)
     worker: asyncio.Task[None] | None = None
     current: asyncio.Task[None] | None = None
-    history: list[dict[str, Any]] = field(default_factory=list)
 
 
 class Conversations:
-    """Serializes jobs per conversation key; keeps each conversation's recent history."""
+    """Serializes jobs per conversation key (history lives in core/history.py)."""
 
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
@@ -39,9 +37,6 @@ class Conversations:
 
     def _get(self, key: str) -> _Conversation:
         return self._convs.setdefault(key, _Conversation())
-
-    def history(self, key: str) -> list[dict[str, Any]]:
-        return self._get(key).history
 
     def is_busy(self, key: str) -> bool:
         conv = self._convs.get(key)

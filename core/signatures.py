@@ -1,6 +1,6 @@
 """Error signatures: the same mistake gets the same string, whatever file or number it hit.
 
-Why: the learner (a later issue) counts recurring failures; "cat /a/b.txt: No such
+Why: the learner (core/learning.py) counts recurring failures; "cat /a/b.txt: No such
 file" and "cat /c/d.txt: No such file" must count as one. The volatile parts
 (quoted data, paths, urls, hashes, ids, numbers) are replaced by placeholders.
 """
@@ -38,3 +38,22 @@ def normalize_message(message: str, limit: int = 160) -> str:
 def signature(tool: str, error_class: str, message: str) -> str:
     """`tool:ErrorClass:normalized message`, stable across paths, numbers and ids."""
     return f"{tool}:{error_class}:{normalize_message(message)}"
+
+
+#: Refusals by the guardian or a person: the policy working, not a lesson.
+_ENV_CLASSES = {"Refused", "Denied", "TimeoutError", "Timeout", "LLMError", "Cancelled"}
+_ENV_WORDS = re.compile(
+    r"timed? ?out|timeout|rate.?limit|too many requests|\b429\b|\b50[0-4]\b|"
+    r"service unavailable|bad gateway|overloaded|connection (refused|reset|aborted|error)|"
+    r"network (is )?unreachable|name resolution|temporary failure|could not resolve|"
+    r"unreachable|ssl|certificate verify|broken pipe",
+    re.I,
+)
+
+
+def is_environmental(error_class: str, message: str) -> bool:
+    """Failures of the world rather than of the approach (timeouts, rate limits, 5xx,
+    network errors, a guardian or person refusing). They are recorded but never become
+    rules: "when the network is down, give up" does not generalize and teaches the
+    agent helplessness."""
+    return error_class in _ENV_CLASSES or bool(_ENV_WORDS.search(message or ""))

@@ -27,6 +27,8 @@ class ToolRecord:
     signature: str = ""
     duration_s: float = 0.0
     arguments: str = ""
+    #: A timeout, rate limit, 5xx, network error or refusal: recorded, never a rule.
+    environmental: bool = False
 
 
 @dataclass(slots=True)
@@ -53,10 +55,28 @@ class Episode:
     gates: list[str] = field(default_factory=list)
     #: Ids of the past episodes shown to the model for this task (recall).
     recalled: list[str] = field(default_factory=list)
+    #: Prompt context of this task in tokens: budget, episodes, summary, history, turns.
+    context: dict[str, int] = field(default_factory=dict)
+    #: The failed task's own signature (task:<kind>:<message>), beside the tools' ones.
+    task_signature: str = ""
+    task_environmental: bool = False
+    #: Rules injected into the prompt (active ones and trials), and which were trials.
+    rules_applied: list[str] = field(default_factory=list)
+    rules_trial: list[str] = field(default_factory=list)
 
     @property
     def error_signatures(self) -> list[str]:
-        return sorted({t.signature for t in self.tools if t.signature})
+        sigs = {t.signature for t in self.tools if t.signature}
+        if self.task_signature:
+            sigs.add(self.task_signature)
+        return sorted(sigs)
+
+    @property
+    def environmental_signatures(self) -> list[str]:
+        sigs = {t.signature for t in self.tools if t.signature and t.environmental}
+        if self.task_signature and self.task_environmental:
+            sigs.add(self.task_signature)
+        return sorted(sigs)
 
     def front_matter(self) -> dict[str, Any]:
         return {
@@ -70,9 +90,13 @@ class Episode:
             "outcome": self.outcome,
             "error": self.error or None,
             "error_signatures": self.error_signatures,
+            "environmental_signatures": self.environmental_signatures,
             "tools": [asdict(t) for t in self.tools],
             "gates": self.gates,
             "recalled": self.recalled,
+            "context": self.context,
+            "rules_applied": self.rules_applied,
+            "rules_trial": self.rules_trial,
             "model": self.model,
             "steps": self.steps,
             "tokens_in": self.tokens_in,
