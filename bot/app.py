@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import structlog
+
 from bot.channels import Outbox, wrap
 from bot.dispatcher import Dispatcher
 from config.settings import ConfigError, Settings
@@ -22,7 +24,9 @@ from core.conversations import Conversations
 from core.events import Channel
 from core.guardian import Guardian
 from core.history import History, model_summarizer
+from core.learning import Learner, LearningConfig
 from core.llm import LLMClient
+from core.rules_commands import RulesCommands
 from core.suggestions import Suggestions
 from core.tools import ALL_TOOLS
 from core.tools.base import ToolContext
@@ -78,7 +82,9 @@ class App:
         self.channels: list[Channel] = []
         self.conversations = Conversations(self.clock)
         self.episodes = EpisodeStore(self.data_dir)
-        self.rules = RuleStore(self.data_dir)
+        self.datastore = DataStore(self.data_dir)
+        self.rules = RuleStore(self.data_dir, self.datastore)
+        self.learning = LearningConfig.from_settings(settings)
         self.guardian = Guardian(self.workspace, overlay_path=self.data_dir / "policy.toml")
         self.access = Access.from_settings(settings, data_dir=self.data_dir, clock=self.clock)
         self.suggestions = Suggestions(self.clock, self.data_dir)
@@ -129,13 +135,17 @@ class App:
                 recall_budget=settings.recall_budget,
                 context_budget=settings.context_budget,
             )
+        # Drafting needs the model; without one, drafts wait in learning/pending/.
+        self.learner = Learner(self.rules, self.clock, self.learning, drafter=self.llm)
+        if agent is not None:
+            agent.learner = self.learner
         self.agent = agent
         # Last, so nothing above can fail while the lock is held: one Steward per data dir.
         try:
             self.lock = acquire(self.data_dir)
         except DataDirLocked as exc:
             raise ConfigError(str(exc)) from None
-        DataStore(self.data_dir).ensure_repo()  # the data dir is a git repository
+        self.datastore.ensure_repo()  # the data dir is a git repository
         # Verbatim turns get what recall and the summary leave of the context budget.
         turns_share = max(
             200, settings.context_budget - settings.recall_budget - settings.summary_budget
@@ -158,6 +168,9 @@ class App:
             suggestions=self.suggestions,
             policy=self.guardian,
             no_model_message=NO_MODEL_MESSAGE,
+            learner=self.learner,
+            rules_commands=RulesCommands(self.rules, self.clock, self.learning),
+            rules_admins_only=settings.rules_admins_only,
         )
 
     def warm_up(self) -> None:
@@ -199,6 +212,13 @@ class App:
             if self.settings.recall_limit:
                 self.agent.recall = IndexRecall(self.index)
             self.agent.after_episode = self.index.add_episode_file
+        self.learner.embedder = embedder
+        self.learner.counter = self.index
+        self.learner.index = self.index
+        try:  # drafts that waited for the model (it was down, or not configured)
+            await self.learner.retry_pending()
+        except Exception:
+            structlog.get_logger("steward.app").warning("learning.retry_failed", exc_info=True)
 
     async def stop(self) -> None:
         try:
@@ -207,6 +227,7 @@ class App:
                 await self.index.close()
                 self.index = None
         finally:
+            self.datastore.close()
             self.lock.release()
 
     async def _stop_channels(self) -> None:

@@ -102,6 +102,7 @@ class Outbox:
         self.name = adapter.name
         self.clock = clock
         self.undelivered = undelivered
+        self.dialect = dialect
         self.convert = DIALECTS[dialect]
         self.retries = retries
         self.backoff = backoff

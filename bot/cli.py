@@ -34,10 +34,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     chat.add_argument("-q", "--quiet", action="store_true", help="with -m: no tool lines on stderr")
 
-    rules = sub.add_parser("rules", help="the rules Steward has learned")
-    rules_sub = rules.add_subparsers(dest="rules_command", metavar="ACTION")
-    rl = rules_sub.add_parser("list", help="list rules")
-    rl.add_argument("status", nargs="?", choices=["candidate", "active", "retired"])
+    rules = sub.add_parser(
+        "rules",
+        help="the rules Steward has learned (same commands as /rules in chat)",
+        description="list [candidate|active|retired] [page N] | show ID | stats | "
+        "promote ID | demote ID | disable ID | delete ID | edit ID TEXT | add TEXT",
+    )
+    rules.add_argument("words", nargs=argparse.REMAINDER, metavar="ACTION [ARGS]")
 
     memory = sub.add_parser("memory", help="what Steward remembers")
     mem_sub = memory.add_subparsers(dest="memory_command", metavar="ACTION")
@@ -140,10 +143,9 @@ def _dispatch(args: argparse.Namespace, settings: Any, parser: argparse.Argument
 
         return asyncio.run(run_doctor(settings))
     if args.command == "rules":
-        from memory.rules import RuleStore
+        from bot.rules_cli import rules_command
 
-        print(RuleStore(settings.data_dir).render_list(getattr(args, "status", None)))
-        return EXIT_OK
+        return rules_command(settings, list(args.words))
     if args.command == "memory":
         from bot.memory_cli import memory_command
 

@@ -21,6 +21,7 @@ from core.approvals import ACTIONS, ALWAYS, APPROVE, DENY, SESSION, Approvals
 from core.conversations import Conversations
 from core.events import ButtonPress, Cancel, Channel, Inbound, Message, MessageRef, Progress
 from core.history import History
+from core.rules_commands import Caller, RulesCommands
 from core.suggestions import NO, YES, Suggestions
 from memory.rules import RuleStore
 
@@ -31,7 +32,9 @@ HELP = """Commands:
 /cancel — stop the running task
 /status — what is running and queued here
 /approve ID [session|always], /deny ID — decide an approval (for clients without buttons)
-/rules [candidate|active|retired] — the rules Steward has learned
+/rules [list [candidate|active|retired]] — the rules Steward has learned
+  /rules show ID, /rules stats; admins: /rules promote|demote|disable|delete ID,
+  /rules edit ID TEXT, /rules add TEXT
 /policy — the safety policy overlay; /policy revoke RULE — drop an always-allow rule (admins)
 /pair CODE — let a person who asked for access talk to me (admins)
 Anything else is a task for Steward."""
@@ -58,6 +61,10 @@ class Dispatcher:
     policy: Any = None
     #: Sent instead of running a task when no model is configured.
     no_model_message: str = ""
+    #: core/learning.Learner: credited with every task's outcome (None: no learning).
+    learner: Any = None
+    rules_commands: RulesCommands | None = None
+    rules_admins_only: bool = True
     last_results: dict[str, TaskResult] = field(default_factory=dict)
     undelivered: list[Undelivered] = field(default_factory=list)
 
@@ -188,9 +195,8 @@ class Dispatcher:
         elif name == "policy":
             await self.say(channel, msg.conversation, self._policy(channel, msg, arg), msg.thread)
         elif name == "rules":
-            arg = arg.removeprefix("list").strip()  # `/rules list [status]` and `/rules [status]`
             await self.say(
-                channel, msg.conversation, self.rules.render_list(arg or None), msg.thread
+                channel, msg.conversation, await self._rules(channel, msg, arg), msg.thread
             )
         else:
             await self.say(
@@ -199,6 +205,13 @@ class Dispatcher:
                 f"Unknown command /{name}. Send /help for the list.",
                 msg.thread,
             )
+
+    async def _rules(self, channel: Channel, msg: Message, arg: str) -> str:
+        if self.rules_commands is None:
+            return "Rules are not available here."
+        may_change = not self.rules_admins_only or self.access.is_admin(channel.name, msg.user)
+        rich = getattr(channel, "dialect", "markdown") != "plain"
+        return await self.rules_commands.run(arg, Caller(msg.user, may_change, rich))
 
     def _policy(self, channel: Channel, msg: Message, arg: str) -> str:
         if self.policy is None:
@@ -262,3 +275,8 @@ class Dispatcher:
             await self.history.record(key, text, result.reply)
         except Exception:  # the episode has the exchange; losing the transcript is logged
             log.exception("history.record_failed", conversation=key)
+        if self.learner is not None:
+            try:  # credit rules, maybe draft one: also after the reply
+                await self.learner.observe(result.episode)
+            except Exception:  # the episode on disk is the evidence; the next task retries
+                log.exception("learning.observe_failed", episode=result.task_id)

@@ -84,13 +84,18 @@ def build_web_app(
                 "reconnects": h.reconnects,
             }
         bad = [n for n, h in channels.items() if h["state"] in ("down", "deaf")]
+        # Until the first channel is up (memory opened, adapters started) Steward is not
+        # ready: a load balancer or a test must not send it work yet.
+        starting = not channels
         return web.json_response(
             {
-                "ok": not bad,
+                "ok": not bad and not starting,
+                "starting": starting,
                 "model": app.llm.describe() if app.llm else None,
                 "channels": channels,
                 "undelivered": UndeliveredStore(app.data_dir).count(),
-            }
+            },
+            status=503 if starting else 200,
         )
 
     server.router.add_get("/healthz", healthz)

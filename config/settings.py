@@ -87,6 +87,21 @@ class Settings(BaseModel):
     embedding_model: str
     recall_limit: int = Field(ge=0, le=50)
     recall_budget: int = Field(ge=0)
+    learning_enabled: bool
+    learning_recurrence: int = Field(ge=1)
+    learning_window_days: float = Field(gt=0)
+    learning_initial_confidence: float = Field(gt=0, le=1)
+    learning_promote_confidence: float = Field(gt=0, le=1)
+    learning_promote_trials: int = Field(ge=1)
+    learning_demote_confidence: float = Field(ge=0, le=1)
+    learning_up: float = Field(gt=0, le=1)
+    learning_down: float = Field(gt=0, le=1)
+    learning_alternatives: int = Field(ge=1, le=5)
+    learning_match: float = Field(ge=0, le=1)
+    learning_merge_similarity: float = Field(gt=0, le=1)
+    rules_max_per_task: int = Field(ge=0)
+    rules_budget: int = Field(ge=0)
+    rules_admins_only: bool
     delivery_retries: int = Field(ge=0, le=20)
     delivery_backoff: float = Field(ge=0)
     delivery_backoff_max: float = Field(ge=0)

@@ -26,7 +26,7 @@ from core.gates import check_answer, honest_suffix, retry_instruction
 from core.guardian import Guardian, Verdict
 from core.llm import LLMClient, LLMError, LLMResult, ToolCallRequest
 from core.recall import Recall, estimate_tokens, render
-from core.signatures import signature
+from core.signatures import is_environmental, signature
 from core.tools.base import Tool, ToolContext, ToolError
 from memory.episodes import Episode, EpisodeStore, ToolRecord
 
@@ -105,6 +105,7 @@ class Agent:
         recall_limit: int = 3,
         recall_budget: int = 600,
         context_budget: int = 4000,
+        learner: Any = None,
         after_episode: Callable[[Path], Awaitable[None]] | None = None,
     ) -> None:
         self.llm = llm
@@ -120,6 +121,8 @@ class Agent:
         self.recall_limit = recall_limit
         self.recall_budget = recall_budget
         self.context_budget = context_budget
+        #: core/learning.Learner: picks the rules for a task's prompt (None: no rules).
+        self.learner = learner
         self.after_episode = after_episode
         self._schemas = [t.schema() for t in tools.values()]
 
@@ -130,7 +133,19 @@ class Agent:
         system = SYSTEM_PROMPT.format(workspace=self.tool_context.workspace)
         messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
         left = self.context_budget
-        used = {"episodes": 0, "summary": 0, "history": 0}
+        used = {"rules": 0, "episodes": 0, "summary": 0, "history": 0}
+        if self.learner is not None:
+            try:
+                chosen = await self.learner.select(req.text, budget_tokens=None)
+            except Exception:  # rules are a help, never a reason to fail the task
+                log.warning("rules.select_failed", exc_info=True)
+                chosen = None
+            if chosen is not None and chosen.section and chosen.tokens <= left:
+                messages.append({"role": "system", "content": chosen.section})
+                episode.rules_applied = [r.id for r in chosen.applied]
+                episode.rules_trial = list(chosen.trials)
+                used["rules"] = chosen.tokens
+                left -= chosen.tokens
         if self.recall is not None:
             try:
                 found = await self.recall.similar(
@@ -202,6 +217,7 @@ class Agent:
             except Exception:  # a display problem must not fail the task
                 bound.warning("task.progress_failed", exc_info=True)
 
+        kind = ""  # the failure's class, for the task's own error signature
         try:
             async with asyncio.timeout(self.task_timeout):
                 reply = await self._loop(req, task_id, episode, emit, bound)
@@ -215,6 +231,7 @@ class Agent:
         except TimeoutError:
             episode.outcome = "failure"
             episode.error = f"task timeout ({self.task_timeout:g}s)"
+            kind = "Timeout"
             reply = (
                 f"I stopped: the task took longer than {self.task_timeout:g}s. "
                 "Split it into smaller steps, or raise STEWARD_TASK_TIMEOUT."
@@ -222,17 +239,31 @@ class Agent:
         except LLMError as exc:
             episode.outcome = "failure"
             episode.error = str(exc)
+            kind = "LLMError"
             reply = f"I could not finish: {exc}"
         except Exception as exc:  # a bug: contained to this task, logged with traceback
             bound.exception("task.crashed")
             episode.outcome = "failure"
             episode.error = f"internal error: {type(exc).__name__}: {exc}"
+            kind = "Internal"
             reply = (
                 f"Something went wrong inside Steward ({type(exc).__name__}); "
                 f"it is logged under task {task_id}."
             )
         episode.reply = reply
         episode.duration_s = time.perf_counter() - t0
+        if episode.outcome == "failure":
+            # A task that failed after a tool failed is that tool's failure (one lesson,
+            # not two); otherwise it gets its own task-level signature.
+            causes = [t.signature for t in episode.tools if t.signature and not t.environmental]
+            if causes:
+                episode.task_signature = causes[-1]
+            else:
+                kind = kind or ("StepLimit" if episode.error.startswith("step limit") else "Gate")
+                episode.task_signature = signature("task", kind, episode.error)
+                episode.task_environmental = kind in ("Timeout", "LLMError", "Internal") or (
+                    is_environmental(kind, episode.error)
+                )
         path = await self._save(episode, bound)
         bound.info(
             "task.finished",
@@ -344,6 +375,7 @@ class Agent:
             record.ok = False
             record.error = message[:1000]
             record.signature = signature(call.name, error_class, message)
+            record.environmental = is_environmental(error_class, message)
             record.duration_s = time.perf_counter() - t0
             bound.info("tool.failed", tool=call.name, error_class=error_class)
             return message

@@ -30,6 +30,7 @@ _SUBS: list[tuple[re.Pattern[str], str]] = [
 
 def normalize_message(message: str, limit: int = 160) -> str:
     text = (message.strip().splitlines() or [""])[0]
+    text = re.sub(r"^(error|failed):\s*", "", text, flags=re.I)  # how it was worded for the model
     for pattern, repl in _SUBS:
         text = pattern.sub(repl, text)
     return text.strip()[:limit]

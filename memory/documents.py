@@ -203,7 +203,11 @@ def _rule(doc: Doc, meta: dict[str, Any]) -> None:
     doc.doc_id = _text(meta.get("id")) or doc.doc_id
     doc.status = _text(meta.get("status")) or "candidate"
     text = doc.body.strip()
-    trigger = _text(meta.get("trigger")).strip()
+    raw = meta.get("trigger")
+    if isinstance(raw, dict):  # the learner's form: signature, applies_when, examples
+        trigger = _text(raw.get("applies_when")).strip()
+    else:
+        trigger = _text(raw).strip()
     doc.title = trigger or (text.splitlines()[0] if text else "")
     sigs = meta.get("signatures") or meta.get("error_signatures") or []
     if isinstance(sigs, str):

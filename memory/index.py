@@ -887,6 +887,33 @@ class MemoryIndex:
 
     # -- search ------------------------------------------------------------------
 
+    async def episodes_with_signature(
+        self, signature: str, since: datetime | float | None = None
+    ) -> list[dict[str, Any]]:
+        """Episodes carrying an error signature (oldest first): what the rule learner
+        counts and drafts from. Exact match on the indexed signatures, no ranking."""
+        where, params = _where(
+            kinds="episode",
+            outcome=None,
+            user=None,
+            conversation=None,
+            channel=None,
+            scopes=None,
+            statuses=None,
+            since=since,
+            signature=signature,
+        )
+        async with self._lock:
+            db = self._require_db()
+            rows = await db.execute_fetchall(
+                f"SELECT doc_id, title, error, started, scope FROM docs WHERE {where} ORDER BY ts",
+                params,
+            )
+        return [
+            {"id": r[0], "request": r[1], "error": r[2], "started": r[3], "scope": r[4]}
+            for r in rows
+        ]
+
     async def search(
         self,
         query: str,

@@ -1,36 +1,159 @@
 """Rules on disk: <data dir>/rules/<id>.md, front matter + the rule text.
 
-This is the read side that `steward rules` and `/rules` need from day one; the
-learner that writes, scores, promotes and retires rules arrives with its issue.
-A malformed file is reported by path and skipped, never fatal.
+Every change goes through the data dir's git repository (DataStore.awrite with a
+commit message that carries the evidence), so `git log rules/r-12.md` is the
+rule's whole story. A person may edit a file by hand: the text's hash no longer
+matches `text_sha`, and the rule is treated as theirs (pinned: scored, never
+rewritten). A malformed file is reported by path and skipped, never fatal and
+never overwritten.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import structlog
 
-from memory.store import parse
+from memory.store import DataStore, MalformedFile, parse
 
 log = structlog.get_logger("steward.rules")
 
 STATUSES = ("candidate", "active", "retired")
+#: Entries of a rule's own history kept in its front matter (git keeps everything).
+HISTORY_KEPT = 30
+_ID = re.compile(r"^r-(\d+)$")
 
 
-@dataclass(frozen=True, slots=True)
+def text_sha(text: str) -> str:
+    return hashlib.sha256(text.strip().encode()).hexdigest()[:16]
+
+
+@dataclass(slots=True)
 class Rule:
     id: str
-    status: str
-    confidence: float
     text: str
-    path: Path
+    status: str = "candidate"
+    confidence: float = 0.3
+    #: A person wrote or edited it: the learner scores it but never rewrites or retires it.
+    pinned: bool = False
+    #: learned | person
+    source: str = "learned"
+    #: The trigger: the error signature it prevents ("" for a person's rule: every task).
+    signature: str = ""
+    #: The kinds of request it applies to, in words (drafted with the rule).
+    applies_when: str = ""
+    #: Requests of the episodes it was drafted from (matched against new requests).
+    examples: list[str] = field(default_factory=list)
+    source_episodes: list[str] = field(default_factory=list)
+    trials: int = 0
+    wins: int = 0
+    losses: int = 0
+    #: Matching tasks that ran without this rule, and how many hit the signature.
+    baseline_tasks: int = 0
+    baseline_failures: int = 0
+    created: str = ""
+    updated: str = ""
+    history: list[dict[str, Any]] = field(default_factory=list)
+    #: Hash of the text the learner last wrote; a mismatch means a person edited it.
+    written_sha: str = ""
+    path: Path | None = None
+
+    @property
+    def relpath(self) -> str:
+        return f"rules/{self.id}.md"
+
+    @property
+    def baseline_rate(self) -> float:
+        """How often the signature hits matching tasks without this rule (Laplace-smoothed,
+        so two observations do not look like certainty)."""
+        return (self.baseline_failures + 1) / (self.baseline_tasks + 2)
+
+    def note(self, at: datetime, event: str, detail: str = "") -> None:
+        entry = {"at": at.isoformat(timespec="seconds"), "event": event}
+        if detail:
+            entry["detail"] = detail
+        self.history = [*self.history, entry][-HISTORY_KEPT:]
+        self.updated = entry["at"]
+
+    def front_matter(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "status": self.status,
+            "confidence": round(self.confidence, 4),
+            "pinned": self.pinned,
+            "source": self.source,
+            "signatures": [self.signature] if self.signature else [],
+            "trigger": {
+                "signature": self.signature,
+                "applies_when": self.applies_when,
+                "examples": self.examples,
+            },
+            "source_episodes": self.source_episodes,
+            "trials": self.trials,
+            "wins": self.wins,
+            "losses": self.losses,
+            "baseline": {"tasks": self.baseline_tasks, "failures": self.baseline_failures},
+            "created": self.created,
+            "updated": self.updated,
+            "text_sha": text_sha(self.text),
+            "history": self.history,
+        }
+
+
+def rule_from(meta: dict[str, Any], body: str, path: Path) -> Rule:
+    status = str(meta.get("status", "candidate"))
+    if status not in STATUSES:
+        raise ValueError(f"status {status!r} is not one of {', '.join(STATUSES)}")
+    trigger = meta.get("trigger") or {}
+    if isinstance(trigger, str):  # a hand-written file may say `trigger: <words>`
+        trigger = {"applies_when": trigger}
+    if not isinstance(trigger, dict):
+        raise ValueError("trigger must be a mapping (signature, applies_when, examples)")
+    sigs = meta.get("signatures") or []
+    signature = str(trigger.get("signature") or (sigs[0] if sigs else "") or "")
+    baseline = meta.get("baseline") or {}
+    text = body.strip()
+    written = str(meta.get("text_sha") or "")
+    rule = Rule(
+        id=str(meta.get("id", path.stem)),
+        text=text,
+        status=status,
+        confidence=float(meta.get("confidence", 0.0)),
+        pinned=bool(meta.get("pinned", False)),
+        source=str(meta.get("source", "person")),
+        signature=signature,
+        applies_when=str(trigger.get("applies_when") or ""),
+        examples=[str(x) for x in trigger.get("examples") or []],
+        source_episodes=[str(x) for x in meta.get("source_episodes") or []],
+        trials=int(meta.get("trials", 0)),
+        wins=int(meta.get("wins", 0)),
+        losses=int(meta.get("losses", 0)),
+        baseline_tasks=int(baseline.get("tasks", 0)),
+        baseline_failures=int(baseline.get("failures", 0)),
+        created=str(meta.get("created", "")),
+        updated=str(meta.get("updated", "")),
+        history=[h for h in meta.get("history") or [] if isinstance(h, dict)],
+        written_sha=written,
+        path=path,
+    )
+    if written != text_sha(text):  # written or edited by a person, not by the learner
+        rule.pinned = True
+    return rule
 
 
 class RuleStore:
-    def __init__(self, data_dir: Path) -> None:
+    """Reads every rule fresh (a person or `steward rules` may have changed a file since);
+    writes through the DataStore so each change is one commit."""
+
+    def __init__(self, data_dir: Path, store: DataStore | None = None) -> None:
+        self.data_dir = data_dir
         self.root = data_dir / "rules"
+        self.store = store or DataStore(data_dir)
 
     def load(self) -> tuple[list[Rule], list[str]]:
         """All readable rules, plus one problem line per file that could not be read."""
@@ -38,39 +161,42 @@ class RuleStore:
         problems: list[str] = []
         if not self.root.is_dir():
             return rules, problems
-        for path in sorted(self.root.glob("*.md")):
+        for path in sorted(self.root.glob("*.md"), key=_id_order):
             try:
                 meta, body = parse(path.read_text(encoding="utf-8"), path)
-                status = str(meta.get("status", "candidate"))
-                if status not in STATUSES:
-                    raise ValueError(f"status {status!r} is not one of {', '.join(STATUSES)}")
-                rules.append(
-                    Rule(
-                        id=str(meta.get("id", path.stem)),
-                        status=status,
-                        confidence=float(meta.get("confidence", 0.0)),
-                        text=body.strip(),
-                        path=path,
-                    )
-                )
-            except (OSError, ValueError, TypeError) as exc:
+                rules.append(rule_from(meta, body, path))
+            except (OSError, ValueError, TypeError, AttributeError) as exc:
                 log.warning("rules.malformed", path=str(path), error=str(exc))
                 problems.append(f"{path}: {exc}")
         return rules, problems
 
-    def render_list(self, status: str | None = None) -> str:
-        if status is not None and status not in STATUSES:
-            return f"Unknown status {status!r}: use one of {', '.join(STATUSES)}."
-        rules, problems = self.load()
-        shown = [r for r in rules if status is None or r.status == status]
-        if not shown:
-            what = f"{status} rules" if status else "rules"
-            lines = [f"No {what} yet. Steward drafts rules from repeated failures."]
-        else:
-            lines = [f"{r.id} [{r.status} {r.confidence:.2f}] {_first(r.text)}" for r in shown]
-        lines += [f"skipped (malformed): {p}" for p in problems]
-        return "\n".join(lines)
+    def get(self, rule_id: str) -> Rule | None:
+        return next((r for r in self.load()[0] if r.id == rule_id), None)
+
+    def next_id(self) -> str:
+        highest = 0
+        if self.root.is_dir():
+            for path in self.root.glob("*.md"):
+                m = _ID.match(path.stem)
+                if m:
+                    highest = max(highest, int(m.group(1)))
+        return f"r-{highest + 1}"
+
+    async def save(self, rule: Rule, message: str) -> Path:
+        """Write and commit; raises MalformedFile rather than overwrite a broken file."""
+        path = await self.store.awrite(
+            rule.relpath, rule.front_matter(), rule.text + "\n", commit=message
+        )
+        rule.path, rule.written_sha = path, text_sha(rule.text)
+        return path
+
+    async def delete(self, rule: Rule, message: str) -> bool:
+        return await self.store.aremove(rule.relpath, commit=message)
 
 
-def _first(text: str, limit: int = 80) -> str:
-    return text.splitlines()[0][:limit] if text else ""
+def _id_order(path: Path) -> tuple[int, str]:
+    m = _ID.match(path.stem)
+    return (int(m.group(1)) if m else 1 << 30, path.stem)
+
+
+__all__ = ["STATUSES", "MalformedFile", "Rule", "RuleStore", "rule_from", "text_sha"]

@@ -20,6 +20,11 @@ def is_summary_request(body: dict[str, Any]) -> bool:
     return str(body["messages"][0]["content"]).startswith(SUMMARY_MARK)
 
 
+def task_requests(llm: ScriptedLLM) -> list[dict[str, Any]]:
+    """Requests of tasks (not compaction, not rule drafting)."""
+    return [r for r in llm.requests if str(r["messages"][0]["content"]).startswith("You are Stew")]
+
+
 def history(tmp_path: Path, summarizer: Any = None, **kw: int) -> History:
     return History(
         TranscriptStore(tmp_path),
@@ -124,7 +129,7 @@ async def test_long_chat_is_compacted_by_the_model_and_the_prompt_stays_in_budge
 
     summaries = [r for r in llm.requests if is_summary_request(r)]
     assert summaries and "blue-42" in str(summaries[0]["messages"][1]["content"])
-    last = [r for r in llm.requests if not is_summary_request(r)][-1]
+    last = task_requests(llm)[-1]
     contents = [str(m["content"]) for m in last["messages"]]
     # The first message left the prompt, its substance is there through the summary.
     assert not any(c.startswith("remember: my staging") for c in contents)
@@ -157,7 +162,7 @@ async def test_compaction_with_the_model_down_uses_an_extractive_summary(
             {"t": 2, "user": "bob", "text": "third"},
         ],
     )
-    last = [r for r in llm.requests if not is_summary_request(r)][-1]
+    last = task_requests(llm)[-1]
     assert any(
         "- user: the deploy key lives in vault" in str(m["content"]) for m in last["messages"]
     )

@@ -51,7 +51,7 @@ async def frames_until(
     ws: aiohttp.ClientWebSocketResponse,
     pred: Callable[[dict], bool],
     seen: list[dict],
-    limit: float = 20,
+    limit: float = 60,
 ) -> dict:
     async with asyncio.timeout(limit):
         while True:
