@@ -166,6 +166,11 @@ def _n(value: int | None) -> str:
 
 
 async def _main(tasks: int = 30) -> None:
+    from bot.logs import configure_logging
+    from core.llm import load_litellm
+
+    configure_logging("warning", "json")
+    load_litellm()  # its one-time import (seconds) must not count against either run
     with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
         learned = await run_scenario(Path(a), tasks, learning=True)
         base = await run_scenario(Path(b), tasks, learning=False)
