@@ -22,6 +22,8 @@ from core.conversations import Conversations
 from core.events import Channel
 from core.guardian import Guardian
 from core.llm import LLMClient
+from core.proactive import Config as ProactiveConfig
+from core.proactive import Proactive
 from core.suggestions import Suggestions
 from core.tools import ALL_TOOLS
 from core.tools.base import ToolContext
@@ -133,6 +135,14 @@ class App:
         except DataDirLocked as exc:
             raise ConfigError(str(exc)) from None
         DataStore(self.data_dir).ensure_repo()  # the data dir is a git repository
+        self.proactive = Proactive(
+            ProactiveConfig.from_settings(settings),
+            clock=self.clock,
+            data_dir=self.data_dir,
+            suggestions=self.suggestions,
+            conversations=self.conversations,
+            llm=self.llm,
+        )
         self.dispatcher = Dispatcher(
             conversations=self.conversations,
             approvals=self.approvals,
@@ -143,6 +153,7 @@ class App:
             policy=self.guardian,
             no_model_message=NO_MODEL_MESSAGE,
             history_turns=settings.history_turns,
+            proactive=self.proactive,
         )
 
     def warm_up(self) -> None:
@@ -195,6 +206,7 @@ class App:
             self.lock.release()
 
     async def _stop_channels(self) -> None:
+        await self.proactive.stop()
         await self.conversations.stop()
         for channel in reversed(self.channels):
             try:
