@@ -101,6 +101,7 @@ class Settings(BaseModel):
     proactive_threshold_max: float = Field(gt=0)
     proactive_cooldown_max: float = Field(ge=0)
     proactive_restore: float = Field(ge=0, le=1)
+    proactive_refusal_nudge: float = Field(ge=0, le=1)
     proactive_quick_cancel: float = Field(ge=0)
     proactive_silence: float = Field(ge=0)
     proactive_repeat_similarity: float = Field(gt=0, le=1)

@@ -11,6 +11,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from config.settings import Settings
 from core.proactive import SUGGEST_PROMPT
 from tests.fakes.llm import Reply, ScriptedLLM
@@ -108,38 +110,53 @@ async def test_template_when_model_unreachable_and_yes_starts_the_task(
     assert "No such file" in helped[0]["messages"][-1]["content"]
 
 
+def threshold_and_cooldown(status: str) -> tuple[float, str]:
+    threshold = float(status.split("of threshold ")[1].split(" ")[0])
+    cooldown = status.split("Cooldown: ")[1].split(" (")[0]
+    return threshold, cooldown
+
+
 async def test_refusals_make_it_quieter_and_acceptances_restore(
     llm: ScriptedLLM, settings_for: Callable
 ) -> None:
+    """Bob is the control: a fresh person getting one hour of the stimulus. Alice first
+    says "no thanks" five times within 30 minutes, then gets the very same hour; later
+    she accepts offers for a while, then gets the same hour once more."""
     s = settings(llm, settings_for)
     hour = 3600
     lines: list[dict[str, Any]] = []
-    lines += stimulus(0, hour)  # A: one hour, offers ignored
-    lines += [{"t": 2 * hour, "user": "alice", "text": "/proactive status"}]
-    lines += stimulus(2 * hour, 2.5 * hour, press="no thanks")  # B: "no thanks" to each
-    lines += [{"t": 2.5 * hour + 60, "user": "alice", "text": "/proactive status"}]
-    lines += stimulus(4 * hour, 5 * hour)  # C: the same hour of stimulus as A
-    lines += stimulus(6 * hour, 7 * hour, press="yes")  # D: accepting offers
-    lines += [{"t": 7 * hour + 60, "user": "alice", "text": "/proactive status"}]
-    lines += stimulus(8 * hour, 9 * hour)  # E: the same hour again
+    lines += stimulus(0, 2100, 60, press="no thanks")  # alice: refuses every offer
+    lines += [{"t": 2160, "user": "alice", "text": "/proactive status"}]
+    same_hour = stimulus(hour, 2 * hour, user="bob") + stimulus(hour, 2 * hour)
+    lines += sorted(same_hour, key=lambda line: line["t"])
+    lines += stimulus(3 * hour, 4 * hour, 60, press="yes")  # alice: accepts offers
+    lines += [{"t": 4 * hour + 60, "user": "alice", "text": "/proactive status"}]
+    lines += stimulus(5 * hour, 6 * hour)  # alice: the same hour again
     out = await replay(s, lines, drain=600)
-    before = len(suggestions(out, 0, hour))
-    refusal_phase = suggestions(out, 2 * hour, 2.5 * hour)
-    after = len(suggestions(out, 4 * hour, 5 * hour))
-    restored = len(suggestions(out, 8 * hour, 9 * hour))
-    refused = [o for o in out if "No thanks — noted." in o["text"]]
+
+    def offers(user: str, start: float, end: float) -> int:
+        return len([o for o in suggestions(out, start, end) if o["conversation"] == user])
+
+    refused = [o for o in out if "No thanks — noted." in o["text"] and o["t"] < 2160]
+    accepted = [o for o in out if "Yes — working on it." in o["text"]]
+    before = offers("bob", hour, 2 * hour)
+    after = offers("alice", hour, 2 * hour)
+    restored = offers("alice", 5 * hour, 6 * hour)
     print(
-        f"\nsuggestions per hour of the same stimulus: before={before}, "
-        f"after 5 refusals={after}, after acceptances={restored}; "
-        f"refusal phase offers={len(refusal_phase)}, refused={len(refused)}"
+        f"\nsuggestions in one hour of the same stimulus: before (fresh) = {before}, "
+        f"after 5 refusals in 30 min = {after}, after {len(accepted)} acceptances = {restored}"
     )
-    status = statuses(out)
-    assert "threshold 3.50" in status[0] and "Cooldown: 5 min" in status[0]
-    assert len(refused) >= 5
-    assert "threshold 5.25" in status[1] and "Cooldown: 15 min" in status[1]
-    assert before >= 8 and after <= before // 2, (before, after)
+    adapted, restored_status = statuses(out)
+    assert len(refused) == 5, [o["t"] for o in refused]
+    assert refused[-1]["t"] - refused[0]["t"] <= 1800
+    threshold, cooldown = threshold_and_cooldown(adapted)
+    # 3.5 × 1.1^5 (a 10 % nudge per refusal) × 1.5 (the burst); 5 min × 1.1^5 × 3.
+    assert threshold == pytest.approx(3.5 * 1.1**5 * 1.5, abs=0.01) and cooldown == "24 min"
+    assert before >= 6 and after <= before // 2, (before, after)
+    assert len(accepted) >= 3
+    threshold2, _ = threshold_and_cooldown(restored_status)
+    assert threshold2 < threshold / 1.5, (threshold, threshold2)
     assert restored > after, (after, restored)
-    assert "threshold 3.5" in status[2] or "threshold 3.6" in status[2], status[2]
 
 
 async def test_proactive_off_silences_completely_and_on_restores(
@@ -179,18 +196,22 @@ async def test_quiet_hours_hold(llm: ScriptedLLM, settings_for: Callable) -> Non
 async def test_state_survives_restart(llm: ScriptedLLM, settings_for: Callable) -> None:
     s = settings(llm, settings_for)
     lines: list[dict[str, Any]] = []
-    lines += stimulus(0, 1800, press="no thanks")  # five refusals → adapted
-    lines += [{"t": 1900, "user": "alice", "text": "/proactive quiet 03:00-03:01"}]
-    lines += [{"t": 2000, "restart": True}]
-    lines += [{"t": 2100, "user": "alice", "text": "/proactive status"}]
-    lines += [{"t": 2200, "user": "bob", "text": "/proactive off"}]
+    lines += stimulus(0, 2100, 60, press="no thanks")  # five refusals → adapted
+    lines += [{"t": 2200, "user": "alice", "text": "/proactive quiet 03:00-03:01"}]
+    lines += [{"t": 2250, "user": "alice", "text": "/proactive status"}]
     lines += [{"t": 2300, "restart": True}]
-    lines += stimulus(2400, 4000, user="bob")
-    lines += [{"t": 4100, "user": "bob", "text": "/proactive status"}]
+    lines += [{"t": 2300, "user": "alice", "text": "/proactive status"}]
+    lines += [{"t": 2400, "user": "bob", "text": "/proactive off"}]
+    lines += [{"t": 2500, "restart": True}]
+    lines += stimulus(2600, 4200, user="bob")
+    lines += [{"t": 4300, "user": "bob", "text": "/proactive status"}]
     out = await replay(s, lines)
-    alice, bob = statuses(out)
-    assert "threshold 5.25" in alice and "Cooldown: 15 min" in alice, alice
-    assert "Quiet hours: 03:00-03:01 UTC" in alice
+    alice_before, alice_after, bob = statuses(out)
+    threshold, cooldown = threshold_and_cooldown(alice_after)
+    assert threshold > 3.5 * 1.5 and cooldown == "24 min", alice_after
+    assert threshold_and_cooldown(alice_before) == (threshold, cooldown)
+    assert "Quiet hours: 03:00-03:01 UTC" in alice_after
+    assert "(0 accepted, 5 refused, 0 ignored)" in alice_after
     assert "Proactive help: off." in bob
     assert [o for o in suggestions(out) if o["conversation"] == "bob"] == []
     files = list((s.data_dir / "proactive").glob("*.md"))
