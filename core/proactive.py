@@ -774,11 +774,16 @@ class Proactive:
         key = self.user_key(channel.name, msg.user)
         state = self.state(key)
         self._remember(channel, msg.user, msg.conversation, msg.thread)
+        conv = state.conv(msg.conversation)
+        pending = conv.silence_due is not None or bool(conv.ignored)
+        helpful = state.stats["later_helpful"]
         added = self.engine.message(state, msg.conversation, msg.text, self.clock.now())
         self._cancel_timer(f"silence:{key}:{msg.conversation}")
         if added:
             log.info("proactive.signal", kinds=added, conversation=msg.conversation)
-        await self.save(state)
+        # Saved when it matters (not for every ordinary message: that costs a busy chat).
+        if added or pending or helpful != state.stats["later_helpful"]:
+            await self.save(state)
 
     async def on_quick_edit(self, channel: Channel, user: str, conversation: str) -> None:
         state = self.state(self.user_key(channel.name, user))
@@ -796,6 +801,8 @@ class Proactive:
         failed = task_failed(episode)
         now = self.clock.now()
         error = episode.error or next((t.error for t in reversed(episode.tools) if not t.ok), "")
+        before = state.conv(msg.conversation)
+        had = bool(before.failures or before.events or before.silence_due is not None)
         recurring = self.engine.task_finished(
             state,
             msg.conversation,
@@ -816,8 +823,9 @@ class Proactive:
             )
         for sig, episodes in recurring:
             await self._evidence(sig, episodes)
-        await self.maybe_offer(channel, msg.user, msg.conversation, msg.thread, in_job=in_job)
-        await self.save(state)
+        sid = await self.maybe_offer(channel, msg.user, msg.conversation, msg.thread, in_job=in_job)
+        if sid is None and (failed or had):  # an offer saved already; a plain success: nothing new
+            await self.save(state)
 
     async def on_task_cancelled(
         self, channel: Channel, msg: Message, started_at: float, *, in_job: bool = True
@@ -895,6 +903,9 @@ class Proactive:
         now = self.clock.now()
         busy = self._busy(channel, conversation, in_job)
         decision = self.engine.decide(state, conversation, now, busy=busy)
+        caps = getattr(channel, "capabilities", None)
+        if decision.offer and caps is not None and not caps.interactive:
+            decision = Decision(False, "nobody can answer here (one-shot)")
         if decision.offer and self.suggestions.open_in(conversation):
             decision = Decision(False, "a suggestion is already open here")
         if not decision.offer:

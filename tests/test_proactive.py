@@ -351,3 +351,24 @@ async def test_layer_persists_redacted_and_hands_recurring_failures_to_the_sink(
         cfg, clock=clock, data_dir=tmp_path, suggestions=None, conversations=_Convs()
     )
     assert broken.state("replay:alice").stats["offered"] == 0  # reset, not a crash
+
+
+async def test_no_offer_where_nobody_can_answer(tmp_path: Path) -> None:
+    from core.events import Capabilities
+
+    clock = SimClock(start=T0)
+    sugg = Suggestions(clock, tmp_path)
+    pro = Proactive(
+        Config(threshold=1.0), clock=clock, data_dir=tmp_path, suggestions=sugg,
+        conversations=_Convs(),
+    )  # fmt: skip
+    channel: Any = type(
+        "Ch", (), {"name": "cli", "capabilities": Capabilities(interactive=False)}
+    )()
+    st = pro.state("cli:owner")
+    pro.engine.message(st, C, "deploy", T0)
+    fail(pro.engine, st, T0)
+    assert pro.engine.decide(st, C, T0).offer
+    assert await pro.maybe_offer(channel, "owner", C, None, in_job=True) is None
+    assert sugg.records() == []
+    await pro.stop()
