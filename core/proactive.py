@@ -588,11 +588,12 @@ class Engine:
             last = conv.failures[-1]
             error = last.error or (last.signatures[0] if last.signatures else "an error")
             return (
-                f"Help me with: {last.request} — it failed with {error}; find the cause and fix it."
+                f"{OFFER_PREFIX}{_original(last.request)} — it failed with {error}; "
+                "find the cause and fix it."
             )
-        request = conv.requests[-1][1] if conv.requests else "what I was trying to do"
+        request = _original(conv.requests[-1][1]) if conv.requests else "what I was trying to do"
         return (
-            f"Help me with: {request} — your last answers did not get it right; "
+            f"{OFFER_PREFIX}{request} — your last answers did not get it right; "
             "find out what I need and do it."
         )
 
@@ -624,6 +625,16 @@ class Engine:
             noticed.append("you stopped a task right away")
         seen = " and ".join(noticed) or "this is not going well"
         return f"I noticed {seen}. Want me to start over and ask what you need?"
+
+
+def _original(request: str) -> str:
+    """The person's own request inside an offered task that failed in turn (no nesting)."""
+    while request.startswith(OFFER_PREFIX):
+        request = request[len(OFFER_PREFIX) :].split(" — ")[0]
+    return request
+
+
+OFFER_PREFIX = "Help me with: "
 
 
 # --- the async layer -------------------------------------------------------------------

@@ -267,8 +267,13 @@ def test_offered_task_and_template_carry_the_evidence() -> None:
         "Help me with: deploy to staging — it failed with DEPLOY_KEY is not set; "
         "find the cause and fix it."
     )
+    # The offered task failing in turn does not nest "Help me with: Help me with: …".
+    e.task_finished(st, C, T0 + 4, failed=True, request=task, error="still broken")
+    assert e.offered_task(st, C) == (
+        "Help me with: deploy to staging — it failed with still broken; find the cause and fix it."
+    )
     text = e.template(st, C, e.score(st, C, T0 + 3))
-    assert text.startswith("The last 3 tasks here failed on the same error (shell:Exit:DEPLOY_KEY")
+    assert text.startswith("The last 4 tasks here failed")
 
 
 def test_task_failed_counts_a_failing_last_tool_call() -> None:
