@@ -723,7 +723,18 @@ class Proactive:
             "Proactive help state for this person: threshold and cooldown adapt to their "
             "answers; events are the decayed frustration signals per conversation.\n"
         )
-        text = redact(render(state.to_dict(), body))
+        data = state.to_dict()
+        # Free text (requests, errors) is redacted; ids and keys stay as they are.
+        for conv in data["conversations"].values():
+            conv["requests"] = [[t, redact(x)] for t, x in conv["requests"]]
+            for f in conv["failures"]:
+                f["request"], f["error"] = redact(f["request"]), redact(f["error"])
+                f["signatures"] = [redact(x) for x in f["signatures"]]
+            conv["signatures"] = {redact(k): v for k, v in conv["signatures"].items()}
+            conv["reported"] = {redact(k): v for k, v in conv["reported"].items()}
+            if conv["open"]:
+                conv["open"]["subject"] = redact(conv["open"]["subject"])
+        text = render(data, body)
         try:
             await asyncio.to_thread(atomic_write_text, self.path(state.user), text)
         except OSError:

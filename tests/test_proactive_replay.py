@@ -227,3 +227,32 @@ async def test_malformed_state_file_is_reset_not_fatal(
     path.write_text("---\nuser: [unclosed\n---\n")
     out = await replay(s, [{"t": 0, "user": "alice", "text": "/proactive status"}])
     assert "Proactive help: on." in statuses(out)[0]
+
+
+async def test_quick_cancels_of_a_repeated_request_lead_to_an_offer(
+    llm: ScriptedLLM, settings_for: Callable
+) -> None:
+    def answer(body: dict[str, Any]) -> Reply:
+        if body["messages"][0]["content"] == SUGGEST_PROMPT:
+            return Reply.error(503, message="down")  # the template, from the signals
+        return Reply.tool("shell", {"command": "echo x > ../outside.txt"})  # waits for approval
+
+    llm.responder = answer
+    s = settings_for(llm)
+    lines: list[dict[str, Any]] = []
+    for i in range(3):
+        lines += [
+            {"t": 60 * i, "user": "alice", "text": "clean up the release folder"},
+            {"t": 60 * i + 3, "user": "alice", "cancel": True},
+        ]
+    lines += [{"t": 200, "user": "alice", "text": "/proactive status"}]
+    out = await replay(s, lines, drain=60)
+    [offer] = suggestions(out)
+    stopped = [o for o in out if o["text"] == "Stopped: the task was cancelled."]
+    assert len(stopped) == 3 and offer["t"] == 123 and out.index(offer) > out.index(stopped[2])
+    assert offer["text"] == (
+        "I noticed you asked for nearly the same thing again and you stopped a task right "
+        "away. Want me to start over and ask what you need?"
+    )
+    [status] = statuses(out)
+    assert "Offers so far: 1" in status
