@@ -10,7 +10,9 @@ failure becomes due); the simulated person answers by persona:
 * welcoming — struggles, usually accepts help;
 * wants_quiet — struggles, but refuses or ignores offers;
 * fine — rarely fails, lukewarm about offers;
-* noisy — fails, cancels and corrects a lot, mostly ignores offers.
+* noisy — fails, cancels and corrects a lot, mostly ignores offers;
+* frantic — fires a failing request every ~30 s and says "no thanks" to everything
+  (the case the 5-refusals-in-30-minutes burst rule is for).
 
 Accepted help makes the next few requests much less likely to fail. Both engines see
 the same seeds; the baseline never adapts (fixed threshold and cooldown).
@@ -35,9 +37,10 @@ PERSONAS = {
     # share, p(fail), p(repeat after fail), p(correction after fail), p(quick cancel),
     # answer weights (accept, refuse, ignore), mean seconds between requests
     "welcoming": (0.30, 0.40, 0.7, 0.3, 0.03, (0.80, 0.15, 0.05), 150),
-    "wants_quiet": (0.25, 0.40, 0.7, 0.3, 0.03, (0.00, 0.75, 0.25), 150),
+    "wants_quiet": (0.22, 0.40, 0.7, 0.3, 0.03, (0.00, 0.75, 0.25), 150),
     "fine": (0.30, 0.07, 0.5, 0.1, 0.02, (0.30, 0.40, 0.30), 200),
-    "noisy": (0.15, 0.55, 0.8, 0.5, 0.15, (0.10, 0.30, 0.60), 90),
+    "noisy": (0.13, 0.55, 0.8, 0.5, 0.15, (0.10, 0.30, 0.60), 90),
+    "frantic": (0.05, 0.60, 0.9, 0.4, 0.10, (0.00, 0.95, 0.05), 30),
 }
 
 TOPICS = [
