@@ -15,6 +15,7 @@ BENCHES = {
     "guardian_corpus": "bench.guardian_corpus",
     "memory": "bench.memory",
     "learning": "bench.learning",
+    "proactive": "bench.proactive",
 }
 
 

@@ -26,6 +26,8 @@ from core.guardian import Guardian
 from core.history import History, model_summarizer
 from core.learning import Learner, LearningConfig
 from core.llm import LLMClient
+from core.proactive import Config as ProactiveConfig
+from core.proactive import Proactive
 from core.rules_commands import RulesCommands
 from core.suggestions import Suggestions
 from core.tools import ALL_TOOLS
@@ -158,6 +160,15 @@ class App:
             budget_tokens=turns_share,
             summary_tokens=settings.summary_budget,
         )
+        self.proactive = Proactive(
+            ProactiveConfig.from_settings(settings),
+            clock=self.clock,
+            data_dir=self.data_dir,
+            suggestions=self.suggestions,
+            conversations=self.conversations,
+            llm=self.llm,
+            sink=self.learner,  # recurring failures it sees are evidence for the learner
+        )
         self.dispatcher = Dispatcher(
             conversations=self.conversations,
             history=self.history,
@@ -171,6 +182,7 @@ class App:
             learner=self.learner,
             rules_commands=RulesCommands(self.rules, self.clock, self.learning),
             rules_admins_only=settings.rules_admins_only,
+            proactive=self.proactive,
         )
 
     def warm_up(self) -> None:
@@ -231,6 +243,7 @@ class App:
             self.lock.release()
 
     async def _stop_channels(self) -> None:
+        await self.proactive.stop()
         await self.conversations.stop()
         for channel in reversed(self.channels):
             try:

@@ -37,6 +37,9 @@ HELP = """Commands:
   /rules edit ID TEXT, /rules add TEXT
 /policy — the safety policy overlay; /policy revoke RULE — drop an always-allow rule (admins)
 /pair CODE — let a person who asked for access talk to me (admins)
+/proactive [status] — what I noticed here, my threshold and cooldown for you
+/proactive off, /proactive on — stop or allow unprompted offers of help
+/proactive quiet HH:MM-HH:MM, /proactive quiet off — no offers during these hours
 Anything else is a task for Steward."""
 
 
@@ -65,6 +68,8 @@ class Dispatcher:
     learner: Any = None
     rules_commands: RulesCommands | None = None
     rules_admins_only: bool = True
+    #: Proactive help (core/proactive.py); None: never offers help unprompted.
+    proactive: Any = None
     last_results: dict[str, TaskResult] = field(default_factory=dict)
     undelivered: list[Undelivered] = field(default_factory=list)
 
@@ -98,6 +103,11 @@ class Dispatcher:
             if text.startswith("/"):
                 await self._command(event, channel, text)
             else:
+                if self.proactive is not None:
+                    try:
+                        await self.proactive.on_message(channel, event)
+                    except Exception:  # noticing frustration must never block a task
+                        log.exception("proactive.failed", event="message")
                 await self._task(event, channel, text)
 
     async def say(
@@ -134,6 +144,15 @@ class Dispatcher:
         self, channel: Channel, conversation: str, user: str, value: str, thread: str | None
     ) -> None:
         answer = await self.suggestions.answer(value, user)
+        if answer.decided and self.proactive is not None:
+            try:
+                await self.proactive.on_answer(
+                    self.proactive.user_key(channel.name, user),
+                    value.partition(":")[2],
+                    answer.task is not None,
+                )
+            except Exception:
+                log.exception("proactive.failed", event="answer")
         if not answer.decided:
             await self._private(channel, conversation, user, answer.text)
         elif answer.task:
@@ -188,6 +207,12 @@ class Dispatcher:
             )
         elif name == "suggestion":
             await self._suggestion(channel, msg.conversation, msg.user, arg, msg.thread)
+        elif name == "proactive":
+            if self.proactive is None:
+                reply = "Proactive help is not available here."
+            else:
+                reply = await self.proactive.command(channel, msg, arg)
+            await self.say(channel, msg.conversation, reply, msg.thread)
         elif name == "pair":
             await self.say(
                 channel, msg.conversation, self.access.pair(channel.name, msg.user, arg), msg.thread
@@ -262,12 +287,15 @@ class Dispatcher:
             summary=context.summary,
             direct=msg.direct,
         )
+        started_at = self.agent.clock.now()
         try:
             result = await self.agent.run(request, observe)
         except asyncio.CancelledError:
             await asyncio.shield(
                 self.say(channel, msg.conversation, "Stopped: the task was cancelled.", msg.thread)
             )
+            if self.proactive is not None:
+                await asyncio.shield(self._proactive_cancelled(channel, msg, started_at))
             return
         self.last_results[key] = result
         await self.say(channel, msg.conversation, result.reply, msg.thread)
@@ -280,3 +308,16 @@ class Dispatcher:
                 await self.learner.observe(result.episode)
             except Exception:  # the episode on disk is the evidence; the next task retries
                 log.exception("learning.observe_failed", episode=result.task_id)
+        if self.proactive is not None:
+            # After the reply went out, still inside this conversation's job: an offer
+            # never interrupts a running task, and a queued one goes first.
+            try:
+                await self.proactive.on_task_finished(channel, msg, result)
+            except Exception:
+                log.exception("proactive.failed", event="task_finished")
+
+    async def _proactive_cancelled(self, channel: Channel, msg: Message, started_at: float) -> None:
+        try:
+            await self.proactive.on_task_cancelled(channel, msg, started_at)
+        except Exception:
+            log.exception("proactive.failed", event="task_cancelled")

@@ -105,6 +105,47 @@ class Settings(BaseModel):
     delivery_retries: int = Field(ge=0, le=20)
     delivery_backoff: float = Field(ge=0)
     delivery_backoff_max: float = Field(ge=0)
+    proactive_enabled: bool
+    proactive_threshold: float = Field(gt=0)
+    proactive_cooldown: float = Field(ge=0)
+    proactive_half_life: float = Field(gt=0)
+    proactive_refusals: float = Field(gt=0)
+    proactive_refusal_window: float = Field(gt=0)
+    proactive_ignore_after: float = Field(ge=0)
+    proactive_ignored_weight: float = Field(ge=0)
+    proactive_threshold_step: float = Field(ge=1)
+    proactive_cooldown_step: float = Field(ge=1)
+    proactive_threshold_max: float = Field(gt=0)
+    proactive_cooldown_max: float = Field(ge=0)
+    proactive_restore: float = Field(ge=0, le=1)
+    proactive_refusal_nudge: float = Field(ge=0, le=1)
+    proactive_quick_cancel: float = Field(ge=0)
+    proactive_silence: float = Field(ge=0)
+    proactive_repeat_similarity: float = Field(gt=0, le=1)
+    proactive_corrections: str
+    proactive_help_words: str
+    proactive_timezone: str
+    proactive_recurring: int = Field(ge=1)
+    proactive_recurring_window: float = Field(gt=0)
+    proactive_weight_failure: float = Field(ge=0)
+    proactive_weight_error: float = Field(ge=0)
+    proactive_weight_quick_cancel: float = Field(ge=0)
+    proactive_weight_repeat: float = Field(ge=0)
+    proactive_weight_correction: float = Field(ge=0)
+    proactive_weight_silence: float = Field(ge=0)
+
+    @field_validator("proactive_timezone")
+    @classmethod
+    def _check_timezone(cls, value: str) -> str:
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+        try:
+            ZoneInfo(value.strip() or "UTC")
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(
+                f"{value!r} is not a known IANA time zone (e.g. UTC, Europe/Berlin)"
+            ) from None
+        return value.strip() or "UTC"
 
     @field_validator("approvers", mode="before")
     @classmethod

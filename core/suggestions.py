@@ -105,6 +105,8 @@ class Suggestions:
         entry = self._open.get(sid)
         if entry is None:
             record = self._load(sid)
+            if record is not None and record["status"] == "ignored":
+                return Answer("That suggestion expired unanswered.")
             if record is not None and record["status"] != "open":
                 return Answer(f"You already answered this suggestion ({record['status']}).")
             return Answer("That suggestion is no longer open.")
@@ -123,6 +125,22 @@ class Suggestions:
             except Exception:
                 log.warning("suggestion.edit_failed", suggestion=sid, exc_info=True)
         return Answer("", task=record["task"] if accepted else None, decided=True)
+
+    async def expire(self, sid: str, note: str = "No answer — I'll keep quieter.") -> bool:
+        """An offer nobody answered in time: recorded as ignored, its buttons removed."""
+        entry = self._open.pop(sid, None)
+        if entry is None:
+            return False
+        record, channel, ref = entry
+        record.update(status="ignored", answered_at=self.clock.now())
+        await self._save(record)
+        log.info("suggestion.ignored", suggestion=sid)
+        if ref is not None:
+            try:
+                await channel.edit(ref, f"{record['text']}\n\n{note}", buttons=[])
+            except Exception:
+                log.warning("suggestion.edit_failed", suggestion=sid, exc_info=True)
+        return True
 
     def records(self) -> list[dict[str, Any]]:
         """Every stored suggestion with its answer (for the proactive engine and tests)."""
