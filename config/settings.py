@@ -88,6 +88,16 @@ class Settings(BaseModel):
     delivery_retries: int = Field(ge=0, le=20)
     delivery_backoff: float = Field(ge=0)
     delivery_backoff_max: float = Field(ge=0)
+    local_model: Literal["auto", "off"]
+    local_model_path: str
+    local_model_host: str
+    local_model_port: int = Field(ge=0, le=65535)
+    local_model_threads: int = Field(ge=0, le=256)
+    local_model_ctx: int = Field(ge=512)
+    local_model_max_steps: int = Field(ge=1, le=200)
+    local_model_max_tokens: int = Field(ge=16)
+    local_model_start_timeout: float = Field(gt=0)
+    local_model_mode: Literal["constrained", "native"]
 
     @field_validator("approvers", mode="before")
     @classmethod
