@@ -7,7 +7,8 @@ same agent, guardian and dispatcher, differing only in clock and channels.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,15 @@ from core.conversations import Conversations
 from core.events import Channel
 from core.guardian import Guardian
 from core.llm import LLMClient
+from core.local_llm import LOCAL_TOOLS, LocalLLM
+from core.local_model import (
+    INSTALL_HINT,
+    ModelServer,
+    availability,
+    embedded_wanted,
+    llama_server_command,
+    threads,
+)
 from core.suggestions import Suggestions
 from core.tools import ALL_TOOLS
 from core.tools.base import ToolContext
@@ -40,6 +50,28 @@ NO_MODEL_MESSAGE = (
     "  export STEWARD_MODEL=openai/<model-id> STEWARD_API_BASE=http://127.0.0.1:8080/v1\n"
     "then restart Steward. `steward doctor` checks the set-up."
 )
+
+LOCAL_MODEL_NOTICE = (
+    "Running a tiny local model (SmolLM2-135M) on this machine: no key, no network, and "
+    "only simple jobs (list, read, write and search files, run a command). To use a real "
+    "model, set STEWARD_MODEL and its key, e.g. `export STEWARD_MODEL=openai/gpt-4.1-mini "
+    "OPENAI_API_KEY=sk-...`, and restart (README → Local model)."
+)
+
+
+def no_model_message(settings: Settings, env: Mapping[str, str] | None = None) -> str:
+    """What people are told when there is no model; says how to get the local one when
+    it would have been used but is not installed."""
+    if embedded_wanted(settings, env):
+        why = availability(settings.local_model_path.strip()).reason
+        if why:
+            return f"{NO_MODEL_MESSAGE}\n\nThe tiny local model can't run: {why}. {INSTALL_HINT}"
+    return NO_MODEL_MESSAGE
+
+
+def local_model_ready(settings: Settings, env: Mapping[str, str] | None = None) -> bool:
+    """The embedded model will be used (wanted and installed)."""
+    return embedded_wanted(settings, env) and availability(settings.local_model_path.strip()).ok
 
 
 def ensure_dir(path: Path, key: str) -> Path:
@@ -68,8 +100,19 @@ def ensure_dir(path: Path, key: str) -> Path:
 class App:
     """A Steward instance: one dispatcher, one agent, any number of channels."""
 
-    def __init__(self, settings: Settings, *, clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        clock: Clock | None = None,
+        env: Mapping[str, str] | None = None,
+        local_command: Callable[[int], list[str]] | None = None,
+    ) -> None:
+        """`env`: where provider keys are looked for (default os.environ).
+        `local_command`: the model server command for the embedded model (tests pass a
+        fake server; default llama-cpp-python's, when it is installed)."""
         self.settings = settings
+        env = os.environ if env is None else env
         self.clock = clock or Clock()
         self.data_dir = ensure_dir(settings.data_dir, "data_dir")
         self.workspace = ensure_dir(settings.workspace, "workspace").resolve()
@@ -89,10 +132,14 @@ class App:
                 tool, args, added_by=user
             ),
         )
-        self.llm: LLMClient | None = None
+        self.llm: LLMClient | LocalLLM | None = None
+        self.local: ModelServer | None = None
+        self._no_model = NO_MODEL_MESSAGE
         self._warm: asyncio.Future[object] | None = None
         self.index: Any = None
         agent: Agent | None = None
+        tools = dict(ALL_TOOLS)
+        max_steps = settings.max_steps
         if settings.model_configured:
             self.llm = LLMClient(
                 model=settings.model.strip(),
@@ -107,9 +154,33 @@ class App:
                 temperature=settings.temperature,
                 stream=settings.stream,
             )
+        elif embedded_wanted(settings, env):
+            command = local_command or self._llama_command()
+            if command is None:
+                self._no_model = no_model_message(settings, env)
+            else:
+                self.local = ModelServer(
+                    command,
+                    host=settings.local_model_host,
+                    port=settings.local_model_port,
+                    start_timeout=settings.local_model_start_timeout,
+                    log_path=self.data_dir / "local-model.log",
+                )
+                self.llm = LocalLLM(
+                    server=self.local,
+                    clock=self.clock,
+                    timeout=settings.llm_timeout,
+                    max_tokens=settings.local_model_max_tokens,
+                    stream=settings.stream,
+                    mode=settings.local_model_mode,
+                )
+                if settings.local_model_mode == "constrained":
+                    tools = {name: ALL_TOOLS[name] for name in LOCAL_TOOLS}
+                max_steps = settings.local_model_max_steps
+        if self.llm is not None:
             agent = Agent(
-                llm=self.llm,
-                tools=dict(ALL_TOOLS),
+                llm=self.llm,  # type: ignore[arg-type]  # LocalLLM has the same complete()
+                tools=tools,
                 tool_context=ToolContext(
                     workspace=self.workspace,
                     shell_timeout=settings.shell_timeout,
@@ -121,7 +192,7 @@ class App:
                 approvals=self.approvals,
                 episodes=self.episodes,
                 clock=self.clock,
-                max_steps=settings.max_steps,
+                max_steps=max_steps,
                 task_timeout=settings.task_timeout,
                 recall_limit=settings.recall_limit,
                 recall_budget=settings.recall_budget,
@@ -141,8 +212,21 @@ class App:
             access=self.access,
             suggestions=self.suggestions,
             policy=self.guardian,
-            no_model_message=NO_MODEL_MESSAGE,
+            no_model_message=self._no_model,
             history_turns=settings.history_turns,
+        )
+
+    def _llama_command(self) -> Callable[[int], list[str]] | None:
+        s = self.settings
+        found = availability(s.local_model_path.strip())
+        if not found.ok or found.gguf is None:
+            return None
+        return llama_server_command(
+            gguf=found.gguf,
+            host=s.local_model_host,
+            n_ctx=s.local_model_ctx,
+            n_threads=threads(s.local_model_threads),
+            chat_format="chatml-function-calling" if s.local_model_mode == "native" else "",
         )
 
     def warm_up(self) -> None:
@@ -155,7 +239,10 @@ class App:
 
     @property
     def notice(self) -> str | None:
-        return None if self.agent is not None else NO_MODEL_MESSAGE
+        """The banner for the terminal and the web chat: the tiny local model, or no model."""
+        if self.local is not None:
+            return LOCAL_MODEL_NOTICE
+        return None if self.agent is not None else self._no_model
 
     async def start(self, channels: Sequence[Channel]) -> list[Outbox]:
         """Start each adapter behind its Outbox (the shared delivery layer); the dispatcher
@@ -188,6 +275,8 @@ class App:
     async def stop(self) -> None:
         try:
             await self._stop_channels()
+            if self.local is not None:
+                await self.local.stop()
             if self.index is not None:
                 await self.index.close()
                 self.index = None
