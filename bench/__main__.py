@@ -14,6 +14,7 @@ BENCHES = {
     "agent_overhead": "bench.agent_overhead",
     "guardian_corpus": "bench.guardian_corpus",
     "memory": "bench.memory",
+    "local_model": "bench.local_model",  # skips, saying why, without steward[local]
 }
 
 
