@@ -257,3 +257,20 @@ def test_app_without_llama_cpp_keeps_the_no_model_behaviour(settings_for) -> Non
         assert app.notice is not None and "can't run" in app.notice
     finally:
         app.lock.release()
+
+
+async def test_doctor_says_how_to_get_the_local_model(
+    settings_for, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bot.doctor import _model
+    from core.local_model import PROVIDER_KEYS
+
+    for key in PROVIDER_KEYS:
+        monkeypatch.delenv(key, raising=False)
+    settings = settings_for(None, local_model="auto", local_model_path="/nonexistent.gguf")
+    [check] = await _model(settings)
+    assert not check.ok and "tiny local model can't run" in check.detail
+    assert "steward[local]" in check.fix and "STEWARD_MODEL" in check.fix
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    [check] = await _model(settings)
+    assert "OPENAI_API_KEY is set" in check.detail
