@@ -330,8 +330,12 @@ class LocalLLM:
             backoff=0.5,
             backoff_max=2.0,
             max_tokens=max_tokens,
-            stream=stream,
+            # Not streamed: llama-cpp-python's server sometimes ends a stream without a
+            # finish_reason (litellm then raises), and a tiny model's short answer takes
+            # about a second anyway; the whole text is passed to on_text at once.
+            stream=False,
         )
+        self.stream = stream
 
     def describe(self) -> str:
         return f"tiny local model {self.label} ({self.mode})"
@@ -367,7 +371,8 @@ class LocalLLM:
         on_reset: OnReset | None = None,
     ) -> LLMResult:
         if self.mode == "native":
-            return await self._call(messages, tools, on_text=on_text, on_reset=on_reset)
+            result = await self._call(messages, tools)
+            return await self._say_result(result, on_text)
         start = _request_index(messages)
         request = str(messages[start].get("content") or "") if start >= 0 else ""
         after = messages[start + 1 :] if start >= 0 else []
@@ -431,7 +436,13 @@ class LocalLLM:
         convo = [{"role": "system", "content": CHAT_SYSTEM}, *history]
         if start >= 0:
             convo.append({"role": "user", "content": str(messages[start].get("content") or "")})
-        return await self._call(convo, None, on_text=on_text, on_reset=on_reset)
+        return await self._say_result(await self._call(convo, None), on_text)
+
+    @staticmethod
+    async def _say_result(result: LLMResult, on_text: OnText | None) -> LLMResult:
+        if on_text is not None and result.text and not result.tool_calls:
+            await on_text(result.text)
+        return result
 
     @staticmethod
     async def _say(text: str, on_text: OnText | None) -> LLMResult:
