@@ -239,3 +239,18 @@ def test_llama_server_command() -> None:
     for pair in (["--model", "/m.gguf"], ["--port", "9000"], ["--chat_format", "chatml"]):
         i = argv.index(pair[0])
         assert argv[i : i + 2] == pair
+
+
+def test_dev_py_installs_the_local_model_only_when_it_would_be_used(tmp_path: Path) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("dev", ROOT / "dev.py")
+    assert spec and spec.loader
+    dev = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(dev)
+    assert dev._wants_local({}, tmp_path)
+    assert not dev._wants_local({"STEWARD_MODEL": "openai/x"}, tmp_path)
+    assert not dev._wants_local({"STEWARD_LOCAL_MODEL": "off"}, tmp_path)
+    assert not dev._wants_local({"ANTHROPIC_API_KEY": "k"}, tmp_path)
+    (tmp_path / "steward.toml").write_text('model = "anthropic/claude-sonnet-4-5"\n')
+    assert not dev._wants_local({}, tmp_path)
