@@ -355,7 +355,8 @@ class LocalLLM:
                     retryable=False,
                 ) from exc
             try:
-                return await self._inner.complete(messages, tools, **kw)
+                async with self.server.in_use():
+                    return await self._inner.complete(messages, tools, **kw)
             except LLMError as exc:
                 if attempt == 2 or exc.kind != "connection" or self.server.running:
                     raise

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
@@ -265,6 +265,9 @@ class ModelServer:
         self._watcher: asyncio.Task[None] | None = None
         self._started_at = 0.0
         self._stopped = False
+        #: Requests in flight: llama-cpp-python's server answers nothing else while it
+        #: generates, so a busy server is judged by its process alone.
+        self.busy = 0
 
     # -- state --------------------------------------------------------------------
 
@@ -284,6 +287,15 @@ class ModelServer:
         if self.running:
             return f"{self.label} (local, pid {self.pid}, {self.base_url})"
         return f"{self.label} (local, started on first use)"
+
+    @contextlib.asynccontextmanager
+    async def in_use(self) -> AsyncIterator[None]:
+        """Wrap each request: while one runs, a slow health check is not a death."""
+        self.busy += 1
+        try:
+            yield
+        finally:
+            self.busy -= 1
 
     # -- lifecycle ----------------------------------------------------------------
 
@@ -428,13 +440,16 @@ class ModelServer:
             if proc is None or self._stopped:
                 return
             alive = proc.poll() is None
+            if alive and self.busy:
+                misses = 0  # generating: it can't answer /v1/models meanwhile
+                continue
             if alive and await self.healthy():
                 misses = 0
                 if time.monotonic() - self._started_at > self.stable_after:
                     self.failures_in_row = 0
                 continue
             misses += 1
-            if alive and misses < 3:  # busy generating: give it a few more looks
+            if alive and (misses < 3 or self.busy):  # give it a few more looks
                 continue
             log.warning(
                 "local_model.died" if not alive else "local_model.unresponsive",

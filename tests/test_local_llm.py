@@ -3,8 +3,10 @@ and the embedded-model wiring (App, chat, doctor) with a fake server child."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,10 @@ class StubServer:
     async def ensure(self) -> str:
         self.ensured += 1
         return self.base_url
+
+    @contextlib.asynccontextmanager
+    async def in_use(self) -> AsyncIterator[None]:
+        yield
 
 
 def local(llm: ScriptedLLM, **kw: Any) -> LocalLLM:

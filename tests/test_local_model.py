@@ -101,6 +101,32 @@ async def test_restarts_after_the_child_is_killed(tmp_path: Path) -> None:
         await srv.stop()
 
 
+async def test_a_busy_server_is_not_taken_for_dead(tmp_path: Path) -> None:
+    """llama-cpp-python's server answers nothing while it generates: a failing health
+    check during a request must not kill it; the same silence when idle does."""
+    srv = server(tmp_path)
+    try:
+        await srv.ensure()
+        first = srv.pid
+
+        async def silent(wait: float = 2.0) -> bool:
+            return False
+
+        real = srv.healthy
+        srv.healthy = silent  # type: ignore[method-assign]
+        async with srv.in_use():
+            await asyncio.sleep(1.0)  # ten watcher rounds
+            assert srv.pid == first and srv.restarts == 0
+        for _ in range(100):
+            if srv.restarts:
+                break
+            await asyncio.sleep(0.05)
+        srv.healthy = real  # type: ignore[method-assign]
+        assert srv.restarts >= 1 and srv.pid != first
+    finally:
+        await srv.stop()
+
+
 async def test_ensure_restarts_a_dead_child_even_without_the_watcher(tmp_path: Path) -> None:
     srv = server(tmp_path, health_interval=3600)
     try:

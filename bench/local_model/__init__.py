@@ -173,7 +173,10 @@ async def run_variant(variant: str, sets: dict[str, list[dict]], gguf: Path) -> 
 
 
 def main() -> None:
+    from bot.logs import configure_logging
     from core.local_model import availability
+
+    configure_logging("error", "console")
 
     found = availability()
     if not found.ok or found.gguf is None:
