@@ -429,11 +429,16 @@ class LocalLLM:
         on_reset: OnReset | None,
     ) -> LLMResult:
         """Chit-chat: the model answers with no tools, a short prompt and a short history."""
+        # A 135M model copies whatever came before: a file listing or code in the
+        # history turns "hello" into more code. Only short plain exchanges go along.
         history = [
             {"role": m["role"], "content": str(m.get("content") or "")}
             for m in messages[:start]
-            if m.get("role") in ("user", "assistant") and not m.get("tool_calls")
-        ][-4:]
+            if m.get("role") in ("user", "assistant")
+            and not m.get("tool_calls")
+            and "```" not in str(m.get("content") or "")
+            and len(str(m.get("content") or "")) <= 300
+        ][-2:]
         convo = [{"role": "system", "content": CHAT_SYSTEM}, *history]
         if start >= 0:
             convo.append({"role": "user", "content": str(messages[start].get("content") or "")})

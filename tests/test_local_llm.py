@@ -280,3 +280,18 @@ async def test_doctor_says_how_to_get_the_local_model(
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
     [check] = await _model(settings)
     assert "OPENAI_API_KEY is set" in check.detail
+
+
+async def test_chit_chat_leaves_tool_output_out_of_the_history(llm: ScriptedLLM) -> None:
+    llm.reply_text("Hi!")
+    msgs = [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "list the files"},
+        {"role": "assistant", "content": "Files in `.`:\n```\na.md\n```"},
+        {"role": "user", "content": "nice, thanks"},
+        {"role": "assistant", "content": "You're welcome."},
+        {"role": "user", "content": "hello!"},
+    ]
+    await local(llm).complete(msgs, schemas())
+    sent = [m["content"] for m in llm.requests[-1]["messages"][1:]]
+    assert sent == ["nice, thanks", "You're welcome.", "hello!"]
