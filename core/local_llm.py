@@ -390,7 +390,7 @@ class LocalLLM:
         log.info("local_llm.route", kind=r.kind, tool=r.tool)
         if r.kind == "capabilities":
             return await self._say(CAPABILITIES.format(label=self.label), on_text)
-        if r.kind == "tool" and (not tools or r.tool in offered):
+        if r.kind == "tool" and r.tool in offered:
             result = await self.tool_call(request, r)
             if result is not None:
                 return result
