@@ -7,7 +7,8 @@ same agent, guardian and dispatcher, differing only in clock and channels.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,15 @@ from core.guardian import Guardian
 from core.history import History, model_summarizer
 from core.learning import Learner, LearningConfig
 from core.llm import LLMClient
+from core.local_llm import LOCAL_TOOLS, LocalLLM
+from core.local_model import (
+    INSTALL_HINT,
+    ModelServer,
+    availability,
+    embedded_wanted,
+    llama_server_command,
+    threads,
+)
 from core.proactive import Config as ProactiveConfig
 from core.proactive import Proactive
 from core.rules_commands import RulesCommands
@@ -48,6 +58,28 @@ NO_MODEL_MESSAGE = (
     "  export STEWARD_MODEL=openai/<model-id> STEWARD_API_BASE=http://127.0.0.1:8080/v1\n"
     "then restart Steward. `steward doctor` checks the set-up."
 )
+
+LOCAL_MODEL_NOTICE = (
+    "Running a tiny local model (SmolLM2-135M) on this machine: no key, no network, and "
+    "only simple jobs (list, read, write and search files, run a command). To use a real "
+    "model, set STEWARD_MODEL and its key, e.g. `export STEWARD_MODEL=openai/gpt-4.1-mini "
+    "OPENAI_API_KEY=sk-...`, and restart (README → Local model)."
+)
+
+
+def no_model_message(settings: Settings, env: Mapping[str, str] | None = None) -> str:
+    """What people are told when there is no model; says how to get the local one when
+    it would have been used but is not installed."""
+    if embedded_wanted(settings, env):
+        why = availability(settings.local_model_path.strip()).reason
+        if why:
+            return f"{NO_MODEL_MESSAGE}\n\nThe tiny local model can't run: {why}. {INSTALL_HINT}"
+    return NO_MODEL_MESSAGE
+
+
+def local_model_ready(settings: Settings, env: Mapping[str, str] | None = None) -> bool:
+    """The embedded model will be used (wanted and installed)."""
+    return embedded_wanted(settings, env) and availability(settings.local_model_path.strip()).ok
 
 
 def ensure_dir(path: Path, key: str) -> Path:
@@ -76,8 +108,19 @@ def ensure_dir(path: Path, key: str) -> Path:
 class App:
     """A Steward instance: one dispatcher, one agent, any number of channels."""
 
-    def __init__(self, settings: Settings, *, clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        clock: Clock | None = None,
+        env: Mapping[str, str] | None = None,
+        local_command: Callable[[int], list[str]] | None = None,
+    ) -> None:
+        """`env`: where provider keys are looked for (default os.environ).
+        `local_command`: the model server command for the embedded model (tests pass a
+        fake server; default llama-cpp-python's, when it is installed)."""
         self.settings = settings
+        env = os.environ if env is None else env
         self.clock = clock or Clock()
         self.data_dir = ensure_dir(settings.data_dir, "data_dir")
         self.workspace = ensure_dir(settings.workspace, "workspace").resolve()
@@ -99,10 +142,14 @@ class App:
                 tool, args, added_by=user
             ),
         )
-        self.llm: LLMClient | None = None
+        self.llm: LLMClient | LocalLLM | None = None
+        self.local: ModelServer | None = None
+        self._no_model = NO_MODEL_MESSAGE
         self._warm: asyncio.Future[object] | None = None
         self.index: Any = None
         agent: Agent | None = None
+        tools = dict(ALL_TOOLS)
+        max_steps = settings.max_steps
         if settings.model_configured:
             self.llm = LLMClient(
                 model=settings.model.strip(),
@@ -117,9 +164,33 @@ class App:
                 temperature=settings.temperature,
                 stream=settings.stream,
             )
+        elif embedded_wanted(settings, env):
+            command = local_command or self._llama_command()
+            if command is None:
+                self._no_model = no_model_message(settings, env)
+            else:
+                self.local = ModelServer(
+                    command,
+                    host=settings.local_model_host,
+                    port=settings.local_model_port,
+                    start_timeout=settings.local_model_start_timeout,
+                    log_path=self.data_dir / "local-model.log",
+                )
+                self.llm = LocalLLM(
+                    server=self.local,
+                    clock=self.clock,
+                    timeout=settings.llm_timeout,
+                    max_tokens=settings.local_model_max_tokens,
+                    stream=settings.stream,
+                    mode=settings.local_model_mode,
+                )
+                if settings.local_model_mode == "constrained":
+                    tools = {name: ALL_TOOLS[name] for name in LOCAL_TOOLS}
+                max_steps = settings.local_model_max_steps
+        if self.llm is not None:
             agent = Agent(
-                llm=self.llm,
-                tools=dict(ALL_TOOLS),
+                llm=self.llm,  # type: ignore[arg-type]  # LocalLLM has the same complete()
+                tools=tools,
                 tool_context=ToolContext(
                     workspace=self.workspace,
                     shell_timeout=settings.shell_timeout,
@@ -131,14 +202,17 @@ class App:
                 approvals=self.approvals,
                 episodes=self.episodes,
                 clock=self.clock,
-                max_steps=settings.max_steps,
+                max_steps=max_steps,
                 task_timeout=settings.task_timeout,
                 recall_limit=settings.recall_limit,
                 recall_budget=settings.recall_budget,
                 context_budget=settings.context_budget,
             )
-        # Drafting needs the model; without one, drafts wait in learning/pending/.
-        self.learner = Learner(self.rules, self.clock, self.learning, drafter=self.llm)
+        # Summaries, rule drafts and offers of help need a model that can follow such an
+        # instruction; the tiny local model cannot, so with it summaries are extractive,
+        # drafts wait in learning/pending/ for a real model, and offers use a template.
+        self.writer: LLMClient | None = self.llm if isinstance(self.llm, LLMClient) else None
+        self.learner = Learner(self.rules, self.clock, self.learning, drafter=self.writer)
         if agent is not None:
             agent.learner = self.learner
         self.agent = agent
@@ -155,7 +229,7 @@ class App:
         self.history = History(
             TranscriptStore(self.data_dir),
             self.clock,
-            summarizer=model_summarizer(self.llm) if self.llm is not None else None,
+            summarizer=model_summarizer(self.writer) if self.writer is not None else None,
             max_turns=settings.history_turns,
             budget_tokens=turns_share,
             summary_tokens=settings.summary_budget,
@@ -166,7 +240,7 @@ class App:
             data_dir=self.data_dir,
             suggestions=self.suggestions,
             conversations=self.conversations,
-            llm=self.llm,
+            llm=self.writer,
             sink=self.learner,  # recurring failures it sees are evidence for the learner
         )
         self.dispatcher = Dispatcher(
@@ -178,11 +252,24 @@ class App:
             access=self.access,
             suggestions=self.suggestions,
             policy=self.guardian,
-            no_model_message=NO_MODEL_MESSAGE,
+            no_model_message=self._no_model,
             learner=self.learner,
             rules_commands=RulesCommands(self.rules, self.clock, self.learning),
             rules_admins_only=settings.rules_admins_only,
             proactive=self.proactive,
+        )
+
+    def _llama_command(self) -> Callable[[int], list[str]] | None:
+        s = self.settings
+        found = availability(s.local_model_path.strip())
+        if not found.ok or found.gguf is None:
+            return None
+        return llama_server_command(
+            gguf=found.gguf,
+            host=s.local_model_host,
+            n_ctx=s.local_model_ctx,
+            n_threads=threads(s.local_model_threads),
+            chat_format="chatml-function-calling" if s.local_model_mode == "native" else "",
         )
 
     def warm_up(self) -> None:
@@ -195,7 +282,10 @@ class App:
 
     @property
     def notice(self) -> str | None:
-        return None if self.agent is not None else NO_MODEL_MESSAGE
+        """The banner for the terminal and the web chat: the tiny local model, or no model."""
+        if self.local is not None:
+            return LOCAL_MODEL_NOTICE
+        return None if self.agent is not None else self._no_model
 
     async def start(self, channels: Sequence[Channel]) -> list[Outbox]:
         """Start each adapter behind its Outbox (the shared delivery layer); the dispatcher
@@ -235,6 +325,8 @@ class App:
     async def stop(self) -> None:
         try:
             await self._stop_channels()
+            if self.local is not None:
+                await self.local.stop()
             if self.index is not None:
                 await self.index.close()
                 self.index = None

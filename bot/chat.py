@@ -7,7 +7,7 @@ import sys
 from rich.console import Console
 
 from adapters.terminal import OneShotChannel, TerminalChannel
-from bot.app import NO_MODEL_MESSAGE, App
+from bot.app import App, local_model_ready, no_model_message
 from config.settings import Settings
 from core.events import Message
 
@@ -17,15 +17,18 @@ EXIT_OK, EXIT_FAIL, EXIT_NO_MODEL = 0, 1, 3
 async def chat_once(settings: Settings, text: str, *, quiet: bool = False) -> int:
     """Send one message; the final reply goes to stdout, everything else to stderr.
 
-    Exit codes: 0 the task succeeded, 1 it failed or was refused, 3 no model configured.
+    Exit codes: 0 the task succeeded, 1 it failed or was refused, 3 no model configured
+    (and the tiny local model not installed).
     """
-    if not settings.model_configured:
-        print(f"steward: {NO_MODEL_MESSAGE}", file=sys.stderr)
+    if not settings.model_configured and not local_model_ready(settings):
+        print(f"steward: {no_model_message(settings)}", file=sys.stderr)
         return EXIT_NO_MODEL
     if not text.strip():
         print("steward: the message is empty; pass the text after -m.", file=sys.stderr)
         return EXIT_FAIL
     app = App(settings)
+    if app.local is not None and not quiet:
+        print(f"steward: {app.notice}", file=sys.stderr)
     channel = OneShotChannel(Console(stderr=True), show_progress=not quiet)
     [outbox] = await app.start([channel])
     key = app.dispatcher.key(channel, "terminal")
@@ -56,8 +59,8 @@ async def chat_interactive(settings: Settings) -> int:
     console.print("[bold]Steward[/bold] — type a task, /help for commands, /quit to leave.")
     if app.llm is not None:
         console.print(f"[dim]model: {app.llm.describe()} · workspace: {app.workspace}[/dim]")
-    else:
-        console.print(f"[yellow]{NO_MODEL_MESSAGE}[/yellow]")
+    if app.notice:
+        console.print(app.notice, style="yellow", markup=False)
     try:
         await channel.interact(is_busy=lambda: app.conversations.is_busy(key))
     finally:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,6 +14,19 @@ from bot.app import ensure_dir
 from config.settings import ConfigError, Settings
 from core.clock import Clock
 from core.llm import LLMClient, LLMError, load_litellm
+from core.local_model import (
+    INSTALL_HINT,
+    MODEL_ALIAS,
+    MODEL_LABEL,
+    Availability,
+    LocalModelError,
+    ModelServer,
+    availability,
+    embedded_wanted,
+    llama_server_command,
+    provider_key_present,
+    threads,
+)
 
 
 @dataclass(slots=True)
@@ -63,11 +78,27 @@ def _port(settings: Settings) -> Check:
 
 async def _model(settings: Settings) -> list[Check]:
     if not settings.model_configured:
+        if embedded_wanted(settings):
+            found = availability(settings.local_model_path.strip())
+            if found.ok:
+                return await _local_model(settings, found)
+            return [
+                Check(
+                    "model",
+                    False,
+                    "no model configured (STEWARD_MODEL is empty), and the tiny local model "
+                    f"can't run: {found.reason}",
+                    "set STEWARD_MODEL (and the provider key); see README → Configuration. "
+                    + INSTALL_HINT,
+                )
+            ]
+        key = provider_key_present(os.environ)
         return [
             Check(
                 "model",
                 False,
-                "no model configured (STEWARD_MODEL is empty)",
+                "no model configured (STEWARD_MODEL is empty)"
+                + (f"; {key} is set, so the tiny local model is not used" if key else ""),
                 "set STEWARD_MODEL (and the provider key); see README → Configuration",
             )
         ]
@@ -113,6 +144,62 @@ async def _model(settings: Settings) -> list[Check]:
         checks.append(Check("model", True, f"{client.describe()} answered"))
     except LLMError as exc:
         checks.append(Check("model", False, str(exc), "see the message above"))
+    return checks
+
+
+async def _local_model(settings: Settings, found: Availability) -> list[Check]:
+    """The embedded model: say plainly that it is a tiny one, then start it and ask it."""
+    checks = [
+        Check(
+            "model",
+            True,
+            f"no model configured: using the tiny local model {MODEL_LABEL} "
+            f"({settings.local_model_mode}; weights {found.gguf})",
+            "it does simple jobs only; for real work set STEWARD_MODEL and its key "
+            "(README → Local model)",
+            warn=True,
+        )
+    ]
+    assert found.gguf is not None
+    log_path = settings.data_dir / "local-model.log"
+    server = ModelServer(
+        llama_server_command(
+            gguf=found.gguf,
+            host=settings.local_model_host,
+            n_ctx=settings.local_model_ctx,
+            n_threads=threads(settings.local_model_threads),
+        ),
+        host=settings.local_model_host,
+        port=settings.local_model_port,
+        start_timeout=settings.local_model_start_timeout,
+        max_restarts=0,
+        log_path=log_path,
+    )
+    t0 = time.monotonic()
+    try:
+        url = await server.ensure()
+        client = LLMClient(
+            model=f"openai/{MODEL_ALIAS}",
+            clock=Clock(),
+            api_base=url,
+            api_key="sk-local",
+            timeout=30.0,
+            retries=0,
+            max_tokens=1,
+            stream=False,
+        )
+        await client.complete([{"role": "user", "content": "ping"}])
+        checks.append(
+            Check(
+                "local model server",
+                True,
+                f"llama-cpp-python started and answered in {time.monotonic() - t0:.1f}s",
+            )
+        )
+    except (LocalModelError, LLMError) as exc:
+        checks.append(Check("local model server", False, str(exc), f"see {log_path}"))
+    finally:
+        await server.stop()
     return checks
 
 

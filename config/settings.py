@@ -134,6 +134,17 @@ class Settings(BaseModel):
     proactive_weight_correction: float = Field(ge=0)
     proactive_weight_silence: float = Field(ge=0)
 
+    local_model: Literal["auto", "off"]
+    local_model_path: str
+    local_model_host: str
+    local_model_port: int = Field(ge=0, le=65535)
+    local_model_threads: int = Field(ge=0, le=256)
+    local_model_ctx: int = Field(ge=512)
+    local_model_max_steps: int = Field(ge=1, le=200)
+    local_model_max_tokens: int = Field(ge=16)
+    local_model_start_timeout: float = Field(gt=0)
+    local_model_mode: Literal["constrained", "native"]
+
     @field_validator("proactive_timezone")
     @classmethod
     def _check_timezone(cls, value: str) -> str:

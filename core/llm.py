@@ -222,11 +222,15 @@ class LLMClient:
         *,
         on_text: OnText | None = None,
         on_reset: OnReset | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> LLMResult:
-        """One model turn. Raises LLMError (with a person-readable message) when it gives up."""
+        """One model turn. Raises LLMError (with a person-readable message) when it gives up.
+
+        `extra`: more litellm arguments for this call (e.g. a `response_format` with a
+        JSON schema, which litellm passes through to OpenAI-compatible servers)."""
         # The first import takes seconds: never on the event loop.
         litellm = _litellm if _litellm is not None else await asyncio.to_thread(load_litellm)
-        kwargs = self._kwargs(messages, tools or [])
+        kwargs = {**self._kwargs(messages, tools or []), **(extra or {})}
         attempts = 0
         emitted = False
 

@@ -48,6 +48,8 @@ def make_env(tmp_path: Path, llm: ScriptedLLM | None, **overrides: Any) -> dict[
         "STEWARD_LLM_BACKOFF": "0.01",
         "STEWARD_LLM_TIMEOUT": "10",
         "STEWARD_PORT": "0",
+        # Tests of the no-model path must not pick up a local model installed in the venv.
+        "STEWARD_LOCAL_MODEL": "off",
     }
     if llm is not None:
         env["STEWARD_MODEL"] = f"openai/{llm.model_id}"

