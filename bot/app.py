@@ -297,7 +297,9 @@ class App:
             await adapter.start(self.dispatcher.bind(outbox))
             self.channels.append(outbox)
             started.append(outbox)
-        await self.approvals.recover({c.name: c for c in self.channels})
+        running = {c.name: c for c in self.channels}
+        await self.approvals.recover(running)
+        await self.proactive.recover(await self.suggestions.recover(running))
         return started
 
     async def open_memory(self) -> None:

@@ -777,6 +777,23 @@ class Proactive:
         if old is not None:
             old()
 
+    async def recover(self, offers: list[dict[str, Any]]) -> None:
+        """Offers still open from before a restart (Suggestions.recover): they hold their
+        conversation's one open slot again, and are counted as ignored when their time runs
+        out, as if Steward had never stopped."""
+        for record in offers:
+            sid = str(record["id"])
+            key = self.user_key(str(record["channel"]), str(record["user"]))
+            state = self.state(key)
+            offered_at = float(record.get("offered_at") or self.clock.now())
+            state.conv(str(record["conversation"])).open = OpenOffer(sid, offered_at)
+            if self.config.ignore_after > 0:
+                self._at(
+                    f"ignore:{sid}",
+                    offered_at + self.config.ignore_after,
+                    functools.partial(self._ignored, key, sid),
+                )
+
     async def stop(self) -> None:
         self._stopped = True
         for cancel in self._timers.values():

@@ -97,6 +97,9 @@ class Suggestions:
         await self._save(record)
         ref = await channel.send_suggestion(suggestion, thread=thread)
         self._open[sid] = (record, channel, ref)
+        if ref is not None:  # so a press after a restart can still be answered and edited
+            record.update(message_id=ref.id, thread=ref.thread)
+            await self._save(record)
         log.info("suggestion.offered", suggestion=sid, user=user, conversation=conversation)
         return sid
 
@@ -141,6 +144,32 @@ class Suggestions:
             except Exception:
                 log.warning("suggestion.edit_failed", suggestion=sid, exc_info=True)
         return True
+
+    async def recover(self, channels: dict[str, Channel]) -> list[dict[str, Any]]:
+        """At start-up: offers left open by a previous run stay answerable ("Yes" still
+        starts the offered task; nothing was lost with the process). Returns them, so the
+        proactive engine can re-arm their "ignored" timers. Called as each channel starts;
+        an offer whose channel is not (yet) running is left for a later call."""
+        recovered = []
+        for record in self.records():
+            sid = str(record.get("id"))
+            if record.get("status") != "open" or sid in self._open:
+                continue
+            channel = channels.get(str(record.get("channel")))
+            if channel is None:
+                continue
+            ref = None
+            if record.get("message_id"):
+                ref = MessageRef(
+                    channel.name,
+                    str(record["conversation"]),
+                    str(record["message_id"]),
+                    record.get("thread"),
+                )
+            self._open[sid] = (record, channel, ref)
+            recovered.append(record)
+            log.info("suggestion.recovered", suggestion=record["id"])
+        return recovered
 
     def records(self) -> list[dict[str, Any]]:
         """Every stored suggestion with its answer (for the proactive engine and tests)."""

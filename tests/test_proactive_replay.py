@@ -256,3 +256,30 @@ async def test_quick_cancels_of_a_repeated_request_lead_to_an_offer(
     )
     [status] = statuses(out)
     assert "Offers so far: 1" in status
+
+
+async def test_an_offer_open_at_restart_can_still_be_accepted(
+    llm: ScriptedLLM, settings_for: Callable
+) -> None:
+    s = settings(llm, settings_for)
+    lines = stimulus(0, 180, 60)  # the offer goes out after the third failure (t=120)
+    lines += [{"t": 150, "restart": True}]
+    lines += [{"t": 160, "user": "alice", "press": "yes, help"}]
+    out = await replay(s, lines)
+    assert len(suggestions(out)) == 1
+    after = [o for o in out if o["t"] >= 160]
+    assert any(o["kind"] == "edit" and "Yes — working on it." in o["text"] for o in after), after
+    assert any(o["kind"] == "message" and o["text"].startswith("Found it") for o in after)
+    assert not any("no longer open" in o.get("text", "") for o in after)
+
+
+async def test_an_offer_open_at_restart_still_counts_as_ignored(
+    llm: ScriptedLLM, settings_for: Callable
+) -> None:
+    s = settings(llm, settings_for)
+    lines = stimulus(0, 180, 60)
+    lines += [{"t": 150, "restart": True}]
+    lines += [{"t": 1000, "user": "alice", "text": "/proactive status"}]
+    out = await replay(s, lines)
+    assert any(o["kind"] == "edit" and "No answer" in o["text"] for o in out), out
+    assert "(0 accepted, 0 refused, 1 ignored)" in statuses(out)[-1]
