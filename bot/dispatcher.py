@@ -89,6 +89,9 @@ class Dispatcher:
     #: (channel, conversation, message id) -> arrival on the proactive clock, for
     #: `Retracted` events without `sent_at`.
     arrivals: OrderedDict[tuple[str, str, str], float] = field(default_factory=OrderedDict)
+    #: Messages whose edit/deletion already counted: one signal per message, however
+    #: many typos were fixed in a row.
+    retracted: OrderedDict[tuple[str, str, str], None] = field(default_factory=OrderedDict)
 
     def bind(self, channel: Channel) -> Callable[[Inbound], Awaitable[None]]:
         async def dispatch(event: Inbound) -> None:
@@ -150,6 +153,7 @@ class Dispatcher:
 
         Sending time is the platform's (`sent_at`); when the platform does not report it,
         the time this dispatcher received that message id (none remembered: not quick).
+        One message counts once (three quick typo fixes are one signal, not three).
         Nothing is shown to the person, and an edited text is deliberately *not* run
         again as a task: the edit may be a typo fix of a task already running or done,
         and re-running it silently could repeat side effects; the person can simply
@@ -157,13 +161,12 @@ class Dispatcher:
         """
         if self.proactive is None:
             return
+        key = (channel.name, event.conversation, event.message_id)
         try:
             now = self.proactive.clock.now()
-            sent = event.sent_at
-            if sent is None:
-                sent = self.arrivals.get((channel.name, event.conversation, event.message_id))
+            sent = event.sent_at if event.sent_at is not None else self.arrivals.get(key)
             window = self.proactive.config.quick_cancel
-            quick = sent is not None and now - sent <= window
+            quick = sent is not None and now - sent <= window and key not in self.retracted
             log.info(
                 "proactive.retracted",
                 kind=event.kind,
@@ -172,6 +175,9 @@ class Dispatcher:
                 channel=channel.name,
             )
             if quick:
+                self.retracted[key] = None
+                while len(self.retracted) > ARRIVALS_KEPT:
+                    self.retracted.popitem(last=False)
                 await self.proactive.on_quick_edit(channel, event.user, event.conversation)
         except Exception:  # a signal must never break the dispatcher
             log.exception("proactive.failed", event="retracted")

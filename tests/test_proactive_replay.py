@@ -274,6 +274,7 @@ async def test_a_quick_edit_or_delete_is_a_quick_cancel_signal_a_late_one_is_not
     lines: list[dict[str, Any]] = [
         {"t": 0, "user": "alice", "text": "deploy to prod"},
         {"t": 3, "user": "alice", "edit": "in1"},  # the id replay gives line 1's message
+        {"t": 3.5, "user": "alice", "delete": "in1"},  # the same message: counted once
         {"t": 4, "user": "alice", "text": "/proactive status"},
         {"t": 10, "user": "alice", "text": "restart the web server"},
         {"t": 100, "user": "alice", "delete": True},  # long after sending: no signal
@@ -287,7 +288,7 @@ async def test_a_quick_edit_or_delete_is_a_quick_cancel_signal_a_late_one_is_not
     assert "quick_cancel ×1 (weight 0.75)" in first
     assert "quick_cancel ×1 " in second and "quick_cancel ×1 " in third
     warnings = [o["text"] for o in out if o["kind"] == "warning"]
-    assert len(warnings) == 1 and "`delete` needs a message id" in warnings[0]
+    assert len(warnings) == 1 and "line 9: `delete` needs a message id" in warnings[0]
     # Nothing is shown for an edit and the edited text is not run again.
     assert [o["text"] for o in out if o["text"] == DONE] == [DONE, DONE]
     assert len(llm.requests) == 2
