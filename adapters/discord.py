@@ -15,6 +15,14 @@ Steward only when they @-mention the bot (the mention is stripped); DMs always d
 Bots, webhooks and the bot itself are ignored, so our own replies never come back
 as inbound.
 
+Edits and deletions (gateway ``MESSAGE_UPDATE`` / ``MESSAGE_DELETE``, delivered under
+the same GUILD_MESSAGES / DIRECT_MESSAGES intents as new messages) of a person's
+message to Steward become `Retracted`, ``sent_at`` from the message's snowflake: a
+signal for proactive help only. discord.py's message cache is off (``max_messages=None``)
+so its raw delete event never names the author: the adapter remembers the authors of
+the last messages it delivered and skips a deletion it cannot attribute. An update
+without ``edited_timestamp`` (an embed or link preview resolving) is not an edit.
+
 Traps found in discord.py 2.7.1 (and handled here):
 
 * **429s and 5xx never reach a caller by default.** ``HTTPClient.request`` sleeps
@@ -48,6 +56,7 @@ import contextlib
 import json
 import re
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
@@ -72,6 +81,7 @@ from core.events import (
     Message,
     MessageRef,
     Progress,
+    Retracted,
     Suggestion,
 )
 
@@ -113,6 +123,8 @@ AUTH_FAILED = (
     "Discord closed the gateway with 4004 (authentication failed): the token in "
     "STEWARD_DISCORD_TOKEN was refused; reset it in the developer portal and set it again"
 )
+#: Delivered messages remembered (id -> author, space) to attribute raw deletions.
+DELIVERED_KEPT = 1024
 #: First delay before restarting a gateway loop that crashed; doubles up to the cap.
 RESTART_DELAY = 1.0
 RESTART_DELAY_MAX = 60.0
@@ -325,6 +337,12 @@ class _Gateway(discord.Client):
     async def on_message(self, message: discord.Message) -> None:
         self.adapter._on_message(self, message)
 
+    async def on_raw_message_edit(self, payload: discord.RawMessageUpdateEvent) -> None:
+        self.adapter._on_edit(self, payload)
+
+    async def on_raw_message_delete(self, payload: discord.RawMessageDeleteEvent) -> None:
+        self.adapter._on_delete(self, payload)
+
     async def on_interaction(self, interaction: discord.Interaction) -> None:
         if interaction.type is discord.InteractionType.component:
             await self.adapter._on_press(interaction)
@@ -378,6 +396,8 @@ class DiscordChannel:
         self._presses: dict[tuple[str, str], _Held] = {}
         #: conversation -> a deferred slash command whose answer is the next send.
         self._commands: dict[str, _Held] = {}
+        #: message id -> (author id, guild id) of the messages delivered as input, newest last.
+        self._delivered: OrderedDict[int, tuple[str, str | None]] = OrderedDict()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -502,6 +522,7 @@ class DiscordChannel:
                 log.debug("adapter.stop_gateway_error", channel=self.name, exc_info=True)
         self._presses.clear()
         self._commands.clear()
+        self._delivered.clear()
         self._dispatch = None
         self.health.set("stopped")
         log.info("adapter.stopped", channel=self.name)
@@ -589,6 +610,10 @@ class DiscordChannel:
             text = mention.sub(" ", text)
         channel = message.channel
         conversation = str(channel.id)
+        space = None if message.guild is None else str(message.guild.id)
+        self._delivered[message.id] = (str(author.id), space)
+        while len(self._delivered) > DELIVERED_KEPT:
+            self._delivered.popitem(last=False)
         self._deliver(
             Message(
                 channel=self.name,
@@ -598,8 +623,57 @@ class DiscordChannel:
                 id=str(message.id),
                 thread=conversation if _is_thread(channel) else None,
                 user_name=author.display_name,
-                space=None if message.guild is None else str(message.guild.id),
+                space=space,
                 direct=direct,
+            )
+        )
+
+    def _on_edit(self, client: _Gateway, payload: discord.RawMessageUpdateEvent) -> None:
+        """A person's edit of a message Steward took as input → `Retracted` ("edited")."""
+        self.health.last_event_at = time.time()
+        me, message = client.user, payload.message
+        author = message.author
+        if me is None or author.bot or author.id == me.id or message.webhook_id is not None:
+            return
+        if not payload.data.get("edited_timestamp"):
+            return  # an embed / link preview resolving: the person changed nothing
+        if message.id not in self._delivered:
+            return  # not a message to Steward (or from before this session)
+        self._deliver(
+            Retracted(
+                channel=self.name,
+                conversation=str(payload.channel_id),
+                user=str(author.id),
+                message_id=str(message.id),
+                kind="edited",
+                sent_at=discord.utils.snowflake_time(message.id).timestamp(),
+                space=None if payload.guild_id is None else str(payload.guild_id),
+            )
+        )
+
+    def _on_delete(self, client: _Gateway, payload: discord.RawMessageDeleteEvent) -> None:
+        """A deletion of a message Steward took as input → `Retracted` ("deleted"); the
+        author comes from discord.py's cache when it has the message, else from ours."""
+        self.health.last_event_at = time.time()
+        known = self._delivered.pop(payload.message_id, None)
+        cached = payload.cached_message
+        me = client.user
+        if known is None and cached is not None and me is not None:
+            author = cached.author
+            if not author.bot and author.id != me.id and cached.webhook_id is None:
+                known = (str(author.id), None if cached.guild is None else str(cached.guild.id))
+        if known is None:
+            return  # author unknown (or the bot, another bot): nothing to attribute
+        user, space = known
+        self._deliver(
+            Retracted(
+                channel=self.name,
+                conversation=str(payload.channel_id),
+                user=user,
+                message_id=str(payload.message_id),
+                kind="deleted",
+                sent_at=discord.utils.snowflake_time(payload.message_id).timestamp(),
+                space=space,
             )
         )
 

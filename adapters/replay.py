@@ -11,7 +11,7 @@ import itertools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from core.events import (
     ApprovalRequest,
@@ -24,6 +24,7 @@ from core.events import (
     Message,
     MessageRef,
     Progress,
+    Retracted,
     Suggestion,
 )
 
@@ -61,6 +62,8 @@ class ReplayChannel:
         #: conversation -> (message id, buttons) of the latest message sent with buttons
         self._buttons: dict[str, tuple[str, list[Button]]] = {}
         self.dispatch: Dispatch | None = None
+        #: (conversation, user) -> id of that user's latest message, for `edit: true`
+        self._last_message: dict[tuple[str, str], str] = {}
 
     async def start(self, dispatch: Dispatch) -> None:
         self.dispatch = dispatch
@@ -177,6 +180,7 @@ class ReplayChannel:
                 id=f"in{lineno}",
                 space=data.get("space"),
             )
+            self._last_message[(conversation, user)] = event.id
         elif "press" in data:
             found = self.find_button(conversation, str(data["press"]))
             if found is None:
@@ -191,8 +195,27 @@ class ReplayChannel:
             event = ButtonPress(self.name, conversation, user, value, message_id=msg_id)
         elif data.get("cancel"):
             event = Cancel(self.name, conversation, user)
+        elif "edit" in data or "delete" in data:
+            # Like a platform that does not say when the original was sent (sent_at None).
+            word = "edit" if "edit" in data else "delete"
+            kind: Literal["edited", "deleted"] = "edited" if word == "edit" else "deleted"
+            target = data[word]
+            if target is True:
+                target = self._last_message.get((conversation, user))
+            if not isinstance(target, str) or not target:
+                return ScenarioLine(
+                    t,
+                    None,
+                    f"line {lineno}: `{word}` needs a message id (`in<line>`) or true "
+                    f"(the latest message of {user!r} in {conversation!r}); skipped",
+                    conversation,
+                )
+            event = Retracted(self.name, conversation, user, target, kind, space=data.get("space"))
         else:
             return ScenarioLine(
-                t, None, f"line {lineno}: needs one of `text`, `press` or `cancel`; skipped"
+                t,
+                None,
+                f"line {lineno}: needs one of `text`, `press`, `cancel`, `edit` or `delete`; "
+                "skipped",
             )
         return ScenarioLine(t, event)

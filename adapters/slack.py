@@ -17,11 +17,16 @@ Inbound, what counts as talking to Steward:
   wrote in one;
 * a press on a button we rendered (``action_id`` ``steward_<i>``): acknowledged at
   once (Slack wants an ack within 3 s) and dispatched in the background;
-* the ``/steward`` slash command: ``/steward rules list`` becomes ``/rules list``.
+* the ``/steward`` slash command: ``/steward rules list`` becomes ``/rules list``;
+* a person's edit or deletion (``message`` subtypes ``message_changed`` /
+  ``message_deleted``) of a message they sent Steward (a DM, or one mentioning the
+  bot): a `Retracted` carrying the original's ``ts`` as ``sent_at``, only a signal for
+  proactive help. Edits that leave the text alone (link unfurls, attachments) are not
+  edits by the person and are ignored.
 
-Anything written by a bot, by Steward itself, or carrying a subtype (edits,
-joins, bot_message, …) is ignored: our own replies come back as ``message``
-events and must never turn into input.
+Anything written by a bot, by Steward itself, or carrying another subtype (joins,
+bot_message, …) is ignored: our own replies (and our own edits of them) come back as
+``message`` events and must never turn into input.
 
 Modes: Socket Mode when an app-level token (``xapp-``) is given, else HTTP mode,
 which mounts ``POST /slack/events`` on Steward's aiohttp server (events,
@@ -65,6 +70,7 @@ from core.events import (
     Message,
     MessageRef,
     Progress,
+    Retracted,
     Suggestion,
 )
 
@@ -118,6 +124,11 @@ _HINTS = {
 }
 #: `message` subtypes that are still a person writing (anything else is noise).
 _HUMAN_SUBTYPES = frozenset({"file_share", "thread_broadcast"})
+#: `message` subtypes that report a person taking a message back.
+_RETRACTIONS: dict[str, Literal["edited", "deleted"]] = {
+    "message_changed": "edited",
+    "message_deleted": "deleted",
+}
 
 Mode = Literal["socket", "http"]
 
@@ -193,6 +204,75 @@ def parse_event(
         thread=thread or ts,
         space=space,
         direct=conversation.startswith("D"),
+    )
+
+
+def _from_bot(message: Mapping[str, Any]) -> bool:
+    return bool(
+        message.get("bot_id")
+        or message.get("bot_profile")
+        or message.get("subtype") == "bot_message"
+    )
+
+
+def parse_retraction(
+    body: Mapping[str, Any],
+    bot_user: str | None = None,
+    channel: str = "slack",
+    delivered: Mapping[str, str | None] | None = None,
+) -> Retracted | None:
+    """A ``message_changed`` / ``message_deleted`` event → `Retracted`, or None to ignore it.
+
+    Only a person's own message that was addressed to Steward counts: in a DM, one that
+    mentioned the bot, or one Steward received (``delivered``: ``"channel:ts"`` → the
+    author, which also names the author of a deletion Slack reports without
+    ``previous_message``). The bot's own edits, other bots' and edits that keep the
+    text (unfurls, attachments) are ignored.
+    """
+    event = body.get("event")
+    if not isinstance(event, dict) or event.get("type") != "message":
+        return None
+    kind = _RETRACTIONS.get(str(event.get("subtype")))
+    conversation = event.get("channel")
+    if kind is None or not isinstance(conversation, str):
+        return None
+    current = event.get("message") if isinstance(event.get("message"), dict) else {}
+    previous = (
+        event.get("previous_message") if isinstance(event.get("previous_message"), dict) else {}
+    )
+    if kind == "edited":
+        if not current or (previous and previous.get("text") == current.get("text")):
+            return None  # nothing the person changed in the text (an unfurl, a file)
+        ts = current.get("ts") or previous.get("ts")
+        user = current.get("user") or previous.get("user")
+    else:
+        ts = event.get("deleted_ts") or previous.get("ts")
+        user = previous.get("user")
+    if not isinstance(ts, str) or _from_bot(current) or _from_bot(previous):
+        return None
+    bot = bot_user or _authorized_bot(body)
+    key = f"{conversation}:{ts}"
+    seen = delivered is not None and key in delivered
+    if not user and seen and delivered is not None:
+        user = delivered[key]
+    if not isinstance(user, str) or not user or (bot and user == bot):
+        return None
+    texts = f"{current.get('text') or ''} {previous.get('text') or ''}"
+    direct = event.get("channel_type") == "im" or conversation.startswith("D")
+    if not (direct or seen or (bot and f"<@{bot}" in texts)):
+        return None  # channel chatter Steward never took as input
+    try:
+        sent_at: float | None = float(ts)
+    except ValueError:
+        sent_at = None
+    return Retracted(
+        channel=channel,
+        conversation=conversation,
+        user=user,
+        message_id=ts,
+        kind=kind,
+        sent_at=sent_at,
+        space=body.get("team_id") or event.get("team"),
     )
 
 
@@ -441,7 +521,8 @@ class SlackChannel:
         self._identity_lock = asyncio.Lock()
         self._dispatch: Dispatch | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        self._seen: OrderedDict[str, None] = OrderedDict()
+        #: "channel:ts" of inbound messages -> their author (dedup, and who deleted what)
+        self._seen: OrderedDict[str, str | None] = OrderedDict()
         self._socket: _SocketClient | None = None
         self._handler: _SocketHandler | None = None
         self._connect_task: asyncio.Task[None] | None = None
@@ -733,8 +814,17 @@ class SlackChannel:
     async def _on_event(self, body: dict[str, Any]) -> None:
         self._touch()
         message = parse_event(body, self._bot_user, self.name)
-        if message is not None and self._first_time(f"{message.conversation}:{message.id}"):
-            self._deliver(message)
+        if message is not None:
+            if self._first_time(f"{message.conversation}:{message.id}", message.user):
+                self._deliver(message)
+            return
+        retracted = parse_retraction(body, self._bot_user, self.name, self._seen)
+        if retracted is None:
+            return
+        event = body.get("event") or {}
+        once = event.get("ts") or event.get("event_ts")  # the change's own ts: retries repeat it
+        if not once or self._first_time(f"{retracted.conversation}:{once}:{retracted.kind}"):
+            self._deliver(retracted)
 
     async def _on_other(self, body: dict[str, Any]) -> None:
         self._touch()
@@ -760,11 +850,11 @@ class SlackChannel:
     def _touch(self) -> None:
         self.health.last_event_at = time.time()
 
-    def _first_time(self, key: str) -> bool:
+    def _first_time(self, key: str, user: str | None = None) -> bool:
         """False for a message already seen (Slack's HTTP retries deliver it again)."""
         if key in self._seen:
             return False
-        self._seen[key] = None
+        self._seen[key] = user
         if len(self._seen) > _SEEN_LIMIT:
             self._seen.popitem(last=False)
         return True

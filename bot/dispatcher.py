@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,13 +20,26 @@ from core.access import Access
 from core.agent import Agent, TaskRequest, TaskResult
 from core.approvals import ACTIONS, ALWAYS, APPROVE, DENY, SESSION, Approvals
 from core.conversations import Conversations
-from core.events import ButtonPress, Cancel, Channel, Inbound, Message, MessageRef, Progress
+from core.events import (
+    ButtonPress,
+    Cancel,
+    Channel,
+    Inbound,
+    Message,
+    MessageRef,
+    Progress,
+    Retracted,
+)
 from core.history import History
 from core.rules_commands import Caller, RulesCommands
 from core.suggestions import NO, YES, Suggestions
 from memory.rules import RuleStore
 
 log = structlog.get_logger("steward.dispatcher")
+
+#: Arrival times remembered for edits/deletions the platform reports without the
+#: original's send time (oldest forgotten first; only the last seconds matter).
+ARRIVALS_KEPT = 512
 
 HELP = """Commands:
 /help — this list
@@ -72,6 +86,12 @@ class Dispatcher:
     proactive: Any = None
     last_results: dict[str, TaskResult] = field(default_factory=dict)
     undelivered: list[Undelivered] = field(default_factory=list)
+    #: (channel, conversation, message id) -> arrival on the proactive clock, for
+    #: `Retracted` events without `sent_at`.
+    arrivals: OrderedDict[tuple[str, str, str], float] = field(default_factory=OrderedDict)
+    #: Messages whose edit/deletion already counted: one signal per message, however
+    #: many typos were fixed in a row.
+    retracted: OrderedDict[tuple[str, str, str], None] = field(default_factory=OrderedDict)
 
     def bind(self, channel: Channel) -> Callable[[Inbound], Awaitable[None]]:
         async def dispatch(event: Inbound) -> None:
@@ -96,10 +116,13 @@ class Dispatcher:
             await self._press(event, channel)
         elif isinstance(event, Cancel):
             await self._cancel(channel, event.conversation)
+        elif isinstance(event, Retracted):
+            await self._retracted(event, channel)
         elif isinstance(event, Message):
             text = event.text.strip()
             if not text:
                 return
+            self._arrived(event, channel)
             if text.startswith("/"):
                 await self._command(event, channel, text)
             else:
@@ -109,6 +132,55 @@ class Dispatcher:
                     except Exception:  # noticing frustration must never block a task
                         log.exception("proactive.failed", event="message")
                 await self._task(event, channel, text)
+
+    def _arrived(self, msg: Message, channel: Channel) -> None:
+        if self.proactive is None or not msg.id:
+            return
+        try:
+            now = self.proactive.clock.now()
+        except Exception:
+            log.exception("proactive.failed", event="arrival")
+            return
+        key = (channel.name, msg.conversation, msg.id)
+        self.arrivals[key] = now
+        self.arrivals.move_to_end(key)
+        while len(self.arrivals) > ARRIVALS_KEPT:
+            self.arrivals.popitem(last=False)
+
+    async def _retracted(self, event: Retracted, channel: Channel) -> None:
+        """A person edited or deleted a message: a "quick cancel" signal for proactive help
+        when it happened within `proactive_quick_cancel` seconds of sending.
+
+        Sending time is the platform's (`sent_at`); when the platform does not report it,
+        the time this dispatcher received that message id (none remembered: not quick).
+        One message counts once (three quick typo fixes are one signal, not three).
+        Nothing is shown to the person, and an edited text is deliberately *not* run
+        again as a task: the edit may be a typo fix of a task already running or done,
+        and re-running it silently could repeat side effects; the person can simply
+        send it again.
+        """
+        if self.proactive is None:
+            return
+        key = (channel.name, event.conversation, event.message_id)
+        try:
+            now = self.proactive.clock.now()
+            sent = event.sent_at if event.sent_at is not None else self.arrivals.get(key)
+            window = self.proactive.config.quick_cancel
+            quick = sent is not None and now - sent <= window and key not in self.retracted
+            log.info(
+                "proactive.retracted",
+                kind=event.kind,
+                quick=quick,
+                conversation=event.conversation,
+                channel=channel.name,
+            )
+            if quick:
+                self.retracted[key] = None
+                while len(self.retracted) > ARRIVALS_KEPT:
+                    self.retracted.popitem(last=False)
+                await self.proactive.on_quick_edit(channel, event.user, event.conversation)
+        except Exception:  # a signal must never break the dispatcher
+            log.exception("proactive.failed", event="retracted")
 
     async def say(
         self, channel: Channel, conversation: str, text: str, thread: str | None = None

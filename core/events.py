@@ -1,7 +1,7 @@
 """The vocabulary shared by every channel and the core.
 
 Adapters import only this module (plus their platform SDK): they turn platform
-payloads into `Message`, `ButtonPress` and `Cancel`, and render `ApprovalRequest`,
+payloads into `Message`, `ButtonPress`, `Cancel` and `Retracted`, and render `ApprovalRequest`,
 `Suggestion` and text back out. Keeping the types here, free of any agent logic,
 is what lets a new platform be added without touching the core.
 """
@@ -73,7 +73,26 @@ class Cancel:
     space: str | None = None
 
 
-Inbound = Message | ButtonPress | Cancel
+@dataclass(frozen=True, slots=True)
+class Retracted:
+    """A person edited or deleted a message they had sent Steward (where the platform
+    reports it). Only a signal for proactive help ("took it back right after sending");
+    the edited text is never run as a task.
+
+    `sent_at`: when the original message was sent, in epoch seconds, as the platform
+    says (Slack's ``ts``, a Discord snowflake); None when the platform does not tell.
+    """
+
+    channel: str
+    conversation: str
+    user: str
+    message_id: str
+    kind: Literal["edited", "deleted"]
+    sent_at: float | None = None
+    space: str | None = None
+
+
+Inbound = Message | ButtonPress | Cancel | Retracted
 
 
 class DeliveryError(Exception):

@@ -827,7 +827,12 @@ class Proactive:
     async def on_quick_edit(self, channel: Channel, user: str, conversation: str) -> None:
         state = self.state(self.user_key(channel.name, user))
         self.engine.quick_edit(state, conversation, self.clock.now())
-        await self.save(state)
+        # Like a quick cancel, it may be the signal that tips the score (never mid-task).
+        where = self._where.get((channel.name, user, conversation))
+        thread = where[1] if where is not None else None
+        sid = await self.maybe_offer(channel, user, conversation, thread, in_job=False)
+        if sid is None:
+            await self.save(state)
 
     async def on_task_finished(
         self, channel: Channel, msg: Message, result: Any, *, in_job: bool = True

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import discord
 import pytest
 from structlog.testing import capture_logs
 
@@ -33,6 +34,7 @@ from core.events import (
     Message,
     MessageRef,
     Progress,
+    Retracted,
     Suggestion,
 )
 from tests.contract.discord_harness import DiscordHarness
@@ -275,6 +277,43 @@ async def test_own_and_other_bot_messages_are_ignored(
     assert isinstance(event, Message) and event.text == "a person"
     await asyncio.sleep(0.1)
     assert received.events == [event]
+
+
+async def test_edits_and_deletions_of_messages_to_steward_arrive_as_retracted(
+    fake: FakeDiscord, bot: tuple[DiscordChannel, Recorder]
+) -> None:
+    channel, received = bot
+    dm = await fake.dm_message("deploy to prod")
+    await received.next()
+    await fake.embed_update(dm["id"])  # a link preview: not the person's edit
+    await fake.edit_message(dm["id"], "deploy to staging")
+    await fake.delete_message(dm["id"])
+    sent_at = discord.utils.snowflake_time(int(dm["id"])).timestamp()
+    edited = Retracted("discord", DM, ALICE, dm["id"], "edited", sent_at, None)
+    assert [await received.next() for _ in range(2)] == [
+        edited,
+        dataclasses.replace(edited, kind="deleted"),
+    ]
+    mention = await fake.guild_message("run the tests", user=BOB)
+    await received.next()
+    await fake.delete_message(mention["id"])  # MESSAGE_DELETE has no author: ours is known
+    gone = await received.next()
+    assert isinstance(gone, Retracted)
+    assert (gone.user, gone.conversation, gone.space, gone.kind) == (BOB, GROUP, GUILD, "deleted")
+    # Not addressed to Steward, another bot's, unattributable, and the bot's own edit: ignored.
+    chatter = await fake.guild_message("lunch?", mention=False)
+    await fake.edit_message(chatter["id"], "lunch at 1?")
+    await fake.delete_message(chatter["id"])
+    other = await fake.dm_message("beep", user=OTHER_BOT)
+    await fake.edit_message(other["id"], "boop")
+    ref = await channel.send(DM, "working…")
+    await channel.edit(ref, "done")
+    await until(lambda: fake.edits)
+    await asyncio.sleep(0.2)  # the echoed MESSAGE_UPDATE of our own edit has arrived
+    await fake.dm_message("sentinel")
+    last = await received.next()
+    assert isinstance(last, Message) and last.text == "sentinel"
+    assert len(received.events) == 6
 
 
 async def test_malformed_event_does_not_kill_the_adapter(

@@ -13,7 +13,12 @@ from typing import Any
 
 import pytest
 
+from adapters.replay import ReplayChannel
+from bot.app import App
 from config.settings import Settings
+from core.access import Rules
+from core.clock import SimClock
+from core.events import Message, Retracted
 from core.proactive import SUGGEST_PROMPT
 from tests.fakes.llm import Reply, ScriptedLLM
 from tests.test_replay_e2e import replay
@@ -283,3 +288,57 @@ async def test_an_offer_open_at_restart_still_counts_as_ignored(
     out = await replay(s, lines)
     assert any(o["kind"] == "edit" and "No answer" in o["text"] for o in out), out
     assert "(0 accepted, 0 refused, 1 ignored)" in statuses(out)[-1]
+
+
+DONE = "I checked the request and there is nothing to change: all services are running."
+
+
+async def test_a_quick_edit_or_delete_is_a_quick_cancel_signal_a_late_one_is_not(
+    llm: ScriptedLLM, settings_for: Callable
+) -> None:
+    llm.responder = lambda body: Reply.text(DONE)
+    s = settings_for(llm)  # proactive_quick_cancel: 10 s
+    lines: list[dict[str, Any]] = [
+        {"t": 0, "user": "alice", "text": "deploy to prod"},
+        {"t": 3, "user": "alice", "edit": "in1"},  # the id replay gives line 1's message
+        {"t": 3.5, "user": "alice", "delete": "in1"},  # the same message: counted once
+        {"t": 4, "user": "alice", "text": "/proactive status"},
+        {"t": 10, "user": "alice", "text": "restart the web server"},
+        {"t": 100, "user": "alice", "delete": True},  # long after sending: no signal
+        {"t": 101, "user": "alice", "text": "/proactive status"},
+        {"t": 102, "user": "alice", "edit": "in99"},  # never seen: no signal, no crash
+        {"t": 103, "user": "alice", "delete": True, "conversation": "elsewhere"},
+        {"t": 104, "user": "alice", "text": "/proactive status"},
+    ]
+    out = await replay(s, lines, drain=0)
+    first, second, third = statuses(out)
+    assert "quick_cancel ×1 (weight 0.75)" in first
+    assert "quick_cancel ×1 " in second and "quick_cancel ×1 " in third
+    warnings = [o["text"] for o in out if o["kind"] == "warning"]
+    assert len(warnings) == 1 and "line 9: `delete` needs a message id" in warnings[0]
+    # Nothing is shown for an edit and the edited text is not run again.
+    assert [o["text"] for o in out if o["text"] == DONE] == [DONE, DONE]
+    assert len(llm.requests) == 2
+
+
+async def test_the_platforms_send_time_decides_when_it_reports_one(
+    llm: ScriptedLLM, settings_for: Callable
+) -> None:
+    clock = SimClock(start=1_800_000_000.0)
+    app = App(settings_for(llm, proactive_quick_cancel=5), clock=clock)
+    app.access.rules["replay"] = Rules(open=True)
+    channel = ReplayChannel(lambda: clock.elapsed, lambda item: None)
+    [outbox] = await app.start([channel])
+    try:
+        await clock.advance_to(clock.start + 100)
+        now = clock.now()
+        for sent_at in (now - 4, now - 6, None):  # quick, late, unknown (never received)
+            await app.dispatcher.handle(
+                Retracted("replay", "bob", "bob", "x1", "deleted", sent_at), outbox
+            )
+        await app.dispatcher.handle(Message("replay", "bob", "bob", "/proactive status"), outbox)
+        await clock.activity.wait_idle()
+    finally:
+        await app.stop()
+    [status] = [o["text"] for o in channel.outbound if o["text"].startswith("Proactive help:")]
+    assert "quick_cancel ×1 " in status

@@ -35,6 +35,7 @@ from core.events import (
     Inbound,
     Message,
     MessageRef,
+    Retracted,
     Suggestion,
 )
 from tests.fakes.slack import FakeSlack
@@ -356,6 +357,45 @@ async def test_duplicate_delivery_is_dispatched_once(sock: Socket) -> None:
     await sock.fake.send_envelope("events_api", payload)  # Slack's retry of the same message
     await sock.fake.send_envelope("events_api", sock.fake.dm("D0ALICE", "U0ALICE", "twice"))
     assert [(await sock.got.next()).text for _ in range(2)] == ["once", "twice"]  # type: ignore[union-attr]
+
+
+async def test_edits_and_deletions_of_messages_to_steward_arrive_as_retracted(
+    sock: Socket,
+) -> None:
+    fake = sock.fake
+    await fake.send_envelope("events_api", fake.dm("D0ALICE", "U0ALICE", "deploy to prod"))
+    ts = (await sock.got.next()).id  # type: ignore[union-attr]
+    await fake.send_envelope("events_api", fake.unfurl(ts))  # same text: not the person's edit
+    await fake.send_envelope("events_api", fake.edit(ts, "deploy to staging"))
+    edit = fake.edit(ts, "deploy to staging, please")
+    await fake.send_envelope("events_api", edit)
+    await fake.send_envelope("events_api", edit)  # a redelivery counts once
+    await fake.send_envelope("events_api", fake.delete(ts))
+    expected = Retracted("slack", "D0ALICE", "U0ALICE", ts, "edited", float(ts), "T0TEAM")
+    assert [await sock.got.next() for _ in range(3)] == [
+        expected,
+        expected,
+        dataclasses.replace(expected, kind="deleted"),
+    ]
+    # A mention deleted without `previous_message`: the author is whoever Steward got it from.
+    await fake.send_envelope("events_api", fake.mention("C0GENERAL", "U0BOB", "run the tests"))
+    mention = await sock.got.next()
+    await fake.send_envelope("events_api", fake.delete(mention.id, previous=False))
+    gone = await sock.got.next()
+    assert isinstance(gone, Retracted)
+    assert (gone.user, gone.conversation, gone.kind) == ("U0BOB", "C0GENERAL", "deleted")
+    # Channel chatter Steward never took as input, and the bot's own edits: ignored.
+    chatter = fake.channel_message("C0GENERAL", "U0BOB", "lunch?")
+    await fake.send_envelope("events_api", chatter)
+    await fake.send_envelope("events_api", fake.edit(chatter["event"]["ts"], "lunch at 1?"))
+    acks = len(fake.acks)
+    ref = await sock.channel.send("D0ALICE", "working…")
+    await sock.channel.edit(ref, "done")
+    await fake.wait_for(lambda: len(fake.acks) >= acks + 2)  # the post and the edit echoed
+    await fake.send_envelope("events_api", fake.dm("D0ALICE", "U0ALICE", "sentinel"))
+    last = await sock.got.next()
+    assert isinstance(last, Message) and last.text == "sentinel"
+    assert len(sock.got.events) == 7
 
 
 async def test_approval_press_is_acked_at_once_and_dispatched(sock: Socket) -> None:

@@ -17,10 +17,12 @@ One aiohttp app on 127.0.0.1 (ephemeral port) serves both:
   server, so a test can see that a reconnect really resumed. Frames are text; the
   ``compress`` query parameter is ignored (discord.py parses ``str`` frames as is).
 
-Test controls: :meth:`dm_message`, :meth:`guild_message`, :meth:`press_button`,
-:meth:`slash_command`, :meth:`dispatch` (any raw event), :meth:`drop`,
-:meth:`rate_limit_next`, :meth:`fail_next`, :attr:`close_on_identify`, and the
-records :attr:`requests`, :attr:`identifies`, :attr:`resumes`, :attr:`callbacks`.
+Test controls: :meth:`dm_message`, :meth:`guild_message`, :meth:`edit_message`,
+:meth:`embed_update`, :meth:`delete_message` (MESSAGE_UPDATE / MESSAGE_DELETE as the
+gateway sends them), :meth:`press_button`, :meth:`slash_command`, :meth:`dispatch`
+(any raw event), :meth:`drop`, :meth:`rate_limit_next`, :meth:`fail_next`,
+:attr:`close_on_identify`, and the records :attr:`requests`, :attr:`identifies`,
+:attr:`resumes`, :attr:`callbacks`.
 """
 
 from __future__ import annotations
@@ -492,6 +494,37 @@ class FakeDiscord:
         await self.dispatch("MESSAGE_CREATE", data)
         return data
 
+    async def edit_message(self, mid: str, text: str) -> dict[str, Any]:
+        """The author edits message ``mid``: MESSAGE_UPDATE with the full message (as the
+        gateway sends since 2024, and discord.py 2.7 builds a Message from it) and a set
+        ``edited_timestamp``."""
+        message = self.messages[mid]
+        message["content"] = text
+        message["edited_timestamp"] = _now()
+        await self.dispatch("MESSAGE_UPDATE", self._update_payload(message))
+        return message
+
+    async def embed_update(self, mid: str) -> dict[str, Any]:
+        """A link preview resolves on message ``mid``: MESSAGE_UPDATE with ``embeds`` and the
+        ``edited_timestamp`` untouched (the author did not edit anything)."""
+        message = self.messages[mid]
+        message["embeds"] = [{"type": "link", "url": "https://example.test", "title": "Example"}]
+        await self.dispatch("MESSAGE_UPDATE", self._update_payload(message))
+        return message
+
+    async def delete_message(self, mid: str) -> None:
+        """Message ``mid`` is deleted: MESSAGE_DELETE carries only ids, never the author."""
+        message = self.messages.pop(mid)
+        data = {"id": mid, "channel_id": message["channel_id"]}
+        if "guild_id" in message:
+            data["guild_id"] = message["guild_id"]
+        await self.dispatch("MESSAGE_DELETE", data)
+
+    def _update_payload(self, message: dict[str, Any]) -> dict[str, Any]:
+        if "guild_id" in message:
+            return {**message, "member": self.member()}
+        return dict(message)
+
     async def ensure_thread(self, thread: str) -> None:
         """Create a thread under the group channel (THREAD_CREATE) if it does not exist."""
         if thread in self.threads:
@@ -727,7 +760,19 @@ class FakeDiscord:
             message["components"] = body["components"] or []
         message["edited_timestamp"] = _now()
         self.edits.append((mid, body))
+        if not message.get("flags", 0) & 64:  # Discord reports the bot's own edits too
+            self._echo("MESSAGE_UPDATE", message)
         return _json(message)
+
+    def _echo(self, event: str, data: dict[str, Any]) -> None:
+        conn = self._conn
+        ready = conn is not None and conn.ready.is_set() and not conn.ws.closed
+        if not (self.echo_own_messages and ready and conn is not None):
+            return
+        echo = {**data, "member": self.member()} if "guild_id" in data else dict(data)
+        task = asyncio.create_task(self._send_quietly(conn, event, echo))
+        self._echoes.add(task)
+        task.add_done_callback(self._echoes.discard)
 
     async def _edit_message(self, request: web.Request) -> web.Response:
         return self._apply_edit(request.match_info["mid"], request[BODY])

@@ -16,8 +16,10 @@ What a test drives: :meth:`send_envelope` (Socket Mode inbound), :meth:`post_eve
 (signed HTTP inbound), :meth:`drop`, :meth:`rate_limit_next`, :meth:`fail_next`,
 :meth:`error_next`; and what it reads: :attr:`messages` (every message by ts, edits
 applied), :attr:`requests`, :attr:`acks`. Payload builders (:meth:`mention`,
-:meth:`dm`, :meth:`block_actions`, :meth:`slash_command`) follow the shapes of
-Slack's documentation.
+:meth:`dm`, :meth:`edit`, :meth:`delete`, :meth:`unfurl`, :meth:`block_actions`,
+:meth:`slash_command`) follow the shapes of Slack's documentation (``message_changed``
+/ ``message_deleted`` as the Events API sends them for ``message.im`` /
+``message.channels`` subscriptions).
 """
 
 from __future__ import annotations
@@ -317,6 +319,7 @@ class FakeSlack:
         if message.get("bot_id") != self.bot_id:
             return {"ok": False, "error": "cant_update_message"}
         self.updates.append(body)
+        previous = dict(message)
         message["text"] = body.get("text", message["text"])
         if "blocks" in body:
             if body["blocks"]:
@@ -324,6 +327,8 @@ class FakeSlack:
             else:
                 message.pop("blocks", None)
         message["edited"] = {"user": self.bot_user, "ts": self.next_ts()}
+        if self.echo_own_messages:  # Slack reports the bot's own edits as message_changed
+            self._push(self._changed_event(message, previous))
         return {"ok": True, "channel": body["channel"], "ts": ts, "text": message["text"]}
 
     def _post_ephemeral(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -361,11 +366,38 @@ class FakeSlack:
         }
         if "thread_ts" in message:
             event["thread_ts"] = message["thread_ts"]
+        self._push(event)
+
+    def _push(self, event: dict[str, Any]) -> None:
+        """Send an event over the socket in the background (no ack awaited)."""
+        if self._ws is None:
+            return
         task = asyncio.ensure_future(
             self.send_envelope("events_api", self.event_callback(event), wait_ack=False)
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def _changed_event(
+        self, message: dict[str, Any], previous: dict[str, Any], *, edited: bool = True
+    ) -> dict[str, Any]:
+        channel = message["channel"]
+        ts = self.next_ts()
+        inner = {k: v for k, v in message.items() if k not in ("channel", "event_ts", "team")}
+        before = {k: v for k, v in previous.items() if k not in ("channel", "event_ts", "team")}
+        if not edited:
+            before.pop("edited", None)
+        return {
+            "type": "message",
+            "subtype": "message_changed",
+            "hidden": True,
+            "message": inner,
+            "channel": channel,
+            "previous_message": before,
+            "channel_type": "im" if channel.startswith("D") else "channel",
+            "ts": ts,
+            "event_ts": ts,
+        }
 
     # ------------------------------------------------------------------ Socket Mode
 
@@ -567,6 +599,44 @@ class FakeSlack:
     ) -> dict[str, Any]:
         """A ``message`` event in a direct-message conversation (``channel_type: im``)."""
         return self._user_message("message", channel, user, text, thread_ts, channel_type="im")
+
+    def edit(self, ts: str, text: str) -> dict[str, Any]:
+        """The person edits their message ``ts``: a ``message_changed`` event whose
+        ``message`` is the new version (with ``edited``) and ``previous_message`` the old."""
+        message = self.messages[ts]
+        previous = dict(message)
+        message.update(type="message", text=text, edited={"user": message["user"], "ts": ts})
+        return self.event_callback(self._changed_event(message, previous))
+
+    def unfurl(self, ts: str) -> dict[str, Any]:
+        """Slack adds a link preview to message ``ts``: ``message_changed`` with the same text."""
+        message = self.messages[ts]
+        previous = dict(message)
+        message["attachments"] = [{"id": 1, "title": "Example", "from_url": "https://x.test"}]
+        return self.event_callback(self._changed_event(message, previous, edited=False))
+
+    def delete(self, ts: str, *, previous: bool = True) -> dict[str, Any]:
+        """Message ``ts`` is deleted: ``message_deleted`` with ``deleted_ts`` and (as Slack
+        sends it for ``message.*`` subscriptions) the ``previous_message``; without it
+        when ``previous`` is False (the shape of Slack's minimal documentation example)."""
+        message = self.messages.pop(ts)
+        channel = message["channel"]
+        now = self.next_ts()
+        event: dict[str, Any] = {
+            "type": "message",
+            "subtype": "message_deleted",
+            "hidden": True,
+            "channel": channel,
+            "channel_type": "im" if channel.startswith("D") else "channel",
+            "ts": now,
+            "event_ts": now,
+            "deleted_ts": ts,
+        }
+        if previous:
+            event["previous_message"] = {
+                k: v for k, v in message.items() if k not in ("channel", "event_ts", "team")
+            }
+        return self.event_callback(event)
 
     def block_actions(self, message_ts: str, value: str, user: str) -> dict[str, Any]:
         """A ``block_actions`` payload: ``user`` pressed the button carrying ``value``."""
