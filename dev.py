@@ -28,21 +28,10 @@ VENV = ROOT / ".venv"
 BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 PY = BIN / ("python.exe" if os.name == "nt" else "python")
 
-#: With one of these set, a hosted model is intended: no local model is installed or run.
-#: Keep in sync with core/local_model.PROVIDER_KEYS (a test checks).
-PROVIDER_KEYS = (
-    "OPENAI_API_KEY",
-    "ANTHROPIC_API_KEY",
-    "OPENROUTER_API_KEY",
-    "GEMINI_API_KEY",
-    "GROQ_API_KEY",
-    "MISTRAL_API_KEY",
-    "DEEPSEEK_API_KEY",
-    "TOGETHERAI_API_KEY",
-    "XAI_API_KEY",
-    "COHERE_API_KEY",
-    "AZURE_API_KEY",
-)
+# Standard library only (see its docstring): the same list Steward itself uses.
+from config.providers import PROVIDER_KEYS as PROVIDER_KEYS  # noqa: E402
+from config.providers import provider_key_present  # noqa: E402
+
 LOCAL_NOTE = (
     "[steward] No model is configured, so Steward will run a tiny local model "
     "(SmolLM2-135M, no key, no network).\n"
@@ -70,7 +59,7 @@ def _wants_local(env: dict[str, str], cwd: Path) -> bool:
         return False
     if env.get("STEWARD_MODEL", "").strip() or env.get("STEWARD_API_BASE", "").strip():
         return False
-    if any(env.get(k, "").strip() for k in PROVIDER_KEYS):
+    if provider_key_present(env):
         return False
     config = cwd / "steward.toml"
     if config.is_file():

