@@ -248,7 +248,6 @@ class App:
             history=self.history,
             approvals=self.approvals,
             agent=agent,
-            rules=self.rules,
             access=self.access,
             suggestions=self.suggestions,
             policy=self.guardian,

@@ -33,7 +33,6 @@ from core.events import (
 from core.history import History
 from core.rules_commands import Caller, RulesCommands
 from core.suggestions import NO, YES, Suggestions
-from memory.rules import RuleStore
 
 log = structlog.get_logger("steward.dispatcher")
 
@@ -71,7 +70,6 @@ class Dispatcher:
     history: History
     approvals: Approvals
     agent: Agent | None
-    rules: RuleStore
     access: Access
     suggestions: Suggestions
     #: The guardian's overlay, for /policy (describe_overlay, revoke); None hides it.
@@ -126,11 +124,12 @@ class Dispatcher:
             if text.startswith("/"):
                 await self._command(event, channel, text)
             else:
-                if self.proactive is not None:
-                    try:
-                        await self.proactive.on_message(channel, event)
-                    except Exception:  # noticing frustration must never block a task
-                        log.exception("proactive.failed", event="message")
+                if self.proactive is not None:  # noticing frustration never blocks a task
+                    await _quietly(
+                        self.proactive.on_message(channel, event),
+                        "proactive.failed",
+                        event="message",
+                    )
                 await self._task(event, channel, text)
 
     def _arrived(self, msg: Message, channel: Channel) -> None:
@@ -141,11 +140,7 @@ class Dispatcher:
         except Exception:
             log.exception("proactive.failed", event="arrival")
             return
-        key = (channel.name, msg.conversation, msg.id)
-        self.arrivals[key] = now
-        self.arrivals.move_to_end(key)
-        while len(self.arrivals) > ARRIVALS_KEPT:
-            self.arrivals.popitem(last=False)
+        _remember(self.arrivals, (channel.name, msg.conversation, msg.id), now)
 
     async def _retracted(self, event: Retracted, channel: Channel) -> None:
         """A person edited or deleted a message: a "quick cancel" signal for proactive help
@@ -175,9 +170,7 @@ class Dispatcher:
                 channel=channel.name,
             )
             if quick:
-                self.retracted[key] = None
-                while len(self.retracted) > ARRIVALS_KEPT:
-                    self.retracted.popitem(last=False)
+                _remember(self.retracted, key, None)
                 await self.proactive.on_quick_edit(channel, event.user, event.conversation)
         except Exception:  # a signal must never break the dispatcher
             log.exception("proactive.failed", event="retracted")
@@ -367,29 +360,47 @@ class Dispatcher:
                 self.say(channel, msg.conversation, "Stopped: the task was cancelled.", msg.thread)
             )
             if self.proactive is not None:
-                await asyncio.shield(self._proactive_cancelled(channel, msg, started_at))
+                await asyncio.shield(
+                    _quietly(
+                        self.proactive.on_task_cancelled(channel, msg, started_at),
+                        "proactive.failed",
+                        event="task_cancelled",
+                    )
+                )
             return
         self.last_results[key] = result
         await self.say(channel, msg.conversation, result.reply, msg.thread)
-        try:  # after the reply: the person never waits for compaction
-            await self.history.record(key, text, result.reply)
-        except Exception:  # the episode has the exchange; losing the transcript is logged
-            log.exception("history.record_failed", conversation=key)
+        # After the reply went out, still inside this conversation's job: the person never
+        # waits for compaction, rule credit or drafting, and an offer of help never
+        # interrupts a running task (a queued one goes first). Each is a help: a failure is
+        # logged (the episode on disk is the evidence) and never stops the others.
+        recorded = self.history.record(key, text, result.reply)
+        await _quietly(recorded, "history.record_failed", conversation=key)
         if self.learner is not None:
-            try:  # credit rules, maybe draft one: also after the reply
-                await self.learner.observe(result.episode)
-            except Exception:  # the episode on disk is the evidence; the next task retries
-                log.exception("learning.observe_failed", episode=result.task_id)
+            await _quietly(
+                self.learner.observe(result.episode),
+                "learning.observe_failed",
+                episode=result.task_id,
+            )
         if self.proactive is not None:
-            # After the reply went out, still inside this conversation's job: an offer
-            # never interrupts a running task, and a queued one goes first.
-            try:
-                await self.proactive.on_task_finished(channel, msg, result)
-            except Exception:
-                log.exception("proactive.failed", event="task_finished")
+            await _quietly(
+                self.proactive.on_task_finished(channel, msg, result),
+                "proactive.failed",
+                event="task_finished",
+            )
 
-    async def _proactive_cancelled(self, channel: Channel, msg: Message, started_at: float) -> None:
-        try:
-            await self.proactive.on_task_cancelled(channel, msg, started_at)
-        except Exception:
-            log.exception("proactive.failed", event="task_cancelled")
+
+async def _quietly(work: Awaitable[Any], failed: str, **fields: Any) -> None:
+    """Await a side job whose failure must not reach the person or the task; log it."""
+    try:
+        await work
+    except Exception:
+        log.exception(failed, **fields)
+
+
+def _remember(recent: OrderedDict[Any, Any], key: Any, value: Any) -> None:
+    """Insert as newest and keep only the ARRIVALS_KEPT newest entries."""
+    recent[key] = value
+    recent.move_to_end(key)
+    while len(recent) > ARRIVALS_KEPT:
+        recent.popitem(last=False)
