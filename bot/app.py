@@ -147,6 +147,7 @@ class App:
         self._no_model = NO_MODEL_MESSAGE
         self._warm: asyncio.Future[object] | None = None
         self.index: Any = None
+        self._pending: asyncio.Task[None] | None = None
         agent: Agent | None = None
         tools = dict(ALL_TOOLS)
         max_steps = settings.max_steps
@@ -318,7 +319,12 @@ class App:
         self.learner.embedder = embedder
         self.learner.counter = self.index
         self.learner.index = self.index
-        try:  # drafts that waited for the model (it was down, or not configured)
+        # Drafts that waited for the model are retried in the background: a model call
+        # must not hold up start-up (and the model may still be down).
+        self._pending = asyncio.create_task(self._retry_drafts(), name="learning:pending")
+
+    async def _retry_drafts(self) -> None:
+        try:
             await self.learner.retry_pending()
         except Exception:
             structlog.get_logger("steward.app").warning("learning.retry_failed", exc_info=True)
@@ -326,6 +332,11 @@ class App:
     async def stop(self) -> None:
         try:
             await self._stop_channels()
+            if self._pending is not None:
+                # A short grace for a draft in flight; an unfinished one stays pending on disk.
+                await asyncio.wait({self._pending}, timeout=5.0)
+                self._pending.cancel()
+                await asyncio.gather(self._pending, return_exceptions=True)
             if self.local is not None:
                 await self.local.stop()
             if self.index is not None:

@@ -37,7 +37,7 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 import numpy as np
@@ -194,6 +194,8 @@ class Learner:
         self.store: DataStore = rules.store
         self._lock = asyncio.Lock()
         self._vectors: dict[str, np.ndarray] = {}
+        #: The last request embedded: select() and observe() of one task ask for the same.
+        self._query: tuple[str, np.ndarray] | None = None
         self._last_pending_try = float("-inf")
 
     # matching -------------------------------------------------------------------------
@@ -229,7 +231,9 @@ class Learner:
         texts = sorted({t for r in learned for t in [*r.examples, r.applies_when] if t})
         if not texts:
             return out
-        q = (await embed_async(self.embedder, [request]))[0]
+        if self._query is None or self._query[0] != request:
+            self._query = (request, (await embed_async(self.embedder, [request]))[0])
+        q = self._query[1]
         sims = dict(zip(texts, (await self._embed(texts)) @ q, strict=True))
         for r in learned:
             best = max((float(sims[t]) for t in [*r.examples, r.applies_when] if t), default=0.0)
@@ -580,9 +584,7 @@ def _sig_key(sig: str) -> str:
     return hashlib.sha1(sig.encode()).hexdigest()[:12]
 
 
-def _parse_time(value: str, default: Any) -> Any:
-    from datetime import datetime
-
+def _parse_time(value: str, default: datetime) -> datetime:
     try:
         return datetime.fromisoformat(value)
     except ValueError:
