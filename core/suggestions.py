@@ -41,6 +41,8 @@ class Suggestions:
         self.clock = clock
         self.root = data_dir / "suggestions"
         self._open: dict[str, tuple[dict[str, Any], Channel, MessageRef | None]] = {}
+        #: Offers a previous run left open whose channel has not started yet (None: unread).
+        self._left_open: list[dict[str, Any]] | None = None
 
     def _path(self, sid: str) -> Path:
         return self.root / f"{sid}.md"
@@ -150,13 +152,15 @@ class Suggestions:
         starts the offered task; nothing was lost with the process). Returns them, so the
         proactive engine can re-arm their "ignored" timers. Called as each channel starts;
         an offer whose channel is not (yet) running is left for a later call."""
-        recovered = []
-        for record in self.records():
+        if self._left_open is None:  # one scan of the folder per process, off the loop
+            stored = await asyncio.to_thread(self.records)
+            self._left_open = [r for r in stored if r.get("status") == "open"]
+        recovered, waiting = [], []
+        for record in self._left_open:
             sid = str(record.get("id"))
-            if record.get("status") != "open" or sid in self._open:
-                continue
             channel = channels.get(str(record.get("channel")))
             if channel is None:
+                waiting.append(record)
                 continue
             ref = None
             if record.get("message_id"):
@@ -169,6 +173,7 @@ class Suggestions:
             self._open[sid] = (record, channel, ref)
             recovered.append(record)
             log.info("suggestion.recovered", suggestion=record["id"])
+        self._left_open = waiting
         return recovered
 
     def records(self) -> list[dict[str, Any]]:
