@@ -37,12 +37,11 @@ def rules_command(settings: Settings, words: list[str]) -> int:
         commands = RulesCommands(
             RuleStore(settings.data_dir, store), Clock(), LearningConfig.from_settings(settings)
         )
-        out = asyncio.run(commands.run(shlex.join(words), Caller("cli", may_change=True)))
+        out, ok = asyncio.run(commands.execute(shlex.join(words), Caller("cli", may_change=True)))
     finally:
         store.close()
         if lock is not None:
             lock.release()
     # A terminal shows the table as it is; the fences are for chat renderers.
     print("\n".join(line for line in out.splitlines() if line != "```"))
-    failed = out.startswith(("No rule ", "Unknown ", "Usage:", "Not changed"))
-    return EXIT_FAIL if failed else EXIT_OK
+    return EXIT_OK if ok else EXIT_FAIL

@@ -32,6 +32,10 @@ class Caller:
     rich: bool = True
 
 
+class Refused(Exception):
+    """A command that could not be done as asked; its text is the answer."""
+
+
 class RulesCommands:
     def __init__(self, rules: RuleStore, clock: Clock, config: LearningConfig) -> None:
         self.rules = rules
@@ -39,6 +43,18 @@ class RulesCommands:
         self.cfg = config
 
     async def run(self, args: str, caller: Caller) -> str:
+        return (await self.execute(args, caller))[0]
+
+    async def execute(self, args: str, caller: Caller) -> tuple[str, bool]:
+        """The answer, and whether the command did what was asked (the CLI's exit code)."""
+        try:
+            return await self._dispatch(args, caller), True
+        except Refused as exc:
+            return str(exc), False
+        except MalformedFile as exc:
+            return f"Not changed: {exc} (fix or delete that file by hand).", False
+
+    async def _dispatch(self, args: str, caller: Caller) -> str:
         try:
             words = shlex.split(args)
         except ValueError:
@@ -50,17 +66,16 @@ class RulesCommands:
         if action == "list":
             return self.list(rest, caller)
         if action == "show":
-            return self.show(rest[0]) if rest else "Usage: /rules show ID"
+            if not rest:
+                raise Refused("Usage: /rules show ID")
+            return self.show(rest[0])
         if action == "stats":
             return self.stats()
         if action in CHANGES:
             if not caller.may_change:
-                return "Only an admin can change rules; you can list and show them."
-            try:
-                return await self.change(action, rest, caller.user, args)
-            except MalformedFile as exc:
-                return f"Not changed: {exc} (fix or delete that file by hand)."
-        return f"Unknown /rules action {action!r}.\n{USAGE}"
+                raise Refused("Only an admin can change rules; you can list and show them.")
+            return await self.change(action, rest, caller.user, args)
+        raise Refused(f"Unknown /rules action {action!r}.\n{USAGE}")
 
     # reading ---------------------------------------------------------------------------
 
@@ -76,7 +91,7 @@ class RulesCommands:
             elif w.isdigit():
                 page = int(w)
             else:
-                return f"Unknown filter {w!r}: use one of {', '.join(STATUSES)}."
+                raise Refused(f"Unknown filter {w!r}: use one of {', '.join(STATUSES)}.")
         rules, problems = self.rules.load()
         shown = [r for r in rules if status is None or r.status == status]
         shown.sort(key=_order)
@@ -112,7 +127,7 @@ class RulesCommands:
     def show(self, rule_id: str) -> str:
         r = self.rules.get(rule_id)
         if r is None:
-            return f"No rule {rule_id}. /rules list shows them."
+            raise Refused(f"No rule {rule_id}. /rules list shows them.")
         lines = [
             f"{r.id} — {r.status}{' (pinned)' if r.pinned else ''}, source: {r.source}",
             f"Rule: {r.text}",
@@ -162,7 +177,7 @@ class RulesCommands:
         if action == "add":
             text = raw.strip()[len("add") :].strip()
             if not text:
-                return "Usage: /rules add TEXT"
+                raise Refused("Usage: /rules add TEXT")
             rule = Rule(
                 id=self.rules.next_id(),
                 text=text,
@@ -176,10 +191,10 @@ class RulesCommands:
             await self.rules.save(rule, f"rule {rule.id} added by {user} (active, pinned)")
             return f"Added {rule.id} (active, pinned; still scored on every task)."
         if not words:
-            return f"Usage: /rules {action} ID"
+            raise Refused(f"Usage: /rules {action} ID")
         rule = self.rules.get(words[0])
         if rule is None:
-            return f"No rule {words[0]}. /rules list shows them."
+            raise Refused(f"No rule {words[0]}. /rules list shows them.")
         record = f"{rule.wins} wins / {rule.losses} losses, confidence {rule.confidence:.2f}"
         if action == "delete":
             await self.rules.delete(rule, f"rule {rule.id} deleted by {user}: {record}")
@@ -198,7 +213,7 @@ class RulesCommands:
         else:  # edit
             text = raw.strip()[len("edit") :].strip()[len(rule.id) :].strip()
             if not text:
-                return f"Usage: /rules edit {rule.id} TEXT"
+                raise Refused(f"Usage: /rules edit {rule.id} TEXT")
             rule.text = text
             rule.pinned = True
             message = f"rule {rule.id} edited by {user} (now pinned)"
