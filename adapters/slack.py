@@ -182,28 +182,19 @@ def parse_event(
     space = body.get("team_id") or event.get("team")
     text = strip_mention(_unescape(str(event.get("text") or "")), bot)
     thread = event.get("thread_ts") if isinstance(event.get("thread_ts"), str) else None
-    if kind == "message":
-        if event.get("channel_type") != "im":
-            return None  # channel chatter: Steward answers there only when mentioned
-        return Message(
-            channel=channel,
-            conversation=conversation,
-            user=user,
-            text=text,
-            id=ts,
-            thread=thread,
-            space=space,
-            direct=True,
-        )
+    dm = kind == "message"
+    if dm and event.get("channel_type") != "im":
+        return None  # channel chatter: Steward answers there only when mentioned
     return Message(
         channel=channel,
         conversation=conversation,
         user=user,
         text=text,
         id=ts,
-        thread=thread or ts,
+        # A mention is answered in its thread (a new one if it started none); a DM in place.
+        thread=thread if dm else thread or ts,
         space=space,
-        direct=conversation.startswith("D"),
+        direct=dm or conversation.startswith("D"),
     )
 
 
