@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import structlog
 
 from core.clock import Clock
+from core.llm import LLMClient, LLMError
 from core.recall import estimate_tokens
 from memory.transcripts import Transcript, TranscriptStore, archive_lines
 
@@ -58,12 +59,10 @@ def extractive_summary(previous: str, turns: list[Turn], budget_tokens: int) -> 
     return "\n".join(lines)
 
 
-def model_summarizer(llm: object) -> Summarizer:
+def model_summarizer(llm: LLMClient) -> Summarizer:
     """A Summarizer over `LLMClient.complete`; falls back to the extractive summary."""
 
     async def summarize(previous: str, turns: list[Turn], budget_tokens: int) -> str:
-        from core.llm import LLMError
-
         words = max(30, budget_tokens * 3 // 4)
         convo = "\n".join(f"{t['role']}: {t['content']}" for t in turns)
         messages = [
@@ -74,7 +73,7 @@ def model_summarizer(llm: object) -> Summarizer:
             },
         ]
         try:
-            result = await llm.complete(messages)  # type: ignore[attr-defined]
+            result = await llm.complete(messages)
         except LLMError as exc:
             log.warning("history.summary_offline", error=str(exc))
             return extractive_summary(previous, turns, budget_tokens)
@@ -159,7 +158,3 @@ class History:
             summary = await self.summarizer(t.summary, fold, self.summary_tokens)
         t.summary, t.summarized, t.recent = summary, t.summarized + len(fold), keep
         log.info("history.compacted", conversation=t.key, folded=len(fold), kept=len(keep))
-
-    def forget_cache(self) -> None:
-        """Drop what is held in memory (the files stay); used when the process restarts."""
-        self._cache.clear()

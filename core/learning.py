@@ -44,6 +44,7 @@ import numpy as np
 import structlog
 
 from core.clock import Clock
+from core.llm import LLMError
 from core.recall import estimate_tokens
 from core.signatures import is_environmental
 from memory.embedder import Embedder, embed_async
@@ -417,8 +418,6 @@ class Learner:
         evidence = found[-8:]
         if self.drafter is None:
             return await self._keep_pending(sig, evidence, "no model configured")
-        from core.llm import LLMError
-
         messages = [
             {"role": "system", "content": DRAFT_PROMPT.format(n=self.cfg.alternatives)},
             {"role": "user", "content": _evidence_text(sig, evidence)},

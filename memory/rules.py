@@ -20,7 +20,7 @@ from typing import Any
 
 import structlog
 
-from memory.store import DataStore, MalformedFile, parse
+from memory.store import DataStore, parse
 
 log = structlog.get_logger("steward.rules")
 
@@ -226,4 +226,4 @@ def _id_order(path: Path) -> tuple[int, str]:
     return (int(m.group(1)) if m else 1 << 30, path.stem)
 
 
-__all__ = ["STATUSES", "MalformedFile", "Rule", "RuleStore", "rule_from", "text_sha"]
+__all__ = ["STATUSES", "Rule", "RuleStore", "rule_from", "text_sha"]
