@@ -46,7 +46,7 @@ import structlog
 from core.clock import Clock
 from core.llm import LLMError
 from core.recall import estimate_tokens
-from core.signatures import is_environmental
+from core.signatures import environmental_signature
 from memory.embedder import Embedder, embed_async
 from memory.episodes import Episode
 from memory.rules import Rule, RuleStore
@@ -543,13 +543,6 @@ class Learner:
         sims = vecs[1:] @ vecs[0]
         i = int(np.argmax(sims))
         return rules[i] if float(sims[i]) >= self.cfg.merge_similarity else None
-
-
-def environmental_signature(sig: str) -> bool:
-    """For evidence that arrives as a bare signature (`tool:ErrorClass:message`)."""
-    _tool, _, rest = sig.partition(":")
-    error_class, _, message = rest.partition(":")
-    return is_environmental(error_class, message)
 
 
 def _evidence_text(sig: str, evidence: list[dict[str, Any]]) -> str:

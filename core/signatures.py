@@ -58,3 +58,11 @@ def is_environmental(error_class: str, message: str) -> bool:
     rules: "when the network is down, give up" does not generalize and teaches the
     agent helplessness."""
     return error_class in _ENV_CLASSES or bool(_ENV_WORDS.search(message or ""))
+
+
+def environmental_signature(sig: str) -> bool:
+    """`is_environmental` for a signature made by `signature()` (`tool:ErrorClass:message`),
+    for evidence that arrives without its episode."""
+    _tool, _, rest = sig.partition(":")
+    error_class, _, message = rest.partition(":")
+    return is_environmental(error_class, message)
