@@ -20,7 +20,7 @@ import structlog
 from core.clock import Clock
 from core.llm import LLMClient, LLMError
 from core.recall import estimate_tokens
-from memory.transcripts import Transcript, TranscriptStore, archive_lines
+from memory.transcripts import Transcript, TranscriptStore
 
 log = structlog.get_logger("steward.history")
 
@@ -125,9 +125,7 @@ class History:
         new = [{"role": "user", "content": user_text}, {"role": "assistant", "content": reply}]
         t.recent += new
         now = self.clock.utcnow()
-        t.archive = (t.archive.rstrip() + "\n\n" if t.archive.strip() else "") + archive_lines(
-            new, now
-        )
+        await self.store.append(t, new, now)
         if self.max_turns == 0:  # history switched off: the transcript still keeps it all
             t.recent = []
         elif self._too_big(t.recent):

@@ -38,8 +38,10 @@ class Transcript:
     summarized: int = 0
     #: Turns not yet compacted, oldest first: {"role": ..., "content": ...}.
     recent: list[dict[str, str]] = field(default_factory=list)
-    #: The readable archive of every turn (the file's body).
+    #: The readable archive of the turns since the last part (the file's body), redacted.
     archive: str = ""
+    #: Full earlier archives moved to `<name>.part-N.md`, so a save stays bounded.
+    parts: int = 0
 
 
 def slug(key: str) -> str:
@@ -49,6 +51,11 @@ def slug(key: str) -> str:
 
 
 class TranscriptStore:
+    #: Characters of archive kept in the main file; past this it moves to a part file.
+    #: Saving rewrites the main file after every exchange, so it must stay small
+    #: (1 MB took ~0.5 s a save, most of it redacting text that was redacted already).
+    part_size = 200_000
+
     def __init__(self, data_dir: Path) -> None:
         self.root = data_dir / "conversations"
 
@@ -72,6 +79,7 @@ class TranscriptStore:
                 summarized=int(meta.get("summarized") or 0),
                 recent=recent,
                 archive=body,
+                parts=int(meta.get("parts") or 0),
             )
         except (OSError, ValueError, TypeError, KeyError) as exc:
             # Never overwrite what a person may want to repair: start a new file beside it.
@@ -82,15 +90,31 @@ class TranscriptStore:
     async def load(self, key: str) -> Transcript:
         return await asyncio.to_thread(self._load_sync, key)
 
+    def part_path(self, key: str, n: int) -> Path:
+        return self.root / f"{slug(key)}.part-{n}.md"
+
+    async def append(self, t: Transcript, turns: list[dict[str, str]], when: datetime) -> None:
+        """Add turns to the archive, redacted once here; a full archive becomes a part file."""
+        lines = redact(archive_lines(turns, when))
+        t.archive = (t.archive.rstrip() + "\n\n" if t.archive.strip() else "") + lines
+        if len(t.archive) <= self.part_size:
+            return
+        n = t.parts + 1
+        text = render({"key": t.key, "part": n}, t.archive)
+        await asyncio.to_thread(atomic_write_text, self.part_path(t.key, n), text)
+        t.parts, t.archive = n, ""
+
     async def save(self, t: Transcript, *, updated: datetime) -> Path:
+        """Write the front matter (redacted) and the archive (redacted when appended)."""
         meta: dict[str, Any] = {
             "key": t.key,
             "updated": updated.isoformat(),
             "summarized": t.summarized,
-            "summary": t.summary,
+            "summary": redact(t.summary),
             "recent": redact_obj(t.recent),
+            "parts": t.parts,
         }
-        text = redact(render(meta, t.archive))
+        text = render(meta, t.archive)
         path = self.path(t.key)
         await asyncio.to_thread(atomic_write_text, path, text)
         return path

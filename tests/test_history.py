@@ -183,3 +183,22 @@ async def test_conversation_history_survives_a_restart(
     )
     contents = [m["content"] for m in llm.requests[-1]["messages"]]
     assert "the release is on Tuesday" in contents and "Got it, Tuesday." in contents
+
+
+async def test_a_long_transcript_moves_into_part_files_and_keeps_every_turn(
+    tmp_path: Path,
+) -> None:
+    store = TranscriptStore(tmp_path)
+    store.part_size = 2_000
+    h = History(
+        store, SimClock(), summarizer=None, max_turns=4, budget_tokens=10_000, summary_tokens=200
+    )
+    for i in range(40):
+        await h.record("c", f"question {i} " + "q" * 100, f"answer {i}")
+    main = store.path("c").read_text()
+    parts = sorted(store.root.glob("*.part-*.md"))
+    assert parts and len(main) < 2_000 + 1_000  # the file rewritten per exchange stays small
+    everything = main + "".join(p.read_text() for p in parts)
+    assert all(f"question {i} " in everything and f"answer {i}" in everything for i in range(40))
+    again = await history(tmp_path, None, max_turns=4).context("c")
+    assert again == await h.context("c")  # a restart reads the same context
