@@ -33,8 +33,7 @@ from core.local_model import (
     ModelServer,
     availability,
     embedded_wanted,
-    llama_server_command,
-    threads,
+    server_for,
 )
 from core.proactive import Config as ProactiveConfig
 from core.proactive import Proactive
@@ -118,7 +117,7 @@ class App:
     ) -> None:
         """`env`: where provider keys are looked for (default os.environ).
         `local_command`: the model server command for the embedded model (tests pass a
-        fake server; default llama-cpp-python's, when it is installed)."""
+        fake server; default llama.cpp's through core/local_server.py, when installed)."""
         self.settings = settings
         env = os.environ if env is None else env
         self.clock = clock or Clock()
@@ -166,17 +165,10 @@ class App:
                 stream=settings.stream,
             )
         elif embedded_wanted(settings, env):
-            command = local_command or self._llama_command()
-            if command is None:
+            self.local = self._local_server(local_command)
+            if self.local is None:
                 self._no_model = no_model_message(settings, env)
             else:
-                self.local = ModelServer(
-                    command,
-                    host=settings.local_model_host,
-                    port=settings.local_model_port,
-                    start_timeout=settings.local_model_start_timeout,
-                    log_path=self.data_dir / "local-model.log",
-                )
                 self.llm = LocalLLM(
                     server=self.local,
                     clock=self.clock,
@@ -259,18 +251,14 @@ class App:
             proactive=self.proactive,
         )
 
-    def _llama_command(self) -> Callable[[int], list[str]] | None:
-        s = self.settings
-        found = availability(s.local_model_path.strip())
+    def _local_server(self, command: Callable[[int], list[str]] | None) -> ModelServer | None:
+        log_path = self.data_dir / "local-model.log"
+        if command is not None:
+            return server_for(self.settings, command, log_path=log_path)
+        found = availability(self.settings.local_model_path.strip())
         if not found.ok or found.gguf is None:
             return None
-        return llama_server_command(
-            gguf=found.gguf,
-            host=s.local_model_host,
-            n_ctx=s.local_model_ctx,
-            n_threads=threads(s.local_model_threads),
-            chat_format="chatml-function-calling" if s.local_model_mode == "native" else "",
-        )
+        return server_for(self.settings, found.gguf, log_path=log_path)
 
     def warm_up(self) -> None:
         """Import litellm in a thread now, so the first message doesn't wait seconds for it."""

@@ -20,12 +20,10 @@ from core.local_model import (
     MODEL_LABEL,
     Availability,
     LocalModelError,
-    ModelServer,
     availability,
     embedded_wanted,
-    llama_server_command,
     provider_key_present,
-    threads,
+    server_for,
 )
 
 
@@ -162,19 +160,7 @@ async def _local_model(settings: Settings, found: Availability) -> list[Check]:
     ]
     assert found.gguf is not None
     log_path = settings.data_dir / "local-model.log"
-    server = ModelServer(
-        llama_server_command(
-            gguf=found.gguf,
-            host=settings.local_model_host,
-            n_ctx=settings.local_model_ctx,
-            n_threads=threads(settings.local_model_threads),
-        ),
-        host=settings.local_model_host,
-        port=settings.local_model_port,
-        start_timeout=settings.local_model_start_timeout,
-        max_restarts=0,
-        log_path=log_path,
-    )
+    server = server_for(settings, found.gguf, log_path=log_path, max_restarts=0)
     t0 = time.monotonic()
     try:
         url = await server.ensure()
@@ -193,11 +179,14 @@ async def _local_model(settings: Settings, found: Availability) -> list[Check]:
             Check(
                 "local model server",
                 True,
-                f"llama-cpp-python started and answered in {time.monotonic() - t0:.1f}s",
+                f"llama.cpp started and answered in {time.monotonic() - t0:.1f}s",
             )
         )
     except (LocalModelError, LLMError) as exc:
-        checks.append(Check("local model server", False, str(exc), f"see {log_path}"))
+        # A crash is said as what it was (signal, last log lines, fix), not as the
+        # connection error the request saw.
+        said = server.death_report() or str(exc)
+        checks.append(Check("local model server", False, said, f"see {log_path}"))
     finally:
         await server.stop()
     return checks

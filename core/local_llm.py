@@ -22,8 +22,8 @@ everyday workspace jobs, each with one or two plain arguments. edit_file is left
 local model is no network). shell stays: it is what shows approvals working, and the
 guardian judges every command whoever wrote it.
 
-`mode="native"` skips all of this and passes every tool to the server's
-chatml-function-calling: the baseline the benchmark compares against.
+`mode="native"` skips all of this and passes every tool to llama.cpp's own tool
+calling (the model's chat template): the baseline the benchmark compares against.
 """
 
 from __future__ import annotations
@@ -212,13 +212,23 @@ _ARG_SPECS: dict[str, dict[str, int]] = {
 }
 
 
-def call_schema(tools: list[str], candidates: dict[str, list[str]] | None = None) -> dict:
+def call_schema(
+    tools: list[str],
+    candidates: dict[str, list[str]] | None = None,
+    given: dict[str, str] | None = None,
+) -> dict:
     """A JSON schema for {"tool": NAME, "arguments": {...}} over `tools`; argument values
-    are limited to `candidates` where there are some, free but length-capped elsewhere."""
+    are limited to `candidates` where there are some, free but length-capped elsewhere;
+    arguments in `given` are left out (code fills them in, see `fixed_arguments`)."""
     candidates = candidates or {}
+    given = given or {}
     options = []
     for name in tools:
-        props = {arg: _string(candidates.get(arg), n) for arg, n in _ARG_SPECS[name].items()}
+        props = {
+            arg: _string(candidates.get(arg), n)
+            for arg, n in _ARG_SPECS[name].items()
+            if arg not in given
+        }
         options.append(
             {
                 "type": "object",
@@ -238,8 +248,25 @@ def call_schema(tools: list[str], candidates: dict[str, list[str]] | None = None
     return options[0] if len(options) == 1 else {"oneOf": options}
 
 
-def parse_call(content: str, allowed: tuple[str, ...] | list[str]) -> tuple[str, dict] | None:
-    """The JSON the model wrote, if it is a call to an allowed tool with string args."""
+def fixed_arguments(r: Route) -> dict[str, str]:
+    """Arguments the request settles by itself: exactly one candidate.
+
+    Code copies these instead of asking the model to spell them out: the grammar would
+    allow only that value anyway, and a tiny model asked to write characters it rarely
+    saw (an emoji, a private-use or rare CJK character) can wander in the whitespace the
+    JSON grammar allows until it runs out of tokens. Copied, every code point arrives
+    byte for byte."""
+    return {arg: values[0] for arg, values in r.candidates.items() if len(values) == 1}
+
+
+def parse_call(
+    content: str,
+    allowed: tuple[str, ...] | list[str],
+    given: dict[str, str] | None = None,
+) -> tuple[str, dict] | None:
+    """The JSON the model wrote, if it is a call to an allowed tool with string args
+    (those in `given` come from code, not from the model)."""
+    given = given or {}
     try:
         data = json.loads(content)
     except (ValueError, TypeError):
@@ -249,10 +276,10 @@ def parse_call(content: str, allowed: tuple[str, ...] | list[str]) -> tuple[str,
     name, args = data.get("tool"), data.get("arguments")
     if name not in allowed or not isinstance(args, dict):
         return None
-    spec = _ARG_SPECS.get(str(name), {})
+    spec = [a for a in _ARG_SPECS.get(str(name), {}) if a not in given]
     if any(not isinstance(args.get(a), str) or not args.get(a).strip() for a in spec):
         return None
-    return str(name), {a: args[a] for a in spec}
+    return str(name), {**{a: args[a] for a in spec}, **given}
 
 
 def _request_index(messages: list[dict[str, Any]]) -> int:
@@ -330,9 +357,9 @@ class LocalLLM:
             backoff=0.5,
             backoff_max=2.0,
             max_tokens=max_tokens,
-            # Not streamed: llama-cpp-python's server sometimes ends a stream without a
-            # finish_reason (litellm then raises), and a tiny model's short answer takes
-            # about a second anyway; the whole text is passed to on_text at once.
+            # Not streamed: a tiny model's short answer takes about a second anyway, and
+            # a stream that ends without a finish_reason (llama-cpp-python's server did
+            # that) makes litellm raise; the whole text is passed to on_text at once.
             stream=False,
         )
         self.stream = stream
@@ -354,13 +381,27 @@ class LocalLLM:
                     kind="connection",
                     retryable=False,
                 ) from exc
+            deaths = self.server.deaths
             try:
                 async with self.server.in_use():
                     return await self._inner.complete(messages, tools, **kw)
             except LLMError as exc:
-                if attempt == 2 or exc.kind != "connection" or self.server.running:
+                # litellm calls a dropped connection a connection or a server error; what
+                # counts is whether the server process died meanwhile.
+                report = self.server.death_report()
+                if not report and self.server.deaths > deaths:
+                    report = self.server.last_death  # the watcher saw it first
+                if not report:
                     raise
-                log.warning("local_llm.server_gone_retrying")
+                if attempt == 2:
+                    # Died twice on this request: say what killed it, not "connection error".
+                    raise LLMError(
+                        f"{report}. `steward doctor` shows the same; set STEWARD_MODEL to "
+                        "use another model meanwhile.",
+                        kind="local_crash",
+                        retryable=False,
+                    ) from exc
+                log.warning("local_llm.server_died_retrying", report=report[:300])
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def complete(
@@ -398,17 +439,25 @@ class LocalLLM:
 
     async def tool_call(self, request: str, r: Route) -> LLMResult | None:
         """Ask the model for the call under the schema; None if it could not make one."""
-        schema = call_schema([r.tool], r.candidates)
-        result = await self._call(
-            [{"role": "system", "content": TOOL_SYSTEM}, {"role": "user", "content": request}],
-            None,
-            extra={
-                "response_format": {"type": "json_object", "schema": schema},
-                "temperature": 0.0,
-                "max_tokens": 200,
-            },
-        )
-        parsed = parse_call(result.text, [r.tool])
+        given = fixed_arguments(r)
+        if set(_ARG_SPECS[r.tool]) <= set(given):
+            # The request settles every argument: nothing is left for the model to choose.
+            result = LLMResult(text=json.dumps({"tool": r.tool, "arguments": given}))
+        else:
+            schema = call_schema([r.tool], r.candidates, given)
+            result = await self._call(
+                [
+                    {"role": "system", "content": TOOL_SYSTEM},
+                    {"role": "user", "content": request},
+                ],
+                None,
+                extra={
+                    "response_format": {"type": "json_object", "schema": schema},
+                    "temperature": 0.0,
+                    "max_tokens": 200,
+                },
+            )
+        parsed = parse_call(result.text, [r.tool], given)
         if parsed is None:
             log.warning("local_llm.bad_call", text=result.text[:200])
             return None

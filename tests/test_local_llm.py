@@ -38,6 +38,11 @@ class StubServer:
         self.base_url = url
         self.running = True
         self.ensured = 0
+        self.deaths = 0
+        self.last_death = ""
+
+    def death_report(self) -> str:
+        return ""  # the scripted model never dies
 
     async def ensure(self) -> str:
         self.ensured += 1
@@ -119,16 +124,41 @@ def test_gate_retry_is_not_taken_for_the_request() -> None:
 
 
 async def test_tool_request_becomes_a_schema_constrained_call(llm: ScriptedLLM) -> None:
-    llm.reply_text('{"tool": "list_files", "arguments": {"path": "."}}')
-    result = await local(llm).complete(user("list the files in my workspace"), schemas())
+    llm.reply_text('{"tool": "read_file", "arguments": {"path": "b.md"}}')
+    result = await local(llm).complete(user("read a.md or b.md"), schemas())
     assert [(c.name, json.loads(c.arguments)) for c in result.tool_calls] == [
-        ("list_files", {"path": "."})
+        ("read_file", {"path": "b.md"})
     ]
     sent = llm.requests[-1]
     assert "tools" not in sent  # no function calling: a schema decides the shape
     fmt = sent["response_format"]
     assert fmt["type"] == "json_object"
-    assert fmt["schema"]["properties"]["arguments"]["properties"]["path"]["enum"] == ["."]
+    assert fmt["schema"]["properties"]["arguments"]["properties"]["path"]["enum"] == [
+        "a.md",
+        "b.md",
+    ]
+
+
+async def test_arguments_the_request_settles_are_copied_not_generated(
+    llm: ScriptedLLM,
+) -> None:
+    """One candidate per argument: code copies it, so every code point arrives as sent
+    (a tiny model asked to spell an emoji or a rare character can lose it)."""
+    texts = ["plain 🚀", "日本語", "שלום עולם", "مرحبا", "e\u0301 n\u0303", "👩\u200d👩\u200d👧 🇯🇵"]
+    for text in texts:
+        result = await local(llm).complete(user(f'write "{text}" to rocket.txt'), schemas())
+        [call] = result.tool_calls
+        assert (call.name, json.loads(call.arguments)) == (
+            "write_file",
+            {"path": "rocket.txt", "content": text},
+        )
+    assert not llm.requests  # nothing was left for the model to choose
+    # Two files: the model picks the path; the content is still copied.
+    llm.reply_text('{"tool": "write_file", "arguments": {"path": "b.txt"}}')
+    result = await local(llm).complete(user('write "🚀" to a.txt or b.txt'), schemas())
+    assert json.loads(result.tool_calls[0].arguments) == {"path": "b.txt", "content": "🚀"}
+    props = llm.requests[-1]["response_format"]["schema"]["properties"]["arguments"]
+    assert list(props["properties"]) == ["path"]
 
 
 async def test_chit_chat_goes_without_tools_and_streams(llm: ScriptedLLM) -> None:
@@ -184,7 +214,7 @@ def test_compose_reports_failures_plainly() -> None:
 
 async def test_unparseable_json_falls_back_to_chat(llm: ScriptedLLM) -> None:
     llm.reply_text("{oops").reply_text("I could not do that.")
-    result = await local(llm).complete(user("read notes.md"), schemas())
+    result = await local(llm).complete(user("read a.md or b.md"), schemas())
     assert result.text == "I could not do that." and not result.tool_calls
 
 
@@ -216,11 +246,11 @@ async def test_app_runs_the_embedded_model_end_to_end_with_a_fake_server(
     from adapters.terminal import OneShotChannel
 
     monkeypatch.setenv(
-        "FAKE_MODEL_JSON", json.dumps({"tool": "list_files", "arguments": {"path": "."}})
+        "FAKE_MODEL_JSON", json.dumps({"tool": "read_file", "arguments": {"path": "hello.md"}})
     )
     settings = settings_for(None, local_model="auto")
     (settings.workspace).mkdir(parents=True, exist_ok=True)
-    (settings.workspace / "hello.md").write_text("hi")
+    (settings.workspace / "hello.md").write_text("hi from the file")
     app = App(settings, env={}, local_command=fake_child)
     assert app.local is not None and app.notice == LOCAL_MODEL_NOTICE
     assert app.local.proc is None  # lazy: nothing runs before the first task
@@ -231,7 +261,7 @@ async def test_app_runs_the_embedded_model_end_to_end_with_a_fake_server(
     key = app.dispatcher.key(channel, "terminal")
     try:
         await app.dispatcher.handle(
-            Message(channel.name, "terminal", "owner", "list the files in my workspace"), outbox
+            Message(channel.name, "terminal", "owner", "read hello.md or notes.md"), outbox
         )
         await app.conversations.wait_idle(key)
         pid = app.local.pid
@@ -241,12 +271,12 @@ async def test_app_runs_the_embedded_model_end_to_end_with_a_fake_server(
     assert not app.local.running and pid is not None
     result = app.dispatcher.last_results[key]
     assert result.outcome == "success", result.reply
-    assert "hello.md" in result.reply
+    assert "hi from the file" in result.reply
     store = EpisodeStore(settings.data_dir)
     [path] = list(store.iter_files())
     meta = store.read_front_matter(path)
     assert meta["outcome"] == "success" and meta["model"] == "local/smollm2-135m"
-    assert "list_files" in json.dumps(meta["tools"])
+    assert "read_file" in json.dumps(meta["tools"])
 
 
 def test_no_model_message_says_how_to_install_the_local_model(settings_for) -> None:
@@ -276,7 +306,7 @@ async def test_doctor_says_how_to_get_the_local_model(
     settings = settings_for(None, local_model="auto", local_model_path="/nonexistent.gguf")
     [check] = await _model(settings)
     assert not check.ok and "tiny local model can't run" in check.detail
-    assert "steward[local]" in check.fix and "STEWARD_MODEL" in check.fix
+    assert "dev.py run" in check.fix and "STEWARD_MODEL" in check.fix
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
     [check] = await _model(settings)
     assert "OPENAI_API_KEY is set" in check.detail

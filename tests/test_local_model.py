@@ -1,5 +1,6 @@
-"""The embedded local model's supervisor, driven with a fake server child (no llama-cpp):
-lazy start, health, restart after a kill, stop, and never left behind."""
+"""The embedded local model's supervisor, driven with a fake server child (no llama.cpp):
+lazy start, health, restart after a kill, crashes said as what they were, stop, and
+never left behind."""
 
 from __future__ import annotations
 
@@ -19,9 +20,10 @@ from core.local_model import (
     ModelServer,
     availability,
     embedded_wanted,
+    exit_report,
     find_gguf,
-    llama_server_command,
     provider_key_present,
+    server_command,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -257,14 +259,49 @@ def test_availability_explains_what_is_missing(tmp_path: Path) -> None:
         assert not availability().ok
 
 
-def test_llama_server_command() -> None:
-    argv = llama_server_command(
-        gguf="/m.gguf", host="127.0.0.1", n_ctx=2048, n_threads=2, chat_format="chatml"
-    )(9000)
-    assert argv[1:3] == ["-m", "llama_cpp.server"]
-    for pair in (["--model", "/m.gguf"], ["--port", "9000"], ["--chat_format", "chatml"]):
+def test_server_command() -> None:
+    argv = server_command(gguf="/m.gguf", host="127.0.0.1", n_ctx=2048, n_threads=2)(9000)
+    assert argv[1:3] == ["-m", "core.local_server"]
+    for pair in (["--model", "/m.gguf"], ["--port", "9000"], ["--ctx", "2048"]):
         i = argv.index(pair[0])
         assert argv[i : i + 2] == pair
+    assert "--jinja" not in argv
+    native = server_command(gguf="/m", host="h", n_ctx=1, n_threads=1, native_tools=True)(1)
+    assert "--jinja" in native
+
+
+def test_exit_report_names_the_signal_and_the_fix() -> None:
+    ill = exit_report(-signal.SIGILL)
+    assert ill.startswith("the local model crashed with SIGILL (illegal instruction)")
+    assert "AVX2" in ill and "STEWARD_MODEL" in ill
+    killed = exit_report(-signal.SIGKILL, ctx=4096)
+    assert "SIGKILL" in killed and "STEWARD_LOCAL_MODEL_CTX (now 4096)" in killed
+    assert exit_report(3) == "the local model server exited with code 3"
+
+
+async def test_a_crash_is_reported_with_signal_log_and_fix(tmp_path: Path) -> None:
+    """A server that dies of SIGILL on its first request: the request fails with what
+    happened (not "connection error"), once per death, and local-model.log says it too
+    (the dying child wrote nothing of its own crash there)."""
+    from core.clock import Clock
+    from core.llm import LLMError
+    from core.local_llm import LocalLLM
+
+    srv = server(tmp_path, "--crash-on-chat", "SIGILL")
+    llm = LocalLLM(server=srv, clock=Clock(), timeout=10)
+    try:
+        with pytest.raises(LLMError) as err:
+            await llm.complete([{"role": "user", "content": "hello"}])
+    finally:
+        await srv.stop()
+    text = str(err.value)
+    assert err.value.kind == "local_crash" and not err.value.retryable
+    assert "crashed with SIGILL (illegal instruction)" in text
+    assert "first matrix multiply" in text  # the last lines of the server's output
+    assert "steward doctor" in text
+    assert srv.deaths == 2  # tried once more after a restart, then said so
+    log = (tmp_path / "local-model.log").read_text()
+    assert log.count("steward: the local model crashed with SIGILL") == 2
 
 
 def test_dev_py_installs_the_local_model_only_when_it_would_be_used(tmp_path: Path) -> None:

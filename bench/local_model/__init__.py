@@ -13,8 +13,8 @@ Three ways of asking the same SmolLM2-135M server, each with Steward's real prom
   JSON-schema-constrained arguments limited to candidates from the request.
 - schema only: no router; one schema (oneOf over the five tools plus a "reply"
   option for plain answers) with free, length-capped arguments: the grammar alone.
-- native: the server's chatml-function-calling with every tool, tool_choice auto,
-  through litellm (what you get without any of this).
+- native: llama.cpp's own tool calling (the model's chat template) with every tool,
+  tool_choice auto, through litellm (what you get without any of this).
 
 A request counts as valid when the first call is the expected tool and its arguments
 pass the checks (for "none": no tool call). Latency is per request, wall clock.
@@ -118,16 +118,16 @@ async def ask(variant: str, llm: Any, request: str, workspace: Path) -> tuple[st
 async def run_variant(variant: str, sets: dict[str, list[dict]], gguf: Path) -> dict[str, Any]:
     from core.clock import Clock
     from core.local_llm import LocalLLM
-    from core.local_model import ModelServer, llama_server_command, threads
+    from core.local_model import ModelServer, server_command, threads
 
     tmp = Path(tempfile.mkdtemp(prefix="steward-bench-"))
     server = ModelServer(
-        llama_server_command(
+        server_command(
             gguf=gguf,
             host="127.0.0.1",
             n_ctx=4096,
             n_threads=threads(0),
-            chat_format="chatml-function-calling" if variant == "native" else "",
+            native_tools=variant == "native",
         ),
         log_path=tmp / "server.log",
         start_timeout=120,
@@ -180,7 +180,7 @@ def main() -> None:
 
     found = availability()
     if not found.ok or found.gguf is None:
-        print(f"skipped: {found.reason} (install it with `pip install 'steward[local]'`)")
+        print(f"skipped: {found.reason} (install it with `python3 dev.py setup`)")
         return
     sets = {"requests": load("requests.jsonl"), "heldout": load("heldout.jsonl")}
     for variant in ("constrained", "schema", "native"):

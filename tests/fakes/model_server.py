@@ -1,10 +1,12 @@
-"""A stand-in for llama-cpp-python's server, run as a child process by the supervisor
+"""A stand-in for the local model server, run as a child process by the supervisor
 tests: `python -m tests.fakes.model_server --host 127.0.0.1 --port N [--start-delay S]`.
 
 It serves `GET /v1/models` and a minimal non-streaming `POST /v1/chat/completions`
 that answers "fake local model: <last user text>", or, when the request carries a
 `response_format` with a schema, the JSON object in the `FAKE_MODEL_JSON` variable.
-`--fail` exits at once with code 3 (a server that can't start).
+`--fail` exits at once with code 3 (a server that can't start). `--crash-on-chat SIG`
+dies of that signal (e.g. SIGILL) on every chat request, as llama.cpp did when it used
+instructions the kernel had not enabled.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import sys
 import time
 
@@ -22,8 +25,15 @@ async def models(_request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": [{"id": "fake", "object": "model"}]})
 
 
+CRASH: signal.Signals | None = None
+
+
 async def chat(request: web.Request) -> web.Response:
     body = await request.json()
+    if CRASH is not None:
+        print("fake model server: first matrix multiply ...", flush=True)
+        signal.signal(CRASH, signal.SIG_DFL)
+        os.kill(os.getpid(), CRASH)
     user = next(
         (m.get("content") for m in reversed(body.get("messages", [])) if m.get("role") == "user"),
         "",
@@ -67,7 +77,11 @@ def main() -> int:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--start-delay", type=float, default=0.0)
     p.add_argument("--fail", action="store_true")
+    p.add_argument("--crash-on-chat", default="")
     args = p.parse_args()
+    if args.crash_on_chat:
+        global CRASH
+        CRASH = signal.Signals[args.crash_on_chat]
     if args.fail:
         print("fake model server: refusing to start", flush=True)
         return 3
