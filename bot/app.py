@@ -104,6 +104,39 @@ def ensure_dir(path: Path, key: str) -> Path:
     return path
 
 
+#: What the default workspace says about itself, written when Steward creates it.
+WORKSPACE_README = """# Steward's workspace
+
+This folder is Steward's default workspace: the only folder its tools may change.
+It sits inside the Steward checkout and is git-ignored there.
+
+Commands Steward runs here cannot reach the checkout's own git repository: git stops
+looking at this folder (GIT_CEILING_DIRECTORIES), so `git status` says "not a git
+repository" until you run `git init` here or clone a project into it.
+
+To work in another folder, set STEWARD_WORKSPACE (or `workspace` in steward.toml);
+see README → Configuration. You may edit or delete this file.
+"""
+
+
+def ensure_workspace(settings: Settings) -> Path:
+    """The workspace folder, created if missing; the default one (`./workspace`) is
+    created with a README.md saying what it is, so a person (or `list_files`) finding it
+    inside the checkout knows, and `git status` there is not mistaken for Steward's own.
+    A workspace the person configured is theirs: nothing is put in it."""
+    path = settings.workspace
+    created = not path.exists()
+    ensure_dir(path, "workspace")
+    if created and settings.sources.get("workspace") == "default":
+        try:
+            (path / "README.md").write_text(WORKSPACE_README, encoding="utf-8")
+        except OSError as exc:  # the folder works without it
+            structlog.get_logger("steward.app").warning(
+                "workspace.readme_failed", path=str(path), error=str(exc)
+            )
+    return path
+
+
 class App:
     """A Steward instance: one dispatcher, one agent, any number of channels."""
 
@@ -122,7 +155,7 @@ class App:
         env = os.environ if env is None else env
         self.clock = clock or Clock()
         self.data_dir = ensure_dir(settings.data_dir, "data_dir")
-        self.workspace = ensure_dir(settings.workspace, "workspace").resolve()
+        self.workspace = ensure_workspace(settings).resolve()
         self.channels: list[Channel] = []
         self.conversations = Conversations(self.clock)
         self.episodes = EpisodeStore(self.data_dir)

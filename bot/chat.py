@@ -42,7 +42,9 @@ async def chat_once(settings: Settings, text: str, *, quiet: bool = False) -> in
     if result is None:
         print(f"steward: no answer was produced. {reply}".strip(), file=sys.stderr)
         return EXIT_FAIL
-    if result.outcome != "success":
+    # "denied" (the last call was denied) is answered like a success here, as before the
+    # outcome existed: whether a denial fails the run is decided from the tool records.
+    if result.outcome not in ("success", "denied"):
         print(f"steward: {result.reply}", file=sys.stderr)
         return EXIT_FAIL
     print(reply)

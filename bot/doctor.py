@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from bot.app import ensure_dir
+from bot.app import ensure_dir, ensure_workspace
 from config.settings import ConfigError, Settings
 from core.clock import Clock
 from core.llm import LLMClient, LLMError, load_litellm
@@ -41,7 +41,7 @@ def _dirs(settings: Settings) -> list[Check]:
     for key in ("data_dir", "workspace"):
         path = getattr(settings, key)
         try:
-            ensure_dir(path, key)
+            ensure_workspace(settings) if key == "workspace" else ensure_dir(path, key)
             checks.append(Check(key, True, f"{path} is writable"))
         except ConfigError as exc:
             checks.append(Check(key, False, str(exc), f"set STEWARD_{key.upper()}"))

@@ -1,7 +1,9 @@
 """The agent loop: model turn → tool calls (each judged by the guardian) → … → answer.
 
 Every task ends as an episode on disk, whatever happened: success, a failure the
-person is told about in plain words, or a cancel. Tool failures go back to the
+person is told about in plain words, a cancel, or "denied" (the answer came after the
+person denied the last tool call, or let its approval expire: their decision, which
+proactive help and the rule learner do not count as a failure). Tool failures go back to the
 model as readable errors (it may recover); they are never swallowed and always
 recorded with a signature for the learner.
 """
@@ -26,7 +28,7 @@ from core.gates import check_answer, honest_suffix, retry_instruction
 from core.guardian import Guardian, Verdict
 from core.llm import LLMClient, LLMError, LLMResult, ToolCallRequest
 from core.recall import Recall, estimate_tokens, render
-from core.signatures import is_environmental, signature
+from core.signatures import is_decision, is_environmental, signature
 from core.tools.base import Tool, ToolContext, ToolError
 from memory.episodes import Episode, EpisodeStore, ToolRecord
 
@@ -252,6 +254,11 @@ class Agent:
             )
         episode.reply = reply
         episode.duration_s = time.perf_counter() - t0
+        if episode.outcome == "success" and episode.tools and episode.tools[-1].decision:
+            # The person said no (or let the approval expire) and the answer passed the
+            # gates: a decision to respect, not a failure to help with or learn from.
+            episode.outcome = "denied"
+            episode.error = episode.tools[-1].error
         if episode.outcome == "failure":
             # A task that failed after a tool failed is that tool's failure (one lesson,
             # not two); otherwise it gets its own task-level signature.
@@ -376,6 +383,7 @@ class Agent:
             record.error = message[:1000]
             record.signature = signature(call.name, error_class, message)
             record.environmental = is_environmental(error_class, message)
+            record.decision = is_decision(error_class)
             record.duration_s = time.perf_counter() - t0
             bound.info("tool.failed", tool=call.name, error_class=error_class)
             return message

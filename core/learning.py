@@ -1,7 +1,8 @@
 """The learning loop: recurring failures become candidate rules, proven on real tasks.
 
 1. Signatures: every failed tool call and failed task carries one (core/signatures.py);
-   environmental ones (timeouts, rate limits, 5xx, network, refusals) never count.
+   environmental ones (timeouts, rate limits, 5xx, network, refusals) and decisions (a
+   person denied the call) never count; a task the person denied is a neutral trial.
 2. Detection: when one signature recurs in `recurrence` episodes within `window_days`,
    the model drafts up to `alternatives` preventive instructions from those episodes
    (JSON: text + the kinds of request it applies to). Model unreachable: the draft is
@@ -46,7 +47,7 @@ import structlog
 from core.clock import Clock
 from core.llm import LLMError
 from core.recall import estimate_tokens
-from core.signatures import environmental_signature
+from core.signatures import decision_signature, environmental_signature
 from memory.embedder import Embedder, embed_async
 from memory.episodes import Episode
 from memory.rules import Rule, RuleStore
@@ -136,8 +137,9 @@ def update_confidence(c: float, outcome: str, p0: float, cfg: LearningConfig) ->
 
 
 def trial_outcome(rule: Rule, episode: Episode) -> str:
-    """win / loss / neutral for a rule that was in this task's prompt."""
-    if episode.outcome == "cancelled":
+    """win / loss / neutral for a rule that was in this task's prompt. A cancelled task
+    and one the person denied (a decision, not a failure) say nothing about the rule."""
+    if episode.outcome in ("cancelled", "denied"):
         return "neutral"
     if rule.signature:
         if rule.signature in episode.error_signatures:
@@ -378,7 +380,8 @@ class Learner:
     # detection and drafting -----------------------------------------------------------
 
     async def _detect(self, episode: Episode) -> list[str]:
-        env = set(episode.environmental_signatures)
+        # A denial is environmental too; it is named here so it stays out if that changes.
+        env = set(episode.environmental_signatures) | set(episode.decision_signatures)
         lines: list[str] = []
         for sig in episode.error_signatures:
             if sig in env:
@@ -393,7 +396,7 @@ class Learner:
             return await self._consider(signature)
 
     async def _consider(self, sig: str) -> list[str]:
-        if self.counter is None or environmental_signature(sig):
+        if self.counter is None or environmental_signature(sig) or decision_signature(sig):
             return []
         rules = self.rules.load()[0]
         mine = [r for r in rules if r.signature == sig]

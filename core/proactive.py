@@ -21,9 +21,11 @@ kind            default  when
 ==============  =======  ==============================================================
 failure         1.00     a task failed: outcome failure, or its last tool call failed.
                          A success ends the run: earlier failures stop counting
-                         ("failed tasks in a row").
+                         ("failed tasks in a row"). A task whose last call a person
+                         denied (outcome "denied", also an expired approval) is their
+                         decision: it neither counts nor ends the run.
 error           0.25     each distinct error signature of a failed task (at most 4 per
-                         task): errors accumulating in the decay window
+                         task; denials left out): errors accumulating in the decay window
 quick_cancel    0.75     a task cancelled within `proactive_quick_cancel` s of starting
                          (also a message edited/deleted right after sending, where the
                          platform reports it: `Proactive.on_quick_edit`)
@@ -842,6 +844,11 @@ class Proactive:
         state = self.state(key)
         self._remember(channel, msg.user, msg.conversation, msg.thread)
         episode = result.episode
+        if episode.outcome == "denied":
+            # The person decided: no frustration signal, no recurring-failure evidence,
+            # and the run of earlier failures (if any) neither grows nor ends.
+            log.info("proactive.decision", conversation=msg.conversation)
+            return
         failed = task_failed(episode)
         now = self.clock.now()
         error = episode.error or next((t.error for t in reversed(episode.tools) if not t.ok), "")
@@ -854,7 +861,7 @@ class Proactive:
             failed=failed,
             request=msg.text,
             error=error,
-            signatures=list(episode.error_signatures)
+            signatures=list(episode.failure_signatures)
             or ([f"task:{episode.error[:80]}"] if failed and episode.error else []),
             episode=episode.id,
         )
@@ -1104,12 +1111,14 @@ class Proactive:
 
 def task_failed(episode: Any) -> bool:
     """A task counts as failed when its outcome is failure, or when it ended with its last
-    tool call failing (the model reported a failure it could not get past)."""
+    tool call failing (the model reported a failure it could not get past). A call a
+    person denied is their decision, not a failure (outcome "denied")."""
     if episode.outcome == "failure":
         return True
     if episode.outcome != "success" or not episode.tools:
         return False
-    return not episode.tools[-1].ok
+    last = episode.tools[-1]
+    return not last.ok and not getattr(last, "decision", False)
 
 
 __all__ = [

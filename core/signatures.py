@@ -60,9 +60,32 @@ def is_environmental(error_class: str, message: str) -> bool:
     return error_class in _ENV_CLASSES or bool(_ENV_WORDS.search(message or ""))
 
 
+#: A person's answer to an approval request: denied, or left to expire (denied too).
+_DECISION_CLASSES = {"Denied"}
+
+
+def is_decision(error_class: str) -> bool:
+    """A call that did not run because a person said no (or let the approval expire).
+    It is a decision, not a failure: the task that ended with it is "denied", not
+    "failure"; proactive help does not count it as frustration, and the learner (which
+    also finds it environmental) never turns it into a rule. Its error class stays
+    "Denied" in the tool record, for what reads the records (`steward chat -m`)."""
+    return error_class in _DECISION_CLASSES
+
+
+def _split(sig: str) -> tuple[str, str]:
+    """(error class, message) of a signature made by `signature()`."""
+    _tool, _, rest = sig.partition(":")
+    error_class, _, message = rest.partition(":")
+    return error_class, message
+
+
+def decision_signature(sig: str) -> bool:
+    """`is_decision` for a signature made by `signature()` (`tool:ErrorClass:message`)."""
+    return is_decision(_split(sig)[0])
+
+
 def environmental_signature(sig: str) -> bool:
     """`is_environmental` for a signature made by `signature()` (`tool:ErrorClass:message`),
     for evidence that arrives without its episode."""
-    _tool, _, rest = sig.partition(":")
-    error_class, _, message = rest.partition(":")
-    return is_environmental(error_class, message)
+    return is_environmental(*_split(sig))

@@ -29,6 +29,9 @@ class ToolRecord:
     arguments: str = ""
     #: A timeout, rate limit, 5xx, network error or refusal: recorded, never a rule.
     environmental: bool = False
+    #: Not run because a person denied it (or let the approval expire): a decision,
+    #: never counted as a failure (core/signatures.py `is_decision`).
+    decision: bool = False
 
 
 @dataclass(slots=True)
@@ -39,7 +42,9 @@ class Episode:
     conversation: str
     user: str
     request: str
-    outcome: str  # success | failure | cancelled
+    #: success | failure | cancelled | denied (answered, and its last tool call was
+    #: denied by a person or its approval expired: a decision, not a failure)
+    outcome: str
     #: person:<channel>:<user> for direct messages, conversation:<channel>:<id> for groups.
     scope: str = ""
     reply: str = ""
@@ -78,6 +83,17 @@ class Episode:
             sigs.add(self.task_signature)
         return sorted(sigs)
 
+    @property
+    def decision_signatures(self) -> list[str]:
+        """Signatures of calls a person denied: recorded, never a failure to learn from."""
+        return sorted({t.signature for t in self.tools if t.signature and t.decision})
+
+    @property
+    def failure_signatures(self) -> list[str]:
+        """`error_signatures` without the decisions: what actually went wrong."""
+        decisions = set(self.decision_signatures)
+        return [s for s in self.error_signatures if s not in decisions]
+
     def front_matter(self) -> dict[str, Any]:
         return {
             "id": self.id,
@@ -91,6 +107,7 @@ class Episode:
             "error": self.error or None,
             "error_signatures": self.error_signatures,
             "environmental_signatures": self.environmental_signatures,
+            "decision_signatures": self.decision_signatures,
             "tools": [asdict(t) for t in self.tools],
             "gates": self.gates,
             "recalled": self.recalled,

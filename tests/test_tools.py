@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -169,7 +170,11 @@ async def test_read_file_binary_folder_and_cap(ws: Path, ctx: ToolContext) -> No
 
 async def test_write_file_creates_parents_atomically(ws: Path, ctx: ToolContext) -> None:
     out = await call(ctx, "write_file", path="deep/er/note.md", content="héllo\n")
-    assert out == "Wrote 7 bytes to deep/er/note.md"
+    sha = hashlib.sha256("héllo\n".encode()).hexdigest()[:12]
+    assert out == (
+        f"Wrote 7 bytes (6 characters) to deep/er/note.md, verified on disk (sha256 {sha}): "
+        '"héllo\\n"'
+    )
     assert (ws / "deep/er/note.md").read_text() == "héllo\n"
     (ws / "deep/er/note.md").chmod(0o600)
     await call(ctx, "write_file", path="deep/er/note.md", content="second")
@@ -199,7 +204,12 @@ async def test_edit_file_zero_one_many(ws: Path, ctx: ToolContext) -> None:
     out = await call(
         ctx, "edit_file", path="app.py", old_text="print(value)", new_text="return value"
     )
-    assert out == "Replaced 1 occurrence in app.py"
+    after = target.read_bytes()
+    assert out == (
+        'Replaced 1 occurrence in app.py with 12 bytes (12 characters): "return value"; '
+        f"app.py is now {len(after)} bytes, verified on disk "
+        f"(sha256 {hashlib.sha256(after).hexdigest()[:12]})"
+    )
     out = await call(
         ctx,
         "edit_file",
@@ -208,10 +218,120 @@ async def test_edit_file_zero_one_many(ws: Path, ctx: ToolContext) -> None:
         new_text="value = 2",
         replace_all=True,
     )
-    assert out == "Replaced 2 occurrences in app.py"
+    assert out.startswith(
+        'Replaced 2 occurrences in app.py with 9 bytes (9 characters): "value = 2"; '
+    )
     assert target.read_text() == "def main():\n    value = 2\n    return value\n\nvalue = 2\n"
     with pytest.raises(ToolError, match="No such file"):
         await call(ctx, "edit_file", path="nope.py", old_text="a", new_text="b")
+
+
+#: Text beyond ASCII that must survive a write and an edit byte for byte: an emoji, a
+#: ZWJ family (one glyph, five code points), CJK, Hebrew and Arabic (right to left, with
+#: a right-to-left mark), and combining marks (e + U+0301, and stacked Vietnamese marks).
+UNICODE_CASES = {
+    "emoji": "plain 🚀",
+    "zwj": "family 👨\u200d👩\u200d👧",
+    "cjk": "日本語のテキストと中文",
+    "hebrew": "שלום עולם\u200f!",
+    "arabic": "مرحبا بالعالم",
+    "combining": "cafe\u0301 Vie\u0323\u0302t",
+}
+
+
+@pytest.mark.parametrize("name", list(UNICODE_CASES))
+async def test_write_and_edit_round_trip_unicode_byte_exact(
+    ws: Path, ctx: ToolContext, name: str
+) -> None:
+    text = UNICODE_CASES[name]
+    data = text.encode("utf-8")
+    out = await call(ctx, "write_file", path=f"{name}.txt", content=text)
+    assert (ws / f"{name}.txt").read_bytes() == data
+    sha = hashlib.sha256(data).hexdigest()[:12]
+    assert out.startswith(f"Wrote {len(data)} bytes ({len(text)} characters) to {name}.txt")
+    assert f"sha256 {sha}" in out and out.endswith(json.dumps(text, ensure_ascii=False))
+    assert text in out  # quoted as written: nothing escaped away or normalized
+    # Edit it in the middle, into text of another script: still byte-exact.
+    other = UNICODE_CASES["arabic" if name != "arabic" else "cjk"]
+    out = await call(
+        ctx,
+        "edit_file",
+        path=f"{name}.txt",
+        old_text=text,
+        new_text=f"[{text}|{other}]",
+    )
+    expected = f"[{text}|{other}]".encode()
+    assert (ws / f"{name}.txt").read_bytes() == expected
+    assert f"{name}.txt is now {len(expected)} bytes" in out
+    assert f"sha256 {hashlib.sha256(expected).hexdigest()[:12]}" in out
+    assert f"[{text}|{other}]" in out
+
+
+async def test_a_dropped_character_is_visible_in_the_result(ctx: ToolContext) -> None:
+    """The reported case: `write "plain 🚀" to rocket.txt` reached the tool as "plain "
+    (the tiny model's grammar dropped the emoji). The tool can't know, but its result
+    shows the characters and the text, so a person comparing sees the emoji missing."""
+    asked = await call(ctx, "write_file", path="rocket.txt", content="plain 🚀")
+    dropped = await call(ctx, "write_file", path="rocket.txt", content="plain ")
+    assert asked.startswith("Wrote 10 bytes (7 characters) to rocket.txt")
+    assert asked.endswith('"plain 🚀"')
+    assert dropped.startswith("Wrote 6 bytes (6 characters) to rocket.txt")
+    assert dropped.endswith('"plain "')
+
+
+async def test_long_content_is_quoted_cut_and_says_so(ws: Path, ctx: ToolContext) -> None:
+    text = "line one\n" + "x" * 500
+    out = await call(ctx, "write_file", path="long.txt", content=text)
+    assert "\n" not in out  # one line: newlines in the content are escaped
+    assert out.endswith(f"… (first 80 of {len(text)} characters)")
+    assert (ws / "long.txt").read_text() == text
+
+
+async def test_half_an_emoji_is_refused_with_a_message(ws: Path, ctx: ToolContext) -> None:
+    """JSON can carry a lone surrogate ("\\ud83d"): a clear error, not a crash, no file."""
+    with pytest.raises(ToolError, match=r"content has an invalid character at position 6"):
+        await call(ctx, "write_file", path="half.txt", content="plain \ud83d")
+    assert not (ws / "half.txt").exists()
+    (ws / "a.txt").write_text("abc")
+    with pytest.raises(ToolError, match="new_text has an invalid character"):
+        await call(ctx, "edit_file", path="a.txt", old_text="b", new_text="\udc00")
+    assert (ws / "a.txt").read_text() == "abc"
+
+
+def lossy_replace(monkeypatch: pytest.MonkeyPatch, drop: int) -> None:
+    """A filesystem that loses the last `drop` bytes of every file renamed into place
+    (what a full disk, a sync folder or a converting mount can do): os.replace really
+    moves the file, then the file is cut."""
+    real = os.replace
+
+    def replace(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+        real(src, dst)
+        size = os.path.getsize(dst)
+        os.truncate(dst, max(size - drop, 0))
+
+    monkeypatch.setattr(os, "replace", replace)
+
+
+async def test_write_fails_loudly_when_disk_differs(
+    ws: Path, ctx: ToolContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lossy_replace(monkeypatch, drop=4)
+    with pytest.raises(ToolError) as err:
+        await call(ctx, "write_file", path="rocket.txt", content="plain 🚀")
+    message = str(err.value)
+    assert message.startswith("rocket.txt was written but what is on disk differs")
+    assert "expected 10 bytes" in message and "found 6 bytes" in message
+    assert "first difference at byte 6" in message
+    assert (ws / "rocket.txt").read_bytes() == b"plain "  # what it found, as it said
+
+
+async def test_edit_fails_loudly_when_disk_differs(
+    ws: Path, ctx: ToolContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (ws / "note.md").write_text("hello world\n")
+    lossy_replace(monkeypatch, drop=1)
+    with pytest.raises(ToolError, match=r"note.md was written but what is on disk differs"):
+        await call(ctx, "edit_file", path="note.md", old_text="world", new_text="🌍")
 
 
 # ── list_files / search_files ───────────────────────────────────────────────────

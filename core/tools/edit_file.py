@@ -1,4 +1,9 @@
-"""edit_file: exact search and replace in a workspace file, written atomically."""
+"""edit_file: exact search and replace in a workspace file, written atomically.
+
+The edited file is read back and compared byte for byte (core/tools/workspace.py
+`write_verified`); the result gives the size and characters of the inserted text, quoted,
+and the size and short sha256 of the whole file as it now is on disk.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +13,17 @@ from pathlib import Path
 from typing import Any
 
 from core.tools.base import Tool, ToolContext, ToolError
-from core.tools.workspace import display, looks_binary, resolve_in_workspace
-from memory.atomic import atomic_write_bytes
+from core.tools.workspace import (
+    display,
+    encode_text,
+    looks_binary,
+    plural,
+    quote_text,
+    resolve_in_workspace,
+    short_hash,
+    size_of,
+    write_verified,
+)
 
 
 def _closest_hint(text: str, old: str) -> str:
@@ -26,7 +40,8 @@ def _closest_hint(text: str, old: str) -> str:
     return f" Closest line ({lineno}): {lines[lineno - 1][:200]!r}. Copy the text exactly."
 
 
-def _edit(path: Path, shown: str, old: str, new: str, replace_all: bool) -> int:
+def _edit(path: Path, shown: str, old: str, new: str, replace_all: bool) -> tuple[int, bytes]:
+    """Replace and write; returns the number of replacements and the bytes now on disk."""
     raw = path.read_bytes()
     if looks_binary(raw):
         raise ToolError(f"{shown} is a binary file; edit_file only edits text")
@@ -42,8 +57,9 @@ def _edit(path: Path, shown: str, old: str, new: str, replace_all: bool) -> int:
             f"old_text appears {count} times in {shown}; include more surrounding text to make "
             "it unique, or set replace_all to true"
         )
-    atomic_write_bytes(path, text.replace(old, new).encode("utf-8"))
-    return count
+    data = text.replace(old, new).encode("utf-8")  # both parts checked by encode_text
+    write_verified(path, shown, data)
+    return count, data
 
 
 async def run(ctx: ToolContext, args: dict[str, Any]) -> str:
@@ -57,13 +73,19 @@ async def run(ctx: ToolContext, args: dict[str, Any]) -> str:
     replace_all = args.get("replace_all", False)
     if not isinstance(replace_all, bool):
         raise ToolError("replace_all must be true or false")
+    encode_text(old, "old_text")
+    added = encode_text(new, "new_text")
     if path.is_dir():
         raise ToolError(f"{shown} is a folder, not a file")
     try:
-        count = await asyncio.to_thread(_edit, path, shown, old, new, replace_all)
+        count, data = await asyncio.to_thread(_edit, path, shown, old, new, replace_all)
     except OSError as exc:
         raise ToolError(f"Could not edit {shown}: {exc.strerror or exc}") from exc
-    return f"Replaced {count} occurrence{'s' if count != 1 else ''} in {shown}"
+    return (
+        f"Replaced {count} occurrence{'s' if count != 1 else ''} in {shown} with "
+        f"{size_of(new, added)}: {quote_text(new)}; {shown} is now "
+        f"{plural(len(data), 'byte')}, verified on disk (sha256 {short_hash(data)})"
+    )
 
 
 TOOL = Tool(

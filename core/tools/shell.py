@@ -4,6 +4,11 @@ The command runs in its own process group (start_new_session) so a timeout can k
 the whole tree, not just bash; stdin is closed so nothing waits for input; the
 environment has secret-looking variables removed so a command (or a prompt-injected
 model) cannot print the bot's own tokens.
+
+git run in the workspace stops looking for a repository at the workspace
+(GIT_CEILING_DIRECTORIES): the default workspace lives inside Steward's own checkout,
+and without the ceiling `git status`, `git commit` or `git reset` there would act on
+Steward's repository instead of saying "not a git repository".
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import asyncio
 import contextlib
 import os
 import signal
+from pathlib import Path
 from typing import Any
 
 from core.tools.base import Tool, ToolContext, ToolError
@@ -21,6 +27,16 @@ from core.tools.workspace import workspace_root
 SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
 #: Steward's own settings (tokens, signing secrets) are never visible to commands.
 OWN_PREFIX = "STEWARD_"
+#: Variables that point git at a repository directly, bypassing discovery (and so the
+#: ceiling): inherited from a parent git process (a hook), they would lead to its repo.
+GIT_LOCATORS = (
+    "GIT_DIR",
+    "GIT_WORK_TREE",
+    "GIT_COMMON_DIR",
+    "GIT_INDEX_FILE",
+    "GIT_OBJECT_DIRECTORY",
+    "GIT_ALTERNATE_OBJECT_DIRECTORIES",
+)
 #: After bash exits, how long to keep reading output that background children still write.
 DRAIN_SECONDS = 0.5
 READ_CHUNK = 65536
@@ -31,11 +47,28 @@ def is_secret_name(name: str) -> bool:
     return upper.startswith(OWN_PREFIX) or any(marker in upper for marker in SECRET_MARKERS)
 
 
-def command_env(extra: dict[str, str]) -> dict[str, str]:
-    """os.environ minus secrets, plus the task's own extra variables."""
+def command_env(extra: dict[str, str], workspace: Path | None = None) -> dict[str, str]:
+    """os.environ minus secrets, plus the task's own extra variables; with `workspace`,
+    git confined to it (`git_confined`)."""
     env = {k: v for k, v in os.environ.items() if not is_secret_name(k)}
     env.update(extra)
+    if workspace is not None:
+        git_confined(env, workspace)
     return env
+
+
+def git_confined(env: dict[str, str], workspace: Path) -> None:
+    """Make git find no repository above `workspace` (a real path): its parent goes first
+    in GIT_CEILING_DIRECTORIES, so discovery checks the workspace and the folders inside
+    it, never the ones above; a `git init` or clone inside the workspace works as usual.
+    Variables naming a repository outright are dropped, since they skip discovery."""
+    for name in GIT_LOCATORS:
+        env.pop(name, None)
+    parent = workspace.parent
+    if parent == workspace:  # the workspace is "/": nothing above it
+        return
+    others = env.get("GIT_CEILING_DIRECTORIES", "")
+    env["GIT_CEILING_DIRECTORIES"] = f"{parent}:{others}" if others else str(parent)
 
 
 class _Output:
@@ -91,16 +124,17 @@ async def run(ctx: ToolContext, args: dict[str, Any]) -> str:
         raise ToolError("command must be a non-empty string of bash")
     timeout = _timeout(args, ctx.shell_timeout)
     out = _Output(ctx.output_cap)
+    root = workspace_root(ctx.workspace)
     proc = await asyncio.create_subprocess_exec(
         "bash",
         "-c",
         command,
-        cwd=workspace_root(ctx.workspace),
+        cwd=root,
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
         start_new_session=True,
-        env=command_env(ctx.env),
+        env=command_env(ctx.env, root),
     )
     assert proc.stdout is not None
     pump = asyncio.create_task(_pump(proc.stdout, out))

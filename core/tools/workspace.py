@@ -7,15 +7,22 @@ link inside the workspace that points at /etc is caught as an escape.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from pathlib import Path
 
 from core.tools.base import ToolError
+from memory.atomic import atomic_write_bytes
 
 #: How many bytes are sniffed for a NUL byte to call a file binary.
 SNIFF_BYTES = 8192
 #: Folders the listing and search tools never descend into.
 SKIP_DIRS = frozenset({".git"})
+#: Hex characters of sha256 a write result shows: enough to tell two versions apart.
+HASH_CHARS = 12
+#: Characters of the written text a write result quotes back.
+QUOTE_CHARS = 80
 
 
 def workspace_root(ws: Path) -> Path:
@@ -97,3 +104,66 @@ def _is_dir(entry: os.DirEntry[str]) -> bool:
 def looks_binary(head: bytes) -> bool:
     """A NUL byte in the first few KB: how git and grep tell binary from text."""
     return b"\x00" in head[:SNIFF_BYTES]
+
+
+def short_hash(data: bytes) -> str:
+    """The first HASH_CHARS hex digits of sha256: a fingerprint a person can compare."""
+    return hashlib.sha256(data).hexdigest()[:HASH_CHARS]
+
+
+def quote_text(text: str) -> str:
+    """`text` quoted on one line (newlines and control characters escaped, every other
+    character as it is), cut to QUOTE_CHARS, so a result shows what was really written:
+    a dropped emoji or accent is visible next to what the person asked for."""
+    if len(text) <= QUOTE_CHARS:
+        return json.dumps(text, ensure_ascii=False)
+    head = json.dumps(text[:QUOTE_CHARS], ensure_ascii=False)
+    return f"{head}… (first {QUOTE_CHARS} of {len(text)} characters)"
+
+
+def size_of(text: str, data: bytes) -> str:
+    """Both counts, e.g. "10 bytes (7 characters)": they differ for anything beyond ASCII,
+    and a character lost on the way shows up in the character count."""
+    return f"{plural(len(data), 'byte')} ({plural(len(text), 'character')})"
+
+
+def plural(n: int, noun: str) -> str:
+    """ "1 byte", "2 bytes": results a person reads should not say "1 bytes"."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def encode_text(text: str, what: str) -> bytes:
+    """UTF-8 bytes of `text`; a lone surrogate (half of an emoji, as JSON can carry it as
+    "\\ud83d") is refused with a message instead of crashing the tool."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ToolError(
+            f"{what} has an invalid character at position {exc.start} (a lone surrogate, "
+            "e.g. half of an emoji); send the text again with whole characters"
+        ) from None
+
+
+def write_verified(path: Path, shown: str, data: bytes) -> None:
+    """Write atomically, then read the file back and compare it byte for byte.
+
+    Why: "Wrote 6 bytes" is only worth saying if those bytes are on disk. A filesystem
+    that alters content (a sync folder, an encoding-converting mount, a full disk that
+    truncates) or another process writing the same file at that moment would otherwise
+    be reported as success. A difference raises ToolError saying what was expected and
+    what was found, so the model and the person see it instead of a false "done".
+    """
+    atomic_write_bytes(path, data)
+    on_disk = path.read_bytes()
+    if on_disk == data:
+        return
+    at = next(
+        (i for i, (a, b) in enumerate(zip(data, on_disk, strict=False)) if a != b),
+        min(len(data), len(on_disk)),
+    )
+    raise ToolError(
+        f"{shown} was written but what is on disk differs from what was asked: expected "
+        f"{len(data)} bytes (sha256 {short_hash(data)}), found {len(on_disk)} bytes "
+        f"(sha256 {short_hash(on_disk)}), first difference at byte {at}. Something else may "
+        "be changing the file or the filesystem altered it; read it back before relying on it."
+    )

@@ -1,7 +1,10 @@
 """write_file: create or replace a file in the workspace, atomically.
 
 The write goes through memory.atomic (temp file in the same folder + fsync + os.replace),
-so a crash or a concurrent reader never sees half a file.
+so a crash or a concurrent reader never sees half a file. The file is then read back and
+compared byte for byte; the result gives bytes, characters, a short sha256 and the text
+itself (quoted, cut when long), so a character lost before the call (a model that could
+not produce an emoji) is visible to the person, not hidden behind "Wrote 6 bytes".
 """
 
 from __future__ import annotations
@@ -10,8 +13,15 @@ import asyncio
 from typing import Any
 
 from core.tools.base import Tool, ToolContext, ToolError
-from core.tools.workspace import display, resolve_in_workspace
-from memory.atomic import atomic_write_bytes
+from core.tools.workspace import (
+    display,
+    encode_text,
+    quote_text,
+    resolve_in_workspace,
+    short_hash,
+    size_of,
+    write_verified,
+)
 
 
 async def run(ctx: ToolContext, args: dict[str, Any]) -> str:
@@ -22,12 +32,15 @@ async def run(ctx: ToolContext, args: dict[str, Any]) -> str:
         raise ToolError("content must be a string (the whole new text of the file)")
     if path.is_dir():
         raise ToolError(f"{shown} is a folder; give a file path inside it")
-    data = content.encode("utf-8")
+    data = encode_text(content, "content")
     try:
-        await asyncio.to_thread(atomic_write_bytes, path, data)
+        await asyncio.to_thread(write_verified, path, shown, data)
     except OSError as exc:
         raise ToolError(f"Could not write {shown}: {exc.strerror or exc}") from exc
-    return f"Wrote {len(data)} bytes to {shown}"
+    return (
+        f"Wrote {size_of(content, data)} to {shown}, verified on disk "
+        f"(sha256 {short_hash(data)}): {quote_text(content)}"
+    )
 
 
 TOOL = Tool(
