@@ -19,7 +19,7 @@ import structlog
 from core.access import Access
 from core.agent import Agent, TaskRequest, TaskResult
 from core.approvals import ACTIONS, ALWAYS, APPROVE, DENY, SESSION, Approvals
-from core.conversations import Conversations
+from core.conversations import Conversations, FollowUp
 from core.events import (
     ButtonPress,
     Cancel,
@@ -329,10 +329,17 @@ class Dispatcher:
                 msg.thread,
             )
 
-    async def _run(self, msg: Message, channel: Channel, text: str, key: str) -> None:
+    async def _run(self, msg: Message, channel: Channel, text: str, key: str) -> FollowUp | None:
+        """Run the task and send its answer; return what is left to do after it.
+
+        The rest (history, rule credit, proactive help) is the conversation's follow-up:
+        it still runs before the next task of this conversation, which needs the history,
+        but no longer counts as this task running, so a message sent the moment the
+        answer arrived is not told it is queued behind a task that is over.
+        """
         if self.agent is None:
             await self.say(channel, msg.conversation, self.no_model_message, msg.thread)
-            return
+            return None
         context = await self.history.context(key)
 
         async def observe(event: Progress) -> None:
@@ -359,21 +366,33 @@ class Dispatcher:
             await asyncio.shield(
                 self.say(channel, msg.conversation, "Stopped: the task was cancelled.", msg.thread)
             )
-            if self.proactive is not None:
-                await asyncio.shield(
-                    _quietly(
-                        self.proactive.on_task_cancelled(channel, msg, started_at),
-                        "proactive.failed",
-                        event="task_cancelled",
-                    )
+            if self.proactive is None:
+                return None
+            proactive = self.proactive
+
+            async def after_cancel() -> None:
+                await _quietly(
+                    proactive.on_task_cancelled(channel, msg, started_at),
+                    "proactive.failed",
+                    event="task_cancelled",
                 )
-            return
+
+            return after_cancel
         self.last_results[key] = result
         await self.say(channel, msg.conversation, result.reply, msg.thread)
-        # After the reply went out, still inside this conversation's job: the person never
-        # waits for compaction, rule credit or drafting, and an offer of help never
-        # interrupts a running task (a queued one goes first). Each is a help: a failure is
-        # logged (the episode on disk is the evidence) and never stops the others.
+
+        async def after_reply() -> None:
+            await self._after_reply(msg, channel, text, key, result)
+
+        return after_reply
+
+    async def _after_reply(
+        self, msg: Message, channel: Channel, text: str, key: str, result: TaskResult
+    ) -> None:
+        """The person never waits for compaction, rule credit or drafting, and an offer of
+        help never interrupts a running task (a queued one goes first). Each is a help: a
+        failure is logged (the episode on disk is the evidence) and never stops the others.
+        """
         recorded = self.history.record(key, text, result.reply)
         await _quietly(recorded, "history.record_failed", conversation=key)
         if self.learner is not None:
