@@ -24,6 +24,10 @@ Frames, server → page::
     {"type": "history", "items": [message frames with edits applied]}
     {"type": "error", "text"}
 
+A progress frame of kind ``task_start`` / ``task_end`` brackets each task of the
+conversation: the page shows Stop and "working" exactly in between. A tab that
+connects while a task runs gets its ``task_start`` right after the history.
+
 page → server::
 
     {"type": "message", "text"} · {"type": "press", "value", "message_id"} · {"type": "cancel"}
@@ -116,6 +120,8 @@ class WebChannel:
         # while it connects, and file writes of one session never interleave.
         self._locks: dict[str, asyncio.Lock] = {}
         self._appends: dict[str, int] = {}
+        #: Per session, the tasks begun and not yet ended (see progress()).
+        self._running: dict[str, set[str]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._ids = itertools.count(1)
         self._stopping = False
@@ -166,6 +172,7 @@ class WebChannel:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._dispatch = None
+        self._running.clear()  # tasks cut off by the stop will never say they ended
         log.info("web.stopped", channel=self.name)
 
     # ------------------------------------------------------------------ outbound
@@ -217,15 +224,21 @@ class WebChannel:
 
     async def progress(self, conversation: str, event: Progress) -> None:
         """Stream a task's visible progress to open tabs; live only, so history stays clean."""
-        frame = {
-            "type": "progress",
-            "kind": event.kind,
-            "task_id": event.task_id,
-            "text": event.text,
-            "tool": event.tool,
-            "ok": event.ok,
-        }
-        await self._broadcast(self._session_of(conversation), frame)
+        session = self._session_of(conversation)
+        if event.kind not in ("task_start", "task_end"):
+            await self._broadcast(session, _progress_frame(event))
+            return
+        # Remembered, so a tab that connects mid-task shows Stop too; under the session
+        # lock, like a connect, so that tab gets a task's start once and before its end.
+        async with self._lock(session):
+            running = self._running.setdefault(session, set())
+            if event.kind == "task_start":
+                running.add(event.task_id)
+            else:
+                running.discard(event.task_id)
+                if not running:
+                    del self._running[session]
+            await self._broadcast(session, _progress_frame(event))
 
     # ------------------------------------------------------------------ HTTP handlers
 
@@ -306,6 +319,8 @@ class WebChannel:
                 items = await asyncio.to_thread(self._load, session)
                 await ws.send_json({"type": "notice", "text": self._notice or ""})
                 await ws.send_json({"type": "history", "items": items}, dumps=_dumps)
+                for task_id in sorted(self._running.get(session, ())):
+                    await ws.send_json(_progress_frame(Progress("task_start", task_id)))
                 self._sockets.setdefault(session, set()).add(ws)
         except _ERROR_CONNECTION:
             return ws  # the tab went away while we were loading; nothing to clean up
@@ -563,6 +578,17 @@ class WebChannel:
 
 def _buttons(buttons: Iterable[Button]) -> list[dict[str, str]]:
     return [{"label": b.label, "value": b.value, "style": b.style} for b in buttons]
+
+
+def _progress_frame(event: Progress) -> dict[str, Any]:
+    return {
+        "type": "progress",
+        "kind": event.kind,
+        "task_id": event.task_id,
+        "text": event.text,
+        "tool": event.tool,
+        "ok": event.ok,
+    }
 
 
 def _dumps(obj: Any) -> str:

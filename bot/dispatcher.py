@@ -342,9 +342,25 @@ class Dispatcher:
             return None
         context = await self.history.context(key)
 
+        started: list[str] = []  # the task's id, once the agent has said it began
+
         async def observe(event: Progress) -> None:
+            if event.kind == "task_start":
+                started.append(event.task_id)
             if channel.capabilities.live_progress:
                 await channel.progress(msg.conversation, event)
+
+        async def ended() -> None:
+            # Once the answer (or "Stopped") went out: a page showing Stop and "working"
+            # for this task must be told it is over. Sent once, however the job ends.
+            ids, started[:] = list(started), []
+            if not channel.capabilities.live_progress:
+                return
+            for task_id in ids:
+                try:
+                    await channel.progress(msg.conversation, Progress("task_end", task_id))
+                except Exception:
+                    log.warning("dispatch.progress_failed", channel=channel.name, exc_info=True)
 
         if channel.capabilities.typing:
             with contextlib.suppress(Exception):
@@ -360,28 +376,37 @@ class Dispatcher:
             direct=msg.direct,
         )
         started_at = self.agent.clock.now()
+        proactive = self.proactive
         try:
-            result = await self.agent.run(request, observe)
-        except asyncio.CancelledError:
-            await asyncio.shield(
-                self.say(channel, msg.conversation, "Stopped: the task was cancelled.", msg.thread)
-            )
-            if self.proactive is None:
-                return None
-            proactive = self.proactive
-
-            async def after_cancel() -> None:
-                await _quietly(
-                    proactive.on_task_cancelled(channel, msg, started_at),
-                    "proactive.failed",
-                    event="task_cancelled",
+            try:
+                result = await self.agent.run(request, observe)
+            except asyncio.CancelledError:
+                await asyncio.shield(
+                    self.say(
+                        channel, msg.conversation, "Stopped: the task was cancelled.", msg.thread
+                    )
                 )
 
-            return after_cancel
-        self.last_results[key] = result
-        await self.say(channel, msg.conversation, result.reply, msg.thread)
+                async def after_cancel() -> None:
+                    await ended()
+                    if proactive is not None:
+                        await _quietly(
+                            proactive.on_task_cancelled(channel, msg, started_at),
+                            "proactive.failed",
+                            event="task_cancelled",
+                        )
+
+                return after_cancel
+            self.last_results[key] = result
+            await self.say(channel, msg.conversation, result.reply, msg.thread)
+        except BaseException:
+            await asyncio.shield(ended())  # cancelled while the answer was being sent
+            raise
 
         async def after_reply() -> None:
+            # The task-end notice goes first, from the follow-up: the task no longer
+            # counts as running by then, so nothing sent after it can be queued behind it.
+            await ended()
             await self._after_reply(msg, channel, text, key, result)
 
         return after_reply

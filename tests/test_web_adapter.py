@@ -327,6 +327,32 @@ async def test_progress_and_typing_are_live_only(server: Server) -> None:
     assert "progress" not in stored and "typing" not in stored
 
 
+async def test_a_tab_that_connects_mid_task_is_told_it_runs(server: Server) -> None:
+    """Stop and "working" follow the server's task_start/task_end, also after a reload."""
+    tab, _ = await server.connect()
+    await server.channel.progress(CONV, Progress("task_start", "t1"))
+    assert (await recv(tab))["kind"] == "task_start"
+    late, _ = await server.connect()  # a reload while t1 runs
+    assert await recv(late) == {
+        "type": "progress",
+        "kind": "task_start",
+        "task_id": "t1",
+        "text": "",
+        "tool": "",
+        "ok": True,
+    }
+    other, _ = await server.connect("othersession")  # nothing runs there
+    await server.channel.progress(CONV, Progress("task_end", "t1"))
+    for t in (tab, late):
+        frame = await recv(t)
+        assert (frame["kind"], frame["task_id"]) == ("task_end", "t1")
+    after, _ = await server.connect()  # over: nothing to replay
+    await server.channel.send(CONV, "next")
+    assert (await recv(after))["type"] == "message"
+    await server.channel.send("web:othersession", "there")
+    assert (await recv(other))["text"] == "there"
+
+
 async def test_two_tabs_on_one_session_both_receive(server: Server) -> None:
     tab1, _ = await server.connect()
     tab2, _ = await server.connect()

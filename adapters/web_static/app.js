@@ -24,7 +24,10 @@
   let reconnectTimer = null;
   let typingTimer = null;
   let stopTimer = null;
-  let running = false;
+  // The server says when each task starts and ends (progress task_start / task_end);
+  // "awaiting" covers the moment between sending a message and its task's start.
+  const runningTasks = new Set();
+  let awaiting = false;
   const messages = new Map(); // message id -> element
   const tasks = new Map(); // task id -> {el, tools, status, draft, draftText}
 
@@ -228,7 +231,18 @@
 
   function onProgress(f) {
     const taskId = String(f.task_id || "");
-    setRunning(true);
+    if (f.kind === "task_start" || f.kind === "task_end") {
+      if (f.kind === "task_start") {
+        runningTasks.add(taskId);
+        awaiting = false;
+        stopBtn.disabled = false; // a new task can be stopped, even after "Stopping…"
+        stopBtn.textContent = "Stop";
+      } else {
+        runningTasks.delete(taskId);
+      }
+      updateRunning();
+      return;
+    }
     withScroll(() => {
       if (f.kind === "text") {
         const t = taskBlock(taskId);
@@ -270,16 +284,26 @@
 
   // ---------------------------------------------------------------- running state
 
-  function setRunning(on) {
-    running = on;
+  function busy() {
+    return runningTasks.size > 0 || awaiting;
+  }
+
+  // Stop and "Steward is working" show while a task runs, and only then.
+  function updateRunning() {
+    const on = busy();
     stopBtn.hidden = !on;
-    if (on) {
+    typingEl.hidden = !on;
+    if (!on) {
+      clearTimeout(stopTimer);
       stopBtn.disabled = false;
       stopBtn.textContent = "Stop";
-    } else {
-      hideTyping();
-      clearTimeout(stopTimer);
     }
+  }
+
+  function resetRunning() {
+    runningTasks.clear();
+    awaiting = false;
+    updateRunning();
   }
 
   function showTyping() {
@@ -289,7 +313,7 @@
   }
 
   function hideTyping() {
-    typingEl.hidden = true;
+    typingEl.hidden = !busy();
     clearTimeout(typingTimer);
   }
 
@@ -299,13 +323,12 @@
     switch (f.type) {
       case "message":
         withScroll(() => {
-          if (f.role !== "user") {
-            hideTyping();
-            // A reply without buttons ends the task; an approval or offer keeps it going.
-            if (!f.buttons || f.buttons.length === 0) {
-              clearDrafts();
-              setRunning(false);
-            }
+          if (f.role !== "user" && (!f.buttons || f.buttons.length === 0)) {
+            // A reply replaces the streamed draft. With no task running, it answered the
+            // message itself (a command, no model configured): nothing to wait for.
+            clearDrafts();
+            if (runningTasks.size === 0) awaiting = false;
+            updateRunning();
           }
           addMessage(f);
         });
@@ -319,7 +342,6 @@
         onProgress(f);
         break;
       case "typing":
-        setRunning(true);
         withScroll(showTyping);
         break;
       case "notice":
@@ -330,12 +352,14 @@
         transcript.querySelectorAll(".msg, .task, .system").forEach((n) => n.remove());
         messages.clear();
         tasks.clear();
-        setRunning(false);
+        resetRunning(); // the server follows with task_start for a task still running
         (f.items || []).forEach(addMessage);
         transcript.scrollTop = transcript.scrollHeight;
         break;
       case "error":
         systemLine(f.text || "Something went wrong.", "error");
+        if (runningTasks.size === 0) awaiting = false;
+        updateRunning();
         break;
       default:
         break; // a newer server may send more; ignore what this page does not know
@@ -380,7 +404,7 @@
     sock.onclose = (ev) => {
       if (ws !== sock) return; // replaced on purpose (New chat)
       ws = null;
-      setRunning(false);
+      resetRunning();
       if (ev.code === 1008) { // the server refused the session id: start a fresh one
         session = newSession();
         try { localStorage.setItem(SESSION_KEY, session); } catch (_) { /* ignore */ }
@@ -407,7 +431,10 @@
     if (send({ type: "message", text })) {
       input.value = "";
       autosize();
-      setRunning(true);
+      if (!text.trim().startsWith("/")) { // a command is answered, not run as a task
+        awaiting = true;
+        updateRunning();
+      }
     }
   });
 
@@ -423,9 +450,12 @@
     if (!send({ type: "cancel" })) return;
     stopBtn.disabled = true;
     stopBtn.textContent = "Stopping…";
-    // If the task was already over, nothing will answer: do not show Stop forever.
+    // If no task_end comes (the task would not stop), let the person press it again.
     clearTimeout(stopTimer);
-    stopTimer = setTimeout(() => setRunning(false), 15000);
+    stopTimer = setTimeout(() => {
+      stopBtn.disabled = false;
+      stopBtn.textContent = "Stop";
+    }, 15000);
   });
 
   $("new-chat").addEventListener("click", () => {
@@ -437,7 +467,7 @@
     transcript.querySelectorAll(".msg, .task, .system").forEach((n) => n.remove());
     messages.clear();
     tasks.clear();
-    setRunning(false);
+    resetRunning();
     updateEmpty();
     backoff = 500;
     connect();
