@@ -18,6 +18,7 @@ from config.settings import ConfigError
 from tests.fakes.llm import Reply, ScriptedLLM
 from tests.test_concurrency import last_user
 from tests.test_history import is_summary_request
+from tests.test_replay_e2e import context_limited
 
 SESSION = "test-session-0001"
 
@@ -229,3 +230,26 @@ async def test_message_sent_as_the_answer_arrives_runs_with_stop_shown(
     kinds = [f["kind"] for f in seen if f["type"] == "progress" and f["kind"].startswith("task_")]
     assert kinds == ["task_start", "task_end"] * 3
     assert all(f["type"] != "progress" or f["task_id"] == start3["task_id"] for f in seen[mark:])
+
+
+async def test_message_too_long_for_the_model_is_explained_in_the_web_chat(
+    llm: ScriptedLLM, settings_for: Callable
+) -> None:
+    llm.responder = context_limited(4096)
+    s = settings_for(llm, port=free_port())
+    async with running(s) as (http, url):
+        async with http.ws_connect(f"{url}/ws?session={SESSION}", headers={"Origin": url}) as ws:
+            await ws.send_json({"type": "message", "text": "long line\n" * 20_000})  # 200 KB
+            reply = await frames_until(
+                ws, lambda f: f["type"] == "message" and f["role"] == "assistant", []
+            )
+            text = reply["text"]
+            assert text.startswith("I could not finish: Your message is too long for the model")
+            assert "200,000 characters" in text and "at most 4,096 tokens" in text
+            assert "Keep a message under about" in text
+            assert "ContextWindowExceededError" not in text and "STEWARD_MODEL" not in text
+            await ws.send_json({"type": "message", "text": "and now a short one"})
+            reply = await frames_until(
+                ws, lambda f: f["type"] == "message" and f["role"] == "assistant", []
+            )
+            assert reply["text"] == "short enough"
