@@ -253,3 +253,28 @@ async def test_message_too_long_for_the_model_is_explained_in_the_web_chat(
                 ws, lambda f: f["type"] == "message" and f["role"] == "assistant", []
             )
             assert reply["text"] == "short enough"
+
+
+async def test_over_size_message_gets_a_clear_error_and_the_chat_goes_on(
+    llm: ScriptedLLM, settings_for: Callable
+) -> None:
+    """The issue's 4 MB paste: once dropped with the socket (the page reconnected and the
+    text was gone), now refused in words on a socket that stays usable."""
+    llm.reply_text("hello back")
+    s = settings_for(llm, port=free_port())
+    async with running(s) as (http, url):
+        async with http.ws_connect(f"{url}/ws?session={SESSION}", headers={"Origin": url}) as ws:
+            limits = await frames_until(ws, lambda f: f["type"] == "limits", [])
+            assert limits["max_message_bytes"] == 1024 * 1024  # the page checks this first
+            await ws.send_json({"type": "message", "text": "y" * 4 * 1024 * 1024})
+            error = await frames_until(ws, lambda f: f["type"] == "error", [])
+            assert error["code"] == "too_big"
+            assert error["text"].startswith(
+                "Your message is 4 MB; the web chat accepts up to 1 MB per message."
+            )
+            await ws.send_json({"type": "message", "text": "hello"})
+            reply = await frames_until(
+                ws, lambda f: f["type"] == "message" and f["role"] == "assistant", []
+            )
+            assert reply["text"] == "hello back" and not ws.closed
+    assert [r["messages"][-1]["content"] for r in llm.requests] == ["hello"]

@@ -28,6 +28,8 @@
   // "awaiting" covers the moment between sending a message and its task's start.
   const runningTasks = new Set();
   let awaiting = false;
+  let maxMessageBytes = 0; // from the server's "limits" frame; 0 until it came
+  let lastSent = ""; // put back in the input box if the server refuses it as too big
   const messages = new Map(); // message id -> element
   const tasks = new Map(); // task id -> {el, tools, status, draft, draftText}
 
@@ -356,8 +358,12 @@
         (f.items || []).forEach(addMessage);
         transcript.scrollTop = transcript.scrollHeight;
         break;
+      case "limits":
+        maxMessageBytes = Number(f.max_message_bytes) || 0;
+        break;
       case "error":
         systemLine(f.text || "Something went wrong.", "error");
+        if (f.code === "too_big") restoreInput();
         if (runningTasks.size === 0) awaiting = false;
         updateRunning();
         break;
@@ -405,6 +411,11 @@
       if (ws !== sock) return; // replaced on purpose (New chat)
       ws = null;
       resetRunning();
+      if (ev.code === 1009) { // a frame over the server's limit: the socket was closed
+        systemLine("That message was too big for the web chat and was not sent. Save the " +
+          "text as a file in Steward's workspace folder and ask Steward to read it.", "error");
+        restoreInput();
+      }
       if (ev.code === 1008) { // the server refused the session id: start a fresh one
         session = newSession();
         try { localStorage.setItem(SESSION_KEY, session); } catch (_) { /* ignore */ }
@@ -424,11 +435,31 @@
     sendBtn.disabled = !ws || ws.readyState !== WebSocket.OPEN || !input.value.trim();
   }
 
+  function formatSize(bytes) {
+    if (bytes < 1024 * 1024) return Math.max(1, Math.round(bytes / 1024)) + " KB";
+    return (bytes / (1024 * 1024)).toFixed(1).replace(/\.0$/, "") + " MB";
+  }
+
+  function restoreInput() {
+    if (input.value || !lastSent) return; // never overwrite what the person typed since
+    input.value = lastSent;
+    autosize();
+  }
+
   $("composer").addEventListener("submit", (e) => {
     e.preventDefault();
     const text = input.value;
     if (!text.trim()) return;
+    const size = new TextEncoder().encode(text).length;
+    if (maxMessageBytes && size > maxMessageBytes) { // the server says the same (web.py)
+      systemLine("Your message is " + formatSize(size) + "; the web chat accepts up to " +
+        formatSize(maxMessageBytes) + " per message. Save the text as a file in Steward's " +
+        "workspace folder and ask Steward to read it, or send a shorter message. " +
+        "It was not sent.", "error");
+      return; // the text stays in the input box
+    }
     if (send({ type: "message", text })) {
+      lastSent = text;
       input.value = "";
       autosize();
       if (!text.trim().startsWith("/")) { // a command is answered, not run as a task
