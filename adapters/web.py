@@ -14,15 +14,23 @@ same frames. History is appended to ``<data_dir>/web/<session>.jsonl`` so that a
 reload or a restart shows the conversation again; messages sent while no tab is
 open are stored and appear on the next connect.
 
+A message may be at most ``MAX_MESSAGE_BYTES``; the page checks before sending, and
+the server refuses a bigger one with an error frame (the socket stays open).
+
 Frames, server → page::
 
+    {"type": "limits", "max_message_bytes"}         (first, on connect)
     {"type": "message", "id", "role": "assistant"|"user", "text", "buttons": [...], "ts"}
     {"type": "edit", "id", "text", "buttons"}
     {"type": "progress", "kind", "task_id", "text", "tool", "ok"}     (live only)
     {"type": "typing"}                                                 (live only)
     {"type": "notice", "text"}                      ("" hides the banner)
     {"type": "history", "items": [message frames with edits applied]}
-    {"type": "error", "text"}
+    {"type": "error", "text", "code"?}              (code "too_big": a message over the limit)
+
+A progress frame of kind ``task_start`` / ``task_end`` brackets each task of the
+conversation: the page shows Stop and "working" exactly in between. A tab that
+connects while a task runs gets its ``task_start`` right after the history.
 
 page → server::
 
@@ -67,6 +75,14 @@ log = structlog.get_logger(__name__)
 SESSION_RE = re.compile(r"[A-Za-z0-9_-]{8,64}")
 #: Messages kept (and sent on connect) per session.
 HISTORY_LIMIT = 500
+#: The longest message (UTF-8 bytes) the web chat takes. What matters is the model: 1 MB
+#: is ~250,000 tokens, past nearly every context window (and a longer text is better a
+#: file the agent reads in parts); it also keeps the stored history loadable.
+MAX_MESSAGE_BYTES = 1024 * 1024
+#: The largest WebSocket frame read at all. Far above MAX_MESSAGE_BYTES, so a message
+#: over the limit (a page that skipped its check, JSON escapes) is answered with an
+#: error and the socket stays up; only beyond this does aiohttp close it (1009).
+MAX_FRAME_BYTES = 16 * MAX_MESSAGE_BYTES
 #: Appends after which the history file is compacted even if no tab connects, so a
 #: session nobody looks at (perpetual mode writing to it) cannot grow without bound.
 COMPACT_AFTER_APPENDS = 2 * HISTORY_LIMIT
@@ -116,6 +132,8 @@ class WebChannel:
         # while it connects, and file writes of one session never interleave.
         self._locks: dict[str, asyncio.Lock] = {}
         self._appends: dict[str, int] = {}
+        #: Per session, the tasks begun and not yet ended (see progress()).
+        self._running: dict[str, set[str]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._ids = itertools.count(1)
         self._stopping = False
@@ -166,6 +184,7 @@ class WebChannel:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._dispatch = None
+        self._running.clear()  # tasks cut off by the stop will never say they ended
         log.info("web.stopped", channel=self.name)
 
     # ------------------------------------------------------------------ outbound
@@ -217,15 +236,21 @@ class WebChannel:
 
     async def progress(self, conversation: str, event: Progress) -> None:
         """Stream a task's visible progress to open tabs; live only, so history stays clean."""
-        frame = {
-            "type": "progress",
-            "kind": event.kind,
-            "task_id": event.task_id,
-            "text": event.text,
-            "tool": event.tool,
-            "ok": event.ok,
-        }
-        await self._broadcast(self._session_of(conversation), frame)
+        session = self._session_of(conversation)
+        if event.kind not in ("task_start", "task_end"):
+            await self._broadcast(session, _progress_frame(event))
+            return
+        # Remembered, so a tab that connects mid-task shows Stop too; under the session
+        # lock, like a connect, so that tab gets a task's start once and before its end.
+        async with self._lock(session):
+            running = self._running.setdefault(session, set())
+            if event.kind == "task_start":
+                running.add(event.task_id)
+            else:
+                running.discard(event.task_id)
+                if not running:
+                    del self._running[session]
+            await self._broadcast(session, _progress_frame(event))
 
     # ------------------------------------------------------------------ HTTP handlers
 
@@ -280,7 +305,7 @@ class WebChannel:
             # page the owner visits could talk to Steward as the owner.
             log.warning("web.bad_origin", origin=request.headers.get("Origin"))
             raise web.HTTPForbidden(text="Cross-origin WebSocket refused: open Steward's own page.")
-        ws = web.WebSocketResponse(heartbeat=30.0, timeout=2.0)
+        ws = web.WebSocketResponse(heartbeat=30.0, timeout=2.0, max_msg_size=MAX_FRAME_BYTES)
         await ws.prepare(request)
         session = request.query.get("session", "")
         if not SESSION_RE.fullmatch(session):
@@ -304,8 +329,11 @@ class WebChannel:
         try:
             async with self._lock(session):
                 items = await asyncio.to_thread(self._load, session)
+                await ws.send_json({"type": "limits", "max_message_bytes": MAX_MESSAGE_BYTES})
                 await ws.send_json({"type": "notice", "text": self._notice or ""})
                 await ws.send_json({"type": "history", "items": items}, dumps=_dumps)
+                for task_id in sorted(self._running.get(session, ())):
+                    await ws.send_json(_progress_frame(Progress("task_start", task_id)))
                 self._sockets.setdefault(session, set()).add(ws)
         except _ERROR_CONNECTION:
             return ws  # the tab went away while we were loading; nothing to clean up
@@ -317,6 +345,10 @@ class WebChannel:
                 elif msg.type == WSMsgType.BINARY:
                     await self._bad_frame(
                         ws, conversation, "binary frame", "Send JSON text frames."
+                    )
+                elif msg.type == WSMsgType.ERROR:  # e.g. a frame over MAX_FRAME_BYTES (1009)
+                    log.warning(
+                        "web.socket_error", conversation=conversation, error=str(ws.exception())
                     )
         finally:
             tabs = self._sockets.get(session)
@@ -363,6 +395,17 @@ class WebChannel:
                 )
                 return
             if not text.strip():
+                return
+            size = len(text.encode("utf-8", "surrogatepass"))
+            if size > MAX_MESSAGE_BYTES:
+                log.warning(
+                    "web.message_too_big",
+                    channel=self.name,
+                    conversation=conversation,
+                    bytes=size,
+                    limit=MAX_MESSAGE_BYTES,
+                )
+                await _send_error(ws, too_big(size), code="too_big")
                 return
             echo = self._message_frame("user", text, [])
             await self._record(session, echo)
@@ -565,6 +608,17 @@ def _buttons(buttons: Iterable[Button]) -> list[dict[str, str]]:
     return [{"label": b.label, "value": b.value, "style": b.style} for b in buttons]
 
 
+def _progress_frame(event: Progress) -> dict[str, Any]:
+    return {
+        "type": "progress",
+        "kind": event.kind,
+        "task_id": event.task_id,
+        "text": event.text,
+        "tool": event.tool,
+        "ok": event.ok,
+    }
+
+
 def _dumps(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False)
 
@@ -621,9 +675,28 @@ def _checked_buttons(buttons: Any) -> list[dict[str, str]]:
     return out
 
 
-async def _send_error(ws: web.WebSocketResponse, text: str) -> None:
+def too_big(size: int) -> str:
+    """What a person reads when a message is over MAX_MESSAGE_BYTES (app.js says the same)."""
+    return (
+        f"Your message is {_megabytes(size)}; the web chat accepts up to "
+        f"{_megabytes(MAX_MESSAGE_BYTES)} per message. Save the text as a file in Steward's "
+        "workspace folder and ask Steward to read it, or send a shorter message. "
+        "It was not sent."
+    )
+
+
+def _megabytes(size: int) -> str:
+    if size < 1024 * 1024:
+        return f"{max(1, round(size / 1024))} KB"
+    return f"{size / (1024 * 1024):.1f}".removesuffix(".0") + " MB"
+
+
+async def _send_error(ws: web.WebSocketResponse, text: str, *, code: str = "") -> None:
+    frame = {"type": "error", "text": text}
+    if code:  # lets the page act on it (put a refused message back in the input box)
+        frame["code"] = code
     with contextlib.suppress(*_ERROR_CONNECTION):
-        await ws.send_json({"type": "error", "text": text})
+        await ws.send_json(frame)
 
 
 def _same_origin(request: web.Request) -> bool:

@@ -19,7 +19,7 @@ import structlog
 from core.access import Access
 from core.agent import Agent, TaskRequest, TaskResult
 from core.approvals import ACTIONS, ALWAYS, APPROVE, DENY, SESSION, Approvals
-from core.conversations import Conversations
+from core.conversations import Conversations, FollowUp
 from core.events import (
     ButtonPress,
     Cancel,
@@ -329,15 +329,38 @@ class Dispatcher:
                 msg.thread,
             )
 
-    async def _run(self, msg: Message, channel: Channel, text: str, key: str) -> None:
+    async def _run(self, msg: Message, channel: Channel, text: str, key: str) -> FollowUp | None:
+        """Run the task and send its answer; return what is left to do after it.
+
+        The rest (history, rule credit, proactive help) is the conversation's follow-up:
+        it still runs before the next task of this conversation, which needs the history,
+        but no longer counts as this task running, so a message sent the moment the
+        answer arrived is not told it is queued behind a task that is over.
+        """
         if self.agent is None:
             await self.say(channel, msg.conversation, self.no_model_message, msg.thread)
-            return
+            return None
         context = await self.history.context(key)
 
+        started: list[str] = []  # the task's id, once the agent has said it began
+
         async def observe(event: Progress) -> None:
+            if event.kind == "task_start":
+                started.append(event.task_id)
             if channel.capabilities.live_progress:
                 await channel.progress(msg.conversation, event)
+
+        async def ended() -> None:
+            # Once the answer (or "Stopped") went out: a page showing Stop and "working"
+            # for this task must be told it is over. Sent once, however the job ends.
+            ids, started[:] = list(started), []
+            if not channel.capabilities.live_progress:
+                return
+            for task_id in ids:
+                try:
+                    await channel.progress(msg.conversation, Progress("task_end", task_id))
+                except Exception:
+                    log.warning("dispatch.progress_failed", channel=channel.name, exc_info=True)
 
         if channel.capabilities.typing:
             with contextlib.suppress(Exception):
@@ -353,27 +376,48 @@ class Dispatcher:
             direct=msg.direct,
         )
         started_at = self.agent.clock.now()
+        proactive = self.proactive
         try:
-            result = await self.agent.run(request, observe)
-        except asyncio.CancelledError:
-            await asyncio.shield(
-                self.say(channel, msg.conversation, "Stopped: the task was cancelled.", msg.thread)
-            )
-            if self.proactive is not None:
+            try:
+                result = await self.agent.run(request, observe)
+            except asyncio.CancelledError:
                 await asyncio.shield(
-                    _quietly(
-                        self.proactive.on_task_cancelled(channel, msg, started_at),
-                        "proactive.failed",
-                        event="task_cancelled",
+                    self.say(
+                        channel, msg.conversation, "Stopped: the task was cancelled.", msg.thread
                     )
                 )
-            return
-        self.last_results[key] = result
-        await self.say(channel, msg.conversation, result.reply, msg.thread)
-        # After the reply went out, still inside this conversation's job: the person never
-        # waits for compaction, rule credit or drafting, and an offer of help never
-        # interrupts a running task (a queued one goes first). Each is a help: a failure is
-        # logged (the episode on disk is the evidence) and never stops the others.
+
+                async def after_cancel() -> None:
+                    await ended()
+                    if proactive is not None:
+                        await _quietly(
+                            proactive.on_task_cancelled(channel, msg, started_at),
+                            "proactive.failed",
+                            event="task_cancelled",
+                        )
+
+                return after_cancel
+            self.last_results[key] = result
+            await self.say(channel, msg.conversation, result.reply, msg.thread)
+        except BaseException:
+            await asyncio.shield(ended())  # cancelled while the answer was being sent
+            raise
+
+        async def after_reply() -> None:
+            # The task-end notice goes first, from the follow-up: the task no longer
+            # counts as running by then, so nothing sent after it can be queued behind it.
+            await ended()
+            await self._after_reply(msg, channel, text, key, result)
+
+        return after_reply
+
+    async def _after_reply(
+        self, msg: Message, channel: Channel, text: str, key: str, result: TaskResult
+    ) -> None:
+        """The person never waits for compaction, rule credit or drafting, and an offer of
+        help never interrupts a running task (a queued one goes first). Each is a help: a
+        failure is logged (the episode on disk is the evidence) and never stops the others.
+        """
         recorded = self.history.record(key, text, result.reply)
         await _quietly(recorded, "history.record_failed", conversation=key)
         if self.learner is not None:

@@ -219,6 +219,8 @@ class Agent:
             except Exception:  # a display problem must not fail the task
                 bound.warning("task.progress_failed", exc_info=True)
 
+        await emit(Progress("task_start", task_id))
+
         kind = ""  # the failure's class, for the task's own error signature
         try:
             async with asyncio.timeout(self.task_timeout):

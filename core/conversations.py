@@ -3,6 +3,12 @@
 Why a queue per conversation: two messages in one chat must not race over the same
 history and workspace, but one slow conversation must never hold up another. A
 job that crashes or times out is contained here; the worker goes on.
+
+A job may return a follow-up: the work left once the person has their answer
+(recording the exchange in the history, crediting rules, offers of help). It runs
+before the conversation's next job, which reads that history, but it is no longer
+"running": a message sent meanwhile has no task ahead of it, and /cancel cannot
+interrupt the history being written.
 """
 
 from __future__ import annotations
@@ -18,7 +24,9 @@ from core.clock import Clock
 
 log = structlog.get_logger("steward.conversations")
 
-Job = Callable[[], Awaitable[None]]
+#: The work after a job's answer went out; see the module docstring.
+FollowUp = Callable[[], Awaitable[None]]
+Job = Callable[[], Awaitable[FollowUp | None]]
 
 
 @dataclass(slots=True)
@@ -67,18 +75,32 @@ class Conversations:
     async def _work(self, key: str, conv: _Conversation) -> None:
         while conv.queue:
             job = conv.queue.popleft()
-            conv.current = asyncio.create_task(job(), name=f"job:{key}")
             try:
-                await conv.current
-            except asyncio.CancelledError:
-                if asyncio.current_task() is not None and asyncio.current_task().cancelling():
-                    raise  # the worker itself is being stopped
-                log.info("conversation.job_cancelled", conversation=key)
-            except Exception:
-                log.exception("conversation.job_crashed", conversation=key)
+                follow_up = await self._run(key, conv, job)
+                if follow_up is not None:
+                    try:
+                        await follow_up()
+                    except Exception:
+                        log.exception("conversation.follow_up_crashed", conversation=key)
             finally:
-                conv.current = None
                 self.clock.activity.dec()
+
+    async def _run(self, key: str, conv: _Conversation, job: Job) -> FollowUp | None:
+        """Run a job as the conversation's current (cancellable) task; its follow-up, if any."""
+        conv.current = asyncio.create_task(job(), name=f"job:{key}")
+        try:
+            return await conv.current
+        except asyncio.CancelledError:
+            if asyncio.current_task() is not None and asyncio.current_task().cancelling():
+                raise  # the worker itself is being stopped
+            log.info("conversation.job_cancelled", conversation=key)
+        except Exception:
+            log.exception("conversation.job_crashed", conversation=key)
+        finally:
+            # Cleared the moment the job ends, before its follow-up: from here on a new
+            # message has nothing running ahead of it.
+            conv.current = None
+        return None
 
     async def wait_idle(self, key: str) -> None:
         conv = self._convs.get(key)

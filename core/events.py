@@ -195,10 +195,13 @@ class Progress:
     """Something visible happened inside a running task.
 
     kind: ``text`` (a streamed piece of the answer), ``reset`` (the streamed text so
-    far is void, e.g. after a retry), ``tool_start``, ``tool_end``, ``status``.
+    far is void, e.g. after a retry), ``tool_start``, ``tool_end``, ``status``,
+    ``task_start`` (the agent began the task) and ``task_end`` (its answer, or the
+    word that it was stopped, has been sent): a page can show "working" and a Stop
+    button for exactly as long as a task runs instead of guessing from messages.
     """
 
-    kind: Literal["text", "reset", "tool_start", "tool_end", "status"]
+    kind: Literal["text", "reset", "tool_start", "tool_end", "status", "task_start", "task_end"]
     task_id: str
     text: str = ""
     tool: str = ""

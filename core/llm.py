@@ -12,6 +12,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -132,16 +133,49 @@ def _retry_after(exc: BaseException) -> float | None:
     return None
 
 
+#: "The request is longer than the context window" in the wordings litellm does not map
+#: to ContextWindowExceededError itself (llama-cpp-python's server says "Requested tokens
+#: (5000) exceed context window of 2048"), so they too get the advice that fits.
+_CONTEXT_WORDING = re.compile(
+    r"exceeds? (?:the )?(?:available |maximum )?context (?:window|length|size)"
+    r"|context[_ ]length[_ ]exceeded",
+    re.IGNORECASE,
+)
+#: Where providers state the context window (tokens) in their error text or body.
+_WINDOW_IN_ERROR = (
+    re.compile(r"maximum context length is (\d+)"),  # OpenAI, vLLM, most compatible servers
+    re.compile(r"context window of (\d+)"),  # llama-cpp-python
+    re.compile(r"\bn_ctx\W{1,4}(\d+)"),  # llama.cpp server (error body)
+    re.compile(r"while limit is (\d+)"),  # Cerebras
+    re.compile(r"tokens > (\d+) maximum"),  # Anthropic
+    re.compile(r"maximum number of tokens allowed \((\d+)\)"),  # Gemini
+)
+#: Where they state how many tokens the refused request had.
+_REQUEST_IN_ERROR = (
+    re.compile(r"resulted in (\d+) tokens"),
+    re.compile(r"you requested (\d+) tokens"),
+    re.compile(r"Requested tokens \((\d+)\)", re.IGNORECASE),
+    re.compile(r"prompt is too long: (\d+) tokens"),
+    re.compile(r"\bn_prompt_tokens\W{1,4}(\d+)"),
+    re.compile(r"Current length is (\d+)", re.IGNORECASE),
+    re.compile(r"input token count \((\d+)\)"),
+)
+
+
 def _kind(exc: BaseException) -> str:
     names = [cls.__name__ for cls in type(exc).__mro__]
+    if "BadRequestError" in names and _CONTEXT_WORDING.search(str(exc)):
+        return "context_window"
     for name, kind in (
         ("RateLimitError", "rate_limit"),
         ("Timeout", "timeout"),
         ("APITimeoutError", "timeout"),
         ("AuthenticationError", "auth"),
         ("NotFoundError", "not_found"),
-        ("BadRequestError", "bad_request"),
+        # Before BadRequestError, its base class: otherwise a message too long for the
+        # model is worded as a configuration problem ("check STEWARD_MODEL").
         ("ContextWindowExceededError", "context_window"),
+        ("BadRequestError", "bad_request"),
         ("APIConnectionError", "connection"),
         ("InternalServerError", "server_error"),
         ("ServiceUnavailableError", "server_error"),
@@ -266,7 +300,7 @@ class LLMClient:
                         resp = await litellm.acompletion(**kwargs)
                         result = self._parse(litellm, resp)
         except Exception as exc:  # litellm raises many classes; all end here, worded
-            raise self._error(exc, attempts) from exc
+            raise self._error(exc, attempts, messages, tools or []) from exc
         result.attempts = attempts
         return result
 
@@ -330,10 +364,20 @@ class LLMClient:
         self._priced = True
         return value
 
-    def _error(self, exc: BaseException, attempts: int) -> LLMError:
+    def _error(
+        self,
+        exc: BaseException,
+        attempts: int,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+    ) -> LLMError:
         if isinstance(exc, LLMError):
             return exc
         kind = _kind(exc)
+        if kind == "context_window":
+            # Not "the model failed: <provider text>": the person can act on this one
+            # (a shorter message, a file), so say how long it may be.
+            return LLMError(self._too_long(exc, messages, tools), kind=kind, retryable=False)
         where = self.describe()
         tried = f" (tried {attempts} time{'s' if attempts != 1 else ''})"
         detail = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
@@ -344,7 +388,6 @@ class LLMClient:
             "not_found": "Check STEWARD_MODEL: the provider does not know this model.",
             "connection": "Check that the server is running and STEWARD_API_BASE is right.",
             "server_error": "The provider had an internal error; try again shortly.",
-            "context_window": "The conversation is too long for this model; start a new one.",
             "bad_request": "The provider refused the request; check STEWARD_MODEL and its options.",
         }.get(kind, "See the log for details.")
         return LLMError(
@@ -352,3 +395,111 @@ class LLMClient:
             kind=kind,
             retryable=_is_retryable(exc),
         )
+
+    def _window(self) -> int | None:
+        """The model's context window in tokens where litellm's (offline) model map knows it."""
+        litellm = _litellm
+        if litellm is None:
+            return None
+        try:
+            info = litellm.get_model_info(self.model)
+        except Exception:  # a model litellm does not map (any local server): unknown
+            return None
+        window = info.get("max_input_tokens") or info.get("max_tokens")
+        return int(window) if window else None
+
+    def _too_long(
+        self, exc: BaseException, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+    ) -> str:
+        """Say whether the person's message or the task's context is too long, and by how
+        much, from the window the provider reported (else litellm's model map).
+
+        Lengths are estimates: characters per token are taken from the provider's own
+        count of the refused request where it gave one, else the usual ~4.
+        """
+        said = f"{exc} {getattr(exc, 'body', None) or ''}"
+        window = _first_number(_WINDOW_IN_ERROR, said) or self._window()
+        counted = _first_number(_REQUEST_IN_ERROR, said)
+        message = next(
+            (_text(m.get("content")) for m in reversed(messages) if m.get("role") == "user"), ""
+        )
+        total = sum(len(_text(m.get("content"))) for m in messages)
+        total += len(json.dumps(tools)) if tools else 0
+        per_token = min(8.0, max(1.0, total / counted)) if counted else 4.0
+        message_tokens = int(len(message) / per_token)
+        rest_tokens = int((total - len(message)) / per_token)
+        log.warning(
+            "llm.context_window",
+            window=window,
+            request_tokens=counted or int(total / per_token),
+            message_chars=len(message),
+            detail=str(exc).strip()[:300],
+        )
+        where = self.describe()
+        size = f"about {_about(message_tokens)} tokens ({_about(len(message))} characters)"
+        instead = "or save the text as a file in the workspace and ask me to read it."
+        if window is None:
+            if len(message) * 2 >= total:
+                return (
+                    f"Your message is too long for the model {where}: it is {size}, more "
+                    "than the model can read at once (its context window; the provider did "
+                    f"not say how large that is). Send a much shorter message, {instead}"
+                )
+            return (
+                f"This conversation has grown too long for the model {where}: it no longer "
+                "fits in what the model can read at once (its context window). Start a new "
+                "conversation, or ask for a smaller step."
+            )
+        # What the answer needs, on top of what is sent.
+        reserve = self.max_tokens or min(4096, window // 8)
+        room = window - rest_tokens - reserve
+        if room < window // 10:
+            return (
+                f"This conversation has grown too long for the model {where}: it reads at "
+                f"most {window:,} tokens at once (its context window), and Steward's "
+                "instructions, the conversation and this task's tool results already take "
+                f"about {_about(rest_tokens)} of them. Ask for a smaller step, start a new "
+                "conversation, or use a model with a larger context window."
+            )
+        if message_tokens > room:
+            return (
+                f"Your message is too long for the model {where}: it is {size}, and the "
+                f"model reads at most {window:,} tokens at once (its context window), "
+                "Steward's instructions and the conversation included. Keep a message under "
+                f"about {_about(int(room * per_token), down=True)} characters, {instead}"
+            )
+        request_tokens = counted or rest_tokens + message_tokens
+        return (
+            f"This task has grown too long for the model {where}: its instructions, "
+            f"conversation and tool results are about {_about(request_tokens)} tokens, more "
+            f"than the {window:,} it reads at once (its context window). Ask for a "
+            "smaller step, or start a new conversation."
+        )
+
+
+def _first_number(patterns: tuple[re.Pattern[str], ...], text: str) -> int | None:
+    for pattern in patterns:
+        match = pattern.search(text)
+        if match:
+            return int(match.group(1))
+    return None
+
+
+def _text(content: Any) -> str:
+    """A message's text, whether its content is a string or a list of parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            str(p.get("text", "")) for p in content if isinstance(p, dict) and "text" in p
+        )
+    return ""
+
+
+def _about(n: int, *, down: bool = False) -> str:
+    """A rough count for a person: two significant digits, thousands separated; `down`
+    for a limit, which must not be overstated."""
+    if n < 100:
+        return str(max(0, n))
+    unit = 10 ** (len(str(n)) - 2)
+    return f"{(n // unit if down else round(n / unit)) * unit:,}"

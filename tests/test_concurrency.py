@@ -14,6 +14,7 @@ from core.access import Rules
 from core.events import Message
 from core.tools.base import Tool
 from tests.fakes.llm import Reply, ScriptedLLM
+from tests.test_history import is_summary_request
 
 
 def last_user(body: dict[str, Any]) -> str:
@@ -135,3 +136,44 @@ async def test_crashing_tool_and_timeout_are_contained(
         if m["role"] == "tool" and "crashed" in m["content"]
     )
     assert "RuntimeError: tool bug" in crash_result
+
+
+async def test_a_message_sent_as_the_answer_arrives_is_not_queued(
+    llm: ScriptedLLM, settings_for: Callable
+) -> None:
+    """The work after an answer (here a compaction that waits on the model) must not count
+    as a task running: the next message is not told it is queued, /cancel finds nothing to
+    stop (and so cannot cut the history short), and the next task still sees that history.
+    """
+    summarizing = asyncio.Event()
+    release = asyncio.Event()
+
+    async def respond(body: dict[str, Any]) -> Reply:
+        if is_summary_request(body):
+            summarizing.set()
+            await release.wait()
+            return Reply.text("SUMMARY of the first two")
+        return Reply.text(f"done {last_user(body)}")
+
+    llm.responder = respond
+    # Two verbatim turns: the second exchange folds the first into a summary.
+    app, ch = await start_app(settings_for(llm, history_turns=2))
+    key = "replay:same"
+    try:
+        await app.dispatcher.handle(Message("replay", "same", "u", "first"), ch)
+        await wait_all(app, [key])
+        await app.dispatcher.handle(Message("replay", "same", "u", "second"), ch)
+        async with asyncio.timeout(30):
+            await summarizing.wait()  # "done second" is out; its follow-up is compacting
+        assert [o["text"] for o in ch.outbound] == ["done first", "done second"]
+        assert not app.conversations.is_busy(key)
+        await app.dispatcher.handle(Message("replay", "same", "u", "third"), ch)
+        await app.dispatcher.handle(Message("replay", "same", "u", "/cancel"), ch)
+        assert [o["text"] for o in ch.outbound][2:] == ["Nothing is running here."]
+        release.set()
+        await wait_all(app, [key])
+    finally:
+        await app.stop()
+    assert [o["text"] for o in ch.outbound][3:] == ["done third"]
+    third = next(body for body in llm.requests if last_user(body) == "third")
+    assert any("SUMMARY of the first two" in str(m["content"]) for m in third["messages"])

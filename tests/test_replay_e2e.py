@@ -235,6 +235,47 @@ async def test_outage_is_retried_then_reported(llm: ScriptedLLM, settings_for: C
     assert ep["outcome"] == "failure" and "tried 3 times" in ep["error"]
 
 
+def context_limited(window: int) -> Callable[[dict[str, Any]], Reply]:
+    """A model that refuses, as OpenAI-compatible servers do, what is over its window."""
+
+    def respond(body: dict[str, Any]) -> Reply:
+        tokens = sum(len(str(m.get("content") or "")) for m in body["messages"]) // 4
+        if tokens > window:
+            return Reply.error(
+                400,
+                message=f"This model's maximum context length is {window} tokens. However, "
+                f"your messages resulted in {tokens} tokens. Please reduce the length of "
+                "the messages.",
+            )
+        return Reply.text("short enough")
+
+    return respond
+
+
+async def test_message_too_long_for_the_model_says_how_long_it_may_be(
+    llm: ScriptedLLM, settings_for: Callable
+) -> None:
+    s = settings_for(llm)
+    llm.responder = context_limited(4096)
+    out = await replay(
+        s,
+        [
+            {"t": 0, "user": "alice", "text": "x" * 200_000},
+            {"t": 60, "user": "alice", "text": "a shorter one"},
+        ],
+    )
+    too_long, fine = (o["text"] for o in out)
+    assert too_long.startswith(
+        "I could not finish: Your message is too long for the model openai/scripted"
+    )
+    assert "200,000 characters" in too_long and "at most 4,096 tokens" in too_long
+    assert "Keep a message under about" in too_long and "as a file in the workspace" in too_long
+    assert "ContextWindowExceededError" not in too_long and "STEWARD_MODEL" not in too_long
+    assert fine == "short enough"  # the long turn does not poison the conversation
+    failed = next(ep for ep in episodes(s) if ep["outcome"] == "failure")
+    assert "Your message is too long" in failed["error"]
+
+
 async def test_step_cap(llm: ScriptedLLM, settings_for: Callable) -> None:
     s = settings_for(llm, max_steps=3)
     llm.responder = lambda body: Reply.tool("list_files", {})

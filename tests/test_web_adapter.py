@@ -7,6 +7,7 @@ client talks to it, so the frames tested here are the frames the page gets.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -19,7 +20,7 @@ import pytest
 from aiohttp import WSMsgType, web
 from structlog.testing import capture_logs
 
-from adapters.web import HISTORY_LIMIT, WebChannel
+from adapters.web import HISTORY_LIMIT, MAX_FRAME_BYTES, MAX_MESSAGE_BYTES, WebChannel
 from core.events import (
     ApprovalRequest,
     Button,
@@ -68,6 +69,7 @@ class Server:
     ) -> tuple[aiohttp.ClientWebSocketResponse, list[dict[str, Any]]]:
         """Open a tab: returns the socket and the history it was sent on connect."""
         ws = await self.http.ws_connect(f"{self.url}/ws?session={session}")
+        assert await recv(ws) == {"type": "limits", "max_message_bytes": MAX_MESSAGE_BYTES}
         notice = await recv(ws)
         assert notice["type"] == "notice"
         history = await recv(ws)
@@ -203,6 +205,59 @@ async def test_malformed_frames_answer_an_error_and_keep_the_socket(server: Serv
     assert server.dispatch.events == [event]
 
 
+async def test_over_size_message_is_refused_with_an_error_and_the_socket_stays(
+    server: Server,
+) -> None:
+    ws, _ = await server.connect()
+    at_limit = "é" * (MAX_MESSAGE_BYTES // 2)  # two bytes a character: the limit is bytes
+    await ws.send_json({"type": "message", "text": at_limit})
+    assert (await recv(ws))["role"] == "user"  # exactly at the limit: taken
+    assert (await server.dispatch.next()).text == at_limit
+    with capture_logs() as logs:
+        for text, said in ((at_limit + "é", "1 MB"), ("x" * 4_200_000, "4 MB")):
+            await ws.send_json({"type": "message", "text": text})
+            frame = await recv(ws)
+            assert frame["type"] == "error" and frame["code"] == "too_big"
+            assert frame["text"].startswith(f"Your message is {said}; the web chat accepts up to")
+            assert "up to 1 MB per message" in frame["text"]
+            assert "as a file in Steward's workspace folder" in frame["text"]
+    refused = [e for e in logs if e["event"] == "web.message_too_big"]
+    assert [e["bytes"] for e in refused] == [MAX_MESSAGE_BYTES + 2, 4_200_000]
+    assert all(e["limit"] == MAX_MESSAGE_BYTES and e["log_level"] == "warning" for e in refused)
+    await ws.send_json({"type": "message", "text": "still here"})  # same socket
+    echo = await recv(ws)
+    assert echo["text"] == "still here"
+    assert (await server.dispatch.next()).text == "still here"
+    assert len(server.dispatch.events) == 2  # the refused ones never reached the dispatcher
+    await ws.close()
+    _, history = await server.connect()
+    assert [len(m["text"]) for m in history] == [len(at_limit), len("still here")]
+
+
+async def test_frame_beyond_the_read_limit_closes_with_1009_and_is_logged(
+    server: Server,
+) -> None:
+    ws, _ = await server.connect()
+    with capture_logs() as logs:
+        # The server closes as soon as the frame's header shows its size: the rest of the
+        # upload may hit a reset connection (a browser sees 1009 or 1006 either way).
+        with contextlib.suppress(ConnectionError):
+            await ws.send_str("x" * (MAX_FRAME_BYTES + 1))
+        msg = await ws.receive(timeout=10)
+        assert msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSED, WSMsgType.ERROR)
+        if msg.type == WSMsgType.CLOSE:
+            assert msg.data == 1009  # the page says the message was too big and keeps it
+        for _ in range(100):  # the server's read loop logs as it ends
+            if any(e["event"] == "web.socket_error" for e in logs):
+                break
+            await asyncio.sleep(0.01)
+    assert any(e["event"] == "web.socket_error" for e in logs)
+    assert server.dispatch.events == []
+    ws, _ = await server.connect()  # the page reconnects: all is well
+    await ws.send_json({"type": "message", "text": "again"})
+    assert (await recv(ws))["text"] == "again"
+
+
 async def test_dispatch_failure_is_logged_and_answered(server: Server) -> None:
     ws, _ = await server.connect()
     server.dispatch.fail = True
@@ -238,7 +293,7 @@ async def test_cross_origin_socket_is_refused(server: Server) -> None:
         )
     assert info.value.status == 403
     ws = await server.http.ws_connect(f"{server.url}/ws?session={SESSION}", origin=server.url)
-    assert (await recv(ws))["type"] == "notice"
+    assert (await recv(ws))["type"] == "limits"
 
 
 # ---------------------------------------------------------------------- outbound
@@ -327,6 +382,32 @@ async def test_progress_and_typing_are_live_only(server: Server) -> None:
     assert "progress" not in stored and "typing" not in stored
 
 
+async def test_a_tab_that_connects_mid_task_is_told_it_runs(server: Server) -> None:
+    """Stop and "working" follow the server's task_start/task_end, also after a reload."""
+    tab, _ = await server.connect()
+    await server.channel.progress(CONV, Progress("task_start", "t1"))
+    assert (await recv(tab))["kind"] == "task_start"
+    late, _ = await server.connect()  # a reload while t1 runs
+    assert await recv(late) == {
+        "type": "progress",
+        "kind": "task_start",
+        "task_id": "t1",
+        "text": "",
+        "tool": "",
+        "ok": True,
+    }
+    other, _ = await server.connect("othersession")  # nothing runs there
+    await server.channel.progress(CONV, Progress("task_end", "t1"))
+    for t in (tab, late):
+        frame = await recv(t)
+        assert (frame["kind"], frame["task_id"]) == ("task_end", "t1")
+    after, _ = await server.connect()  # over: nothing to replay
+    await server.channel.send(CONV, "next")
+    assert (await recv(after))["type"] == "message"
+    await server.channel.send("web:othersession", "there")
+    assert (await recv(other))["text"] == "there"
+
+
 async def test_two_tabs_on_one_session_both_receive(server: Server) -> None:
     tab1, _ = await server.connect()
     tab2, _ = await server.connect()
@@ -345,6 +426,7 @@ async def test_two_tabs_on_one_session_both_receive(server: Server) -> None:
 async def test_notice_on_connect_and_when_changed(tmp_path: Path) -> None:
     async with serve(tmp_path, notice="No model configured: set STEWARD_MODEL") as srv:
         ws = await srv.http.ws_connect(f"{srv.url}/ws?session={SESSION}")
+        assert (await recv(ws))["type"] == "limits"
         assert await recv(ws) == {
             "type": "notice",
             "text": "No model configured: set STEWARD_MODEL",

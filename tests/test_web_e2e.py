@@ -15,7 +15,10 @@ import aiohttp
 
 from bot.server import serve
 from config.settings import ConfigError
-from tests.fakes.llm import ScriptedLLM
+from tests.fakes.llm import Reply, ScriptedLLM
+from tests.test_concurrency import last_user
+from tests.test_history import is_summary_request
+from tests.test_replay_e2e import context_limited
 
 SESSION = "test-session-0001"
 
@@ -159,3 +162,119 @@ async def test_web_login(settings_for: Callable) -> None:
         async with http.ws_connect(f"{url}/ws?session={SESSION}", headers={"Origin": url}) as ws:
             notice = await frames_until(ws, lambda f: f["type"] == "notice", [])
             assert "STEWARD_MODEL" in notice["text"]
+
+
+def said(text: str) -> Callable[[dict], bool]:
+    return lambda f: f["type"] == "message" and f["role"] == "assistant" and f["text"] == text
+
+
+def task_event(kind: str) -> Callable[[dict], bool]:
+    return lambda f: f["type"] == "progress" and f["kind"] == kind
+
+
+async def test_message_sent_as_the_answer_arrives_runs_with_stop_shown(
+    llm: ScriptedLLM, settings_for: Callable
+) -> None:
+    """The second message goes out the moment the first answer arrives, while Steward is
+    still compacting the history (a model call, held here): it is not "Queued", and the
+    page is told when its task starts and ends, so it shows Stop and "working" for it."""
+    summarizing = asyncio.Event()
+    release = asyncio.Event()
+
+    async def respond(body: dict[str, Any]) -> Reply:
+        if is_summary_request(body):
+            summarizing.set()
+            await release.wait()
+            return Reply.text("summary")
+        return Reply.text(f"done {last_user(body)}")
+
+    llm.responder = respond
+    # Two verbatim turns: the second exchange folds the first into a summary.
+    s = settings_for(llm, port=free_port(), history_turns=2)
+    seen: list[dict] = []
+    async with running(s) as (http, url):
+        async with http.ws_connect(f"{url}/ws?session={SESSION}", headers={"Origin": url}) as ws:
+            await ws.send_json({"type": "message", "text": "one"})
+            start = await frames_until(ws, task_event("task_start"), seen)
+            await frames_until(ws, said("done one"), seen)
+            end = await frames_until(ws, task_event("task_end"), seen)
+            assert end["task_id"] == start["task_id"]
+
+            await ws.send_json({"type": "message", "text": "two"})
+            await frames_until(ws, said("done two"), seen)
+            await ws.send_json({"type": "message", "text": "three"})  # at once
+            await frames_until(ws, lambda f: f.get("text") == "three", seen)  # its echo
+            async with asyncio.timeout(30):
+                await summarizing.wait()  # "two"'s follow-up holds the conversation
+            # Until "three" is in the queue (behind the compaction): /status says so.
+            while True:
+                await ws.send_json({"type": "message", "text": "/status"})
+                status = await frames_until(
+                    ws,
+                    lambda f: (
+                        f.get("role") == "assistant"
+                        and f["text"].startswith(("A task is running", "Idle"))
+                    ),
+                    seen,
+                )
+                if "1 queued" in status["text"]:
+                    break
+            release.set()
+            mark = len(seen)
+            start3 = await frames_until(ws, task_event("task_start"), seen)
+            await frames_until(ws, said("done three"), seen)
+            end3 = await frames_until(ws, task_event("task_end"), seen)
+    assert not [f for f in seen if f["type"] == "message" and "Queued" in f["text"]]
+    assert end3["task_id"] == start3["task_id"] != start["task_id"]
+    # The page is told "two" ended before "three" starts: Stop shows for each in turn.
+    kinds = [f["kind"] for f in seen if f["type"] == "progress" and f["kind"].startswith("task_")]
+    assert kinds == ["task_start", "task_end"] * 3
+    assert all(f["type"] != "progress" or f["task_id"] == start3["task_id"] for f in seen[mark:])
+
+
+async def test_message_too_long_for_the_model_is_explained_in_the_web_chat(
+    llm: ScriptedLLM, settings_for: Callable
+) -> None:
+    llm.responder = context_limited(4096)
+    s = settings_for(llm, port=free_port())
+    async with running(s) as (http, url):
+        async with http.ws_connect(f"{url}/ws?session={SESSION}", headers={"Origin": url}) as ws:
+            await ws.send_json({"type": "message", "text": "long line\n" * 20_000})  # 200 KB
+            reply = await frames_until(
+                ws, lambda f: f["type"] == "message" and f["role"] == "assistant", []
+            )
+            text = reply["text"]
+            assert text.startswith("I could not finish: Your message is too long for the model")
+            assert "200,000 characters" in text and "at most 4,096 tokens" in text
+            assert "Keep a message under about" in text
+            assert "ContextWindowExceededError" not in text and "STEWARD_MODEL" not in text
+            await ws.send_json({"type": "message", "text": "and now a short one"})
+            reply = await frames_until(
+                ws, lambda f: f["type"] == "message" and f["role"] == "assistant", []
+            )
+            assert reply["text"] == "short enough"
+
+
+async def test_over_size_message_gets_a_clear_error_and_the_chat_goes_on(
+    llm: ScriptedLLM, settings_for: Callable
+) -> None:
+    """The issue's 4 MB paste: once dropped with the socket (the page reconnected and the
+    text was gone), now refused in words on a socket that stays usable."""
+    llm.reply_text("hello back")
+    s = settings_for(llm, port=free_port())
+    async with running(s) as (http, url):
+        async with http.ws_connect(f"{url}/ws?session={SESSION}", headers={"Origin": url}) as ws:
+            limits = await frames_until(ws, lambda f: f["type"] == "limits", [])
+            assert limits["max_message_bytes"] == 1024 * 1024  # the page checks this first
+            await ws.send_json({"type": "message", "text": "y" * 4 * 1024 * 1024})
+            error = await frames_until(ws, lambda f: f["type"] == "error", [])
+            assert error["code"] == "too_big"
+            assert error["text"].startswith(
+                "Your message is 4 MB; the web chat accepts up to 1 MB per message."
+            )
+            await ws.send_json({"type": "message", "text": "hello"})
+            reply = await frames_until(
+                ws, lambda f: f["type"] == "message" and f["role"] == "assistant", []
+            )
+            assert reply["text"] == "hello back" and not ws.closed
+    assert [r["messages"][-1]["content"] for r in llm.requests] == ["hello"]

@@ -24,7 +24,12 @@
   let reconnectTimer = null;
   let typingTimer = null;
   let stopTimer = null;
-  let running = false;
+  // The server says when each task starts and ends (progress task_start / task_end);
+  // "awaiting" covers the moment between sending a message and its task's start.
+  const runningTasks = new Set();
+  let awaiting = false;
+  let maxMessageBytes = 0; // from the server's "limits" frame; 0 until it came
+  let lastSent = ""; // put back in the input box if the server refuses it as too big
   const messages = new Map(); // message id -> element
   const tasks = new Map(); // task id -> {el, tools, status, draft, draftText}
 
@@ -228,7 +233,18 @@
 
   function onProgress(f) {
     const taskId = String(f.task_id || "");
-    setRunning(true);
+    if (f.kind === "task_start" || f.kind === "task_end") {
+      if (f.kind === "task_start") {
+        runningTasks.add(taskId);
+        awaiting = false;
+        stopBtn.disabled = false; // a new task can be stopped, even after "Stopping…"
+        stopBtn.textContent = "Stop";
+      } else {
+        runningTasks.delete(taskId);
+      }
+      updateRunning();
+      return;
+    }
     withScroll(() => {
       if (f.kind === "text") {
         const t = taskBlock(taskId);
@@ -270,16 +286,26 @@
 
   // ---------------------------------------------------------------- running state
 
-  function setRunning(on) {
-    running = on;
+  function busy() {
+    return runningTasks.size > 0 || awaiting;
+  }
+
+  // Stop and "Steward is working" show while a task runs, and only then.
+  function updateRunning() {
+    const on = busy();
     stopBtn.hidden = !on;
-    if (on) {
+    typingEl.hidden = !on;
+    if (!on) {
+      clearTimeout(stopTimer);
       stopBtn.disabled = false;
       stopBtn.textContent = "Stop";
-    } else {
-      hideTyping();
-      clearTimeout(stopTimer);
     }
+  }
+
+  function resetRunning() {
+    runningTasks.clear();
+    awaiting = false;
+    updateRunning();
   }
 
   function showTyping() {
@@ -289,7 +315,7 @@
   }
 
   function hideTyping() {
-    typingEl.hidden = true;
+    typingEl.hidden = !busy();
     clearTimeout(typingTimer);
   }
 
@@ -299,13 +325,12 @@
     switch (f.type) {
       case "message":
         withScroll(() => {
-          if (f.role !== "user") {
-            hideTyping();
-            // A reply without buttons ends the task; an approval or offer keeps it going.
-            if (!f.buttons || f.buttons.length === 0) {
-              clearDrafts();
-              setRunning(false);
-            }
+          if (f.role !== "user" && (!f.buttons || f.buttons.length === 0)) {
+            // A reply replaces the streamed draft. With no task running, it answered the
+            // message itself (a command, no model configured): nothing to wait for.
+            clearDrafts();
+            if (runningTasks.size === 0) awaiting = false;
+            updateRunning();
           }
           addMessage(f);
         });
@@ -319,7 +344,6 @@
         onProgress(f);
         break;
       case "typing":
-        setRunning(true);
         withScroll(showTyping);
         break;
       case "notice":
@@ -330,12 +354,18 @@
         transcript.querySelectorAll(".msg, .task, .system").forEach((n) => n.remove());
         messages.clear();
         tasks.clear();
-        setRunning(false);
+        resetRunning(); // the server follows with task_start for a task still running
         (f.items || []).forEach(addMessage);
         transcript.scrollTop = transcript.scrollHeight;
         break;
+      case "limits":
+        maxMessageBytes = Number(f.max_message_bytes) || 0;
+        break;
       case "error":
         systemLine(f.text || "Something went wrong.", "error");
+        if (f.code === "too_big") restoreInput();
+        if (runningTasks.size === 0) awaiting = false;
+        updateRunning();
         break;
       default:
         break; // a newer server may send more; ignore what this page does not know
@@ -380,7 +410,12 @@
     sock.onclose = (ev) => {
       if (ws !== sock) return; // replaced on purpose (New chat)
       ws = null;
-      setRunning(false);
+      resetRunning();
+      if (ev.code === 1009) { // a frame over the server's limit: the socket was closed
+        systemLine("That message was too big for the web chat and was not sent. Save the " +
+          "text as a file in Steward's workspace folder and ask Steward to read it.", "error");
+        restoreInput();
+      }
       if (ev.code === 1008) { // the server refused the session id: start a fresh one
         session = newSession();
         try { localStorage.setItem(SESSION_KEY, session); } catch (_) { /* ignore */ }
@@ -400,14 +435,37 @@
     sendBtn.disabled = !ws || ws.readyState !== WebSocket.OPEN || !input.value.trim();
   }
 
+  function formatSize(bytes) {
+    if (bytes < 1024 * 1024) return Math.max(1, Math.round(bytes / 1024)) + " KB";
+    return (bytes / (1024 * 1024)).toFixed(1).replace(/\.0$/, "") + " MB";
+  }
+
+  function restoreInput() {
+    if (input.value || !lastSent) return; // never overwrite what the person typed since
+    input.value = lastSent;
+    autosize();
+  }
+
   $("composer").addEventListener("submit", (e) => {
     e.preventDefault();
     const text = input.value;
     if (!text.trim()) return;
+    const size = new TextEncoder().encode(text).length;
+    if (maxMessageBytes && size > maxMessageBytes) { // the server says the same (web.py)
+      systemLine("Your message is " + formatSize(size) + "; the web chat accepts up to " +
+        formatSize(maxMessageBytes) + " per message. Save the text as a file in Steward's " +
+        "workspace folder and ask Steward to read it, or send a shorter message. " +
+        "It was not sent.", "error");
+      return; // the text stays in the input box
+    }
     if (send({ type: "message", text })) {
+      lastSent = text;
       input.value = "";
       autosize();
-      setRunning(true);
+      if (!text.trim().startsWith("/")) { // a command is answered, not run as a task
+        awaiting = true;
+        updateRunning();
+      }
     }
   });
 
@@ -423,9 +481,12 @@
     if (!send({ type: "cancel" })) return;
     stopBtn.disabled = true;
     stopBtn.textContent = "Stopping…";
-    // If the task was already over, nothing will answer: do not show Stop forever.
+    // If no task_end comes (the task would not stop), let the person press it again.
     clearTimeout(stopTimer);
-    stopTimer = setTimeout(() => setRunning(false), 15000);
+    stopTimer = setTimeout(() => {
+      stopBtn.disabled = false;
+      stopBtn.textContent = "Stop";
+    }, 15000);
   });
 
   $("new-chat").addEventListener("click", () => {
@@ -437,7 +498,7 @@
     transcript.querySelectorAll(".msg, .task, .system").forEach((n) => n.remove());
     messages.clear();
     tasks.clear();
-    setRunning(false);
+    resetRunning();
     updateEmpty();
     backoff = 500;
     connect();
