@@ -1112,9 +1112,12 @@ class Proactive:
 def task_failed(episode: Any) -> bool:
     """A task counts as failed when its outcome is failure, or when it ended with its last
     tool call failing (the model reported a failure it could not get past). A call a
-    person denied is their decision, not a failure (outcome "denied")."""
+    person denied is their decision, not a failure (outcome "denied"). Neither is a task
+    the world stopped (the model crashed or could not be reached, a timeout: the
+    episode's task_environmental): help offered then could not fix anything, and the
+    model that would give it is the one that is down."""
     if episode.outcome == "failure":
-        return True
+        return not getattr(episode, "task_environmental", False)
     if episode.outcome != "success" or not episode.tools:
         return False
     last = episode.tools[-1]

@@ -172,3 +172,29 @@ def test_decisions_are_told_apart_from_failures() -> None:
     assert not task_failed(ep)  # an old episode with the denial last is not a failure
     ep.tools.reverse()
     assert task_failed(ep)
+
+
+async def test_a_model_outage_is_no_failure_to_offer_help_with(
+    llm: ScriptedLLM, settings_for: Callable
+) -> None:
+    """The model answers 500 three tasks in a row (as when the local model crashes): the
+    person is told each time, and proactive help does not offer to "fix" what it cannot
+    (the model that would answer the offer is the one that is down)."""
+
+    def down(body: dict[str, Any]) -> Reply:
+        if str(body["messages"][0]["content"]) == SUGGEST_PROMPT:
+            return Reply.text(OFFER)
+        return Reply.error(500, message="the model server crashed")
+
+    llm.responder = down
+    s = settings_for(llm, history_turns=0, llm_retries=0)
+    lines = [{"t": 0, "access": {"allowed_users": ["carol"], "admins": ["carol"]}}]
+    lines += [{"t": 10 + 60 * i, "user": "carol", "text": DEPLOY} for i in range(3)]
+    lines.append({"t": 400, "user": "carol", "text": "/proactive status"})
+    out = await replay(s, lines, drain=60)
+    told = [o["text"] for o in out if o["text"].startswith("I could not finish")]
+    assert len(told) == 3
+    assert [o for o in out if o["kind"] == "suggestion"] == []
+    eps = episodes(s)
+    assert [e["outcome"] for e in eps] == ["failure"] * 3
+    assert all(e["environmental_signatures"] for e in eps)  # the learner ignores them too
