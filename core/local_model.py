@@ -460,7 +460,7 @@ class ModelServer:
         self._reported[proc.pid] = text
         self.last_death = text
         self.deaths += 1
-        log.error("local_model.crashed", pid=proc.pid, exit_code=code, report=text[:600])
+        log.error("local_model.died", pid=proc.pid, exit_code=code, report=text[:600])
         return text
 
     async def healthy(self, wait: float = 2.0) -> bool:

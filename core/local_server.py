@@ -74,7 +74,16 @@ def main(argv: list[str]) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     print(f"steward: loading {args.model}", file=sys.stderr, flush=True)
-    server = xlc.Server(params)  # loads the model and starts listening
+    try:
+        server = xlc.Server(params)  # loads the model and starts listening
+    except RuntimeError as exc:  # llama.cpp's own reason is in the lines above
+        print(
+            f"steward: llama.cpp could not load {args.model} or listen on port "
+            f"{args.port} ({exc}); check that it is a GGUF model file",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 1
     print(
         f"steward: serving {args.alias} on http://{args.host}:{args.port}/v1 "
         f"({xlc.get_system_info().strip()})",

@@ -198,3 +198,24 @@ async def test_constrained_decoding_round_trips_unicode(tmp_path: Path) -> None:
         await srv.stop()
     lost = {t: got for t, got in results.items() if got not in (t, t + " (2)")}
     assert not lost, lost
+
+
+def test_doctor_says_why_the_local_model_cannot_start(tmp_path: Path) -> None:
+    """A file that is not a model: the real runtime refuses it, and `steward doctor`
+    says so with llama.cpp's own reason (not just "see the log")."""
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(os.urandom(50_000))
+    env = clean_env()
+    env.update(
+        STEWARD_DATA_DIR=str(tmp_path / "data"),
+        STEWARD_WORKSPACE=str(tmp_path / "ws"),
+        STEWARD_LOCAL_MODEL_PATH=str(bad),
+        STEWARD_PORT="0",
+    )
+    res = subprocess.run(
+        [STEWARD, "doctor"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert res.returncode == 1
+    [line] = [x for x in res.stdout.splitlines() if "local model server" in x]
+    assert "exited with code 1" in line
+    assert "failed to load model" in line and "check that it is a GGUF model file" in line
