@@ -107,12 +107,14 @@ def ensure_dir(path: Path, key: str) -> Path:
 #: What the default workspace says about itself, written when Steward creates it.
 WORKSPACE_README = """# Steward's workspace
 
-This folder is Steward's default workspace: the only folder its tools may change.
-It sits inside the Steward checkout and is git-ignored there.
+This folder is Steward's default workspace (`./workspace` in the folder Steward was
+started in): the only folder its tools may change. Inside a Steward checkout it is
+git-ignored.
 
-Commands Steward runs here cannot reach the checkout's own git repository: git stops
-looking at this folder (GIT_CEILING_DIRECTORIES), so `git status` says "not a git
-repository" until you run `git init` here or clone a project into it.
+Commands Steward runs here cannot reach a git repository around this folder (such as
+Steward's own checkout): git stops looking here (GIT_CEILING_DIRECTORIES), so
+`git status` says "not a git repository" until you run `git init` here or clone a
+project into it.
 
 To work in another folder, set STEWARD_WORKSPACE (or `workspace` in steward.toml);
 see README → Configuration. You may edit or delete this file.
