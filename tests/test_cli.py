@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from memory.episodes import EpisodeStore
 from tests.conftest import make_env
 from tests.fakes.llm import ScriptedLLM
@@ -70,11 +72,49 @@ def test_chat_m_denies_outside_write_when_nobody_can_approve(
     llm_thread.reply_tool("shell", {"command": "echo x > ../escaped.txt"})
     llm_thread.reply_text("I could not write it.")
     res = run(["chat", "-m", "write outside"], make_env(tmp_path, llm_thread), tmp_path)
-    assert res.returncode == 0
     assert not (tmp_path / "escaped.txt").exists()
     msgs = llm_thread.requests[-1]["messages"]
     told = next(m for m in msgs if m["role"] == "tool")["content"]
     assert "Not approved" in told and "one-shot" in told
+    # The only tool call was denied, so the work was not done: exit 1 (README), and the
+    # answer goes to stderr with why, not to stdout as if it had worked.
+    assert res.returncode == 1
+    assert res.stdout == ""
+    assert "I could not write it." in res.stderr
+    assert "counted as failed: its tool call did not succeed" in res.stderr
+
+
+@pytest.mark.parametrize(
+    "calls",
+    [
+        [("shell", {"command": "shutdown -h now"})],  # refused by the policy
+        [("read_file", {"path": "missing.md"}), ("list_files", {"path": "nowhere"})],  # errors
+    ],
+    ids=["refused", "errors"],
+)
+def test_chat_m_exits_1_when_no_tool_call_succeeded(
+    llm_thread: ScriptedLLM, tmp_path: Path, calls: list[tuple[str, dict[str, str]]]
+) -> None:
+    for name, args in calls:
+        llm_thread.reply_tool(name, args)
+    llm_thread.reply_text("That did not work; nothing was done.")
+    res = run(["chat", "-m", "do it"], make_env(tmp_path, llm_thread), tmp_path)
+    assert res.returncode == 1, res.stderr
+    assert res.stdout == ""
+    assert "counted as failed" in res.stderr
+
+
+def test_chat_m_recovered_from_a_failed_call_succeeds(
+    llm_thread: ScriptedLLM, tmp_path: Path
+) -> None:
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "notes.md").write_text("hello\n")
+    llm_thread.reply_tool("read_file", {"path": "note.md"})  # a typo: fails
+    llm_thread.reply_tool("read_file", {"path": "notes.md"})
+    llm_thread.reply_text("notes.md says hello.")
+    res = run(["chat", "-m", "read my notes"], make_env(tmp_path, llm_thread), tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == "notes.md says hello.\n"
 
 
 def test_chat_m_model_outage_exits_nonzero(llm_thread: ScriptedLLM, tmp_path: Path) -> None:
