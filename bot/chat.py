@@ -1,16 +1,20 @@
-"""`steward chat`: the terminal, interactive or one message (`-m`)."""
+"""`steward chat`: the terminal, interactive, one message (`-m`) or messages from a pipe."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import sys
+import threading
+from collections.abc import AsyncIterator
+from typing import TextIO
 
 from rich.console import Console
 
-from adapters.terminal import OneShotChannel, TerminalChannel
+from adapters.terminal import QUIT_WORDS, OneShotChannel, TerminalChannel
 from bot.app import App, local_model_ready, no_model_message
 from config.settings import Settings
 from core.agent import TaskResult
-from core.events import Message
 
 EXIT_OK, EXIT_FAIL, EXIT_NO_MODEL = 0, 1, 3
 
@@ -27,30 +31,122 @@ async def chat_once(settings: Settings, text: str, *, quiet: bool = False) -> in
     if not text.strip():
         print("steward: the message is empty; pass the text after -m.", file=sys.stderr)
         return EXIT_FAIL
+
+    async def one() -> AsyncIterator[str]:
+        yield text
+
+    return await _converse(settings, one(), quiet=quiet)
+
+
+async def chat_piped(settings: Settings, stdin: TextIO | None, *, quiet: bool = False) -> int:
+    """`echo "list files" | steward chat`: each line of stdin is a message, in turn.
+
+    Like `-m` for each line (reply on stdout, tool lines on stderr, nobody to approve),
+    one conversation throughout, so a later line can refer to an earlier answer. Each
+    task finishes before the next line is read. Blank lines are skipped; /quit or the
+    end of input ends it. Exit 0 when every message succeeded, 1 when any failed, 3
+    without a model.
+    """
+    if not settings.model_configured and not local_model_ready(settings):
+        print(f"steward: {no_model_message(settings)}", file=sys.stderr)
+        return EXIT_NO_MODEL
+    print(
+        "steward: reading messages from stdin, one per line. Nobody can answer an "
+        "approval here, so risky tool calls are denied; run `steward chat` in a terminal "
+        "to approve them.",
+        file=sys.stderr,
+    )
+    try:
+        return await _converse(settings, _lines(stdin), quiet=quiet)
+    except (OSError, UnicodeDecodeError) as exc:
+        print(f"steward: cannot read stdin: {exc}", file=sys.stderr)
+        return EXIT_FAIL
+
+
+async def _lines(stream: TextIO | None) -> AsyncIterator[str]:
+    """Non-blank lines of `stream` as they arrive (the writer may still be producing).
+
+    Each read runs in a daemon thread: a thread of the default executor would keep
+    the process alive on Ctrl-C until the writer sent another line.
+    """
+    if stream is None:
+        return
+    loop = asyncio.get_running_loop()
+    while True:
+        future: asyncio.Future[str] = loop.create_future()
+
+        def settle(fut: asyncio.Future[str], line: str, error: BaseException | None) -> None:
+            if fut.done():
+                return
+            if error is not None:
+                fut.set_exception(error)
+            else:
+                fut.set_result(line)
+
+        def work(fut: asyncio.Future[str] = future) -> None:
+            line, error = "", None
+            try:
+                line = stream.readline()
+            except BaseException as exc:  # handed to the loop, where it is handled
+                error = exc
+            with contextlib.suppress(RuntimeError):  # the loop may be gone by now
+                loop.call_soon_threadsafe(settle, fut, line, error)
+
+        threading.Thread(target=work, name="steward-chat-stdin", daemon=True).start()
+        line = await future
+        if not line:
+            return
+        if line.strip():
+            yield line.strip()
+
+
+async def _converse(settings: Settings, messages: AsyncIterator[str], *, quiet: bool) -> int:
+    """Run each message to the end on a one-shot channel; 0 when all succeeded, else 1."""
     app = App(settings)
     if app.local is not None and not quiet:
         print(f"steward: {app.notice}", file=sys.stderr)
     channel = OneShotChannel(Console(stderr=True), show_progress=not quiet)
-    [outbox] = await app.start([channel])
-    key = app.dispatcher.key(channel, "terminal")
+    await app.start([channel])
+    key = app.dispatcher.key(channel, channel.conversation)
+    code = EXIT_OK
     try:
-        await app.dispatcher.handle(Message(channel.name, "terminal", "owner", text), outbox)
-        await app.conversations.wait_idle(key)
+        async for text in messages:
+            if text.lower() in QUIT_WORDS:
+                break
+            if not await _exchange(app, channel, key, text):
+                code = EXIT_FAIL
     finally:
         await app.stop()
+    return code
+
+
+async def _exchange(app: App, channel: OneShotChannel, key: str, text: str) -> bool:
+    """Send one message, wait until its task is done, print the answer; True if it succeeded.
+
+    A successful answer goes to stdout (flushed, so a reader of the pipe sees it at
+    once); a failed one to stderr with why. A command (/help, /status) has no task:
+    its reply is its answer.
+    """
+    app.dispatcher.last_results.pop(key, None)
+    channel.replies.clear()
+    await channel.submit(text)
+    await app.conversations.wait_idle(key)
     result = app.dispatcher.last_results.get(key)
     reply = channel.final_reply()
     if result is None:
+        if text.startswith("/") and reply:
+            print(reply, flush=True)
+            return True
         print(f"steward: no answer was produced. {reply}".strip(), file=sys.stderr)
-        return EXIT_FAIL
+        return False
     failed = why_failed(result)
     if failed:
         print(f"steward: {result.reply}", file=sys.stderr)
         if result.outcome == "success":
             print(f"steward: counted as failed: {failed}", file=sys.stderr)
-        return EXIT_FAIL
-    print(reply)
-    return EXIT_OK
+        return False
+    print(reply, flush=True)
+    return True
 
 
 def why_failed(result: TaskResult) -> str:

@@ -28,11 +28,18 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser("run", help="start every configured channel and the local web chat")
 
-    chat = sub.add_parser("chat", help="chat in the terminal")
+    chat = sub.add_parser(
+        "chat",
+        help="chat in the terminal",
+        description="Chat in the terminal. With stdin from a pipe or file, each line is a "
+        "message: the replies are printed and it exits at the end of input.",
+    )
     chat.add_argument(
         "-m", "--message", metavar="TEXT", help="send one message, print the reply, exit"
     )
-    chat.add_argument("-q", "--quiet", action="store_true", help="with -m: no tool lines on stderr")
+    chat.add_argument(
+        "-q", "--quiet", action="store_true", help="with -m or piped input: no tool lines on stderr"
+    )
 
     rules = sub.add_parser(
         "rules",
@@ -88,6 +95,16 @@ def _settings(args: argparse.Namespace) -> Any:
     return settings
 
 
+def _chat_mode(args: argparse.Namespace) -> str:
+    """`steward chat` is "one" message (-m), "piped" (stdin is not a terminal: each line
+    is a message) or "interactive" (a person at a terminal)."""
+    if args.message is not None:
+        return "one"
+    if sys.stdin is None or not sys.stdin.isatty():
+        return "piped"
+    return "interactive"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -119,10 +136,13 @@ def _dispatch(args: argparse.Namespace, settings: Any, parser: argparse.Argument
 
         return asyncio.run(serve(settings))
     if args.command == "chat":
-        from bot.chat import chat_interactive, chat_once
+        from bot.chat import chat_interactive, chat_once, chat_piped
 
-        if args.message is not None:
+        mode = _chat_mode(args)
+        if mode == "one":
             return asyncio.run(chat_once(settings, args.message, quiet=args.quiet))
+        if mode == "piped":
+            return asyncio.run(chat_piped(settings, sys.stdin, quiet=args.quiet))
         return asyncio.run(chat_interactive(settings))
     if args.command == "replay":
         from bot.replay import run_replay

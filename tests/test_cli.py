@@ -117,6 +117,52 @@ def test_chat_m_recovered_from_a_failed_call_succeeds(
     assert res.stdout == "notes.md says hello.\n"
 
 
+APPROVAL_NOTE = "Nobody can answer an approval here"
+
+
+def test_chat_reads_piped_stdin_as_messages(llm_thread: ScriptedLLM, tmp_path: Path) -> None:
+    """`echo "list files" | steward chat`: every line answered in turn, in one conversation."""
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "a.txt").write_text("hi\n")
+    llm_thread.reply_tool("list_files", {"path": "."})
+    llm_thread.reply_text("There is a.txt.")
+    llm_thread.reply_text("I found one file, a.txt.")
+    stdin = "list files\n\n   \nwhat did you find?\n"
+    res = run(["chat"], make_env(tmp_path, llm_thread), tmp_path, stdin=stdin)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == "There is a.txt.\nI found one file, a.txt.\n"
+    assert res.stderr.count(APPROVAL_NOTE) == 1
+    assert "list_files" in res.stderr  # tool lines on stderr, as with -m
+    # Blank lines were skipped (two tasks, three model turns), and the second message
+    # was answered knowing the first exchange.
+    assert len(llm_thread.requests) == 3
+    second = llm_thread.requests[-1]["messages"]
+    assert [m["content"] for m in second if m["role"] == "user"][-1] == "what did you find?"
+    assert any("There is a.txt." in str(m.get("content")) for m in second)
+    assert len(list(EpisodeStore(tmp_path / "data").iter_files())) == 2
+
+
+def test_piped_chat_exits_1_when_a_message_failed(llm_thread: ScriptedLLM, tmp_path: Path) -> None:
+    llm_thread.reply_tool("shell", {"command": "echo x > ../escaped.txt"})
+    llm_thread.reply_text("I could not write it: it needs an approval.")
+    llm_thread.reply_text("Hello!")
+    stdin = "write outside the workspace\nhello\n"
+    res = run(["chat"], make_env(tmp_path, llm_thread), tmp_path, stdin=stdin)
+    assert res.returncode == 1
+    assert not (tmp_path / "escaped.txt").exists()  # denied: nobody could approve
+    assert res.stdout == "Hello!\n"  # the later message was still answered
+    assert "I could not write it" in res.stderr and "counted as failed" in res.stderr
+    assert res.stderr.count(APPROVAL_NOTE) == 1
+
+
+def test_piped_chat_commands_and_quit(llm_thread: ScriptedLLM, tmp_path: Path) -> None:
+    stdin = "/help\n/quit\nnever sent\n"
+    res = run(["chat"], make_env(tmp_path, llm_thread), tmp_path, stdin=stdin)
+    assert res.returncode == 0, res.stderr
+    assert "/cancel — stop the running task\n" in res.stdout
+    assert llm_thread.requests == []  # /quit ended it before the last line
+
+
 def test_chat_m_model_outage_exits_nonzero(llm_thread: ScriptedLLM, tmp_path: Path) -> None:
     for _ in range(2):
         llm_thread.reply_error(500, message="kaput")
