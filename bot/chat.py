@@ -7,6 +7,7 @@ import contextlib
 import sys
 import threading
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import TextIO
 
 from rich.console import Console
@@ -171,7 +172,8 @@ def why_failed(result: TaskResult) -> str:
     return ""
 
 
-async def chat_interactive(settings: Settings) -> int:
+async def chat_interactive(settings: Settings, *, log_file: Path | None = None) -> int:
+    """The REPL. `log_file`: where the logs go instead of the terminal (named in the banner)."""
     console = Console()
     app = App(settings)
     channel = TerminalChannel(console)
@@ -181,6 +183,8 @@ async def chat_interactive(settings: Settings) -> int:
     console.print("[bold]Steward[/bold] — type a task, /help for commands, /quit to leave.")
     if app.llm is not None:
         console.print(f"[dim]model: {app.llm.describe()} · workspace: {app.workspace}[/dim]")
+    if log_file is not None:
+        console.print(f"[dim]logs: {log_file}[/dim]")
     if app.notice:
         console.print(app.notice, style="yellow", markup=False)
     try:

@@ -86,12 +86,21 @@ def _settings(args: argparse.Namespace) -> Any:
     except ConfigError as exc:
         print(f"steward: configuration error: {exc}", file=sys.stderr)
         raise SystemExit(EXIT_CONFIG) from None
-    from bot.logs import configure_logging
+    from bot.logs import CHAT_LOG_NAME, configure_logging, open_log_file
 
     level = "debug" if args.verbose else settings.log_level
-    if args.command == "chat" and not args.verbose:
-        level = "warning" if settings.log_level in ("debug", "info") else settings.log_level
-    configure_logging(level, settings.log_format)
+    stream = None
+    args.log_file = None
+    if args.command == "chat":
+        if _chat_mode(args) == "interactive":
+            # On the terminal a log line would land inside the prompt: a file instead.
+            args.log_file = settings.data_dir / CHAT_LOG_NAME
+            stream = open_log_file(args.log_file)
+            if stream is None:
+                args.log_file = None
+        if stream is None and not args.verbose:
+            level = "warning" if settings.log_level in ("debug", "info") else settings.log_level
+    configure_logging(level, settings.log_format, stream=stream)
     return settings
 
 
@@ -143,7 +152,7 @@ def _dispatch(args: argparse.Namespace, settings: Any, parser: argparse.Argument
             return asyncio.run(chat_once(settings, args.message, quiet=args.quiet))
         if mode == "piped":
             return asyncio.run(chat_piped(settings, sys.stdin, quiet=args.quiet))
-        return asyncio.run(chat_interactive(settings))
+        return asyncio.run(chat_interactive(settings, log_file=args.log_file))
     if args.command == "replay":
         from bot.replay import run_replay
 
