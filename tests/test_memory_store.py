@@ -75,15 +75,23 @@ def test_repo_is_created_on_first_use_with_gitignore(store: DataStore) -> None:
     assert store.ensure_repo() is True
     assert (store.root / ".git").is_dir()
     ignore = (store.root / ".gitignore").read_text().splitlines()
-    for pattern in ("index.sqlite*", "index.faiss*", "*.lock", "outbox/", "web/", "*.tmp"):
+    for pattern in ("index.sqlite*", "index.faiss*", "*.lock", "outbox/", "web/", "*.tmp", "*.log"):
         assert pattern in ignore
     assert store.ensure_repo() is False
     again = DataStore(store.root)
     assert again.ensure_repo() is False
     again.close()
     assert log_messages(store.root) == ["data dir created: ignore caches and runtime files"]
-    # Caches, the lock, a temp file and runtime folders are ignored; memory files are not.
-    for name in ("index.sqlite", "index.sqlite-wal", "index.faiss", LOCK_NAME, ".r.md.x1.tmp"):
+    # Caches, the lock, a temp file, logs and runtime folders are ignored; memory files are not.
+    for name in (
+        "index.sqlite",
+        "index.sqlite-wal",
+        "index.faiss",
+        LOCK_NAME,
+        ".r.md.x1.tmp",
+        "steward-chat.log",
+        "local-model.log",
+    ):
         (store.root / name).write_text("x")
     (store.root / "outbox").mkdir()
     (store.root / "outbox" / "1.json").write_text("{}")
