@@ -103,7 +103,7 @@ async def _lines(stream: TextIO | None) -> AsyncIterator[str]:
 
 async def _converse(settings: Settings, messages: AsyncIterator[str], *, quiet: bool) -> int:
     """Run each message to the end on a one-shot channel; 0 when all succeeded, else 1."""
-    app = App(settings)
+    app = App(settings, subcommand="chat")
     if app.local is not None and not quiet:
         print(f"steward: {app.notice}", file=sys.stderr)
     channel = OneShotChannel(Console(stderr=True), show_progress=not quiet)
@@ -175,7 +175,7 @@ def why_failed(result: TaskResult) -> str:
 async def chat_interactive(settings: Settings, *, log_file: Path | None = None) -> int:
     """The REPL. `log_file`: where the logs go instead of the terminal (named in the banner)."""
     console = Console()
-    app = App(settings)
+    app = App(settings, subcommand="chat")
     channel = TerminalChannel(console)
     await app.start([channel])
     app.warm_up()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -161,6 +162,67 @@ def test_piped_chat_commands_and_quit(llm_thread: ScriptedLLM, tmp_path: Path) -
     assert res.returncode == 0, res.stderr
     assert "/cancel — stop the running task\n" in res.stdout
     assert llm_thread.requests == []  # /quit ended it before the last line
+
+
+def test_chat_while_steward_run_holds_the_data_dir_says_what_to_do(
+    llm_thread: ScriptedLLM, tmp_path: Path
+) -> None:
+    """The Quick start offers `steward chat` next to `steward run`: with both, the
+    refused chat must say how to get on (stop run, use its web chat, other data dir)."""
+    env = make_env(tmp_path, llm_thread)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("STEWARD_")}
+    server = subprocess.Popen(
+        [STEWARD, "run"],
+        env={**base, **env},
+        cwd=tmp_path,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stderr is not None
+        url = ""
+        for line in server.stderr:  # JSON log lines, then the line that names the URL
+            if line.startswith("Steward is running: open "):
+                url = line.split("open ", 1)[1].split()[0]
+                break
+        assert url.startswith("http://127.0.0.1:") and not url.endswith(":0"), url
+        for args, stdin in ((["chat", "-m", "hi"], None), (["chat"], "hi\n")):
+            res = run(args, env, tmp_path, stdin=stdin)
+            assert res.returncode == 2, res.stderr
+            err = res.stderr
+            assert f"`steward run` (pid {server.pid}) is using it" in err
+            assert "stop `steward run` first" in err
+            assert f"web chat at {url} instead" in err  # the port it really listens on
+            assert "STEWARD_DATA_DIR" in err and "Traceback" not in err
+        assert llm_thread.requests == []
+    finally:
+        server.send_signal(signal.SIGINT)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+def test_in_use_message_depends_on_what_holds_the_data_dir(tmp_path: Path) -> None:
+    from bot.app import in_use_message
+    from config.settings import load_settings
+    from memory.lock import DataDirLocked
+
+    s = load_settings(env=make_env(tmp_path, None, port=8765), cwd=tmp_path)
+    d = tmp_path / "data"
+    unknown = in_use_message(DataDirLocked(d, 7), "chat", s)
+    assert "another Steward (pid 7)" in unknown
+    assert "web chat instead, by default at http://127.0.0.1:8765" in unknown
+    other = in_use_message(DataDirLocked(d, 7, "replay"), "chat", s)
+    assert "`steward replay` (pid 7)" in other and "web chat" not in other
+    assert "STEWARD_DATA_DIR" in unknown and "STEWARD_DATA_DIR" in other
+    # Commands other than chat keep the lock's own message.
+    assert in_use_message(DataDirLocked(d, 7, "run"), "replay", s) == str(
+        DataDirLocked(d, 7, "run")
+    )
 
 
 def test_chat_m_model_outage_exits_nonzero(llm_thread: ScriptedLLM, tmp_path: Path) -> None:
