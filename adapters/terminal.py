@@ -122,6 +122,23 @@ def _buttons_block(buttons: list[Button]) -> Text:
     return block
 
 
+class ChatMarkdown(Markdown):
+    """Markdown where a single newline is a line break, as in every chat platform.
+
+    CommonMark joins consecutive lines into one paragraph, so `/help` (one command a
+    line) came out as a single run-on paragraph; people and models writing chat
+    messages mean a newline as a newline (streamed text is printed raw and already
+    keeps them).
+    """
+
+    def __init__(self, markup: str, **kwargs: Any) -> None:
+        super().__init__(markup, **kwargs)
+        for token in self.parsed:
+            for child in token.children or ():
+                if child.type == "softbreak":
+                    child.type = "hardbreak"
+
+
 @dataclass(slots=True)
 class _Pending:
     """A message whose buttons can still be answered by typing."""
@@ -463,7 +480,7 @@ class TerminalChannel:
             self._close_line()
         else:
             self._print(Text("steward", style="dim"))
-            self.console.print(Markdown(text))
+            self.console.print(ChatMarkdown(text))
         self._show_prompt_again()
         return self._ref(conversation, thread)
 

@@ -81,6 +81,41 @@ def local_model_ready(settings: Settings, env: Mapping[str, str] | None = None) 
     return embedded_wanted(settings, env) and availability(settings.local_model_path.strip()).ok
 
 
+def in_use_message(exc: DataDirLocked, command: str, settings: Settings) -> str:
+    """What a refused `steward chat` says when another Steward holds the data dir.
+
+    The Quick start offers `steward chat` next to `steward run`, so running both is
+    the likely mistake: the message names the ways out (stop the other one, use
+    `steward run`'s web chat, or another data dir). Other commands keep the lock's
+    own message.
+    """
+    if command != "chat" or exc.pid == os.getpid():
+        return str(exc)
+    pid = f"pid {exc.pid}" if exc.pid is not None else "pid unknown"
+    other_dir = (
+        "or run `steward chat` with STEWARD_DATA_DIR set to another folder "
+        "(a separate memory: no shared history or rules)."
+    )
+    where = f"`steward chat` can't use the data dir {exc.data_dir}"
+    if exc.command == "run":
+        url = exc.url or f"http://{settings.host}:{settings.port}"
+        return (
+            f"{where}: `steward run` ({pid}) is using it, and only one Steward may. "
+            "Either stop `steward run` first (Ctrl-C where it runs), "
+            f"or chat in its web chat at {url} instead, {other_dir}"
+        )
+    if exc.command:
+        return (
+            f"{where}: `steward {exc.command}` ({pid}) is using it, and only one Steward "
+            f"may. Stop it or let it finish first, {other_dir}"
+        )
+    return (
+        f"{where}: another Steward ({pid}) is using it, and only one may. Stop it first "
+        "(if it is `steward run`, you can chat in its web chat instead, by default at "
+        f"http://{settings.host}:{settings.port}), {other_dir}"
+    )
+
+
 def ensure_dir(path: Path, key: str) -> Path:
     """Create a configured folder, or explain why it can't be used."""
     try:
@@ -149,10 +184,13 @@ class App:
         clock: Clock | None = None,
         env: Mapping[str, str] | None = None,
         local_command: Callable[[int], list[str]] | None = None,
+        subcommand: str = "",
     ) -> None:
         """`env`: where provider keys are looked for (default os.environ).
         `local_command`: the model server command for the embedded model (tests pass a
-        fake server; default llama.cpp's through core/local_server.py, when installed)."""
+        fake server; default llama.cpp's through core/local_server.py, when installed).
+        `subcommand`: the `steward` subcommand running it (`run`, `chat`, `replay`): written
+        in the data-dir lock, and it shapes the message when the data dir is in use."""
         self.settings = settings
         env = os.environ if env is None else env
         self.clock = clock or Clock()
@@ -246,9 +284,9 @@ class App:
         self.agent = agent
         # Last, so nothing above can fail while the lock is held: one Steward per data dir.
         try:
-            self.lock = acquire(self.data_dir)
+            self.lock = acquire(self.data_dir, subcommand)
         except DataDirLocked as exc:
-            raise ConfigError(str(exc)) from None
+            raise ConfigError(in_use_message(exc, subcommand, settings)) from None
         self.datastore.ensure_repo()  # the data dir is a git repository
         # Verbatim turns get what recall and the summary leave of the context budget.
         turns_share = max(

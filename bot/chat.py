@@ -1,15 +1,21 @@
-"""`steward chat`: the terminal, interactive or one message (`-m`)."""
+"""`steward chat`: the terminal, interactive, one message (`-m`) or messages from a pipe."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import sys
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import TextIO
 
 from rich.console import Console
 
-from adapters.terminal import OneShotChannel, TerminalChannel
+from adapters.terminal import QUIT_WORDS, OneShotChannel, TerminalChannel
 from bot.app import App, local_model_ready, no_model_message
 from config.settings import Settings
-from core.events import Message
+from core.agent import TaskResult
 
 EXIT_OK, EXIT_FAIL, EXIT_NO_MODEL = 0, 1, 3
 
@@ -17,8 +23,8 @@ EXIT_OK, EXIT_FAIL, EXIT_NO_MODEL = 0, 1, 3
 async def chat_once(settings: Settings, text: str, *, quiet: bool = False) -> int:
     """Send one message; the final reply goes to stdout, everything else to stderr.
 
-    Exit codes: 0 the task succeeded, 1 it failed or was refused, 3 no model configured
-    (and the tiny local model not installed).
+    Exit codes: 0 the task succeeded, 1 it failed (see `why_failed`), 3 no model
+    configured (and the tiny local model not installed).
     """
     if not settings.model_configured and not local_model_ready(settings):
         print(f"steward: {no_model_message(settings)}", file=sys.stderr)
@@ -26,34 +32,152 @@ async def chat_once(settings: Settings, text: str, *, quiet: bool = False) -> in
     if not text.strip():
         print("steward: the message is empty; pass the text after -m.", file=sys.stderr)
         return EXIT_FAIL
-    app = App(settings)
+
+    async def one() -> AsyncIterator[str]:
+        yield text
+
+    return await _converse(settings, one(), quiet=quiet)
+
+
+async def chat_piped(settings: Settings, stdin: TextIO | None, *, quiet: bool = False) -> int:
+    """`echo "list files" | steward chat`: each line of stdin is a message, in turn.
+
+    Like `-m` for each line (reply on stdout, tool lines on stderr, nobody to approve),
+    one conversation throughout, so a later line can refer to an earlier answer. Each
+    task finishes before the next line is read. Blank lines are skipped; /quit or the
+    end of input ends it. Exit 0 when every message succeeded, 1 when any failed, 3
+    without a model.
+    """
+    if not settings.model_configured and not local_model_ready(settings):
+        print(f"steward: {no_model_message(settings)}", file=sys.stderr)
+        return EXIT_NO_MODEL
+    print(
+        "steward: reading messages from stdin, one per line. Nobody can answer an "
+        "approval here, so risky tool calls are denied; run `steward chat` in a terminal "
+        "to approve them.",
+        file=sys.stderr,
+    )
+    try:
+        return await _converse(settings, _lines(stdin), quiet=quiet)
+    except (OSError, UnicodeDecodeError) as exc:
+        print(f"steward: cannot read stdin: {exc}", file=sys.stderr)
+        return EXIT_FAIL
+
+
+async def _lines(stream: TextIO | None) -> AsyncIterator[str]:
+    """Non-blank lines of `stream` as they arrive (the writer may still be producing).
+
+    Each read runs in a daemon thread: a thread of the default executor would keep
+    the process alive on Ctrl-C until the writer sent another line.
+    """
+    if stream is None:
+        return
+    loop = asyncio.get_running_loop()
+    while True:
+        future: asyncio.Future[str] = loop.create_future()
+
+        def settle(fut: asyncio.Future[str], line: str, error: BaseException | None) -> None:
+            if fut.done():
+                return
+            if error is not None:
+                fut.set_exception(error)
+            else:
+                fut.set_result(line)
+
+        def work(fut: asyncio.Future[str] = future) -> None:
+            line, error = "", None
+            try:
+                line = stream.readline()
+            except BaseException as exc:  # handed to the loop, where it is handled
+                error = exc
+            with contextlib.suppress(RuntimeError):  # the loop may be gone by now
+                loop.call_soon_threadsafe(settle, fut, line, error)
+
+        threading.Thread(target=work, name="steward-chat-stdin", daemon=True).start()
+        line = await future
+        if not line:
+            return
+        if line.strip():
+            yield line.strip()
+
+
+async def _converse(settings: Settings, messages: AsyncIterator[str], *, quiet: bool) -> int:
+    """Run each message to the end on a one-shot channel; 0 when all succeeded, else 1."""
+    app = App(settings, subcommand="chat")
     if app.local is not None and not quiet:
         print(f"steward: {app.notice}", file=sys.stderr)
     channel = OneShotChannel(Console(stderr=True), show_progress=not quiet)
-    [outbox] = await app.start([channel])
-    key = app.dispatcher.key(channel, "terminal")
+    await app.start([channel])
+    key = app.dispatcher.key(channel, channel.conversation)
+    code = EXIT_OK
     try:
-        await app.dispatcher.handle(Message(channel.name, "terminal", "owner", text), outbox)
-        await app.conversations.wait_idle(key)
+        async for text in messages:
+            if text.lower() in QUIT_WORDS:
+                break
+            if not await _exchange(app, channel, key, text):
+                code = EXIT_FAIL
     finally:
         await app.stop()
+    return code
+
+
+async def _exchange(app: App, channel: OneShotChannel, key: str, text: str) -> bool:
+    """Send one message, wait until its task is done, print the answer; True if it succeeded.
+
+    A successful answer goes to stdout (flushed, so a reader of the pipe sees it at
+    once); a failed one to stderr with why. A command (/help, /status) has no task:
+    its reply is its answer.
+    """
+    app.dispatcher.last_results.pop(key, None)
+    channel.replies.clear()
+    await channel.submit(text)
+    await app.conversations.wait_idle(key)
     result = app.dispatcher.last_results.get(key)
     reply = channel.final_reply()
     if result is None:
+        if text.startswith("/") and reply:
+            print(reply, flush=True)
+            return True
         print(f"steward: no answer was produced. {reply}".strip(), file=sys.stderr)
-        return EXIT_FAIL
-    # "denied" (the last call was denied) is answered like a success here, as before the
-    # outcome existed: whether a denial fails the run is decided from the tool records.
-    if result.outcome not in ("success", "denied"):
+        return False
+    failed = why_failed(result)
+    if failed:
         print(f"steward: {result.reply}", file=sys.stderr)
-        return EXIT_FAIL
-    print(reply)
-    return EXIT_OK
+        if result.outcome in ("success", "denied"):
+            print(f"steward: counted as failed: {failed}", file=sys.stderr)
+        return False
+    print(reply, flush=True)
+    return True
 
 
-async def chat_interactive(settings: Settings) -> int:
+def why_failed(result: TaskResult) -> str:
+    """Why the task counts as failed for the exit code, or "" when it succeeded.
+
+    The agent's outcome is not enough: a task whose only tool call was denied (nobody
+    can approve in a one-shot run), refused by the policy or errored ends with a
+    polite answer ("I could not write it") and outcome "success", though the work was
+    not done, and a script must be able to tell. So: failed when the outcome is not
+    success, or when at least one tool call was made and none of them succeeded. A
+    task that needed no tool (a question) or recovered from a failed call with another
+    one still succeeds. Episodes and learning keep their own outcome; this is only
+    the command's answer.
+    """
+    # "denied" (the last call was denied: a decision, not a failure for learning) is
+    # judged by the tool records like a success.
+    if result.outcome not in ("success", "denied"):
+        return result.outcome
+    calls = result.episode.tools
+    if calls and not any(call.ok for call in calls):
+        what = "its tool call" if len(calls) == 1 else f"none of its {len(calls)} tool calls"
+        verb = "did not succeed" if len(calls) == 1 else "succeeded"
+        return f"{what} {verb} (denied, refused or failed), so the work was not done"
+    return ""
+
+
+async def chat_interactive(settings: Settings, *, log_file: Path | None = None) -> int:
+    """The REPL. `log_file`: where the logs go instead of the terminal (named in the banner)."""
     console = Console()
-    app = App(settings)
+    app = App(settings, subcommand="chat")
     channel = TerminalChannel(console)
     await app.start([channel])
     app.warm_up()
@@ -61,6 +185,8 @@ async def chat_interactive(settings: Settings) -> int:
     console.print("[bold]Steward[/bold] — type a task, /help for commands, /quit to leave.")
     if app.llm is not None:
         console.print(f"[dim]model: {app.llm.describe()} · workspace: {app.workspace}[/dim]")
+    if log_file is not None:
+        console.print(f"[dim]logs: {log_file}[/dim]")
     if app.notice:
         console.print(app.notice, style="yellow", markup=False)
     try:

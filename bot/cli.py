@@ -28,11 +28,18 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser("run", help="start every configured channel and the local web chat")
 
-    chat = sub.add_parser("chat", help="chat in the terminal")
+    chat = sub.add_parser(
+        "chat",
+        help="chat in the terminal",
+        description="Chat in the terminal. With stdin from a pipe or file, each line is a "
+        "message: the replies are printed and it exits at the end of input.",
+    )
     chat.add_argument(
         "-m", "--message", metavar="TEXT", help="send one message, print the reply, exit"
     )
-    chat.add_argument("-q", "--quiet", action="store_true", help="with -m: no tool lines on stderr")
+    chat.add_argument(
+        "-q", "--quiet", action="store_true", help="with -m or piped input: no tool lines on stderr"
+    )
 
     rules = sub.add_parser(
         "rules",
@@ -79,13 +86,32 @@ def _settings(args: argparse.Namespace) -> Any:
     except ConfigError as exc:
         print(f"steward: configuration error: {exc}", file=sys.stderr)
         raise SystemExit(EXIT_CONFIG) from None
-    from bot.logs import configure_logging
+    from bot.logs import CHAT_LOG_NAME, configure_logging, open_log_file
 
     level = "debug" if args.verbose else settings.log_level
-    if args.command == "chat" and not args.verbose:
-        level = "warning" if settings.log_level in ("debug", "info") else settings.log_level
-    configure_logging(level, settings.log_format)
+    stream = None
+    args.log_file = None
+    if args.command == "chat":
+        if _chat_mode(args) == "interactive":
+            # On the terminal a log line would land inside the prompt: a file instead.
+            args.log_file = settings.data_dir / CHAT_LOG_NAME
+            stream = open_log_file(args.log_file)
+            if stream is None:
+                args.log_file = None
+        if stream is None and not args.verbose:
+            level = "warning" if settings.log_level in ("debug", "info") else settings.log_level
+    configure_logging(level, settings.log_format, stream=stream)
     return settings
+
+
+def _chat_mode(args: argparse.Namespace) -> str:
+    """`steward chat` is "one" message (-m), "piped" (stdin is not a terminal: each line
+    is a message) or "interactive" (a person at a terminal)."""
+    if args.message is not None:
+        return "one"
+    if sys.stdin is None or not sys.stdin.isatty():
+        return "piped"
+    return "interactive"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,11 +145,14 @@ def _dispatch(args: argparse.Namespace, settings: Any, parser: argparse.Argument
 
         return asyncio.run(serve(settings))
     if args.command == "chat":
-        from bot.chat import chat_interactive, chat_once
+        from bot.chat import chat_interactive, chat_once, chat_piped
 
-        if args.message is not None:
+        mode = _chat_mode(args)
+        if mode == "one":
             return asyncio.run(chat_once(settings, args.message, quiet=args.quiet))
-        return asyncio.run(chat_interactive(settings))
+        if mode == "piped":
+            return asyncio.run(chat_piped(settings, sys.stdin, quiet=args.quiet))
+        return asyncio.run(chat_interactive(settings, log_file=args.log_file))
     if args.command == "replay":
         from bot.replay import run_replay
 

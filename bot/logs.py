@@ -1,12 +1,17 @@
 """structlog set-up: one event name per line, JSON when not a terminal, pretty when it is.
 
-Logs go to stderr so that `steward chat -m` keeps stdout for the answer alone.
+Logs go to stderr so that `steward chat -m` keeps stdout for the answer alone. The
+interactive `steward chat` sends them to `<data dir>/steward-chat.log`: on the terminal
+a log line would land in the middle of the prompt or of a streamed answer, and what
+matters to the person there (a retry, a failed tool) is already shown by the chat.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+from pathlib import Path
+from typing import TextIO
 
 import structlog
 
@@ -17,12 +22,32 @@ _LEVELS = {
     "error": logging.ERROR,
 }
 
+#: Where the interactive `steward chat` logs, inside the data dir.
+CHAT_LOG_NAME = "steward-chat.log"
 
-def configure_logging(level: str = "info", fmt: str = "auto") -> None:
+
+def open_log_file(path: Path) -> TextIO | None:
+    """Open `path` for appending (line-buffered), or None when it can't be written.
+
+    None lets the caller fall back to stderr: a data dir that can't be created is
+    reported a moment later with its own message (bot/app.ensure_dir).
+    """
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return open(path, "a", encoding="utf-8", buffering=1)
+    except OSError:
+        return None
+
+
+def configure_logging(
+    level: str = "info", fmt: str = "auto", *, stream: TextIO | None = None
+) -> None:
+    """Route structlog and the standard library's logging to `stream` (default stderr)."""
     lvl = _LEVELS.get(level, logging.INFO)
-    pretty = fmt == "console" or (fmt == "auto" and sys.stderr.isatty())
+    out = stream if stream is not None else sys.stderr
+    pretty = fmt == "console" or (fmt == "auto" and out.isatty())
     renderer: structlog.typing.Processor = (
-        structlog.dev.ConsoleRenderer(colors=True)
+        structlog.dev.ConsoleRenderer(colors=out.isatty())
         if pretty
         else structlog.processors.JSONRenderer()
     )
@@ -37,12 +62,12 @@ def configure_logging(level: str = "info", fmt: str = "auto") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=out),
         cache_logger_on_first_use=False,
     )
     # litellm and httpx log through the standard library: keep them quiet unless debugging.
-    logging.basicConfig(
-        level=logging.WARNING if lvl > logging.DEBUG else logging.DEBUG, stream=sys.stderr
-    )
+    logging.basicConfig(level=logging.WARNING if lvl > logging.DEBUG else logging.DEBUG, stream=out)
+    # Python's own warnings (a library's DeprecationWarning) follow the logs.
+    logging.captureWarnings(stream is not None)
     for name in ("LiteLLM", "litellm", "httpx", "httpcore", "openai", "aiohttp.access"):
         logging.getLogger(name).setLevel(logging.ERROR if lvl > logging.DEBUG else logging.DEBUG)

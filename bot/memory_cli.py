@@ -49,7 +49,7 @@ async def _run(settings: Settings, args: argparse.Namespace, action: str) -> int
     lock = None
     if action == "rebuild":  # replacing the index files under a running Steward would hurt it
         try:
-            lock = acquire(settings.data_dir)
+            lock = acquire(settings.data_dir, "memory rebuild")
         except DataDirLocked as exc:
             print(
                 f"steward: {exc} (`memory rebuild` needs the data dir to itself)", file=sys.stderr

@@ -24,7 +24,7 @@ async def run_replay(
 ) -> int:
     """Replay; returns the number of outbound actions printed."""
     clock = SimClock()
-    app = App(settings, clock=clock)
+    app = App(settings, clock=clock, subcommand="replay")
     # Scenario users are allowed until the scenario sets access rules itself.
     app.access.rules["replay"] = Rules(open=True)
 
@@ -55,7 +55,7 @@ async def run_replay(
             if parsed.restart:
                 rules = app.access.rules["replay"]
                 await app.stop()
-                app = App(settings, clock=clock)
+                app = App(settings, clock=clock, subcommand="replay")
                 app.access.rules["replay"] = rules
                 [outbox] = await app.start([channel])
                 await clock.activity.wait_idle()

@@ -26,7 +26,7 @@ def rules_command(settings: Settings, words: list[str]) -> int:
     lock = None
     if action in CHANGES:
         try:
-            lock = acquire(settings.data_dir)
+            lock = acquire(settings.data_dir, "rules")
         except DataDirLocked as exc:
             print(f"steward: {exc}\nWhile it runs, change rules with /rules in a chat.")
             return EXIT_FAIL

@@ -117,7 +117,7 @@ def build_platforms(settings: Settings) -> list[Channel]:
 
 
 async def serve(settings: Settings, *, stop_event: asyncio.Event | None = None) -> int:
-    app = App(settings)
+    app = App(settings, subcommand="run")
     web_channel = WebChannel(settings.data_dir, notice=app.notice, scrub=redact)
     platforms = build_platforms(settings)
     runner = web.AppRunner(build_web_app(app, web_channel, platforms), access_log=None)
@@ -144,6 +144,7 @@ async def serve(settings: Settings, *, stop_event: asyncio.Event | None = None) 
     app.warm_up()
     port = site._server.sockets[0].getsockname()[1] if site._server else settings.port  # type: ignore[union-attr]
     url = f"http://{settings.host}:{port}"
+    app.lock.describe(url)  # so a refused `steward chat` can point at the web chat
     log.info("server.started", url=url, model=app.llm.describe() if app.llm else None)
     print(f"Steward is running: open {url} (Ctrl-C to stop)", file=sys.stderr, flush=True)
     if app.notice:

@@ -6,7 +6,10 @@ at once with a message a person can act on, not wait or corrupt.
 
 Why flock rather than "file exists = locked": the kernel drops an flock when its
 process dies, even on kill -9, so a stale `steward.lock` left by a crash never
-blocks the next start. The pid written inside is only for the error message.
+blocks the next start. What is written inside is only for the error message: the
+pid, then optionally what holds it (`run`, `chat`, …) and where it can be reached
+(the web chat's URL), one per line, so that the refused command can say what to do
+("stop `steward run`, or use its web chat at …").
 The file is never deleted on release: unlinking a lock file races with a process
 that has just opened it (both would then "hold" a lock, on different inodes).
 
@@ -30,12 +33,19 @@ LOCK_NAME = "steward.lock"
 
 
 class DataDirLocked(RuntimeError):
-    """Another live process holds the data dir. `str()` is the message to show."""
+    """Another live process holds the data dir. `str()` is the message to show.
 
-    def __init__(self, data_dir: Path, pid: int | None) -> None:
+    `command` and `url`: what the holder wrote about itself ("" when it did not say).
+    """
+
+    def __init__(self, data_dir: Path, pid: int | None, command: str = "", url: str = "") -> None:
         self.data_dir = data_dir
         self.pid = pid
+        self.command = command
+        self.url = url
         who = f"pid {pid}" if pid is not None else "pid unknown"
+        if command:
+            who += f", `steward {command}`"
         if pid == os.getpid():
             msg = (
                 f"This Steward process (pid {pid}) already holds the lock on {data_dir}: "
@@ -52,13 +62,21 @@ class DataDirLocked(RuntimeError):
 class Lock:
     """A held data-dir lock. Release it with `release()` or by leaving a `with` block."""
 
-    def __init__(self, path: Path, fd: int) -> None:
+    def __init__(self, path: Path, fd: int, command: str = "") -> None:
         self.path = path
         self._fd: int | None = fd
+        self.command = command
 
     @property
     def held(self) -> bool:
         return self._fd is not None
+
+    def describe(self, url: str) -> None:
+        """Record where the holder can be reached (`steward run`: its web chat), once known.
+
+        Best effort, like the pid: a refused process only says less without it."""
+        if self._fd is not None:
+            _write_owner(self._fd, self.command, url)
 
     def release(self) -> None:
         """Drop the lock (idempotent). The file stays; its pid is cleared."""
@@ -92,20 +110,44 @@ class Lock:
         return f"Lock({str(self.path)!r}, held={self.held})"
 
 
-def _read_pid(fd: int) -> int | None:
+def _read_owner(fd: int) -> tuple[int | None, str, str]:
+    """(pid, command, url) as the holder wrote them; what can't be read is None or ""."""
     try:
         os.lseek(fd, 0, os.SEEK_SET)
-        raw = os.read(fd, 64).decode("ascii", "replace").strip()
-        return int(raw.split()[0]) if raw else None
-    except (OSError, ValueError, IndexError):
-        return None
+        lines = os.read(fd, 1024).decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None, "", ""
+    lines += ["", "", ""]
+    try:
+        pid: int | None = int(lines[0].split()[0])
+    except (ValueError, IndexError):
+        pid = None
+    return pid, lines[1].strip(), lines[2].strip()
 
 
-def acquire(data_dir: Path | str) -> Lock:
+def _write_owner(fd: int, command: str, url: str = "") -> None:
+    """The pid, then what holds the lock and where to reach it, a line each (empty tail
+    lines left out: a lock taken with no description reads as before, the pid alone)."""
+    lines = [str(os.getpid()), command, url]
+    while not lines[-1]:
+        lines.pop()
+    text = "\n".join(lines) + "\n"
+    try:
+        os.ftruncate(fd, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.write(fd, text.encode("utf-8"))
+        os.fsync(fd)
+    except OSError:
+        # The lock is what matters; what we could not write only weakens the message.
+        pass
+
+
+def acquire(data_dir: Path | str, command: str = "") -> Lock:
     """Take `<data_dir>/steward.lock` without waiting; raise `DataDirLocked` if it is held.
 
-    Creates the data dir when missing (first run). The returned lock lasts until
-    `release()` or process exit.
+    `command`: what takes it (`run`, `chat`, `replay`, …), written for the message a
+    refused process shows. Creates the data dir when missing (first run). The
+    returned lock lasts until `release()` or process exit.
     """
     data_dir = Path(data_dir).expanduser().absolute()
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -114,17 +156,10 @@ def acquire(data_dir: Path | str) -> Lock:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
-        pid = _read_pid(fd)
+        pid, holder, url = _read_owner(fd)
         os.close(fd)
         if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            raise DataDirLocked(data_dir, pid) from None
+            raise DataDirLocked(data_dir, pid, holder, url) from None
         raise
-    try:
-        os.ftruncate(fd, 0)
-        os.lseek(fd, 0, os.SEEK_SET)
-        os.write(fd, f"{os.getpid()}\n".encode("ascii"))
-        os.fsync(fd)
-    except OSError:
-        # The lock is what matters; a pid we could not write only weakens the message.
-        pass
-    return Lock(path, fd)
+    _write_owner(fd, command)
+    return Lock(path, fd, command)

@@ -70,7 +70,7 @@ T = TypeVar("T")
 
 AUTHOR = b"Steward <steward@localhost>"
 #: Caches and runtime files: rebuildable or private to one run, never history.
-GITIGNORE = ("index.sqlite*", "index.faiss*", "*.lock", "outbox/", "web/", "*.tmp")
+GITIGNORE = ("index.sqlite*", "index.faiss*", "*.lock", "outbox/", "web/", "*.tmp", "*.log")
 _FILE_MODE = 0o100644
 _CAS_ATTEMPTS = 5  # HEAD moved under us (a person committed): rebuild and retry
 

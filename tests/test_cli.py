@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from memory.episodes import EpisodeStore
 from tests.conftest import make_env
@@ -70,11 +73,156 @@ def test_chat_m_denies_outside_write_when_nobody_can_approve(
     llm_thread.reply_tool("shell", {"command": "echo x > ../escaped.txt"})
     llm_thread.reply_text("I could not write it.")
     res = run(["chat", "-m", "write outside"], make_env(tmp_path, llm_thread), tmp_path)
-    assert res.returncode == 0
     assert not (tmp_path / "escaped.txt").exists()
     msgs = llm_thread.requests[-1]["messages"]
     told = next(m for m in msgs if m["role"] == "tool")["content"]
     assert "Not approved" in told and "one-shot" in told
+    # The only tool call was denied, so the work was not done: exit 1 (README), and the
+    # answer goes to stderr with why, not to stdout as if it had worked.
+    assert res.returncode == 1
+    assert res.stdout == ""
+    assert "I could not write it." in res.stderr
+    assert "counted as failed: its tool call did not succeed" in res.stderr
+
+
+@pytest.mark.parametrize(
+    "calls",
+    [
+        [("shell", {"command": "shutdown -h now"})],  # refused by the policy
+        [("read_file", {"path": "missing.md"}), ("list_files", {"path": "nowhere"})],  # errors
+    ],
+    ids=["refused", "errors"],
+)
+def test_chat_m_exits_1_when_no_tool_call_succeeded(
+    llm_thread: ScriptedLLM, tmp_path: Path, calls: list[tuple[str, dict[str, str]]]
+) -> None:
+    for name, args in calls:
+        llm_thread.reply_tool(name, args)
+    llm_thread.reply_text("That did not work; nothing was done.")
+    res = run(["chat", "-m", "do it"], make_env(tmp_path, llm_thread), tmp_path)
+    assert res.returncode == 1, res.stderr
+    assert res.stdout == ""
+    assert "counted as failed" in res.stderr
+
+
+def test_chat_m_recovered_from_a_failed_call_succeeds(
+    llm_thread: ScriptedLLM, tmp_path: Path
+) -> None:
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "notes.md").write_text("hello\n")
+    llm_thread.reply_tool("read_file", {"path": "note.md"})  # a typo: fails
+    llm_thread.reply_tool("read_file", {"path": "notes.md"})
+    llm_thread.reply_text("notes.md says hello.")
+    res = run(["chat", "-m", "read my notes"], make_env(tmp_path, llm_thread), tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == "notes.md says hello.\n"
+
+
+APPROVAL_NOTE = "Nobody can answer an approval here"
+
+
+def test_chat_reads_piped_stdin_as_messages(llm_thread: ScriptedLLM, tmp_path: Path) -> None:
+    """`echo "list files" | steward chat`: every line answered in turn, in one conversation."""
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "a.txt").write_text("hi\n")
+    llm_thread.reply_tool("list_files", {"path": "."})
+    llm_thread.reply_text("There is a.txt.")
+    llm_thread.reply_text("I found one file, a.txt.")
+    stdin = "list files\n\n   \nwhat did you find?\n"
+    res = run(["chat"], make_env(tmp_path, llm_thread), tmp_path, stdin=stdin)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == "There is a.txt.\nI found one file, a.txt.\n"
+    assert res.stderr.count(APPROVAL_NOTE) == 1
+    assert "list_files" in res.stderr  # tool lines on stderr, as with -m
+    # Blank lines were skipped (two tasks, three model turns), and the second message
+    # was answered knowing the first exchange.
+    assert len(llm_thread.requests) == 3
+    second = llm_thread.requests[-1]["messages"]
+    assert [m["content"] for m in second if m["role"] == "user"][-1] == "what did you find?"
+    assert any("There is a.txt." in str(m.get("content")) for m in second)
+    assert len(list(EpisodeStore(tmp_path / "data").iter_files())) == 2
+
+
+def test_piped_chat_exits_1_when_a_message_failed(llm_thread: ScriptedLLM, tmp_path: Path) -> None:
+    llm_thread.reply_tool("shell", {"command": "echo x > ../escaped.txt"})
+    llm_thread.reply_text("I could not write it: it needs an approval.")
+    llm_thread.reply_text("Hello!")
+    stdin = "write outside the workspace\nhello\n"
+    res = run(["chat"], make_env(tmp_path, llm_thread), tmp_path, stdin=stdin)
+    assert res.returncode == 1
+    assert not (tmp_path / "escaped.txt").exists()  # denied: nobody could approve
+    assert res.stdout == "Hello!\n"  # the later message was still answered
+    assert "I could not write it" in res.stderr and "counted as failed" in res.stderr
+    assert res.stderr.count(APPROVAL_NOTE) == 1
+
+
+def test_piped_chat_commands_and_quit(llm_thread: ScriptedLLM, tmp_path: Path) -> None:
+    stdin = "/help\n/quit\nnever sent\n"
+    res = run(["chat"], make_env(tmp_path, llm_thread), tmp_path, stdin=stdin)
+    assert res.returncode == 0, res.stderr
+    assert "/cancel — stop the running task\n" in res.stdout
+    assert llm_thread.requests == []  # /quit ended it before the last line
+
+
+def test_chat_while_steward_run_holds_the_data_dir_says_what_to_do(
+    llm_thread: ScriptedLLM, tmp_path: Path
+) -> None:
+    """The Quick start offers `steward chat` next to `steward run`: with both, the
+    refused chat must say how to get on (stop run, use its web chat, other data dir)."""
+    env = make_env(tmp_path, llm_thread)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("STEWARD_")}
+    server = subprocess.Popen(
+        [STEWARD, "run"],
+        env={**base, **env},
+        cwd=tmp_path,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stderr is not None
+        url = ""
+        for line in server.stderr:  # JSON log lines, then the line that names the URL
+            if line.startswith("Steward is running: open "):
+                url = line.split("open ", 1)[1].split()[0]
+                break
+        assert url.startswith("http://127.0.0.1:") and not url.endswith(":0"), url
+        for args, stdin in ((["chat", "-m", "hi"], None), (["chat"], "hi\n")):
+            res = run(args, env, tmp_path, stdin=stdin)
+            assert res.returncode == 2, res.stderr
+            err = res.stderr
+            assert f"`steward run` (pid {server.pid}) is using it" in err
+            assert "stop `steward run` first" in err
+            assert f"web chat at {url} instead" in err  # the port it really listens on
+            assert "STEWARD_DATA_DIR" in err and "Traceback" not in err
+        assert llm_thread.requests == []
+    finally:
+        server.send_signal(signal.SIGINT)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+def test_in_use_message_depends_on_what_holds_the_data_dir(tmp_path: Path) -> None:
+    from bot.app import in_use_message
+    from config.settings import load_settings
+    from memory.lock import DataDirLocked
+
+    s = load_settings(env=make_env(tmp_path, None, port=8765), cwd=tmp_path)
+    d = tmp_path / "data"
+    unknown = in_use_message(DataDirLocked(d, 7), "chat", s)
+    assert "another Steward (pid 7)" in unknown
+    assert "web chat instead, by default at http://127.0.0.1:8765" in unknown
+    other = in_use_message(DataDirLocked(d, 7, "replay"), "chat", s)
+    assert "`steward replay` (pid 7)" in other and "web chat" not in other
+    assert "STEWARD_DATA_DIR" in unknown and "STEWARD_DATA_DIR" in other
+    # Commands other than chat keep the lock's own message.
+    assert in_use_message(DataDirLocked(d, 7, "run"), "replay", s) == str(
+        DataDirLocked(d, 7, "run")
+    )
 
 
 def test_chat_m_model_outage_exits_nonzero(llm_thread: ScriptedLLM, tmp_path: Path) -> None:

@@ -75,15 +75,23 @@ def test_repo_is_created_on_first_use_with_gitignore(store: DataStore) -> None:
     assert store.ensure_repo() is True
     assert (store.root / ".git").is_dir()
     ignore = (store.root / ".gitignore").read_text().splitlines()
-    for pattern in ("index.sqlite*", "index.faiss*", "*.lock", "outbox/", "web/", "*.tmp"):
+    for pattern in ("index.sqlite*", "index.faiss*", "*.lock", "outbox/", "web/", "*.tmp", "*.log"):
         assert pattern in ignore
     assert store.ensure_repo() is False
     again = DataStore(store.root)
     assert again.ensure_repo() is False
     again.close()
     assert log_messages(store.root) == ["data dir created: ignore caches and runtime files"]
-    # Caches, the lock, a temp file and runtime folders are ignored; memory files are not.
-    for name in ("index.sqlite", "index.sqlite-wal", "index.faiss", LOCK_NAME, ".r.md.x1.tmp"):
+    # Caches, the lock, a temp file, logs and runtime folders are ignored; memory files are not.
+    for name in (
+        "index.sqlite",
+        "index.sqlite-wal",
+        "index.faiss",
+        LOCK_NAME,
+        ".r.md.x1.tmp",
+        "steward-chat.log",
+        "local-model.log",
+    ):
         (store.root / name).write_text("x")
     (store.root / "outbox").mkdir()
     (store.root / "outbox" / "1.json").write_text("{}")
@@ -443,6 +451,29 @@ def test_second_process_is_refused_with_a_clear_message(tmp_path: Path) -> None:
         [sys.executable, "-c", _lock_script(), str(data)], capture_output=True, text=True
     )
     assert again.returncode == 0 and again.stdout.strip() == "locked"
+
+
+def test_the_holder_says_what_it_is_and_where_to_reach_it(tmp_path: Path) -> None:
+    data = tmp_path / ".steward"
+    with acquire(data, "run") as lock:
+        assert (data / LOCK_NAME).read_text() == f"{os.getpid()}\nrun\n"
+        lock.describe("http://127.0.0.1:8765")
+        assert (data / LOCK_NAME).read_text() == f"{os.getpid()}\nrun\nhttp://127.0.0.1:8765\n"
+        res = subprocess.run(
+            [sys.executable, "-c", _lock_script(), str(data)],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+        assert res.returncode == 3
+        assert res.stderr.strip() == (
+            f"Another Steward (pid {os.getpid()}, `steward run`) is using {data}. "
+            "Stop it, or set STEWARD_DATA_DIR to another folder."
+        )
+        with pytest.raises(DataDirLocked) as err:
+            acquire(data)
+        assert (err.value.command, err.value.url) == ("run", "http://127.0.0.1:8765")
+    assert (data / LOCK_NAME).read_text() == ""  # released: nothing claims it any more
 
 
 def test_stale_lock_file_does_not_block(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ import pytest
 from rich.console import Console
 
 from adapters.terminal import OneShotChannel, TerminalChannel, summarize_args
+from bot.dispatcher import HELP
 from core.events import (
     ApprovalRequest,
     Button,
@@ -231,6 +232,21 @@ async def test_different_final_text_is_rendered_after_the_stream() -> None:
     assert "draft answer\n" in out
     assert "Final answer" in out  # rendered Markdown, not raw asterisks
     assert "**Final**" not in out
+
+
+async def test_help_prints_one_command_per_line() -> None:
+    """A reply's newlines stay line breaks (CommonMark would join them into one paragraph)."""
+    channel, _, buf = await started()
+    await channel.send("terminal", HELP)
+    shown = [line.strip() for line in buf.getvalue().splitlines()]
+    for line in HELP.splitlines():
+        assert line.strip() in shown
+    # Markdown still renders, and a blank line still separates paragraphs.
+    buf.truncate(0)
+    buf.seek(0)
+    await channel.send("terminal", "**one**\ntwo\n\nthree")
+    lines = [line.rstrip() for line in buf.getvalue().splitlines()]
+    assert lines[1:] == ["one", "two", "", "three"]
 
 
 async def test_reset_marks_retry_and_forgets_streamed_text() -> None:

@@ -3,6 +3,7 @@ answered by typing "a", then /quit. And: nothing but the model endpoint is conta
 
 from __future__ import annotations
 
+import json
 import os
 import pty
 import re
@@ -74,6 +75,37 @@ def test_interactive_chat_with_approval(llm_thread: ScriptedLLM, tmp_path: Path)
         if term.proc.poll() is None:
             term.proc.kill()
     assert "Approved by owner" in term.screen
+
+
+def test_interactive_chat_logs_to_a_file_not_the_terminal(
+    llm_thread: ScriptedLLM, tmp_path: Path
+) -> None:
+    """A model retry logs a warning; in the REPL it must not land in the prompt."""
+    llm_thread.reply_error(500, message="kaput")
+    llm_thread.reply_text("All good after one retry.")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEWARD_")}
+    env.update(make_env(tmp_path, llm_thread), TERM="xterm", COLUMNS="100")
+    log_file = tmp_path / "data" / "steward-chat.log"
+    term = Terminal([STEWARD, "chat"], env, tmp_path)
+    try:
+        term.expect("/quit to leave")
+        term.expect(f"logs: {log_file}")  # the banner says where they went
+        term.type("hello")
+        term.expect("All good after one retry.")
+        term.type("/help")  # one command per line, not one paragraph
+        term.expect("/proactive quiet")
+        term.type("/quit")
+        assert term.close() == 0
+    finally:
+        if term.proc.poll() is None:
+            term.proc.kill()
+    assert "llm.retry" not in term.screen and "warning" not in term.screen
+    events = [json.loads(line) for line in log_file.read_text().splitlines()]
+    retry = next(e for e in events if e["event"] == "llm.retry")
+    assert retry["level"] == "warning" and "kaput" in retry["detail"]
+    assert any(e["event"] == "task.started" for e in events)  # info level is kept too
+    shown = [line.strip() for line in term.screen.splitlines()]
+    assert "/cancel — stop the running task" in shown
 
 
 AUDIT = r"""
