@@ -38,6 +38,7 @@ from bot.server import build_web_app
 from memory.store import DataStore
 from tests.conftest import make_env
 from tests.fakes.llm import ScriptedLLM
+from tests.test_cli import run as run_steward
 from tests.test_web_e2e import SESSION, frames_until, free_port, owner_session, running
 
 STEWARD = str(Path(sys.executable).with_name("steward"))
@@ -363,3 +364,34 @@ async def test_a_local_process_cannot_approve_nor_pair_only_the_owner_can(
     assert '"event": "web.login_refused"' in log
     # Printed once for the person; never in a log line.
     assert [line for line in stderr.lines if token in line] == [line]
+
+
+# ---------------------------------------------------------------------- doctor and `steward login`
+
+
+def test_doctor_shows_the_login_and_steward_login_prints_the_url(tmp_path: Path) -> None:
+    env = make_env(tmp_path, None, port=8799)
+    data_dir = tmp_path / "data"
+    before = run_steward(["doctor"], env, tmp_path)
+    assert "web login: no token yet: `steward run` creates" in before.stdout
+
+    printed = run_steward(["login"], env, tmp_path)
+    assert printed.returncode == 0, printed.stderr
+    token = read_token(data_dir)
+    assert printed.stdout == f"http://127.0.0.1:8799/?token={token}\n"
+    assert stat.S_IMODE(token_path(data_dir).stat().st_mode) == 0o600
+
+    after = run_steward(["doctor"], env, tmp_path)
+    assert f"web login: token in {token_path(data_dir)} (only you can read it)" in after.stdout
+    assert "steward login" in after.stdout
+    assert token not in after.stdout + after.stderr  # doctor output gets pasted into reports
+
+    os.chmod(token_path(data_dir), 0o644)
+    loose = run_steward(["doctor"], env, tmp_path)
+    assert "! web login:" in loose.stdout and "chmod 600" in loose.stdout
+
+    rotated = run_steward(["login", "--new"], env, tmp_path)
+    fresh = read_token(data_dir)
+    assert fresh != token and rotated.stdout == f"http://127.0.0.1:8799/?token={fresh}\n"
+    assert "restart a running `steward run`" in rotated.stderr
+    assert stat.S_IMODE(token_path(data_dir).stat().st_mode) == 0o600
