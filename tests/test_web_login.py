@@ -128,6 +128,8 @@ async def test_every_route_but_health_and_webhooks_needs_the_login(
                 async with stranger.get(url + path) as r:
                     assert r.status == 401, path
                     assert "steward login" in await r.text()
+            async with stranger.head(url + "/") as r:  # how the page asks after a refusal
+                assert r.status == 401
             async with stranger.get(f"{url}/?token=wrong{token}") as r:
                 assert r.status == 401
             async with stranger.get(f"{url}/?token={token[:-1]}") as r:
