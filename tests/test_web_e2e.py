@@ -156,7 +156,9 @@ async def test_web_chat_beyond_loopback_needs_a_login(settings_for: Callable) ->
         raise AssertionError("an exposed web chat without a login must not start")
 
 
-async def test_web_login(settings_for: Callable) -> None:
+async def test_web_password_works_alongside_the_login_url(settings_for: Callable) -> None:
+    """STEWARD_WEB_PASSWORD (HTTP Basic, user owner) is a second way in; the login URL's
+    token still works with it set."""
     s = settings_for(None, port=free_port(), web_password="s3cret")
 
     def basic(password: str) -> dict[str, str]:
@@ -171,6 +173,11 @@ async def test_web_login(settings_for: Callable) -> None:
                 assert r.status == 401
             async with anonymous.get(url + "/healthz") as r:
                 assert r.status == 200  # for doctor and load balancers, without a login
+        async with owner_session() as browser:
+            async with browser.get(f"{url}/?token={read_token(s.data_dir)}") as r:
+                assert r.status == 200  # the login URL, then the cookie
+            async with browser.ws_connect(f"{url}/ws?session={SESSION}", origin=url) as ws:
+                assert (await ws.receive_json())["type"] == "limits"
         async with http.get(url + "/") as r:
             assert r.status == 200
         async with http.ws_connect(f"{url}/ws?session={SESSION}", headers={"Origin": url}) as ws:
