@@ -19,7 +19,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import structlog
@@ -172,8 +172,21 @@ class TerminalChannel:
         user: str = "owner",
         conversation: str = "terminal",
         clock: Callable[[], float] = time.monotonic,
+        person_at_terminal: bool | None = None,
     ) -> None:
+        """`person_at_terminal`: whether a person types the input; None asks stdin.
+
+        The terminal's user is the owner because a person sits at it. When stdin is
+        not a terminal (a pipe, a file, a process the agent started), nobody can be
+        asked: the channel is not interactive, so no approval is requested here
+        (approvals are denied at once) and no line is read as a button press.
+        """
         self.console = console or Console()
+        if person_at_terminal is None:
+            person_at_terminal = sys.stdin is not None and sys.stdin.isatty()
+        self.person_at_terminal = person_at_terminal
+        if not person_at_terminal:
+            self.capabilities = replace(type(self).capabilities, interactive=False)
         self.user = user
         self.conversation = conversation
         self._clock = clock
@@ -281,9 +294,10 @@ class TerminalChannel:
         """A reply to the latest pending button message, by number, label or value.
 
         Labels win over values (values are opaque ids that may share a prefix), and
-        an ambiguous word is treated as ordinary text rather than guessed.
+        an ambiguous word is treated as ordinary text rather than guessed. Only a
+        person at the terminal presses: piped input is always ordinary text.
         """
-        if not self._pending:
+        if not self._pending or not self.person_at_terminal:
             return None
         ref_id, pending = next(reversed(self._pending.items()))
         buttons = pending.buttons

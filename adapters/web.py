@@ -9,7 +9,11 @@ Markdown itself, safely).
 
 The browser keeps a random session id in localStorage and connects to
 ``/ws?session=ID``; the conversation is ``web:ID`` and the user is the owner (the
-local web chat belongs to whoever runs Steward). Every tab on one session sees the
+local web chat belongs to whoever runs Steward). Being the owner is why a socket
+needs a login (`adapters.web_login`: the server's middleware checks the token or
+cookie and marks the request) and an ``Origin`` naming this server: a socket
+without both is refused before the upgrade, so no other local process, nor a web
+page the owner visits, can press Approve or send ``/pair``. Every tab on one session sees the
 same frames. History is appended to ``<data_dir>/web/<session>.jsonl`` so that a
 reload or a restart shows the conversation again; messages sent while no tab is
 open are stored and appear on the next connect.
@@ -55,6 +59,7 @@ from urllib.parse import urlsplit
 import structlog
 from aiohttp import WSCloseCode, WSMsgType, web
 
+from adapters.web_login import AUTHENTICATED
 from core.events import (
     ApprovalRequest,
     Button,
@@ -287,6 +292,7 @@ class WebChannel:
 
     async def _api_history(self, request: web.Request) -> web.Response:
         """The stored history of one session as JSON, for debugging."""
+        _require_login(request)
         session = request.query.get("session", "")
         if not SESSION_RE.fullmatch(session):
             return web.json_response(
@@ -300,11 +306,16 @@ class WebChannel:
         )
 
     async def _ws(self, request: web.Request) -> web.StreamResponse:
+        _require_login(request)
         if not _same_origin(request):
             # Browsers always send Origin on a WebSocket: without this check any web
-            # page the owner visits could talk to Steward as the owner.
+            # page the owner visits could talk to Steward as the owner. A client that
+            # sends none is not Steward's page either.
             log.warning("web.bad_origin", origin=request.headers.get("Origin"))
-            raise web.HTTPForbidden(text="Cross-origin WebSocket refused: open Steward's own page.")
+            raise web.HTTPForbidden(
+                text="WebSocket refused: its Origin header is missing or names another site. "
+                "Open Steward's own page."
+            )
         ws = web.WebSocketResponse(heartbeat=30.0, timeout=2.0, max_msg_size=MAX_FRAME_BYTES)
         await ws.prepare(request)
         session = request.query.get("session", "")
@@ -699,12 +710,28 @@ async def _send_error(ws: web.WebSocketResponse, text: str, *, code: str = "") -
         await ws.send_json(frame)
 
 
+def _require_login(request: web.Request) -> None:
+    """Refuse (401) a request the login middleware did not authenticate.
+
+    The server's middleware already refuses such requests; this keeps the web chat
+    from ever acting for the owner when mounted without it.
+    """
+    if not request.get(AUTHENTICATED):
+        log.warning("web.unauthenticated", path=request.path)
+        raise web.HTTPUnauthorized(
+            text="Steward's web chat needs a login: open the login URL `steward run` printed."
+        )
+
+
 def _same_origin(request: web.Request) -> bool:
-    """True unless a browser says the page that opened this socket came from elsewhere."""
+    """True when the socket's Origin names this server (host and port); required."""
     origin = request.headers.get("Origin")
     if origin is None:
-        return True  # not a browser (CLI tools, tests): browsers always send Origin here
-    netloc = urlsplit(origin).netloc.lower()
+        return False
+    parts = urlsplit(origin)
+    if parts.scheme not in ("http", "https"):
+        return False
+    netloc = parts.netloc.lower()
     allowed = {request.host.lower()}
     forwarded = request.headers.get("X-Forwarded-Host")
     if forwarded:

@@ -73,6 +73,17 @@ def _parser() -> argparse.ArgumentParser:
 
     add_policy_parser(sub)
 
+    login = sub.add_parser(
+        "login",
+        help="print the web chat's login URL (it holds this data dir's secret token)",
+    )
+    login.add_argument(
+        "--new",
+        action="store_true",
+        help="replace the token first: every browser logged in must open the new URL "
+        "(a running `steward run` keeps the old one until restarted)",
+    )
+
     sub.add_parser("doctor", help="check the set-up and say what to fix")
     sub.add_parser("version", help="print the version")
     return p
@@ -167,6 +178,10 @@ def _dispatch(args: argparse.Namespace, settings: Any, parser: argparse.Argument
                 return EXIT_FAIL
         asyncio.run(run_replay(settings, lines, sys.stdout, drain=args.drain))
         return EXIT_OK
+    if args.command == "login":
+        from bot.server import login_command
+
+        return login_command(settings, new=args.new)
     if args.command == "doctor":
         from bot.doctor import run_doctor
 

@@ -66,12 +66,48 @@ def _port(settings: Settings) -> Check:
     if exposed:
         return Check(
             "web chat",
-            True,
+            bool(settings.web_password),
             f"will listen on {settings.host}:{settings.port}, beyond this machine",
-            "the web chat has no login yet: keep STEWARD_HOST=127.0.0.1",
-            warn=True,
+            "set STEWARD_WEB_PASSWORD (required there) and put HTTPS in front, "
+            "or keep STEWARD_HOST=127.0.0.1",
+            warn=bool(settings.web_password),
         )
     return Check("web chat", True, f"http://{settings.host}:{settings.port} is free")
+
+
+def _web_login(settings: Settings) -> Check:
+    """Where the web chat's login comes from; never the token itself (doctor output gets
+    pasted into bug reports)."""
+    from adapters.web_login import TokenError, read_token, token_path
+
+    path = token_path(settings.data_dir)
+    password = " STEWARD_WEB_PASSWORD also logs in (user owner)." if settings.web_password else ""
+    try:
+        token = read_token(settings.data_dir)
+    except TokenError as exc:
+        return Check("web login", False, str(exc), f"delete {path}; `steward run` makes a new one")
+    if token is None:
+        return Check(
+            "web login",
+            True,
+            f"no token yet: `steward run` creates {path} and prints the login URL on its "
+            f"terminal.{password}",
+        )
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        return Check(
+            "web login",
+            True,
+            f"token in {path} is readable by others (mode {mode:o})",
+            f"chmod 600 {path} (`steward run` also does), then `steward login --new`",
+            warn=True,
+        )
+    return Check(
+        "web login",
+        True,
+        f"token in {path} (only you can read it); the login URL is printed by `steward run` "
+        f"on its terminal, and by `steward login`.{password}",
+    )
 
 
 async def _model(settings: Settings) -> list[Check]:
@@ -277,6 +313,7 @@ async def run_doctor(settings: Settings) -> int:
     checks: list[Check] = [Check("config", True, _config_summary(settings))]
     checks += _dirs(settings)
     checks.append(_port(settings))
+    checks.append(_web_login(settings))
     checks += await _model(settings)
     checks += await _channels(settings)
     failed = 0

@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import errno
-import hmac
 import ipaddress
 import signal
 import sys
-from typing import Any
 
 import structlog
 from aiohttp import web
 
 from adapters.web import WebChannel
-from bot.app import App
+from adapters.web_login import TokenError, WebLogin, load_or_create_token, new_token, token_path
+from bot.app import App, ensure_dir
 from bot.channels import UndeliveredStore, configured_platforms
 from config.settings import ConfigError, Settings
 from core.events import Channel
@@ -34,43 +32,35 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def login_middleware(password: str) -> Any:
-    """HTTP Basic auth for every route: the web chat acts as the owner, so beyond this
-    machine it must not be open. Constant-time comparison; user name "owner"."""
-    expected = "Basic " + base64.b64encode(f"owner:{password}".encode()).decode()
-
-    @web.middleware
-    async def check(request: web.Request, handler: Any) -> web.StreamResponse:
-        given = request.headers.get("Authorization", "")
-        if not hmac.compare_digest(given.encode(), expected.encode()):
-            log.warning("web.login_refused", remote=request.remote)
-            return web.Response(
-                status=401,
-                text="Login required (user: owner, password: STEWARD_WEB_PASSWORD).",
-                headers={"WWW-Authenticate": 'Basic realm="Steward", charset="UTF-8"'},
-            )
-        return await handler(request)
-
-    return check
-
-
 def build_web_app(
-    app: App, web_channel: WebChannel, platforms: list[Channel] | None = None
+    app: App,
+    web_channel: WebChannel,
+    platforms: list[Channel] | None = None,
+    *,
+    login: WebLogin,
 ) -> web.Application:
+    """One server: the web chat and anything else that acts behind the login; `/healthz`
+    and the platforms' webhooks (each verifies its own signature) outside it."""
     settings = app.settings
     if not is_loopback(settings.host) and not settings.web_password:
         raise ConfigError(
             f"STEWARD_HOST={settings.host} would open the web chat (which acts as the owner) "
-            f"beyond this machine without a login. Set STEWARD_WEB_PASSWORD, or keep "
-            f"STEWARD_HOST=127.0.0.1."
+            f"beyond this machine with only the login URL's token. Set STEWARD_WEB_PASSWORD "
+            f"too, or keep STEWARD_HOST=127.0.0.1."
         )
-    middlewares = [login_middleware(settings.web_password)] if settings.web_password else []
-    server = web.Application(client_max_size=1024 * 1024, middlewares=middlewares)
+    public: set[web.AbstractResource] = set()
+
+    def is_public(request: web.Request) -> bool:
+        return request.match_info.route.resource in public
+
+    server = web.Application(client_max_size=1024 * 1024, middlewares=[login.middleware(is_public)])
     web_channel.add_routes(server)
+    private = set(server.router.resources())
     for adapter in platforms or []:
         add_routes = getattr(adapter, "add_routes", None)
         if add_routes is not None:  # webhook platforms (Slack HTTP mode, …)
             add_routes(server)
+    public.update(r for r in server.router.resources() if r not in private)
 
     async def healthz(_request: web.Request) -> web.Response:
         channels = {}
@@ -98,8 +88,28 @@ def build_web_app(
             status=503 if starting else 200,
         )
 
-    server.router.add_get("/healthz", healthz)
+    public.add(server.router.add_get("/healthz", healthz).resource)  # type: ignore[arg-type]
     return server
+
+
+def login_command(settings: Settings, *, new: bool = False) -> int:
+    """`steward login`: the login URL on stdout, for the person who lost `steward run`'s."""
+    data_dir = ensure_dir(settings.data_dir, "data_dir")
+    try:
+        token = new_token(data_dir) if new else load_or_create_token(data_dir)
+    except (TokenError, OSError) as exc:
+        raise ConfigError(str(exc)) from exc
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
+    if ":" in host:
+        host = f"[{host}]"
+    print(WebLogin(token).login_url(f"http://{host}:{settings.port}"))
+    if new:
+        print(
+            f"steward: new login token in {token_path(data_dir)}. Browsers logged in before "
+            "must open this URL; restart a running `steward run` for it to take effect.",
+            file=sys.stderr,
+        )
+    return 0
 
 
 def build_platforms(settings: Settings) -> list[Channel]:
@@ -118,9 +128,13 @@ def build_platforms(settings: Settings) -> list[Channel]:
 
 async def serve(settings: Settings, *, stop_event: asyncio.Event | None = None) -> int:
     app = App(settings, subcommand="run")
+    try:
+        login = WebLogin(load_or_create_token(settings.data_dir), password=settings.web_password)
+    except (TokenError, OSError) as exc:
+        raise ConfigError(str(exc)) from exc
     web_channel = WebChannel(settings.data_dir, notice=app.notice, scrub=redact)
     platforms = build_platforms(settings)
-    runner = web.AppRunner(build_web_app(app, web_channel, platforms), access_log=None)
+    runner = web.AppRunner(build_web_app(app, web_channel, platforms, login=login), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port)
     try:
@@ -146,7 +160,14 @@ async def serve(settings: Settings, *, stop_event: asyncio.Event | None = None) 
     url = f"http://{settings.host}:{port}"
     app.lock.describe(url)  # so a refused `steward chat` can point at the web chat
     log.info("server.started", url=url, model=app.llm.describe() if app.llm else None)
-    print(f"Steward is running: open {url} (Ctrl-C to stop)", file=sys.stderr, flush=True)
+    # The login URL carries the secret: printed for the person at this terminal, never
+    # logged (the log may be shipped elsewhere).
+    print(
+        f"Steward is running: open {login.login_url(url)} (Ctrl-C to stop)\n"
+        f"  That link logs this browser in to the web chat; keep it to yourself.",
+        file=sys.stderr,
+        flush=True,
+    )
     if app.notice:
         print(app.notice, file=sys.stderr, flush=True)
     stop = stop_event or asyncio.Event()

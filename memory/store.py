@@ -69,8 +69,18 @@ log = structlog.get_logger("steward.memory.store")
 T = TypeVar("T")
 
 AUTHOR = b"Steward <steward@localhost>"
-#: Caches and runtime files: rebuildable or private to one run, never history.
-GITIGNORE = ("index.sqlite*", "index.faiss*", "*.lock", "outbox/", "web/", "*.tmp", "*.log")
+#: Caches and runtime files: rebuildable or private to one run, never history; and
+#: secrets (the web chat's login token), which must never reach a commit.
+GITIGNORE = (
+    "index.sqlite*",
+    "index.faiss*",
+    "*.lock",
+    "outbox/",
+    "web/",
+    "*.tmp",
+    "*.log",
+    "secrets/",
+)
 _FILE_MODE = 0o100644
 _CAS_ATTEMPTS = 5  # HEAD moved under us (a person committed): rebuild and retry
 

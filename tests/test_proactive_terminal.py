@@ -32,7 +32,9 @@ async def test_terminal_shows_the_suggestion_and_yes_starts_the_task(
     llm.responder = responder()
     app = App(settings_for(llm), clock=SimClock())
     buf = io.StringIO()
-    channel = TerminalChannel(Console(file=buf, force_terminal=False, width=120))
+    channel = TerminalChannel(
+        Console(file=buf, force_terminal=False, width=120), person_at_terminal=True
+    )
     await app.start([channel])
 
     def idle() -> bool:

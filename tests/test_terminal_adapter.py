@@ -55,6 +55,7 @@ class Recorder:
 
 async def started(**kwargs: object) -> tuple[TerminalChannel, Recorder, io.StringIO]:
     console, buf = make_console()
+    kwargs.setdefault("person_at_terminal", True)
     channel = TerminalChannel(console, **kwargs)  # type: ignore[arg-type]
     recorder = Recorder()
     await channel.start(recorder)
@@ -357,7 +358,7 @@ async def test_sigint_handler_is_restored_after_interact() -> None:
 
 async def test_a_failing_dispatcher_does_not_end_the_repl() -> None:
     console, buf = make_console()
-    channel = TerminalChannel(console)
+    channel = TerminalChannel(console, person_at_terminal=True)
     seen: list[str] = []
 
     async def dispatch(event: Inbound) -> None:
@@ -374,7 +375,7 @@ async def test_a_failing_dispatcher_does_not_end_the_repl() -> None:
 
 async def test_interact_needs_start() -> None:
     with pytest.raises(RuntimeError, match="start"):
-        await TerminalChannel(make_console()[0]).interact(lines_of())
+        await TerminalChannel(make_console()[0], person_at_terminal=True).interact(lines_of())
 
 
 # -- OneShotChannel -------------------------------------------------------------

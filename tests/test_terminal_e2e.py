@@ -148,3 +148,59 @@ def test_no_network_but_the_model_endpoint(llm_thread: ScriptedLLM, tmp_path: Pa
     assert res.returncode == 0, res.stderr
     assert res.stdout == "hi there\n"
     assert "NONLOOPBACK []" in res.stderr
+
+
+def test_piped_stdin_cannot_approve(llm_thread: ScriptedLLM, tmp_path: Path) -> None:
+    """Issue 13: the terminal's owner is the person at the terminal, not any process.
+    A program feeding `steward chat` through a pipe (one the agent started, say) cannot
+    answer an approval: none is asked, and "1" is only text."""
+    llm_thread.reply_tool("shell", {"command": "echo piped > ../piped.txt"})
+    llm_thread.reply_text("I could not write piped.txt.")
+    llm_thread.reply_text("Nothing to choose.")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEWARD_")}
+    env.update(make_env(tmp_path, llm_thread))
+    proc = subprocess.Popen(
+        [STEWARD, "chat"],
+        env=env,
+        cwd=tmp_path,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    out = b""
+
+    def expect(*texts: str, timeout: float = 40) -> None:
+        nonlocal out
+        deadline = time.monotonic() + timeout
+        while not any(text.encode() in out for text in texts):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"{texts!r} not seen; output so far:\n{out.decode()}")
+            ready, _, _ = select.select([proc.stdout], [], [], min(left, 0.5))
+            if ready:
+                chunk = os.read(proc.stdout.fileno(), 65536)  # type: ignore[union-attr]
+                if not chunk:
+                    break
+                out += chunk
+
+    try:
+        proc.stdin.write(b"write piped.txt outside the workspace\n")
+        proc.stdin.flush()
+        # Before issue 13 the approval was shown and "1" pressed Approve.
+        expect("Approval needed", "I could not write piped.txt.")
+        proc.stdin.write(b"1\nhello\n")
+        proc.stdin.flush()
+        expect("Nothing to choose.")
+        proc.stdin.close()
+        proc.wait(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not (tmp_path / "piped.txt").exists()
+    assert "Approval needed" not in out.decode()
+    last_user = [
+        [m["content"] for m in r["messages"] if m["role"] == "user"][-1]
+        for r in llm_thread.requests
+    ]
+    assert "1" in last_user  # typed text, sent to the model like any message

@@ -21,6 +21,7 @@ from aiohttp import WSMsgType, web
 from structlog.testing import capture_logs
 
 from adapters.web import HISTORY_LIMIT, MAX_FRAME_BYTES, MAX_MESSAGE_BYTES, WebChannel
+from adapters.web_login import AUTHENTICATED
 from core.events import (
     ApprovalRequest,
     Button,
@@ -77,10 +78,18 @@ class Server:
         return ws, history["items"]
 
 
+@web.middleware
+async def logged_in(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Stands in for the server's login (tested in test_web_login.py): every request is
+    the owner's, so these tests see the channel itself."""
+    request[AUTHENTICATED] = "owner"
+    return await handler(request)
+
+
 @asynccontextmanager
-async def serve(data_dir: Path, **kwargs: Any) -> AsyncIterator[Server]:
+async def serve(data_dir: Path, *, login: bool = True, **kwargs: Any) -> AsyncIterator[Server]:
     channel = WebChannel(data_dir, **kwargs)
-    app = web.Application()
+    app = web.Application(middlewares=[logged_in] if login else [])
     channel.add_routes(app)
     runner = web.AppRunner(app)
     await runner.setup()
@@ -90,8 +99,10 @@ async def serve(data_dir: Path, **kwargs: Any) -> AsyncIterator[Server]:
     recorder = Recorder()
     await channel.start(recorder)
     try:
-        async with aiohttp.ClientSession() as http:
-            yield Server(channel, recorder, f"http://127.0.0.1:{port}", http)
+        url = f"http://127.0.0.1:{port}"
+        # Steward's page sends its own Origin, as a browser does; the server requires it.
+        async with aiohttp.ClientSession(headers={"Origin": url}) as http:
+            yield Server(channel, recorder, url, http)
     finally:
         await channel.stop()
         await runner.cleanup()
@@ -294,6 +305,31 @@ async def test_cross_origin_socket_is_refused(server: Server) -> None:
     assert info.value.status == 403
     ws = await server.http.ws_connect(f"{server.url}/ws?session={SESSION}", origin=server.url)
     assert (await recv(ws))["type"] == "limits"
+
+
+async def test_socket_without_origin_is_refused(server: Server) -> None:
+    """Only a browser on Steward's own page sends the right Origin; a socket sending
+    none (any local script) is refused before the upgrade, and nothing is dispatched."""
+    async with aiohttp.ClientSession() as bare:
+        with pytest.raises(aiohttp.WSServerHandshakeError) as info:
+            await bare.ws_connect(f"{server.url}/ws?session={SESSION}")
+        assert info.value.status == 403
+        for origin in ("null", "file://", f"ftp://{server.url.removeprefix('http://')}"):
+            with pytest.raises(aiohttp.WSServerHandshakeError) as info:
+                await bare.ws_connect(f"{server.url}/ws?session={SESSION}", origin=origin)
+            assert info.value.status == 403
+    assert server.dispatch.events == []
+
+
+async def test_channel_without_the_login_refuses_sockets_and_history(tmp_path: Path) -> None:
+    """Mounted without the server's login, the channel never acts for the owner."""
+    async with serve(tmp_path, login=False) as srv:
+        with pytest.raises(aiohttp.WSServerHandshakeError) as info:
+            await srv.http.ws_connect(f"{srv.url}/ws?session={SESSION}")
+        assert info.value.status == 401
+        async with srv.http.get(f"{srv.url}/api/history", params={"session": SESSION}) as resp:
+            assert resp.status == 401
+        assert srv.dispatch.events == []
 
 
 # ---------------------------------------------------------------------- outbound

@@ -13,6 +13,7 @@ from typing import Any
 
 import aiohttp
 
+from adapters.web_login import read_token
 from bot.server import serve
 from config.settings import ConfigError
 from tests.fakes.llm import Reply, ScriptedLLM
@@ -29,12 +30,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def owner_session(headers: dict[str, str] | None = None) -> aiohttp.ClientSession:
+    """A browser-like client: keeps cookies for 127.0.0.1 (aiohttp's default jar refuses
+    cookies for IP addresses)."""
+    return aiohttp.ClientSession(headers=headers, cookie_jar=aiohttp.CookieJar(unsafe=True))
+
+
 @contextlib.asynccontextmanager
-async def running(settings: Any, headers: dict[str, str] | None = None):
+async def running(settings: Any, headers: dict[str, str] | None = None, *, login: bool = True):
+    """Steward's server on `settings`; yields a client that opened the login URL, as the
+    owner does after `steward run` (`login=False`: a client without the cookie)."""
     stop = asyncio.Event()
     task = asyncio.create_task(serve(settings, stop_event=stop))
     url = f"http://127.0.0.1:{settings.port}"
-    async with aiohttp.ClientSession(headers=headers) as http:
+    async with owner_session(headers) as http:
         for _ in range(200):
             with contextlib.suppress(aiohttp.ClientError):
                 async with http.get(f"{url}/healthz") as r:
@@ -43,6 +52,9 @@ async def running(settings: Any, headers: dict[str, str] | None = None):
             if task.done():
                 task.result()
             await asyncio.sleep(0.05)
+        if login:
+            async with http.get(f"{url}/?token={read_token(settings.data_dir)}") as r:
+                assert r.status == 200 and str(r.url) == f"{url}/", r.url
         try:
             yield http, url
         finally:
@@ -144,19 +156,28 @@ async def test_web_chat_beyond_loopback_needs_a_login(settings_for: Callable) ->
         raise AssertionError("an exposed web chat without a login must not start")
 
 
-async def test_web_login(settings_for: Callable) -> None:
+async def test_web_password_works_alongside_the_login_url(settings_for: Callable) -> None:
+    """STEWARD_WEB_PASSWORD (HTTP Basic, user owner) is a second way in; the login URL's
+    token still works with it set."""
     s = settings_for(None, port=free_port(), web_password="s3cret")
 
     def basic(password: str) -> dict[str, str]:
         token = base64.b64encode(f"owner:{password}".encode()).decode()
         return {"Authorization": f"Basic {token}"}
 
-    async with running(s, headers=basic("s3cret")) as (http, url):
+    async with running(s, headers=basic("s3cret"), login=False) as (http, url):
         async with aiohttp.ClientSession() as anonymous:
             async with anonymous.get(url + "/") as r:
-                assert r.status == 401 and "WWW-Authenticate" in r.headers
+                assert r.status == 401 and r.headers["WWW-Authenticate"].startswith("Basic")
             async with anonymous.get(url + "/", headers=basic("wrong")) as r:
                 assert r.status == 401
+            async with anonymous.get(url + "/healthz") as r:
+                assert r.status == 200  # for doctor and load balancers, without a login
+        async with owner_session() as browser:
+            async with browser.get(f"{url}/?token={read_token(s.data_dir)}") as r:
+                assert r.status == 200  # the login URL, then the cookie
+            async with browser.ws_connect(f"{url}/ws?session={SESSION}", origin=url) as ws:
+                assert (await ws.receive_json())["type"] == "limits"
         async with http.get(url + "/") as r:
             assert r.status == 200
         async with http.ws_connect(f"{url}/ws?session={SESSION}", headers={"Origin": url}) as ws:

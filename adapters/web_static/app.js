@@ -391,14 +391,29 @@
     return true;
   }
 
+  // A socket refused before it opened may mean the login is gone (a new token, an
+  // expired cookie). The browser hides the server's 401 from the page, so ask it.
+  function checkLogin() {
+    if (typeof fetch !== "function") return;
+    fetch("/", { method: "HEAD", cache: "no-store" }).then((r) => {
+      if (r.status !== 401) return;
+      noticeEl.textContent = "You are not logged in to Steward (or its login token changed): " +
+        "open the login URL that `steward run` printed in its terminal, or run " +
+        "`steward login` to print it again.";
+      noticeEl.hidden = false;
+    }).catch(() => { /* Steward is down: the status line says so */ });
+  }
+
   function connect() {
     clearTimeout(reconnectTimer);
     const proto = location.protocol === "https:" ? "wss:" : "ws:";
     const sock = new WebSocket(proto + "//" + location.host + "/ws?session=" +
       encodeURIComponent(session));
     ws = sock;
+    let opened = false;
     setStatus("connecting", "connecting…");
     sock.onopen = () => {
+      opened = true;
       backoff = 500;
       setStatus("open", "connected");
     };
@@ -420,6 +435,7 @@
         session = newSession();
         try { localStorage.setItem(SESSION_KEY, session); } catch (_) { /* ignore */ }
       }
+      if (!opened) checkLogin();
       const wait = Math.min(backoff, 15000) * (0.75 + Math.random() * 0.5);
       backoff = Math.min(backoff * 2, 15000);
       setStatus("closed", "reconnecting in " + Math.ceil(wait / 1000) + " s…");

@@ -64,6 +64,13 @@ function load() {
   }
   FakeWebSocket.OPEN = 1;
   const timers = [];
+  const fetches = [];
+  let loginStatus = 200;
+  // Settles at once (a thenable, not a Promise) so that scenarios stay synchronous.
+  const fetch = (url, init) => {
+    fetches.push([url, init && init.method]);
+    return { then(ok) { ok({ status: loginStatus }); return { catch() {} }; } };
+  };
   const context = {
     document: {
       getElementById: (id) => els[id],
@@ -73,6 +80,7 @@ function load() {
     crypto: { getRandomValues: (a) => a },
     location: { protocol: "http:", host: "127.0.0.1:8765" },
     WebSocket: FakeWebSocket,
+    fetch,
     TextEncoder,
     setTimeout: (fn) => timers.push(fn),
     clearTimeout() {},
@@ -85,6 +93,9 @@ function load() {
   vm.runInNewContext(source, context);
   const page = {
     els,
+    fetches,
+    timers,
+    loggedOut() { loginStatus = 401; },
     get sock() { return sockets[sockets.length - 1]; },
     open() { page.sock.readyState = 1; page.sock.onopen(); },
     frame(f) { page.sock.onmessage({ data: JSON.stringify(f) }); },
@@ -180,7 +191,26 @@ const scenarios = {
     assert.equal(page.els.input.value, "again");
     assert.match(page.errors()[1], /too big for the web chat/);
   },
+
+  a_socket_refused_for_want_of_a_login_says_how_to_log_in() {
+    const page = load();
+    page.sock.onclose({ code: 1006 }); // was open: a restart, not a refusal
+    assert.deepEqual(page.fetches, []);
+    page.loggedOut(); // the token was replaced: the server answers 401 from now on
+    connectAgain(page);
+    page.sock.onclose({ code: 1006 }); // refused before it opened
+    assert.deepEqual(page.fetches, [["/", "HEAD"]]);
+    assert.equal(page.els.notice.hidden, false);
+    assert.match(page.els.notice.textContent, /not logged in.*`steward login`/);
+  },
 };
+
+// The page's reconnect timer, fired.
+function connectAgain(page) {
+  const before = page.sock;
+  page.timers.pop()();
+  assert.notEqual(page.sock, before, "a new socket");
+}
 
 // Every scenario (or those named on the command line); one line each, exit 1 on a failure.
 let failed = 0;
