@@ -102,7 +102,9 @@ def in_use_message(exc: DataDirLocked, command: str, settings: Settings) -> str:
         return (
             f"{where}: `steward run` ({pid}) is using it, and only one Steward may. "
             "Either stop `steward run` first (Ctrl-C where it runs), "
-            f"or chat in its web chat at {url} instead, {other_dir}"
+            f"or chat in its web chat at {url} instead (log in with the link it printed, "
+            "or `steward login`), "
+            f"{other_dir}"
         )
     if exc.command:
         return (
