@@ -185,7 +185,7 @@ def test_chat_while_steward_run_holds_the_data_dir_says_what_to_do(
         url = ""
         for line in server.stderr:  # JSON log lines, then the line that names the URL
             if line.startswith("Steward is running: open "):
-                url = line.split("open ", 1)[1].split()[0]
+                url = line.split("open ", 1)[1].split()[0].split("?", 1)[0].rstrip("/")
                 break
         assert url.startswith("http://127.0.0.1:") and not url.endswith(":0"), url
         for args, stdin in ((["chat", "-m", "hi"], None), (["chat"], "hi\n")):
