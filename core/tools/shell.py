@@ -1,5 +1,10 @@
 """shell: run a bash command in the workspace, with a timeout that stops everything it started.
 
+With an OS sandbox (`ToolContext.sandbox`, core/sandbox.py) the command runs inside
+bubblewrap: only the workspace writable, no network, Steward's data, config and process
+invisible, and every process it started ends with it. The grant of an approval
+(`ToolContext.grant`) widens that for this one call; "unsandboxed" runs bash directly.
+
 The command runs in its own process group (start_new_session) so a timeout can kill
 the whole tree, not just bash; stdin is closed so nothing waits for input; the
 environment has secret-looking variables removed so a command (or a prompt-injected
@@ -16,10 +21,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 from pathlib import Path
 from typing import Any
 
+from core.sandbox import Grant
 from core.tools.base import Tool, ToolContext, ToolError
 from core.tools.workspace import workspace_root
 
@@ -40,6 +47,18 @@ GIT_LOCATORS = (
 #: After bash exits, how long to keep reading output that background children still write.
 DRAIN_SECONDS = 0.5
 READ_CHUNK = 65536
+#: What programs say when there is no network (the sandbox's default).
+NO_NETWORK_RE = re.compile(
+    r"Could not resolve host|Temporary failure in name resolution|Network is unreachable|"
+    r"Name or service not known|Could not resolve hostname|getaddrinfo failed|"
+    r"Failed to establish a new network connection|Connection refused",
+    re.IGNORECASE,
+)
+NO_NETWORK_HINT = (
+    "\n[The command ran in Steward's sandbox, which has no network. To fetch a web page "
+    "use web_fetch; if this command really needs the network, run it again with "
+    '"network": true to ask the person for it.]'
+)
 
 
 def is_secret_name(name: str) -> bool:
@@ -125,16 +144,22 @@ async def run(ctx: ToolContext, args: dict[str, Any]) -> str:
     timeout = _timeout(args, ctx.shell_timeout)
     out = _Output(ctx.output_cap)
     root = workspace_root(ctx.workspace)
+    env = command_env(ctx.env, root)
+    grant = ctx.grant or Grant()
+    sandboxed = ctx.sandbox is not None and not grant.unsandboxed
+    if ctx.sandbox is not None and sandboxed:
+        argv = ctx.sandbox.argv(command, grant)
+        env = ctx.sandbox.env(env)
+    else:
+        argv = ["bash", "-c", command]
     proc = await asyncio.create_subprocess_exec(
-        "bash",
-        "-c",
-        command,
+        *argv,
         cwd=root,
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
         start_new_session=True,
-        env=command_env(ctx.env, root),
+        env=env,
     )
     assert proc.stdout is not None
     pump = asyncio.create_task(_pump(proc.stdout, out))
@@ -165,8 +190,12 @@ async def run(ctx: ToolContext, args: dict[str, Any]) -> str:
             _kill_group(proc.pid)
             with contextlib.suppress(ProcessLookupError):
                 await proc.wait()
+    if sandboxed:
+        _kill_group(proc.pid)  # bwrap is gone with its namespace; nothing of it stays
     text = f"exit code {proc.returncode}\n{_cap(out.text(), ctx.output_cap)}{note}"
     if proc.returncode != 0:
+        if sandboxed and not grant.network and NO_NETWORK_RE.search(text):
+            text += NO_NETWORK_HINT
         raise ToolError(text)
     return text
 
@@ -190,6 +219,13 @@ TOOL = Tool(
         "type": "object",
         "properties": {
             "command": {"type": "string", "description": "The bash command line to run."},
+            "network": {
+                "type": "boolean",
+                "description": (
+                    "Ask the person to let this one command use the network "
+                    "(commands have none by default)."
+                ),
+            },
             "timeout": {
                 "type": "number",
                 "exclusiveMinimum": 0,
