@@ -217,17 +217,28 @@ class Sandbox:
                 args += ["--ro-bind", folder, folder]
         args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
         home = self.home.rstrip("/")
-        if home and not any(home == d or home.startswith(d + "/") for d in (*SYSTEM_DIRS, "/tmp")):
+        if home and not any(_within(home, d) for d in (*SYSTEM_DIRS, ws)):
             args += ["--tmpfs", home]
         for root in self.readonly:
             args += ["--ro-bind", root, root]
+        # Later mounts cover earlier ones: the workspace and granted paths first, then
+        # what stays read-only or invisible inside them (a grant of the workspace's
+        # parent must not reopen .git/hooks or show the data dir), then a grant that is
+        # itself inside a hidden path (the person approved exactly that path).
         args += ["--bind", ws, ws]
+        granted = [p for p in grant.write if os.path.exists(p)]
+        for path in granted:
+            args += ["--bind", path, path]
         for path in self._git_protected():
             args += ["--ro-bind", path, path]
+        masked = []
         for path in self.hidden:
-            args += self._mask(path)
-        for path in grant.write:
-            if os.path.exists(path):
+            mask = self._mask(path, granted)
+            if mask:
+                masked.append(os.path.realpath(path))
+                args += mask
+        for path in granted:
+            if any(_within(path, m) for m in masked):
                 args += ["--bind", path, path]
         args += ["--chdir", ws, "--", "bash", "-c", command]
         return args
@@ -282,13 +293,13 @@ class Sandbox:
         return dirs
 
     def _inside(self, real: str) -> bool:
-        ws = str(self.workspace)
-        return real == ws or real.startswith(ws.rstrip("/") + "/")
+        return _within(real, str(self.workspace))
 
-    def _mask(self, path: Path) -> list[str]:
+    def _mask(self, path: Path, granted: Sequence[str] = ()) -> list[str]:
         real = os.path.realpath(path)
-        if not self._inside(real) or not os.path.lexists(real):
-            return []  # outside the workspace it is not there in the first place
+        visible = self._inside(real) or any(_within(real, g) for g in granted)
+        if not visible or not os.path.lexists(real):
+            return []  # outside what is bound it is not there in the first place
         if os.path.isdir(real):
             return ["--tmpfs", real]
         return ["--ro-bind", "/dev/null", real]
@@ -320,6 +331,10 @@ def _git_identity() -> dict[str, str]:
         if done.returncode == 0 and value:
             found.update(dict.fromkeys(names, value))
     return found
+
+
+def _within(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
 def _gitdir(dotgit: str) -> str | None:

@@ -54,6 +54,12 @@ NO_NETWORK_RE = re.compile(
     r"Failed to establish a new network connection|Connection refused",
     re.IGNORECASE,
 )
+#: Commands that usually need the network (a failure of one gets the hint too, even
+#: when it printed nothing, as `curl -s` does).
+NETWORK_COMMAND_RE = re.compile(
+    r"https?://|\b(curl|wget|ssh|scp|rsync|nc|ping|git\s+(clone|fetch|pull|push|ls-remote|"
+    r"submodule)|pip3?\s+(install|download)|npm|yarn|pnpm|apt|apt-get)\b"
+)
 NO_NETWORK_HINT = (
     "\n[The command ran in Steward's sandbox, which has no network. To fetch a web page "
     "use web_fetch; if this command really needs the network, run it again with "
@@ -194,10 +200,15 @@ async def run(ctx: ToolContext, args: dict[str, Any]) -> str:
         _kill_group(proc.pid)  # bwrap is gone with its namespace; nothing of it stays
     text = f"exit code {proc.returncode}\n{_cap(out.text(), ctx.output_cap)}{note}"
     if proc.returncode != 0:
-        if sandboxed and not grant.network and NO_NETWORK_RE.search(text):
+        if sandboxed and not grant.network and _wants_network(command, text):
             text += NO_NETWORK_HINT
         raise ToolError(text)
     return text
+
+
+def _wants_network(command: str, output: str) -> bool:
+    """Did a failed sandboxed command probably fail for want of the network?"""
+    return bool(NO_NETWORK_RE.search(output) or NETWORK_COMMAND_RE.search(command))
 
 
 def _cap(text: str, limit: int) -> str:
