@@ -38,6 +38,9 @@ from tests.test_replay_e2e import replay, tool_messages
 
 CORPUS = Path(__file__).with_name("sandbox_corpus.txt")
 AVAILABLE = detect()
+#: CI sets this (.ci/run): there, a machine that cannot sandbox is a failure, not a skip.
+if os.environ.get("SANDBOX_TESTS_REQUIRED") == "1" and not AVAILABLE.ok:
+    raise RuntimeError(f"SANDBOX_TESTS_REQUIRED=1 but there is no OS sandbox: {AVAILABLE.reason}")
 pytestmark = pytest.mark.skipif(
     not AVAILABLE.ok, reason=f"no OS sandbox on this machine: {AVAILABLE.reason}"
 )
