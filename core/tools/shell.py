@@ -196,8 +196,8 @@ async def run(ctx: ToolContext, args: dict[str, Any]) -> str:
             _kill_group(proc.pid)
             with contextlib.suppress(ProcessLookupError):
                 await proc.wait()
-    if sandboxed:
-        _kill_group(proc.pid)  # bwrap is gone with its namespace; nothing of it stays
+    # Sandboxed, nothing outlives bwrap: its PID namespace ended with it, and the kernel
+    # killed every process left inside (tests/test_sandbox_effects.py, "background").
     text = f"exit code {proc.returncode}\n{_cap(out.text(), ctx.output_cap)}{note}"
     if proc.returncode != 0:
         if sandboxed and not grant.network and _wants_network(command, text):
