@@ -229,8 +229,12 @@ class Sandbox:
         granted = [p for p in grant.write if os.path.exists(p)]
         for path in granted:
             args += ["--bind", path, path]
-        for path in self._git_protected():
-            args += ["--ro-bind", path, path]
+        for git, protected in self._git_protected():
+            # The repository folder itself becomes a mount point, so it cannot be renamed
+            # away and replaced by one with writable hooks; config and hooks read-only.
+            args += ["--bind", git, git]
+            for path in protected:
+                args += ["--ro-bind", path, path]
         masked = []
         for path in self.hidden:
             mask = self._mask(path, granted)
@@ -256,15 +260,17 @@ class Sandbox:
             env.setdefault(key, value)
         return env
 
-    def _git_protected(self) -> list[str]:
-        """`.git/config` and `.git/hooks` of the repositories in the workspace (also
-        through a `gitdir:` file), so a command cannot plant code a later one runs."""
-        found: list[str] = []
+    def _git_protected(self) -> list[tuple[str, list[str]]]:
+        """The repositories in the workspace (also through a `gitdir:` file) with their
+        `.git/config` and `.git/hooks`, so a command cannot plant code a later one (or
+        a person's own git, outside the sandbox) would run."""
+        found: list[tuple[str, list[str]]] = []
         for git in self._git_dirs():
-            for name in GIT_PROTECTED:
-                path = os.path.join(git, name)
-                if os.path.lexists(path) and self._inside(os.path.realpath(path)):
-                    found.append(os.path.realpath(path))
+            real = os.path.realpath(git)
+            if not self._inside(real):
+                continue
+            paths = [os.path.realpath(os.path.join(real, name)) for name in GIT_PROTECTED]
+            found.append((real, [p for p in paths if os.path.exists(p) and self._inside(p)]))
         return found
 
     def _git_dirs(self) -> list[str]:

@@ -373,3 +373,26 @@ async def test_approved_network_reaches_the_server_once_through_the_product(
     assert "reached" in first
     assert "reached" not in second and "no network" in second
     assert [o for o in out if o["kind"] == "approval"] == [approval]  # asked once
+
+
+async def test_data_and_config_inside_the_workspace_stay_hidden(world: World) -> None:
+    """Someone put the data dir and steward.toml inside the workspace: still masked."""
+    data, config = world.ws / ".steward", world.ws / "steward.toml"
+    (data / "approvals").mkdir(parents=True)
+    (data / "access.json").write_text(f"{world.secrets[0]}\n")
+    config.write_text(f'slack_bot_token = "{world.secrets[2]}"\n')
+    sandbox = Sandbox(
+        bwrap=world.sandbox.bwrap,
+        workspace=world.ws.resolve(),
+        hidden=(data, config),
+        home=world.sandbox.home,
+    )
+    ctx = ToolContext(workspace=world.ws, shell_timeout=10, sandbox=sandbox)
+    out = await run_shell(
+        ctx,
+        "cat .steward/access.json steward.toml; echo '{}' > .steward/access.json; "
+        "echo x >> steward.toml; ls -a .steward",
+    )
+    assert not any(s in out for s in world.secrets)
+    assert (data / "access.json").read_text() == f"{world.secrets[0]}\n"
+    assert config.read_text() == f'slack_bot_token = "{world.secrets[2]}"\n'
