@@ -16,6 +16,7 @@ BENCHES = {
     "memory": "bench.memory",
     "learning": "bench.learning",
     "proactive": "bench.proactive",
+    "sandbox": "bench.sandbox",
     "local_model": "bench.local_model",  # skips, saying why, without steward[local]
 }
 

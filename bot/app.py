@@ -38,6 +38,8 @@ from core.local_model import (
 from core.proactive import Config as ProactiveConfig
 from core.proactive import Proactive
 from core.rules_commands import RulesCommands
+from core.sandbox import SandboxRequired
+from core.sandbox import setup as sandbox_setup
 from core.suggestions import Suggestions
 from core.tools import ALL_TOOLS
 from core.tools.base import ToolContext
@@ -176,6 +178,17 @@ def ensure_workspace(settings: Settings) -> Path:
     return path
 
 
+def config_files(settings: Settings) -> list[Path]:
+    """The config files these settings were read from (kept out of the sandbox even if
+    someone put them inside the workspace)."""
+    files = {
+        Path(origin)
+        for origin in settings.sources.values()
+        if origin != "default" and not origin.startswith("env ")
+    }
+    return sorted(files)
+
+
 class App:
     """A Steward instance: one dispatcher, one agent, any number of channels."""
 
@@ -198,6 +211,18 @@ class App:
         self.clock = clock or Clock()
         self.data_dir = ensure_dir(settings.data_dir, "data_dir")
         self.workspace = ensure_workspace(settings).resolve()
+        # Decided once, before anything runs: sandboxed, opted out, or fail-closed.
+        try:
+            self.sandbox = sandbox_setup(
+                settings.sandbox, self.workspace, [self.data_dir, *config_files(settings)]
+            )
+        except SandboxRequired as exc:
+            raise ConfigError(str(exc)) from None
+        applog = structlog.get_logger("steward.app")
+        if self.sandbox.fallback:
+            applog.warning("sandbox.unavailable", reason=self.sandbox.fallback)
+        else:
+            applog.info("sandbox.ready", mode=settings.sandbox, sandbox=self.sandbox.describe())
         self.channels: list[Channel] = []
         self.conversations = Conversations(self.clock)
         self.episodes = EpisodeStore(self.data_dir)
@@ -265,7 +290,9 @@ class App:
                     output_cap=settings.output_cap,
                     fetch_timeout=settings.fetch_timeout,
                     fetch_max_bytes=settings.fetch_max_bytes,
+                    sandbox=self.sandbox.sandbox,
                 ),
+                ask_every_shell=self.sandbox.fallback,
                 guardian=self.guardian,
                 approvals=self.approvals,
                 episodes=self.episodes,
@@ -345,10 +372,15 @@ class App:
 
     @property
     def notice(self) -> str | None:
-        """The banner for the terminal and the web chat: the tiny local model, or no model."""
+        """The banner for the terminal and the web chat: the tiny local model, or no
+        model; and no OS sandbox, when commands cannot have one here."""
+        model: str | None
         if self.local is not None:
-            return LOCAL_MODEL_NOTICE
-        return None if self.agent is not None else self._no_model
+            model = LOCAL_MODEL_NOTICE
+        else:
+            model = None if self.agent is not None else self._no_model
+        parts = [p for p in (model, self.sandbox.notice) if p]
+        return "\n\n".join(parts) if parts else None
 
     async def start(self, channels: Sequence[Channel]) -> list[Outbox]:
         """Start each adapter behind its Outbox (the shared delivery layer); the dispatcher

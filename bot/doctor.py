@@ -48,6 +48,25 @@ def _dirs(settings: Settings) -> list[Check]:
     return checks
 
 
+def _sandbox(settings: Settings) -> Check:
+    """Whether shell commands run in the OS sandbox here, and if not why (README → Sandbox)."""
+    from core.sandbox import SandboxRequired, setup
+
+    try:
+        found = setup(settings.sandbox, settings.workspace)
+    except SandboxRequired as exc:
+        return Check("sandbox", False, str(exc), "see README → Sandbox")
+    if found.fallback:
+        return Check(
+            "sandbox",
+            True,
+            found.describe(),
+            'make user namespaces available, or set sandbox = "off" to opt out (README → Sandbox)',
+            warn=True,
+        )
+    return Check("sandbox", True, found.describe())
+
+
 def _port(settings: Settings) -> Check:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -314,6 +333,7 @@ async def run_doctor(settings: Settings) -> int:
     checks += _dirs(settings)
     checks.append(_port(settings))
     checks.append(_web_login(settings))
+    checks.append(_sandbox(settings))
     checks += await _model(settings)
     checks += await _channels(settings)
     failed = 0

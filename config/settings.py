@@ -53,6 +53,7 @@ class Settings(BaseModel):
     context_budget: int = Field(ge=200)
     summary_budget: int = Field(ge=50)
     shell_timeout: float = Field(gt=0)
+    sandbox: Literal["auto", "off", "required"]
     output_cap: int = Field(ge=200)
     fetch_timeout: float = Field(gt=0)
     fetch_max_bytes: int = Field(ge=1024)

@@ -11,6 +11,7 @@ recorded with a signature for the learner.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import secrets
 import time
@@ -25,9 +26,10 @@ from core.approvals import Approvals
 from core.clock import Clock
 from core.events import Channel, Progress
 from core.gates import check_answer, honest_suffix, retry_instruction
-from core.guardian import Guardian, Verdict
+from core.guardian import Decision, Guardian, Verdict
 from core.llm import LLMClient, LLMError, LLMResult, ToolCallRequest
 from core.recall import Recall, estimate_tokens, render
+from core.sandbox import NETWORK, UNSANDBOXED, Grant
 from core.signatures import is_decision, is_environmental, signature
 from core.tools.base import Tool, ToolContext, ToolError
 from memory.episodes import Episode, EpisodeStore, ToolRecord
@@ -109,7 +111,10 @@ class Agent:
         context_budget: int = 4000,
         learner: Any = None,
         after_episode: Callable[[Path], Awaitable[None]] | None = None,
+        ask_every_shell: str = "",
     ) -> None:
+        """`ask_every_shell`: why shell commands cannot be sandboxed on this machine
+        (core/sandbox.Setup.fallback); when set, every shell command needs approval."""
         self.llm = llm
         self.tools = tools
         self.tool_context = tool_context
@@ -126,6 +131,7 @@ class Agent:
         #: core/learning.Learner: picks the rules for a task's prompt (None: no rules).
         self.learner = learner
         self.after_episode = after_episode
+        self.ask_every_shell = ask_every_shell
         self._schemas = [t.schema() for t in tools.values()]
 
     async def _messages(self, req: TaskRequest, episode: Episode) -> list[dict[str, Any]]:
@@ -410,7 +416,9 @@ class Agent:
                 "tool_start", task_id, tool=call.name, text=_summary(args), data={"args": args}
             )
         )
-        decision = await self.guardian.check(call.name, args)
+        decision = self._sandbox_decision(
+            call.name, args, await self.guardian.check(call.name, args)
+        )
         record.verdict = str(decision.verdict)
         if decision.verdict == Verdict.FORBID:
             msg = (
@@ -419,6 +427,14 @@ class Agent:
             )
             await emit(Progress("tool_end", task_id, tool=call.name, ok=False, text=msg))
             return fail("Refused", msg)
+        # What this one call may do beyond the sandbox: nothing, unless approved (or an
+        # always-allow rule of the person's kept what the call needed).
+        grant: Grant | None = None
+        if call.name == "shell" and (decision.verdict == Verdict.APPROVAL or decision.needs):
+            grant = Grant.from_needs(decision.needs)
+        risk = "changes things outside the workspace or is not known to be safe"
+        if grant is not None and self.tool_context.sandbox is not None:
+            risk = f"if approved, this one command may {grant.describe()}"
         if decision.verdict == Verdict.APPROVAL:
             answer = await self.approvals.ask(
                 req.channel,
@@ -426,7 +442,7 @@ class Agent:
                 args=args,
                 what=f"{call.name}: {_summary(args)}",
                 why=decision.reason,
-                risk="changes things outside the workspace or is not known to be safe",
+                risk=risk,
                 asked_by=req.user,
                 conversation=req.conversation,
                 thread=req.thread,
@@ -436,8 +452,12 @@ class Agent:
                 msg = f"Not approved ({answer.reason}); the call did not run: {decision.reason}."
                 await emit(Progress("tool_end", task_id, tool=call.name, ok=False, text=msg))
                 return fail("Denied", msg)
+        context = self.tool_context
+        if grant is not None:
+            context = dataclasses.replace(context, grant=grant)
+            bound.info("sandbox.grant", tool=call.name, grant=grant.describe())
         try:
-            output = await tool.run(self.tool_context, args)
+            output = await tool.run(context, args)
         except ToolError as exc:
             msg = f"Error: {exc}"
             await emit(Progress("tool_end", task_id, tool=call.name, ok=False, text=str(exc)))
@@ -454,6 +474,26 @@ class Agent:
         await emit(Progress("tool_end", task_id, tool=call.name, ok=True, text=output[:200]))
         bound.info("tool.ok", tool=call.name, duration_s=round(record.duration_s, 3))
         return output
+
+    def _sandbox_decision(self, tool: str, args: dict[str, Any], decision: Decision) -> Decision:
+        """The guardian's decision, made stricter where the sandbox asks for it: with no
+        OS sandbox on this machine every shell command needs approval (fail-closed), and
+        a command the model marks as needing the network asks for exactly that."""
+        if tool != "shell" or decision.verdict == Verdict.FORBID:
+            return decision
+        if self.ask_every_shell and decision.verdict == Verdict.ALLOW:
+            return Decision(
+                Verdict.APPROVAL,
+                f"no OS sandbox for commands on this machine ({self.ask_every_shell}), "
+                "so every command is asked",
+                (UNSANDBOXED,),
+            )
+        if args.get("network") is True and self.tool_context.sandbox is not None:
+            if decision.verdict == Verdict.ALLOW:
+                return Decision(Verdict.APPROVAL, "the command asks to use the network", (NETWORK,))
+            needs = tuple(sorted({*(decision.needs or (UNSANDBOXED,)), NETWORK}))
+            return dataclasses.replace(decision, needs=needs)
+        return decision
 
 
 def _summary(args: dict[str, Any]) -> str:

@@ -73,6 +73,10 @@ class Decision:
     verdict: Verdict
     #: One line a person can judge (shown on the approval buttons and to the model).
     reason: str
+    #: For an approval, what the command needs beyond the OS sandbox (core/sandbox.py):
+    #: "network", "write:PATH", or "unsandboxed"; empty means "unsandboxed" (what the
+    #: guardian cannot name is asked for as the widest grant).
+    needs: tuple[str, ...] = ()
 
 
 # ════════════════════════════════════════════════════════════════════════════════
@@ -82,6 +86,25 @@ class Decision:
 # ════════════════════════════════════════════════════════════════════════════════
 
 _INSTALL = "installs packages"
+#: Approval reasons (config/policy.toml) whose commands need the network and nothing
+#: else the sandbox withholds: their approval grants exactly that.
+_NETWORK_REASONS = frozenset(
+    {
+        _INSTALL,
+        "pushes commits to a remote repository",
+        "publishes a package to a registry",
+        "downloads and runs a package",
+        "connects to a remote host",
+        "copies files to or from a remote host",
+        "transfers files with a remote host",
+        "opens raw network connections",
+        "sends mail",
+    }
+)
+
+
+def _needs(reason: str) -> tuple[str, ...]:
+    return ("network",) if reason in _NETWORK_REASONS else ()
 
 
 def _names(text: str) -> frozenset[str]:
@@ -473,8 +496,8 @@ class _Analysis:
         self.arith: list[str] = []
 
     # ── findings ────────────────────────────────────────────────────────────────
-    def flag(self, verdict: Verdict, reason: str) -> None:
-        self.findings.append(Decision(verdict, reason))
+    def flag(self, verdict: Verdict, reason: str, needs: tuple[str, ...] = ()) -> None:
+        self.findings.append(Decision(verdict, reason, needs))
 
     def decision(self) -> Decision:
         worst: Decision | None = None
@@ -483,6 +506,12 @@ class _Analysis:
                 worst = finding
         if worst is None or worst.verdict == Verdict.ALLOW:
             return Decision(Verdict.ALLOW, "read-only or workspace-local commands only")
+        if worst.verdict == Verdict.APPROVAL:  # one approval covers every finding's need
+            needs: set[str] = set()
+            for finding in self.findings:
+                if finding.verdict == Verdict.APPROVAL:
+                    needs.update(finding.needs or ("unsandboxed",))
+            return Decision(worst.verdict, worst.reason, tuple(sorted(needs)))
         return worst
 
     # ── parsing ─────────────────────────────────────────────────────────────────
@@ -937,7 +966,11 @@ class _Analysis:
                 f"{where} {verb} `{value}` after changing to a folder only known at run time",
             )
         elif not self.inside(p):
-            self.flag(Verdict.APPROVAL, f"{where} {verb} outside the workspace ({p.lexical})")
+            self.flag(
+                Verdict.APPROVAL,
+                f"{where} {verb} outside the workspace ({p.lexical})",
+                (f"write:{p.real}",),
+            )
 
     # ── redirections ────────────────────────────────────────────────────────────
     def redirect(self, node: Any, scope: _Scope, where: str) -> _Flow | None:
@@ -1053,7 +1086,7 @@ class _Analysis:
         # make it worse: a forbidden credential path, a write to a disk).
         asks = self.policy.approval_reason(name, canonical)
         if asks:
-            self.flag(Verdict.APPROVAL, f"{where} {asks}")
+            self.flag(Verdict.APPROVAL, f"{where} {asks}", _needs(asks))
         out = self.dispatch(cmd, canonical, asks is not None)
         if canonical in DECODERS:
             return _Flow("decoded")
@@ -1162,7 +1195,9 @@ class _Analysis:
                     self.check_write(_Word(text, text.split("=", 1)[1]), cmd.scope, cmd.snippet)
                 continue
             if cmd.name in ("rsync", "scp") and re.match(r"^[^/]*:|^rsync://", text):
-                self.flag(Verdict.APPROVAL, f"{cmd.snippet} copies to or from a remote host")
+                self.flag(
+                    Verdict.APPROVAL, f"{cmd.snippet} copies to or from a remote host", ("network",)
+                )
                 continue
             self.check_write(word, cmd.scope, cmd.snippet, "changes")
 
@@ -1229,7 +1264,7 @@ class _Analysis:
         self.nested(head.decode("utf-8", "replace"), scope, f"`{name}`", Verdict.APPROVAL)
         for i in range(before, len(self.findings)):
             finding = self.findings[i]
-            self.findings[i] = Decision(finding.verdict, f"{name}: {finding.reason}")
+            self.findings[i] = Decision(finding.verdict, f"{name}: {finding.reason}", finding.needs)
 
     def stdin_code(self, cmd: _Cmd, *, shell: bool) -> None:
         """A shell or interpreter reading its program from stdin."""
@@ -1311,7 +1346,8 @@ class _Analysis:
             self.flag(Verdict.FORBID, f"{cmd.snippet} {rules.forbid[sub]}")
             return _Flow()
         if sub in rules.approval:
-            self.flag(Verdict.APPROVAL, f"{cmd.snippet} {rules.approval[sub]}")
+            reason = rules.approval[sub]
+            self.flag(Verdict.APPROVAL, f"{cmd.snippet} {reason}", _needs(reason))
             return _Flow(cmd.stdin.taint)
         if tool == "uv" and sub == "pip":
             rest = cmd.args[cmd.args.index(positionals[0]) + 1 :]
@@ -1322,7 +1358,7 @@ class _Analysis:
             rest = cmd.args[cmd.args.index(positionals[0]) + 1 :]
             rest = _skip_options(rest, frozenset(), _RUNNER_VALUE_OPTIONS)
             if any(w.text in ("--with", "--with-requirements") for w in cmd.args):
-                self.flag(Verdict.APPROVAL, f"{cmd.snippet} {_INSTALL}")
+                self.flag(Verdict.APPROVAL, f"{cmd.snippet} {_INSTALL}", ("network",))
             if rest:
                 return self.simple(rest, cmd.scope, cmd.stdin, cmd.snippet)
             return _Flow()
@@ -1575,13 +1611,17 @@ def _find(a: _Analysis, cmd: _Cmd) -> _Flow | None:
 def _curl(a: _Analysis, cmd: _Cmd) -> _Flow | None:
     for opt, val in _parse_options(cmd.args, CURL_VALUE_SHORT, CURL_VALUE_LONG):
         if opt in CURL_UPLOAD_OPTIONS:
-            a.flag(Verdict.APPROVAL, f"{cmd.snippet} sends data to the network ({opt})")
+            a.flag(
+                Verdict.APPROVAL, f"{cmd.snippet} sends data to the network ({opt})", ("network",)
+            )
         elif (
             opt in ("-X", "--request")
             and val is not None
             and val.text.upper() not in ("GET", "HEAD")
         ):
-            a.flag(Verdict.APPROVAL, f"{cmd.snippet} sends a {val.text.upper()} request")
+            a.flag(
+                Verdict.APPROVAL, f"{cmd.snippet} sends a {val.text.upper()} request", ("network",)
+            )
         elif opt in ("-o", "--output") and val is not None:
             a.check_write(val, cmd.scope, cmd.snippet)
             a._remember_download(val, cmd.scope)
@@ -1608,11 +1648,17 @@ def _wget(a: _Analysis, cmd: _Cmd) -> _Flow | None:
     for opt, val in _parse_options(cmd.args, WGET_VALUE_SHORT, frozenset()):
         key = opt.split("=", 1)[0]
         if key in WGET_UPLOAD_OPTIONS:
-            a.flag(Verdict.APPROVAL, f"{cmd.snippet} sends data to the network ({key})")
+            a.flag(
+                Verdict.APPROVAL, f"{cmd.snippet} sends data to the network ({key})", ("network",)
+            )
         elif key == "--method":
             method = opt.partition("=")[2] or (val.text if val else "")
             if method.upper() not in ("GET", "HEAD"):
-                a.flag(Verdict.APPROVAL, f"{cmd.snippet} sends a {method.upper()} request")
+                a.flag(
+                    Verdict.APPROVAL,
+                    f"{cmd.snippet} sends a {method.upper()} request",
+                    ("network",),
+                )
         elif key in ("-O", "--output-document"):
             target = val if val is not None else _Word(opt.partition("=")[2], opt.partition("=")[2])
             named = True
@@ -1715,7 +1761,8 @@ def _git(a: _Analysis, cmd: _Cmd) -> _Flow | None:
         a.flag(Verdict.FORBID, f"{cmd.snippet} {rules.forbid[sub]}")
         return None
     if sub in rules.approval:
-        a.flag(Verdict.APPROVAL, f"{cmd.snippet} {rules.approval[sub]}")
+        reason = rules.approval[sub]
+        a.flag(Verdict.APPROVAL, f"{cmd.snippet} {reason}", _needs(reason))
         return None
     if sub not in rules.allow:
         a.flag(Verdict.APPROVAL, f"`git {sub}` is not on the read-only allowlist")
@@ -2278,7 +2325,8 @@ class Guardian:
                 f"{decision.reason} (always-allow rule {rule.id} matches, but a forbidden "
                 "call is never allowed)",
             )
-        return Decision(Verdict.ALLOW, f"allowed by always-allow rule {rule.id}")
+        # The person's "always allow" of this exact call keeps what it needed to work.
+        return Decision(Verdict.ALLOW, f"allowed by always-allow rule {rule.id}", decision.needs)
 
     def _classify(self, policy: Policy, tool: str, args: dict) -> Decision:
         if tool == "shell":

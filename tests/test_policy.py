@@ -268,8 +268,9 @@ def test_always_allow_allows_exactly_that_command(ws: Path, overlay: Path) -> No
     call = {"command": "git push origin main"}
     assert g.check_sync("shell", call).verdict == P
     rule = g.always_allow("shell", call, added_by="U123")
+    # The rule keeps what the command needs beyond the sandbox (README → Sandbox).
     assert g.check_sync("shell", call) == type(g.check_sync("shell", call))(
-        A, f"allowed by always-allow rule {rule}"
+        A, f"allowed by always-allow rule {rule}", ("network",)
     )
     # Narrow: another argument, or the same command inside a longer one, still asks.
     assert verdict(g, "git push origin dev") == P

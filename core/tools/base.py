@@ -10,7 +10,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from core.sandbox import Grant, Sandbox
 
 
 class ToolError(Exception):
@@ -28,6 +31,11 @@ class ToolContext:
     fetch_max_bytes: int = 2_000_000
     #: Extra environment for the shell (secrets are already removed by the shell tool).
     env: dict[str, str] = field(default_factory=dict)
+    #: The OS sandbox every shell command runs in (core/sandbox.py); None: no sandbox
+    #: (`sandbox = "off"`, or none possible, where the agent asks before every command).
+    sandbox: Sandbox | None = None
+    #: What an approval granted the one call this context is for (None: nothing extra).
+    grant: Grant | None = None
 
 
 ToolFn = Callable[[ToolContext, dict[str, Any]], Awaitable[str]]

@@ -1,5 +1,10 @@
 """shell: run a bash command in the workspace, with a timeout that stops everything it started.
 
+With an OS sandbox (`ToolContext.sandbox`, core/sandbox.py) the command runs inside
+bubblewrap: only the workspace writable, no network, Steward's data, config and process
+invisible, and every process it started ends with it. The grant of an approval
+(`ToolContext.grant`) widens that for this one call; "unsandboxed" runs bash directly.
+
 The command runs in its own process group (start_new_session) so a timeout can kill
 the whole tree, not just bash; stdin is closed so nothing waits for input; the
 environment has secret-looking variables removed so a command (or a prompt-injected
@@ -16,10 +21,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 from pathlib import Path
 from typing import Any
 
+from core.sandbox import Grant
 from core.tools.base import Tool, ToolContext, ToolError
 from core.tools.workspace import workspace_root
 
@@ -40,6 +47,24 @@ GIT_LOCATORS = (
 #: After bash exits, how long to keep reading output that background children still write.
 DRAIN_SECONDS = 0.5
 READ_CHUNK = 65536
+#: What programs say when there is no network (the sandbox's default).
+NO_NETWORK_RE = re.compile(
+    r"Could not resolve host|Temporary failure in name resolution|Network is unreachable|"
+    r"Name or service not known|Could not resolve hostname|getaddrinfo failed|"
+    r"Failed to establish a new network connection|Connection refused",
+    re.IGNORECASE,
+)
+#: Commands that usually need the network (a failure of one gets the hint too, even
+#: when it printed nothing, as `curl -s` does).
+NETWORK_COMMAND_RE = re.compile(
+    r"https?://|\b(curl|wget|ssh|scp|rsync|nc|ping|git\s+(clone|fetch|pull|push|ls-remote|"
+    r"submodule)|pip3?\s+(install|download)|npm|yarn|pnpm|apt|apt-get)\b"
+)
+NO_NETWORK_HINT = (
+    "\n[The command ran in Steward's sandbox, which has no network. To fetch a web page "
+    "use web_fetch; if this command really needs the network, run it again with "
+    '"network": true to ask the person for it.]'
+)
 
 
 def is_secret_name(name: str) -> bool:
@@ -125,16 +150,22 @@ async def run(ctx: ToolContext, args: dict[str, Any]) -> str:
     timeout = _timeout(args, ctx.shell_timeout)
     out = _Output(ctx.output_cap)
     root = workspace_root(ctx.workspace)
+    env = command_env(ctx.env, root)
+    grant = ctx.grant or Grant()
+    sandboxed = ctx.sandbox is not None and not grant.unsandboxed
+    if ctx.sandbox is not None and sandboxed:
+        argv = ctx.sandbox.argv(command, grant)
+        env = ctx.sandbox.env(env)
+    else:
+        argv = ["bash", "-c", command]
     proc = await asyncio.create_subprocess_exec(
-        "bash",
-        "-c",
-        command,
+        *argv,
         cwd=root,
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
         start_new_session=True,
-        env=command_env(ctx.env, root),
+        env=env,
     )
     assert proc.stdout is not None
     pump = asyncio.create_task(_pump(proc.stdout, out))
@@ -165,10 +196,19 @@ async def run(ctx: ToolContext, args: dict[str, Any]) -> str:
             _kill_group(proc.pid)
             with contextlib.suppress(ProcessLookupError):
                 await proc.wait()
+    # Sandboxed, nothing outlives bwrap: its PID namespace ended with it, and the kernel
+    # killed every process left inside (tests/test_sandbox_effects.py, "background").
     text = f"exit code {proc.returncode}\n{_cap(out.text(), ctx.output_cap)}{note}"
     if proc.returncode != 0:
+        if sandboxed and not grant.network and _wants_network(command, text):
+            text += NO_NETWORK_HINT
         raise ToolError(text)
     return text
+
+
+def _wants_network(command: str, output: str) -> bool:
+    """Did a failed sandboxed command probably fail for want of the network?"""
+    return bool(NO_NETWORK_RE.search(output) or NETWORK_COMMAND_RE.search(command))
 
 
 def _cap(text: str, limit: int) -> str:
@@ -190,6 +230,13 @@ TOOL = Tool(
         "type": "object",
         "properties": {
             "command": {"type": "string", "description": "The bash command line to run."},
+            "network": {
+                "type": "boolean",
+                "description": (
+                    "Ask the person to let this one command use the network "
+                    "(commands have none by default)."
+                ),
+            },
             "timeout": {
                 "type": "number",
                 "exclusiveMinimum": 0,
