@@ -38,7 +38,6 @@ from tests.test_replay_e2e import replay, tool_messages
 
 CORPUS = Path(__file__).with_name("sandbox_corpus.txt")
 AVAILABLE = detect()
-#: CI sets this (.ci/run): there, a machine that cannot sandbox is a failure, not a skip.
 #: In CI (which sets CI=true) these must run, not skip: a machine without a sandbox
 #: fails there instead of passing with nothing proved.
 REQUIRED = os.environ.get("SANDBOX_TESTS_REQUIRED") == "1" or os.environ.get("CI") == "true"
