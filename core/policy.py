@@ -51,7 +51,8 @@ RULE_ARGUMENT = {
 _L = r"(?:^|(?<=[/\s'\"=:@(,;<>\[]))"
 _R = r"(?=$|[/\s'\")\],;:<>])"
 _NAME_RE = re.compile(r"^\S+$")
-_ENV_VAR_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: A variable name, or `PREFIX*` for a family (GIT_CONFIG_KEY_0, BASH_FUNC_ls%%).
+_ENV_VAR_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\*?$")
 _BARE_KEY_RE = re.compile(r"^[A-Za-z0-9_-]+$")
 
 _TOP_KEYS = (
@@ -293,7 +294,7 @@ def parse_document(data: Mapping[str, Any], origin: str, *, overlay: bool) -> Po
                 raise r.fail(
                     "environment.risky",
                     f"{n!r} is not a variable name",
-                    "Use names such as LD_PRELOAD.",
+                    "Use names such as LD_PRELOAD, or a prefix such as GIT_CONFIG_*.",
                 )
         doc.risky_env_vars = names
 

@@ -372,7 +372,10 @@ def test_the_policy_files_cannot_be_changed_by_the_agent(tmp_path: Path, ws: Pat
     assert g.check_sync("edit_file", {"path": "config/policy.toml"}).verdict == F
     assert g.check_sync("read_file", {"path": ".steward/policy.toml"}).verdict == A
     assert verdict(g, "cat config/policy.toml") == A
-    assert verdict(g, "rm -rf .steward/notes") == A
+    # Issue 13: what is inside the data dir (approvals, access list, memory) is Steward's,
+    # not the agent's, to read or change, even when the data dir is in the workspace.
+    assert verdict(g, "rm -rf .steward/notes") == F
+    assert verdict(g, "cat .steward/access.json") == F
 
 
 # ── writing TOML ────────────────────────────────────────────────────────────────────
