@@ -604,6 +604,9 @@ SUBSCRIPT_BUILTINS = frozenset(
     "test [ [[ printf declare typeset local read unset let export readonly mapfile readarray"
     " wait".split()
 )
+ARITHMETIC_TESTS = frozenset("-eq -ne -lt -le -gt -ge".split())
+#: `$#`, `$?`, `${#x}`, `$$`, `$!`: always a number.
+_SPECIAL_PARAM_RE = re.compile(r"^\"?\$(?:[#?$!]|\{#[^}]*\})\"?$")
 _SUBSCRIPT_CODE_RE = re.compile(r"\[[^\]]*(?:\$\(|`|\$\{)")
 
 #: Commands that delete or modify their arguments (for `xargs rm`, `find -exec rm`).
@@ -1027,6 +1030,8 @@ class _Analysis:
         self.src = ""
         self.quoted_heredocs: set[str] = set()
         self.ifs_changed = False
+        #: The text had `[[ … ]]`, judged as `[ … ]`, whose -eq/-lt… evaluate arithmetic.
+        self.double_bracket = False
         #: Files this command writes before it may run them: real path -> text (None: unknown).
         self.written: dict[str, str | None] = {}
         #: `$((…))` expressions, replaced by placeholder variables before parsing.
@@ -1060,6 +1065,8 @@ class _Analysis:
         if re.search(r"\bIFS=", text):
             self.ifs_changed = True
         prepared = _TIME_RE.sub(lambda m: f"{m.group(1)}{m.group(2)}\\time", text)
+        if _DOUBLE_BRACKET_RE.search(prepared):
+            self.double_bracket = True
         prepared = _DOUBLE_BRACKET_RE.sub(lambda m: m.group(0)[0], prepared)
         prepared = self.hide_arithmetic(prepared)
         for m in _QUOTED_HEREDOC_RE.finditer(prepared):
@@ -1366,6 +1373,10 @@ class _Analysis:
                     matches = self.expand_glob(value, scope)
                     texts += matches + self.glob_reaches_credentials(value, scope)
                     concrete += matches
+                    if p.lexical is not None and any(
+                        _under(x, d) for d in self.private for x in (p.lexical, p.real or "")
+                    ):
+                        concrete.append(os.path.join(p.lexical, "*"))  # what the glob reaches
                 elif p.lexical is not None:
                     texts += [x for x in (p.lexical, p.real) if x]
                     concrete.append(p.lexical)
@@ -1639,6 +1650,8 @@ class _Analysis:
         if spec is not None:
             cmd = _Cmd(name, [first, *self.normalise(cmd.args, spec, where)], where, scope, stdin)
             self.options(cmd.args, spec, scope, where)
+        if canonical == "[" and self.double_bracket:
+            self.bracket_arithmetic(cmd)
         if canonical in SUBSCRIPT_BUILTINS:
             for word in cmd.args:
                 if word.value is not None and _SUBSCRIPT_CODE_RE.search(word.value):
@@ -1712,15 +1725,16 @@ class _Analysis:
         return None
 
     def normalise(self, words: list[_Word], spec: OptionSpec, where: str) -> list[_Word]:
-        """`normalise_options`, with a prefix that fits a risky option among others asked."""
+        """`normalise_options`; a prefix that fits several options asks (fail-closed: which
+        one the program takes is not known here, and a program we know less well than
+        its author might take a risky one)."""
 
         def ambiguous(name: str, hits: list[str]) -> None:
-            risky = [h for h in hits if h in spec.runs or h in spec.writes]
-            if risky:
-                self.flag(
-                    Verdict.APPROVAL,
-                    f"{where}: `{name}` may stand for `{risky[0]}` ({len(hits)} options start so)",
-                )
+            risky = [h for h in hits if h in spec.runs or h in spec.writes] or hits
+            self.flag(
+                Verdict.APPROVAL,
+                f"{where}: `{name}` may stand for `{risky[0]}` ({len(hits)} options start so)",
+            )
 
         return normalise_options(words, spec, ambiguous)
 
@@ -1738,6 +1752,8 @@ class _Analysis:
                 i += 1
                 continue
             key = text.partition("=")[0] if text.startswith("--") else text
+            if not text.startswith("--") and len(text) > 2 and text[1] in spec.short_glued:
+                key = text[:2]  # `-Ovim`: -O with its optional value glued
             reason = spec.runs.get(key)
             if reason is None and not spec.clusters:  # `-fplugin=x.so`, `-TTcmd`
                 reason = next((r for k, r in spec.runs.items() if text.startswith(k)), None)
@@ -1752,6 +1768,23 @@ class _Analysis:
                 if target is not None:
                     self.check_write(target, scope, where)
             i += 2 if spec.takes_value(key) and "=" not in text else 1
+
+    def bracket_arithmetic(self, cmd: _Cmd) -> None:
+        """In `[[ a -eq b ]]` both sides are arithmetic, and a value such as `x[$(cmd)]`
+        runs cmd: only numbers, special parameters and known values are fine."""
+        args = cmd.args
+        for i, word in enumerate(args):
+            if word.text not in ARITHMETIC_TESTS:
+                continue
+            for side in (args[i - 1] if i else None, args[i + 1] if i + 1 < len(args) else None):
+                if side is None or side.value is not None or _SPECIAL_PARAM_RE.match(side.raw):
+                    continue
+                self.flag(
+                    Verdict.APPROVAL,
+                    f"{cmd.snippet}: `[[ … {word.text} … ]]` computes with `{side.raw}`, a value "
+                    "only known at run time (arithmetic on such values can run commands)",
+                )
+                return
 
     def output_of(self, cmd: _Cmd) -> _Flow:
         """What a read-only command passes on: literal text for echo/printf, taint through."""
@@ -1777,7 +1810,9 @@ class _Analysis:
     def writer(self, cmd: _Cmd) -> None:
         """Every path-like argument (and option value) must stay in the workspace."""
         if cmd.name == "mv":  # moving a folder away takes the policy file in it along
-            for word in _positionals(cmd.args)[:-1]:
+            operands = _operands(cmd.args, OPTION_SPECS["mv"])
+            into = any(w.text in ("-t", "--target-directory") for w in cmd.args)
+            for word in operands if into else operands[:-1]:
                 if word.value is not None and self.policy_file(
                     self.path(word.value, cmd.scope), holding=True
                 ):

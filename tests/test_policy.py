@@ -537,3 +537,14 @@ def test_cli_check_a_tool_call_without_importing_litellm(tmp_path: Path, ws: Pat
         "forbid: read_file `~/.ssh/id_rsa` touches credentials (SSH keys (~/.ssh))"
     )
     assert modules_line == "litellm modules: []"
+
+
+def test_risky_variables_may_name_a_family_by_prefix(ws: Path, overlay: Path) -> None:
+    """`GIT_CONFIG_*` covers GIT_CONFIG_KEY_0…; a bad name still says how to write it."""
+    assert verdict(guardian_with(ws, overlay), "GIT_CONFIG_KEY_7=core.pager git log") == P
+    g = guardian_with(ws, overlay, '[environment]\nrisky = ["MY_TOOL_*"]\n')
+    assert verdict(g, "MY_TOOL_HOOK=x ls") == P
+    assert verdict(g, "MY_TOOLS=x ls") == A
+    bad = guardian_with(ws, overlay, '[environment]\nrisky = ["*_HOOK"]\n')
+    reason = bad.check_sync("shell", {"command": "ls"}).reason
+    assert "GIT_CONFIG_*" in reason
