@@ -223,6 +223,9 @@ class OptionSpec:
     runs: dict[str, str] = field(default_factory=dict)
     #: Options whose value is a path the program writes (checked like a redirection).
     writes: frozenset[str] = frozenset()
+    #: Options naming a settings file that can load code (plugins, `addopts`, hooks):
+    #: one outside the workspace needs a person.
+    configs: frozenset[str] = frozenset()
 
     def takes_value(self, option: str) -> bool:
         if option.startswith("--"):
@@ -240,6 +243,7 @@ def _spec(
     abbreviations: bool = True,
     stop: bool = False,
     ends: str = "",
+    configs: str = "",
 ) -> OptionSpec:
     """Read getopt-like text: short `C:` takes a value, `j::` an optional (glued) one;
     long `name=` takes a value, `name?` an optional one, a bare name is a flag."""
@@ -274,6 +278,7 @@ def _spec(
         frozenset(ends.split()),
         dict(runs or {}),
         frozenset(writes.split()),
+        frozenset(configs.split()),
     )
 
 
@@ -518,6 +523,84 @@ OPTION_SPECS: dict[str, OptionSpec] = {
         abbreviations=False,
     ),
     "hash": _spec("p:", "", abbreviations=False),
+    "pytest": _spec(
+        "c:k:m:p:o:",
+        """junitxml= junit-xml= basetemp= rootdir= config-file= confcutdir= cache-dir=
+        override-ini= log-file= report-log= resultlog= pastebin= debug? maxfail=
+        durations= tb= import-mode= pyargs""",
+        writes="--junitxml --junit-xml --basetemp --log-file --report-log --resultlog --debug",
+        configs="-c --config-file --rootdir --confcutdir",
+        runs={"--pastebin": "uploads the test report to a paste service"},
+    ),
+    "tree": _spec("o:L:P:I:", "", writes="-o", abbreviations=False),
+    "ninja": _spec("C:f:j:k:l:t:d:w:", "", writes="-C -f", abbreviations=False),
+    "sdiff": _spec("o:w:", "output= width=", writes="-o --output"),
+    "man": _spec(
+        "P:H::l:M:m:C:S:s:L:R:",
+        "pager= html? config-file= manpath= sections= locale=",
+        runs={
+            "-P": "runs a pager program",
+            "--pager": "runs a pager program",
+            "-H": "runs a browser program",
+            "--html": "runs a browser program",
+        },
+        configs="-C --config-file",
+    ),
+    "mypy": _spec(
+        "c:m:p:",
+        """cache-dir= config-file= junit-xml= html-report= txt-report= xml-report=
+        linecount-report= any-exprs-report= cobertura-xml-report= lineprecision-report=
+        xslt-html-report= xslt-txt-report= python-executable=""",
+        writes="""--cache-dir --junit-xml --html-report --txt-report --xml-report
+        --linecount-report --any-exprs-report --cobertura-xml-report --lineprecision-report
+        --xslt-html-report --xslt-txt-report""",
+        configs="--config-file",
+        runs={"--python-executable": "runs another Python to find packages"},
+    ),
+    "coverage": _spec(
+        "d:o:",
+        "directory= data-file= rcfile= output=",
+        writes="-d --directory -o --data-file --output",
+        configs="--rcfile",
+    ),
+    "tsc": _spec(
+        "p:",
+        "outDir= outFile= declarationDir= tsBuildInfoFile= project=",
+        writes="--outDir --outFile --declarationDir --tsBuildInfoFile",
+        configs="-p --project",
+        abbreviations=False,
+    ),
+    "eslint": _spec(
+        "c:o:f:",
+        "config= output-file= cache-location= rulesdir= resolve-plugins-relative-to= format=",
+        writes="-o --output-file --cache-location",
+        configs="-c --config --rulesdir --resolve-plugins-relative-to",
+        abbreviations=False,
+    ),
+    "prettier": _spec(
+        "c:",
+        "config= plugin= cache-location= ignore-path=",
+        writes="--cache-location",
+        configs="--config --plugin",
+        abbreviations=False,
+    ),
+    "ruff": _spec(
+        "o:",
+        "config= cache-dir= output-file= target-version= extend-select= select= ignore=",
+        writes="--cache-dir -o --output-file",
+        configs="--config",
+        abbreviations=False,
+    ),
+    **dict.fromkeys(
+        ("black", "isort"),
+        _spec(
+            "l:t:",
+            "config= settings-path= settings-file= line-length=",
+            configs="--config --settings-path --settings-file",
+        ),
+    ),
+    "history": _spec("d:", "", abbreviations=False),
+    "yq": _spec("i", "inplace from-file= output-format= input-format=", abbreviations=False),
 }
 for _name, (_short_values, _long_values, _) in WRAPPERS.items():
     OPTION_SPECS.setdefault(
@@ -584,6 +667,17 @@ GIT_SUBCOMMAND_SPECS: dict[str, OptionSpec] = {
         "x:s:X:",
         """exec= onto= strategy= strategy-option= interactive autosquash autostash continue
         abort skip root""",
+    ),
+    "init": _spec(
+        "b:",
+        "template= separate-git-dir= initial-branch= shared? object-format= bare quiet",
+        runs={"--template": "copies hooks from a template folder"},
+        writes="--separate-git-dir",
+    ),
+    "apply": _spec(
+        "p:C:",
+        "directory= unsafe-paths index cached check stat reverse reject",
+        runs={"--unsafe-paths": "lets a patch write outside the repository"},
     ),
     "commit": _spec(
         "m:F:C:c:t:",
@@ -1385,6 +1479,16 @@ class _Analysis:
                         Verdict.APPROVAL,
                         f"{where} uses `{value}` in a folder only known at run time",
                     )
+        if word.value is None:
+            # `/proc/$PPID/envi''ron`: judge the shape too, quotes removed
+            shape = re.sub(r"[\'\"\\]", "", word.raw)
+            texts.append(shape)
+            if re.search(r"(?:^|[\s=:])/proc\b", shape):
+                self.flag(
+                    Verdict.APPROVAL,
+                    f"{where} names a /proc path only known at run time (another process's "
+                    "files and environment are there)",
+                )
         for text in texts:
             for cred in self.policy.credentials:
                 if cred.regex.search(text):
@@ -1759,15 +1863,27 @@ class _Analysis:
                 reason = next((r for k, r in spec.runs.items() if text.startswith(k)), None)
             if reason is not None:
                 self.flag(Verdict.APPROVAL, f"{where}: `{key}` {reason}")
-            if key in spec.writes:
+            if key in spec.writes or key in spec.configs:
                 if "=" in text and text.startswith("--"):
                     val = text.partition("=")[2]
                     target: _Word | None = _Word(val, val if words[i].value is not None else None)
                 else:
                     target = words[i + 1] if i + 1 < len(words) else None
-                if target is not None:
+                if target is not None and key in spec.writes:
                     self.check_write(target, scope, where)
+                elif target is not None:
+                    self.check_config(target, scope, where, key)
             i += 2 if spec.takes_value(key) and "=" not in text else 1
+
+    def check_config(self, word: _Word, scope: _Scope, where: str, option: str) -> None:
+        """A settings file from outside the workspace can load code the agent never showed."""
+        inside = word.value is not None and self.inside(self.path(word.value, scope))
+        if not inside:
+            self.flag(
+                Verdict.APPROVAL,
+                f"{where}: `{option} {word.raw}` takes settings (which can load code) from "
+                "outside the workspace",
+            )
 
     def bracket_arithmetic(self, cmd: _Cmd) -> None:
         """In `[[ a -eq b ]]` both sides are arithmetic, and a value such as `x[$(cmd)]`
@@ -1948,6 +2064,12 @@ class _Analysis:
                     venv_dirs = _operands(args[i + 2 :], _NO_OPTIONS)
                     for target in venv_dirs or [_Word(".", ".")]:
                         self.check_write(target, cmd.scope, cmd.snippet)
+                elif module in PYTHON_MODULES_OK and (
+                    module in OPTION_SPECS or module in _EXTRA_CHECKS
+                ):  # `python -m pytest -c /tmp/x.ini` is judged as `pytest -c /tmp/x.ini`
+                    return self.simple(
+                        [_Word(module, module), *args[i + 2 :]], cmd.scope, cmd.stdin, cmd.snippet
+                    )
                 elif module not in PYTHON_MODULES_OK:
                     self.flag(
                         Verdict.APPROVAL,
@@ -2580,6 +2702,13 @@ def _cd(a: _Analysis, cmd: _Cmd) -> _Flow | None:
     elif not targets:
         cmd.scope.cwd = a.home
     elif targets[0].value is None:
+        raw = re.sub(r"[\'\"]", "", targets[0].raw)
+        if raw.startswith("/proc") or (cmd.scope.cwd or "").startswith("/proc"):
+            a.flag(
+                Verdict.APPROVAL,
+                f"{cmd.snippet} goes to a /proc folder only known at run time (another "
+                "process's files and environment are there)",
+            )
         cmd.scope.cwd = None
     else:
         cmd.scope.cwd = a.path(targets[0].value, cmd.scope).lexical
@@ -2878,12 +3007,43 @@ def _hash(a: _Analysis, cmd: _Cmd) -> None:
         a.flag(Verdict.APPROVAL, f"{cmd.snippet} makes a command name run another program")
 
 
+def _rewriter(a: _Analysis, cmd: _Cmd) -> None:
+    """Formatters and fixers rewrite the files they are given (`black ../x.py` changes a
+    file outside the workspace); read-only modes (--check, --diff) do not."""
+    name = cmd.name
+    texts = {w.text for w in cmd.args}
+    operands = _operands(cmd.args, OPTION_SPECS.get(name, _NO_OPTIONS))
+    if name in ("black", "isort"):
+        writes = not texts & {"--check", "--diff", "-c", "--check-only"}
+    elif name == "ruff":
+        sub = operands[0].text if operands else ""
+        writes = (sub == "format" and "--check" not in texts and "--diff" not in texts) or (
+            sub == "check" and bool(texts & {"--fix", "--unsafe-fixes"})
+        )
+        operands = operands[1:]
+    elif name == "prettier":
+        writes = bool(texts & {"--write", "-w"})
+    elif name == "eslint":
+        writes = bool(texts & {"--fix"})
+    elif name == "yq":
+        writes = bool(texts & {"-i", "--inplace"})
+        operands = operands[1:]  # the expression
+    elif name == "history":
+        writes = bool(texts & {"-w", "-a"})
+    else:
+        writes = False
+    if writes:
+        for word in operands:
+            a.check_write(word, cmd.scope, cmd.snippet, "changes")
+
+
 #: Checks for commands that are otherwise judged by the allowlist (after normalising).
 _EXTRA_CHECKS: dict[str, Callable[[_Analysis, _Cmd], None]] = {
     "make": _make,
     "xxd": _xxd,
     "ps": _ps,
     "hash": _hash,
+    **dict.fromkeys(("black", "isort", "ruff", "prettier", "eslint", "yq", "history"), _rewriter),
 }
 #: Variables that, set on make's command line, change what every recipe runs.
 MAKE_RISKY_VARIABLES = frozenset(
