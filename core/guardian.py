@@ -136,7 +136,7 @@ DOWNLOADERS = frozenset("curl wget fetch aria2c http https httpie xh lwp-request
 DECODERS = frozenset("base64 base32 basenc xxd uudecode openssl".split())
 CURL_UPLOAD_OPTIONS = frozenset(
     """-d --data --data-raw --data-binary --data-urlencode --data-ascii --json -F --form
-    --form-string -T --upload-file""".split()
+    --form-string -T --upload-file --url-query""".split()
 )
 CURL_VALUE_SHORT = frozenset("dDeEFHKoTuUwxXyYzbcACmPQtr")
 CURL_VALUE_LONG = frozenset(
@@ -144,7 +144,7 @@ CURL_VALUE_LONG = frozenset(
     --form-string --upload-file --output --output-dir --request --header --user-agent --user
     --proxy --cookie --cookie-jar --config --referer --max-time --connect-timeout --retry
     --cacert --cert --key --range --write-out --dump-header --continue-at --resolve
-    --max-filesize --limit-rate --proto --url --oauth2-bearer""".split()
+    --max-filesize --limit-rate --proto --url --oauth2-bearer --url-query --variable""".split()
 )
 WGET_UPLOAD_OPTIONS = frozenset("--post-data --post-file --body-data --body-file".split())
 WGET_VALUE_SHORT = frozenset("OoaPeUtTwQiBlDAR")
@@ -405,15 +405,56 @@ OPTION_SPECS: dict[str, OptionSpec] = {
         stop=True,
         ends="-c -m",
     ),
-    "perl": _spec("e:E:I:M:m:l::0::i::x::C::d::D::", "", abbreviations=False, stop=True),
-    "ruby": _spec("e:I:r:E:F:C:i::x::W::", "", abbreviations=False, stop=True),
+    "perl": _spec(
+        "e:E:I:M:m:l::0::i::x::C::d::D::", "", abbreviations=False, stop=True, configs="-I"
+    ),
+    "ruby": _spec("e:I:r:E:F:C:i::x::W::", "", abbreviations=False, stop=True, configs="-I -r"),
     "node": _spec(
         "e:p:r:",
         "eval= print= require= import= loader= experimental-loader= input-type=",
         abbreviations=False,
         stop=True,
         ends="-e --eval -p --print",
+        configs="-r --require --import --loader --experimental-loader",
     ),
+    **dict.fromkeys(
+        ("awk", "gawk", "mawk", "nawk"),
+        _spec(
+            "f:v:F:e:i:l:E:",
+            """file= assign= field-separator= source= include= load= exec= characters-as-bytes
+            posix traditional lint? sandbox dump-variables? profile? pretty-print?""",
+            writes="--dump-variables --profile --pretty-print",
+        ),
+    ),
+    **dict.fromkeys(
+        ("chmod", "chown", "chgrp"),
+        _spec("", "recursive reference= from= changes silent quiet verbose dereference"),
+    ),
+    "unzip": _spec("d:x:P:", "", writes="-d", abbreviations=False),
+    "7z": _spec("o:p:t:m:x:i:", "", writes="-o", clusters=False, abbreviations=False),
+    "zstd": _spec(
+        "o:D:",
+        "output-dir-flat= output-dir-mirror=",
+        writes="-o --output-dir-flat --output-dir-mirror",
+    ),
+    "patch": _spec(
+        "d:o:i:p:r:B:D:F:V:Y:z:",
+        "directory= output= input= strip= reject-file= prefix= suffix= basename-prefix=",
+        writes="-d --directory -o --output -r --reject-file -B --prefix",
+    ),
+    "rsync": _spec(
+        "e:f:B:T:",
+        """rsh= rsync-path= filter= exclude= include= temp-dir= partial-dir= backup-dir=
+        log-file= write-batch= only-write-batch= read-batch= password-file= files-from=""",
+        runs={
+            "-e": "runs a remote shell program (rsync -e)",
+            "--rsh": "runs a remote shell program (rsync -e)",
+            "--rsync-path": "runs a program on the other side",
+        },
+        writes="""-T --temp-dir --partial-dir --backup-dir --log-file --write-batch
+        --only-write-batch""",
+    ),
+    "csplit": _spec("b:f:n:", "suffix-format= prefix= digits=", writes="-f --prefix"),
     **dict.fromkeys(SHELLS, _SHELL_SPEC),
     "git": _spec(
         "C:c:",
@@ -619,6 +660,7 @@ _GIT_NETWORK = _spec(
     reference= filter= separate-git-dir= shallow-since= shallow-exclude= recurse-submodules?
     server-option= push-option= repo= remote= all tags prune force dry-run quiet verbose
     set-upstream rebase? ff-only no-ff mirror bare""",
+    writes="--separate-git-dir",
     runs={
         "--upload-pack": _GIT_RUNS,
         "-u": _GIT_RUNS,
@@ -1376,6 +1418,14 @@ class _Analysis:
                 value = None if folded is None or value is None else value.replace(text, folded, 1)
             elif kind == "parameter":
                 param = getattr(part, "value", "") or ""
+                if param.startswith("!") and re.fullmatch(r"![A-Za-z_]\w*", param):
+                    target = self.variable(param[1:], scope)
+                    if target is None or not re.fullmatch(r"[A-Za-z_]\w*", target):
+                        self.flag(
+                            Verdict.APPROVAL,
+                            f"`{_short(text)}` expands the variable named by a value only known "
+                            "at run time (a name like `a[$(cmd)]` runs cmd)",
+                        )
                 if re.search(r"@P$", param):
                     self.flag(
                         Verdict.APPROVAL,
@@ -1483,6 +1533,12 @@ class _Analysis:
             # `/proc/$PPID/envi''ron`: judge the shape too, quotes removed
             shape = re.sub(r"[\'\"\\]", "", word.raw)
             texts.append(shape)
+            base = os.path.basename(shape.rstrip("/"))
+            if "$" not in base and "`" not in base and self.policy.is_env_file(base):
+                self.flag(
+                    Verdict.APPROVAL,
+                    f"{where} uses `{base}` in a folder only known at run time",
+                )
             if re.search(r"(?:^|[\s=:])/proc\b", shape):
                 self.flag(
                     Verdict.APPROVAL,
@@ -2415,10 +2471,19 @@ def _curl(a: _Analysis, cmd: _Cmd) -> _Flow | None:
             a.check_write(val, cmd.scope, cmd.snippet)
         elif opt in ("-K", "--config"):
             a.flag(Verdict.APPROVAL, f"{cmd.snippet} reads its options from a file")
+        elif opt in ("-H", "--header") and val is not None and val.text.startswith("@"):
+            a.flag(Verdict.APPROVAL, f"{cmd.snippet} sends headers read from a file")
+        elif opt == "--variable":
+            a.flag(Verdict.APPROVAL, f"{cmd.snippet} reads a file or variable it can send on")
     for url in _positionals(cmd.args):
         scheme = urlsplit(url.text).scheme.lower() if "://" in url.text else ""
         if scheme and scheme not in ("http", "https", "ftp", "ftps", "file"):
             a.flag(Verdict.APPROVAL, f"{cmd.snippet} uses the {scheme}:// protocol")
+        if scheme == "file":  # file:///…/steward.toml is a read like cat's
+            local = urlsplit(url.text).path
+            a.check_credentials(
+                _Word(local, local if url.value is not None else None), cmd.scope, cmd.snippet
+            )
     return _Flow("network")
 
 
@@ -2532,6 +2597,10 @@ def _git(a: _Analysis, cmd: _Cmd) -> _Flow | None:
         return None
     sub, rest = args[i].text, args[i + 1 :]
     sub_spec = GIT_SUBCOMMAND_SPECS.get(sub)
+    if sub_spec is _GIT_NETWORK:  # `git clone https://x/$(cat .env)` sends it out
+        _built_at_run_time(
+            a, _Cmd(cmd.name, [cmd.words[0], *rest], cmd.snippet, cmd.scope, cmd.stdin)
+        )
     if sub_spec is not None:
         rest = a.normalise(rest, sub_spec, cmd.snippet)
         a.options(rest, sub_spec, cmd.scope, cmd.snippet)
@@ -2897,9 +2966,16 @@ def _awk(a: _Analysis, cmd: _Cmd) -> _Flow | None:
     i = 0
     while i < len(args):
         text = args[i].text
-        if text in ("-f", "--file", "-i", "--include", "-l", "--load") or text.startswith(
-            "--file="
-        ):
+        if text in (
+            "-f",
+            "--file",
+            "-i",
+            "--include",
+            "-l",
+            "--load",
+            "-E",
+            "--exec",
+        ) or text.startswith("--file="):
             a.flag(
                 Verdict.APPROVAL, f"{cmd.snippet} runs an awk program file (it can run commands)"
             )

@@ -317,3 +317,11 @@ def test_data_dir_can_be_given_explicitly(dirs: tuple[Path, Path, Path]) -> None
     g = Guardian(ws, overlay_path=overlay, data_dir=private)
     assert shell(g, f"cat {private}/access.json").verdict == F
     assert shell(g, "cat ../data/policy.toml").verdict == A  # the policy may be read
+
+
+def test_file_urls_are_reads_like_cat(guardian: Guardian, dirs: tuple[Path, Path, Path]) -> None:
+    ws, _, overlay = dirs
+    base = ws.parent
+    assert shell(guardian, f"curl file://{base}/steward.toml").verdict == F
+    assert shell(guardian, f"curl -s file://{overlay.parent}/access.json").verdict == F
+    assert shell(guardian, f"curl -s file://{ws}/README.md").verdict == A
