@@ -2116,7 +2116,11 @@ class _Analysis:
                     )
                 if module in ("base64", "uu", "binascii"):
                     return _Flow("decoded")
-                if module == "venv":
+                if module == "json.tool":  # `python -m json.tool in.json out.json`
+                    written = _operands(args[i + 2 :], _NO_OPTIONS)[1:2]
+                    for target in written:
+                        self.check_write(target, cmd.scope, cmd.snippet)
+                elif module == "venv":
                     venv_dirs = _operands(args[i + 2 :], _NO_OPTIONS)
                     for target in venv_dirs or [_Word(".", ".")]:
                         self.check_write(target, cmd.scope, cmd.snippet)
