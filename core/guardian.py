@@ -14,6 +14,13 @@ follows commands into `sh -c '…'`, `eval`, `xargs`, `sudo`/`env`/`timeout`-sty
 wrappers and `find -exec`. Every simple command is judged on its own; the strictest
 verdict wins and its reason names the part that caused it.
 
+Before a command's checks run, its options are normalised once from `OPTION_SPECS`
+(which options take a value, which run a program, write a path or name a settings
+file): `-C/dir`, `-xzf`, `--opt=value` and an unambiguous `--post-f` reach every check
+as `-C /dir`, `-x -z -f`, `--opt value` and `--post-file`. A program can always have
+an option this table lacks; the sandbox (core/sandbox.py) is what enforces, and this
+module is what asks up front and explains.
+
 The overlay may add exact always-allow rules (the "Always allow" button); they lift
 an approval to allow but never a forbid, which always wins. The policy files
 themselves cannot be changed by a tool call: the agent may not change its own rules.
@@ -1923,6 +1930,8 @@ class _Analysis:
                 if "=" in text and text.startswith("--"):
                     val = text.partition("=")[2]
                     target: _Word | None = _Word(val, val if words[i].value is not None else None)
+                elif spec.long.get(key) == "optional":
+                    target = None  # `--debug` alone writes to its default name here
                 else:
                     target = words[i + 1] if i + 1 < len(words) else None
                 if target is not None and key in spec.writes:
