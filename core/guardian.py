@@ -747,6 +747,12 @@ SUBSCRIPT_BUILTINS = frozenset(
     "test [ [[ printf declare typeset local read unset let export readonly mapfile readarray"
     " wait".split()
 )
+#: Built-ins that set or export a variable named by an argument (`read PATH`,
+#: `declare -x LESSOPEN=…`, `export LD_PRELOAD` after setting it some other way).
+VARIABLE_SETTERS = frozenset(
+    "export declare typeset local readonly read printf mapfile readarray getopts".split()
+)
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 ARITHMETIC_TESTS = frozenset("-eq -ne -lt -le -gt -ge".split())
 #: `$#`, `$?`, `${#x}`, `$$`, `$!`: always a number.
 _SPECIAL_PARAM_RE = re.compile(r"^\"?\$(?:[#?$!]|\{#[^}]*\})\"?$")
@@ -1700,7 +1706,7 @@ class _Analysis:
             )
         elif not self.inside(p):
             self.flag(Verdict.APPROVAL, f"{where} {verb} outside the workspace ({p.lexical})")
-        elif _git_runs_it(p.lexical) or _git_runs_it(p.real):
+        elif verb != "uses" and (_git_runs_it(p.lexical) or _git_runs_it(p.real)):
             self.flag(
                 Verdict.APPROVAL,
                 f"{where} {verb} `{value}`: git's config and hooks decide what programs git "
@@ -1819,6 +1825,14 @@ class _Analysis:
             self.options(cmd.args, spec, scope, where)
         if canonical == "[" and self.double_bracket:
             self.bracket_arithmetic(cmd)
+        if canonical in VARIABLE_SETTERS:
+            for word in cmd.args:
+                var = word.text.partition("=")[0]
+                if _ENV_NAME_RE.match(var) and _risky_env(self.policy, var):
+                    self.flag(
+                        Verdict.APPROVAL, f"{where} sets {var}, which changes what programs run"
+                    )
+                    break
         if canonical in SUBSCRIPT_BUILTINS:
             for word in cmd.args:
                 if word.value is not None and _SUBSCRIPT_CODE_RE.search(word.value):
@@ -2601,11 +2615,7 @@ def _git(a: _Analysis, cmd: _Cmd) -> _Flow | None:
                         )
             else:
                 a.check_write(target, cmd.scope, cmd.snippet, "uses")
-        i += (
-            2
-            if text in ("-C", "-c", "--git-dir", "--work-tree", "--namespace", "--config-env")
-            else 1
-        )
+        i += 2 if OPTION_SPECS["git"].takes_value(text) else 1
     if i >= len(args):
         return None
     sub, rest = args[i].text, args[i + 1 :]
