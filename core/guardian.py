@@ -14,12 +14,13 @@ follows commands into `sh -c '…'`, `eval`, `xargs`, `sudo`/`env`/`timeout`-sty
 wrappers and `find -exec`. Every simple command is judged on its own; the strictest
 verdict wins and its reason names the part that caused it.
 
-Before a command's checks run, its options are normalised once from `OPTION_SPECS`
-(which options take a value, which run a program, write a path or name a settings
-file): `-C/dir`, `-xzf`, `--opt=value` and an unambiguous `--post-f` reach every check
-as `-C /dir`, `-x -z -f`, `--opt value` and `--post-file`. A program can always have
-an option this table lacks; the sandbox (core/sandbox.py) is what enforces, and this
-module is what asks up front and explains.
+Before a command's checks run, its options are normalised once: `OPTION_SPECS` here
+says how each program reads them (which take a value, clusters, abbreviations), and
+the policy's `[options.<program>]` says what they do (run a program, write a path,
+name a settings file). `-C/dir`, `-xzf`, `--opt=value` and an unambiguous `--post-f`
+reach every check as `-C /dir`, `-x -z -f`, `--opt value` and `--post-file`. A program
+can always have an option these tables lack; the sandbox (core/sandbox.py) is what
+enforces, and this module is what asks up front and explains.
 
 The overlay may add exact always-allow rules (the "Always allow" button); they lift
 an approval to allow but never a forbid, which always wins. The policy files
@@ -41,7 +42,7 @@ import os
 import re
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
@@ -226,6 +227,8 @@ class OptionSpec:
     stop_at_operand: bool = False
     #: After these (and their value) the rest belongs to someone else (`python -c code …`).
     ends: frozenset[str] = frozenset()
+    # What the options do comes from the policy ([options.<program>] in
+    # config/policy.toml, which people read and extend), joined in by `_Analysis.spec`:
     #: Option -> what it does that a person should approve (runs a program, …).
     runs: dict[str, str] = field(default_factory=dict)
     #: Options whose value is a path the program writes (checked like a redirection).
@@ -244,13 +247,10 @@ def _spec(
     short: str = "",
     long: str = "",
     *,
-    runs: dict[str, str] | None = None,
-    writes: str = "",
     clusters: bool = True,
     abbreviations: bool = True,
     stop: bool = False,
     ends: str = "",
-    configs: str = "",
 ) -> OptionSpec:
     """Read getopt-like text: short `C:` takes a value, `j::` an optional (glued) one;
     long `name=` takes a value, `name?` an optional one, a bare name is a flag."""
@@ -283,28 +283,12 @@ def _spec(
         abbreviations,
         stop,
         frozenset(ends.split()),
-        dict(runs or {}),
-        frozenset(writes.split()),
-        frozenset(configs.split()),
     )
 
 
-_RUNS = "runs a program"
-_TAR_RUNS = "a tar option that runs a program"
-_GIT_RUNS = "a git option that runs a program"
 _GCC_LIKE = _spec(
     "o:B:I:L:D:U:x:",
     "output= specs=",
-    runs={
-        "-wrapper": "runs the compiler's programs through another program (-wrapper)",
-        "-fplugin": "loads a compiler plugin (code)",
-        "-specs": "reads a specs file, which can run programs",
-        "--specs": "reads a specs file, which can run programs",
-        "-B": "takes the compiler's own programs from another folder (-B)",
-        "-fuse-ld=/": "links with a program given by path",
-        "@": "reads more options from a file",
-    },
-    writes="-o --output -MF",
     clusters=False,
     abbreviations=False,
 )
@@ -325,22 +309,10 @@ OPTION_SPECS: dict[str, OptionSpec] = {
         question silent quiet touch trace print-directory no-print-directory
         warn-undefined-variables no-builtin-rules no-builtin-variables check-symlink-times
         print-data-base no-keep-going stop help version""",
-        runs={
-            "--eval": "evaluates make code given here (it can run any command)",
-            "-E": "evaluates make code given here (it can run any command)",
-        },
-        writes="-C --directory -f --file --makefile",
     ),
     "cmake": _spec(
         "C:D:U:G:T:A:S:B:P:",
         "build= install= preset= toolchain= install-prefix= graphviz= log-level= fresh",
-        runs={
-            "-E": "runs a command through cmake -E",
-            "-P": "runs a cmake script",
-            "-C": "runs a cmake script to fill the cache",
-            "--install": "installs files (into a system folder unless told otherwise)",
-        },
-        writes="-B --graphviz",
         clusters=False,
         abbreviations=False,
     ),
@@ -349,15 +321,12 @@ OPTION_SPECS: dict[str, OptionSpec] = {
         "a:b:C:l:n:t:",
         """suffix-length= additional-suffix= bytes= line-bytes= lines= number= separator=
         filter= numeric-suffixes? hex-suffixes? elide-empty-files unbuffered verbose""",
-        runs={"--filter": "runs a shell command on every piece (split --filter)"},
     ),
     "sort": _spec(
         "k:t:o:S:T:",
         """key= field-separator= output= buffer-size= temporary-directory= compress-program=
         batch-size= files0-from= parallel= random-source= sort? debug check? ignore-case
         numeric-sort reverse unique zero-terminated stable merge human-numeric-sort""",
-        runs={"--compress-program": "runs a program to compress temporary files"},
-        writes="-o --output -T --temporary-directory",
     ),
     "tar": _spec(
         "b:C:f:F:g:H:I:K:L:N:T:V:X:",
@@ -367,18 +336,6 @@ OPTION_SPECS: dict[str, OptionSpec] = {
         after-date= format= label= checkpoint? volno-file= listed-incremental=
         absolute-names extract create list append update get gzip bzip2 xz zstd verbose
         to-stdout keep-old-files overwrite""",
-        runs={
-            "--to-command": _TAR_RUNS,
-            "--checkpoint-action": _TAR_RUNS,
-            "--use-compress-program": _TAR_RUNS,
-            "-I": _TAR_RUNS,
-            "--rsh-command": _TAR_RUNS,
-            "--info-script": _TAR_RUNS,
-            "-F": _TAR_RUNS,
-            "--new-volume-script": _TAR_RUNS,
-            "--rmt-command": _TAR_RUNS,
-        },
-        writes="--index-file --volno-file",
     ),
     "watch": _spec(
         "n:d::q:",
@@ -386,14 +343,14 @@ OPTION_SPECS: dict[str, OptionSpec] = {
         precise no-wrap no-linewrap equexit=""",
         stop=True,
     ),
-    "time": _spec(
-        "f:o:", "format= output= append portability verbose quiet", writes="-o --output", stop=True
+    "time": _spec("f:o:", "format= output= append portability verbose quiet", stop=True),
+    "iconv": _spec(
+        "f:t:o:",
+        "from-code= to-code= output= list silent",
     ),
-    "iconv": _spec("f:t:o:", "from-code= to-code= output= list silent", writes="-o --output"),
     "shuf": _spec(
         "i:n:o:",
         "echo input-range= head-count= output= random-source= repeat zero-terminated",
-        writes="-o --output",
     ),
     "pip": _spec(
         "r:c:e:i:f:t:d:",
@@ -403,7 +360,6 @@ OPTION_SPECS: dict[str, OptionSpec] = {
         upgrade-strategy= platform= python-version= implementation= abi= report= no-deps
         upgrade user quiet verbose no-cache-dir no-input isolated require-virtualenv
         disable-pip-version-check no-color""",
-        writes="--log --log-file --cache-dir --src --target -t --prefix --root --dest -d --report",
     ),
     "python": _spec(
         "c:m:W:X:",
@@ -413,16 +369,23 @@ OPTION_SPECS: dict[str, OptionSpec] = {
         ends="-c -m",
     ),
     "perl": _spec(
-        "e:E:I:M:m:l::0::i::x::C::d::D::", "", abbreviations=False, stop=True, configs="-I"
+        "e:E:I:M:m:l::0::i::x::C::d::D::",
+        "",
+        abbreviations=False,
+        stop=True,
     ),
-    "ruby": _spec("e:I:r:E:F:C:i::x::W::", "", abbreviations=False, stop=True, configs="-I -r"),
+    "ruby": _spec(
+        "e:I:r:E:F:C:i::x::W::",
+        "",
+        abbreviations=False,
+        stop=True,
+    ),
     "node": _spec(
         "e:p:r:",
         "eval= print= require= import= loader= experimental-loader= input-type=",
         abbreviations=False,
         stop=True,
         ends="-e --eval -p --print",
-        configs="-r --require --import --loader --experimental-loader",
     ),
     **dict.fromkeys(
         ("awk", "gawk", "mawk", "nawk"),
@@ -430,38 +393,31 @@ OPTION_SPECS: dict[str, OptionSpec] = {
             "f:v:F:e:i:l:E:",
             """file= assign= field-separator= source= include= load= exec= characters-as-bytes
             posix traditional lint? sandbox dump-variables? profile? pretty-print?""",
-            writes="--dump-variables --profile --pretty-print",
         ),
     ),
     **dict.fromkeys(
         ("chmod", "chown", "chgrp"),
         _spec("", "recursive reference= from= changes silent quiet verbose dereference"),
     ),
-    "unzip": _spec("d:x:P:", "", writes="-d", abbreviations=False),
-    "7z": _spec("o:p:t:m:x:i:", "", writes="-o", clusters=False, abbreviations=False),
+    "unzip": _spec("d:x:P:", "", abbreviations=False),
+    "7z": _spec("o:p:t:m:x:i:", "", clusters=False, abbreviations=False),
     "zstd": _spec(
         "o:D:",
         "output-dir-flat= output-dir-mirror=",
-        writes="-o --output-dir-flat --output-dir-mirror",
     ),
     "patch": _spec(
         "d:o:i:p:r:B:D:F:V:Y:z:",
         "directory= output= input= strip= reject-file= prefix= suffix= basename-prefix=",
-        writes="-d --directory -o --output -r --reject-file -B --prefix",
     ),
     "rsync": _spec(
         "e:f:B:T:",
         """rsh= rsync-path= filter= exclude= include= temp-dir= partial-dir= backup-dir=
         log-file= write-batch= only-write-batch= read-batch= password-file= files-from=""",
-        runs={
-            "-e": "runs a remote shell program (rsync -e)",
-            "--rsh": "runs a remote shell program (rsync -e)",
-            "--rsync-path": "runs a program on the other side",
-        },
-        writes="""-T --temp-dir --partial-dir --backup-dir --log-file --write-batch
-        --only-write-batch""",
     ),
-    "csplit": _spec("b:f:n:", "suffix-format= prefix= digits=", writes="-f --prefix"),
+    "csplit": _spec(
+        "b:f:n:",
+        "suffix-format= prefix= digits=",
+    ),
     **dict.fromkeys(SHELLS, _SHELL_SPEC),
     "git": _spec(
         "C:c:",
@@ -479,13 +435,6 @@ OPTION_SPECS: dict[str, OptionSpec] = {
         reject= use-askpass? config= load-cookies= save-cookies= save-headers
         ca-certificate= certificate= private-key= quiet verbose no-verbose continue
         recursive mirror spider no-check-certificate server-response""",
-        runs={
-            "-e": "runs wgetrc commands given here",
-            "--execute": "runs wgetrc commands given here",
-            "--use-askpass": _RUNS,
-            "--config": "reads a wgetrc file, which can do anything an option can",
-        },
-        writes="--save-cookies",
     ),
     "sed": _spec(
         "e:f:l:i::E",
@@ -513,33 +462,23 @@ OPTION_SPECS: dict[str, OptionSpec] = {
     "rg": _spec(
         "e:f:g:t:T:m:A:B:C:j:M:r:E:",
         "pre= pre-glob= regexp= file= glob= iglob= type= type-not= max-count= replace=",
-        runs={"--pre": "runs a preprocessor program on every file"},
         abbreviations=False,
     ),
     "less": _spec(
         "o:O:b:h:j:k:p:P:t:T:x:y:z:",
         "log-file= LOG-FILE= pattern= prompt= tag= tag-file= lesskey-file=",
-        runs={
-            "-o": "writes a log file",
-            "-O": "writes a log file",
-            "--log-file": "writes a log file",
-            "--LOG-FILE": "writes a log file",
-            "-k": "reads a lesskey file (it can set commands)",
-            "--lesskey-file": "reads a lesskey file (it can set commands)",
-        },
     ),
     "date": _spec(
         "d:f:r:s:I::",
         "date= file= reference= set= iso-8601? rfc-3339= utc universal rfc-email debug",
-        runs={"-s": "sets the system clock", "--set": "sets the system clock"},
     ),
     "hostname": _spec(
-        "F:", "file=", runs={"-F": "changes the host name", "--file": "changes the host name"}
+        "F:",
+        "file=",
     ),
     "zip": _spec(
         "",
         "unzip-command=",
-        runs={"-TT": "runs a test program", "--unzip-command": "runs a test program"},
         clusters=False,
         abbreviations=False,
     ),
@@ -576,67 +515,45 @@ OPTION_SPECS: dict[str, OptionSpec] = {
         """junitxml= junit-xml= basetemp= rootdir= config-file= confcutdir= cache-dir=
         override-ini= log-file= report-log= resultlog= pastebin= debug? maxfail=
         durations= tb= import-mode= pyargs""",
-        writes="--junitxml --junit-xml --basetemp --log-file --report-log --resultlog --debug",
-        configs="-c --config-file --rootdir --confcutdir",
-        runs={"--pastebin": "uploads the test report to a paste service"},
     ),
-    "tree": _spec("o:L:P:I:", "", writes="-o", abbreviations=False),
-    "ninja": _spec("C:f:j:k:l:t:d:w:", "", writes="-C -f", abbreviations=False),
-    "sdiff": _spec("o:w:", "output= width=", writes="-o --output"),
+    "tree": _spec("o:L:P:I:", "", abbreviations=False),
+    "ninja": _spec("C:f:j:k:l:t:d:w:", "", abbreviations=False),
+    "sdiff": _spec(
+        "o:w:",
+        "output= width=",
+    ),
     "man": _spec(
         "P:H::l:M:m:C:S:s:L:R:",
         "pager= html? config-file= manpath= sections= locale=",
-        runs={
-            "-P": "runs a pager program",
-            "--pager": "runs a pager program",
-            "-H": "runs a browser program",
-            "--html": "runs a browser program",
-        },
-        configs="-C --config-file",
     ),
     "mypy": _spec(
         "c:m:p:",
         """cache-dir= config-file= junit-xml= html-report= txt-report= xml-report=
         linecount-report= any-exprs-report= cobertura-xml-report= lineprecision-report=
         xslt-html-report= xslt-txt-report= python-executable=""",
-        writes="""--cache-dir --junit-xml --html-report --txt-report --xml-report
-        --linecount-report --any-exprs-report --cobertura-xml-report --lineprecision-report
-        --xslt-html-report --xslt-txt-report""",
-        configs="--config-file",
-        runs={"--python-executable": "runs another Python to find packages"},
     ),
     "coverage": _spec(
         "d:o:",
         "directory= data-file= rcfile= output=",
-        writes="-d --directory -o --data-file --output",
-        configs="--rcfile",
     ),
     "tsc": _spec(
         "p:",
         "outDir= outFile= declarationDir= tsBuildInfoFile= project=",
-        writes="--outDir --outFile --declarationDir --tsBuildInfoFile",
-        configs="-p --project",
         abbreviations=False,
     ),
     "eslint": _spec(
         "c:o:f:",
         "config= output-file= cache-location= rulesdir= resolve-plugins-relative-to= format=",
-        writes="-o --output-file --cache-location",
-        configs="-c --config --rulesdir --resolve-plugins-relative-to",
         abbreviations=False,
     ),
     "prettier": _spec(
         "c:",
         "config= plugin= cache-location= ignore-path=",
-        writes="--cache-location",
-        configs="--config --plugin",
         abbreviations=False,
     ),
     "ruff": _spec(
         "o:",
         "config= cache-dir= output-file= target-version= extend-select= select= ignore=",
-        writes="--cache-dir -o --output-file",
-        configs="--config",
         abbreviations=False,
     ),
     **dict.fromkeys(
@@ -644,7 +561,6 @@ OPTION_SPECS: dict[str, OptionSpec] = {
         _spec(
             "l:t:",
             "config= settings-path= settings-file= line-length=",
-            configs="--config --settings-path --settings-file",
         ),
     ),
     "history": _spec("d:", "", abbreviations=False),
@@ -667,16 +583,6 @@ _GIT_NETWORK = _spec(
     reference= filter= separate-git-dir= shallow-since= shallow-exclude= recurse-submodules?
     server-option= push-option= repo= remote= all tags prune force dry-run quiet verbose
     set-upstream rebase? ff-only no-ff mirror bare""",
-    writes="--separate-git-dir",
-    runs={
-        "--upload-pack": _GIT_RUNS,
-        "-u": _GIT_RUNS,
-        "--receive-pack": _GIT_RUNS,
-        "--exec": _GIT_RUNS,
-        "--template": "copies hooks from a template folder",
-        "--config": "sets git config for this run (it can run programs)",
-        "-c": "sets git config for this run (it can run programs)",
-    },
 )
 _GIT_DIFF = _spec(
     "n:o:U:M::C::S:G:O:",
@@ -686,7 +592,6 @@ _GIT_DIFF = _spec(
     patch name-only name-status color? word-diff? diff-filter= relative? src-prefix=
     dst-prefix= abbrev? unified= inter-hunk-context= function-context numstat shortstat
     cached staged""",
-    writes="--output -o --output-directory",
 )
 GIT_SUBCOMMAND_SPECS: dict[str, OptionSpec] = {
     **dict.fromkeys(
@@ -699,18 +604,12 @@ GIT_SUBCOMMAND_SPECS: dict[str, OptionSpec] = {
     "archive": _spec(
         "o:",
         "output= remote= exec= format= prefix= add-file= add-virtual-file= list verbose",
-        runs={"--exec": _GIT_RUNS, "--remote": "fetches an archive from a remote host"},
-        writes="-o --output",
     ),
     "grep": _spec(
         "e:f:m:A:B:C:O::",
         """open-files-in-pager? max-depth= threads= context= after-context= before-context=
         max-count= file= and or not untracked no-index cached recurse-submodules
         ignore-case word-regexp invert-match line-number count files-with-matches""",
-        runs={
-            "-O": "opens the matches in a pager program",
-            "--open-files-in-pager": "opens the matches in a pager program",
-        },
     ),
     "rebase": _spec(
         "x:s:X:",
@@ -720,13 +619,10 @@ GIT_SUBCOMMAND_SPECS: dict[str, OptionSpec] = {
     "init": _spec(
         "b:",
         "template= separate-git-dir= initial-branch= shared? object-format= bare quiet",
-        runs={"--template": "copies hooks from a template folder"},
-        writes="--separate-git-dir",
     ),
     "apply": _spec(
         "p:C:",
         "directory= unsafe-paths index cached check stat reverse reject",
-        runs={"--unsafe-paths": "lets a patch write outside the repository"},
     ),
     "commit": _spec(
         "m:F:C:c:t:",
@@ -1179,6 +1075,8 @@ class _Analysis:
         self.src = ""
         self.quoted_heredocs: set[str] = set()
         self.ifs_changed = False
+        #: Option specs with the policy's risks joined in, per program (see `spec`).
+        self._specs: dict[str, OptionSpec | None] = {}
         #: The text had `[[ … ]]`, judged as `[ … ]`, whose -eq/-lt… evaluate arithmetic.
         self.double_bracket = False
         #: Files this command writes before it may run them: real path -> text (None: unknown).
@@ -1819,7 +1717,7 @@ class _Analysis:
         canonical = INTERPRETER_ALIASES.get(name, name)
         if re.fullmatch(r"python\d(\.\d+)?", canonical):
             canonical = "python"
-        spec = OPTION_SPECS.get("pip" if re.fullmatch(r"pip\d(\.\d+)?", canonical) else canonical)
+        spec = self.spec("pip" if re.fullmatch(r"pip\d(\.\d+)?", canonical) else canonical)
         if spec is not None:
             cmd = _Cmd(name, [first, *self.normalise(cmd.args, spec, where)], where, scope, stdin)
             self.options(cmd.args, spec, scope, where)
@@ -1904,6 +1802,35 @@ class _Analysis:
         ):
             return real_base
         return None
+
+    def spec(self, name: str) -> OptionSpec | None:
+        """How `name` reads its options (OPTION_SPECS; `git-grep` for git's subcommands)
+        joined with what they do (the policy's [options.<name>]); None when neither knows."""
+        if name in self._specs:
+            return self._specs[name]
+        syntax = (
+            GIT_SUBCOMMAND_SPECS.get(name[4:])
+            if name.startswith("git-")
+            else OPTION_SPECS.get(name)
+        )
+        risks = self.policy.options.get(name)
+        result = syntax
+        if risks is not None:
+            # A program the engine cannot parse keeps its words as written.
+            base = syntax or replace(_NO_OPTIONS, clusters=False, abbreviations=False)
+            long = dict(base.long)
+            for option in [*risks.runs, *risks.writes, *risks.configs]:
+                if option.startswith("--"):
+                    long.setdefault(option, "flag")
+            result = replace(
+                base,
+                long=long,
+                runs=dict(risks.runs),
+                writes=frozenset(risks.writes),
+                configs=frozenset(risks.configs),
+            )
+        self._specs[name] = result
+        return result
 
     def normalise(self, words: list[_Word], spec: OptionSpec, where: str) -> list[_Word]:
         """`normalise_options`; a prefix that fits several options asks (fail-closed: which
@@ -2131,8 +2058,9 @@ class _Analysis:
             if lang == "python" and text == "-m" and i + 1 < len(args):
                 module = args[i + 1].text
                 if module == "pip":
-                    pip_args = self.normalise(args[i + 2 :], OPTION_SPECS["pip"], cmd.snippet)
-                    self.options(pip_args, OPTION_SPECS["pip"], cmd.scope, cmd.snippet)
+                    pip = self.spec("pip") or _NO_OPTIONS
+                    pip_args = self.normalise(args[i + 2 :], pip, cmd.snippet)
+                    self.options(pip_args, pip, cmd.scope, cmd.snippet)
                     return self.subcommand(
                         _Cmd("pip", [args[i + 1], *pip_args], cmd.snippet, cmd.scope, cmd.stdin),
                         "pip",
@@ -2148,7 +2076,7 @@ class _Analysis:
                     for target in venv_dirs or [_Word(".", ".")]:
                         self.check_write(target, cmd.scope, cmd.snippet)
                 elif module in PYTHON_MODULES_OK and (
-                    module in OPTION_SPECS or module in _EXTRA_CHECKS
+                    self.spec(module) is not None or module in _EXTRA_CHECKS
                 ):  # `python -m pytest -c /tmp/x.ini` is judged as `pytest -c /tmp/x.ini`
                     return self.simple(
                         [_Word(module, module), *args[i + 2 :]], cmd.scope, cmd.stdin, cmd.snippet
@@ -2619,8 +2547,8 @@ def _git(a: _Analysis, cmd: _Cmd) -> _Flow | None:
     if i >= len(args):
         return None
     sub, rest = args[i].text, args[i + 1 :]
-    sub_spec = GIT_SUBCOMMAND_SPECS.get(sub)
-    if sub_spec is _GIT_NETWORK:  # `git clone https://x/$(cat .env)` sends it out
+    sub_spec = a.spec(f"git-{sub}")
+    if GIT_SUBCOMMAND_SPECS.get(sub) is _GIT_NETWORK:  # `git clone https://x/$(cat .env)`
         _built_at_run_time(
             a, _Cmd(cmd.name, [cmd.words[0], *rest], cmd.snippet, cmd.scope, cmd.stdin)
         )
@@ -3434,6 +3362,11 @@ class Guardian:
             parts += [f"approval {k}" for k in spec.approval]
             parts += [f"forbid {k}" for k in spec.forbid]
             listed(f"Subcommands of {programs}", parts)
+        for programs, risks in doc.options.items():
+            parts = [*(f"runs {k}" for k in risks.runs)]
+            parts += [f"writes {k}" for k in risks.writes]
+            parts += [f"settings {k}" for k in risks.configs]
+            listed(f"Options of {programs}", parts)
         if doc.max_delete_files is not None:
             lines.append(f"max_delete_files: {policy.max_delete_files}")
         if doc.always_allow:

@@ -24,6 +24,7 @@ from core.guardian import Guardian, Verdict
 from core.policy import (
     AlwaysAllowRule,
     CredentialSpec,
+    OptionRisks,
     PolicyDoc,
     SubcommandSpec,
     builtin_path,
@@ -416,6 +417,10 @@ def test_a_whole_overlay_round_trips() -> None:
             "git": SubcommandSpec(("lfs",), {"commit": "records"}, {"push": "no pushing"}),
             "poetry pdm": SubcommandSpec(("(none)",)),
         },
+        options={
+            "terraform tofu": OptionRisks({"-chdir": "works elsewhere"}, ("-out",), ("-var-file",)),
+            "git-log": OptionRisks(writes=("--output",)),
+        },
         always_allow=[
             AlwaysAllowRule(f"id{i}", "shell", text, "U1", "2025-01-01T00:00:00Z", "why")
             for i, text in enumerate(TRICKY_TEXT[:-1])
@@ -548,3 +553,34 @@ def test_risky_variables_may_name_a_family_by_prefix(ws: Path, overlay: Path) ->
     bad = guardian_with(ws, overlay, '[environment]\nrisky = ["*_HOOK"]\n')
     reason = bad.check_sync("shell", {"command": "ls"}).reason
     assert "GIT_CONFIG_*" in reason
+
+
+# ── what programs' options do: [options.<program>] ─────────────────────────────────
+
+
+def test_option_risks_come_from_the_policy_and_an_overlay_can_add_some(
+    ws: Path, overlay: Path
+) -> None:
+    g = guardian_with(ws, overlay)
+    assert "make" in g.policy().options  # the built-in file says what make --eval does
+    assert verdict(g, "make --ev='x: ; id' x") == P  # abbreviated, `=`: still --eval
+    assert verdict(g, "rg --hostname-bin=/tmp/x foo") == A
+    g = guardian_with(
+        ws,
+        overlay,
+        '[options.rg.runs]\n"--hostname-bin" = "runs a program to find the host name"\n'
+        '[options.make]\nwrites = ["--out"]\n',
+    )
+    decision = g.check_sync("shell", {"command": "rg --hostname-bin=/tmp/x foo"})
+    assert decision.verdict == P and "runs a program to find the host name" in decision.reason
+    assert verdict(g, "make --out /tmp/x") == P
+    assert verdict(g, "make --ev='x: ; id' x") == P  # the built-in entry is still there
+    assert "Options of rg: runs --hostname-bin" in g.describe_overlay()
+
+
+def test_an_option_entry_that_is_not_an_option_is_refused_with_the_fix(
+    ws: Path, overlay: Path
+) -> None:
+    g = guardian_with(ws, overlay, '[options.tar]\nwrites = ["output"]\n')
+    reason = g.check_sync("shell", {"command": "ls"}).reason
+    assert "'output' is not an option" in reason and '"--output"' in reason
