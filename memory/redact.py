@@ -54,6 +54,19 @@ def _discord_first_segment(m: re.Match[str]) -> bool:
     return decoded.isdigit() and 15 <= len(decoded) <= 20
 
 
+def _not_a_port(m: re.Match[str]) -> bool:
+    """`https://host:8080/users/@alice/` is a port and a path, not `user:password@`."""
+    return re.match(r"\d+(?:[/?#]|$)", m.group("pw")) is None
+
+
+def _not_a_hash(m: re.Match[str]) -> bool:
+    """A 40-hex git SHA has the length of an AWS secret key; it is kept."""
+    return _HEX_ONLY.fullmatch(m.group("s")) is None
+
+
+_HEX_ONLY = re.compile(r"[0-9a-fA-F]+")
+
+
 @dataclass(frozen=True, slots=True)
 class Pattern:
     """One kind of secret: the regex, which group is the secret, an optional extra check."""
@@ -98,11 +111,15 @@ PATTERNS: tuple[Pattern, ...] = (
     # JWT: header.payload.signature, both JSON parts base64url of '{"'.
     _p("jwt", rf"(?<![{_TOK}])eyJ[{_TOK}]{{8,}}\.eyJ[{_TOK}]{{8,}}\.[{_TOK}]*", ("eyj",)),
     # https://user:password@host — the user and host stay: they are useful context.
+    # A password may hold `/` and `@` (`https://u:pa/ss@wo@rd@host/`, as curl and git
+    # accept it): it runs to the last `@` of the word that is followed by a host name.
     _p(
         "url_password",
-        r"\b[a-zA-Z][a-zA-Z0-9+.\-]*://[^\s/:@'\"<>`]+:(?P<pw>[^\s/@'\"<>`]+)@",
+        r"\b[a-zA-Z][a-zA-Z0-9+.\-]*://[^\s/:@'\"<>`]+:(?P<pw>[^\s'\"<>`]+)@"
+        r"(?=[A-Za-z0-9\[][A-Za-z0-9.\-\[\]:]*(?:[/?#\s'\"<>`]|$))",
         ("://",),
         group="pw",
+        check=_not_a_port,
     ),
     _p(
         "slack_webhook",
@@ -127,12 +144,27 @@ PATTERNS: tuple[Pattern, ...] = (
     ),
     _p("github_token", _B + r"github_pat_[A-Za-z0-9_]{22,}", ("github_pat_",)),
     _p("gitlab_token", _B + r"glpat-[A-Za-z0-9_\-]{20,}", ("glpat-",)),
-    _p("slack_token", _B + r"xox[abposr]-[A-Za-z0-9\-]{10,}", ("xox",)),
+    # xoxb/xoxp/xoxa/xoxo/xoxs/xoxr, refresh tokens xoxe-…, and rotated xoxe.xoxp-….
+    _p("slack_token", _B + r"(?:xoxe\.)?xox[abposre]-[A-Za-z0-9\-]{10,}", ("xox",)),
     _p("slack_app_token", _B + r"xapp-\d-[A-Za-z0-9\-]{10,}", ("xapp-",)),
     _p(
         "aws_access_key_id",
         r"(?<![A-Z0-9])(?:AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16}(?![A-Z0-9])",
         ("akia", "asia", "abia", "acca"),
+    ),
+    # An AWS secret access key has no prefix: 40 base64 characters. Named by an
+    # assignment it is caught below; bare, it is recognised next to the access key id
+    # it belongs to (already a marker here) or after the word "secret".
+    _p(
+        "aws_secret_key",
+        r"(?:\[REDACTED:aws_access_key_id\][^A-Za-z0-9/+]{1,6}"
+        r"|(?i:\bsecret(?:[ _\-]?(?:access[ _\-]?)?key)?\b)[^A-Za-z0-9/+\n]{1,6}"
+        r"(?:\w+[^A-Za-z0-9/+\n]+){0,3}?)"
+        r"(?<![A-Za-z0-9/+=])(?P<s>[A-Za-z0-9/+]{40})(?![A-Za-z0-9/+=])",
+        # The id is a marker by now, but needles are looked for in the original text.
+        ("akia", "asia", "abia", "acca", "secret"),
+        group="s",
+        check=_not_a_hash,
     ),
     _p("google_api_key", _B + r"AIza[0-9A-Za-z_\-]{35}(?![A-Za-z0-9_\-])", ("aiza",)),
     _p("huggingface_token", _B + r"hf_[A-Za-z0-9]{30,}", ("hf_",)),
@@ -198,6 +230,13 @@ _FLAG = re.compile(
 _PROSE = re.compile(
     r"(?i)\b(?P<name>password|passwd|passphrase|pwd)\s+(?:is|was)\s*:?\s+"
     r"(?P<value>\S*[0-9!@#$%^&*+=?~]\S*)"
+)
+# "password hunter2!" with no "is", ":" or "=": the same rule on the value (it must
+# hold a digit or a symbol, so "password reset" stays), never a path, an option, a
+# variable or shell syntax, and not `pwd` (a command: `pwd && ls`).
+_PROSE_BARE = re.compile(
+    r"(?i)\b(?P<name>password|passwd|passphrase)[ \t]+"
+    r"(?P<value>(?![-/~$&|<>(\[{]|\.{1,2}/)(?=[^\s]{4,})\S*[0-9!@#$%^&*+=?~]\S*)"
 )
 
 _PLACEHOLDER = re.compile(
@@ -343,7 +382,8 @@ def _replace_flags_and_prose(text: str) -> str:
         return f"{head}{quote}{marker}{quote}{tail}"
 
     text = _FLAG.sub(sub, text)
-    return _PROSE.sub(sub, text)
+    text = _PROSE.sub(sub, text)
+    return _PROSE_BARE.sub(sub, text)
 
 
 # --- high-entropy strings near a secret-ish word ----------------------------------
@@ -428,15 +468,27 @@ def _apply(pattern: Pattern, text: str) -> str:
 
 def redact(text: str) -> str:
     """Replace every secret found in `text` by `[REDACTED:<kind>]`; everything else is kept."""
-    if not text:
+    if len(text) < _SHORTEST:
         return text
     lowered = text.lower()
+    present = {n for n in _NEEDLES if n in lowered}  # once, not once per pattern
     for pattern in PATTERNS:
-        if not pattern.needles or any(n in lowered for n in pattern.needles):
+        if not pattern.needles or not present.isdisjoint(pattern.needles):
             text = _apply(pattern, text)
+    # The rules below all start from a secret-ish word: without one, skip their scans
+    # (the log writer redacts every field of every line, so this is the common case).
+    if not any(word in lowered for word in _CONTEXT_WORDS):
+        return text
     text = _replace_assignments(text)
     text = _replace_flags_and_prose(text)
     return _replace_high_entropy(text)
+
+
+_NEEDLES = frozenset(n for p in PATTERNS for n in p.needles)
+#: Shorter text cannot hold a secret any rule here would recognise.
+_SHORTEST = 8
+#: Every word _SECRET_WORD, _FLAG, _PROSE and _NEAR_WORD start from contains one of these.
+_CONTEXT_WORDS = ("pass", "pwd", "secret", "token", "key", "credential", "auth")
 
 
 _SECRET_KEY_NAME = re.compile(rf"(?i)^[A-Za-z0-9_.\-]*{_SECRET_WORD}$")

@@ -24,6 +24,7 @@ from core.guardian import Guardian, Verdict
 from core.policy import (
     AlwaysAllowRule,
     CredentialSpec,
+    OptionRisks,
     PolicyDoc,
     SubcommandSpec,
     builtin_path,
@@ -373,7 +374,10 @@ def test_the_policy_files_cannot_be_changed_by_the_agent(tmp_path: Path, ws: Pat
     assert g.check_sync("edit_file", {"path": "config/policy.toml"}).verdict == F
     assert g.check_sync("read_file", {"path": ".steward/policy.toml"}).verdict == A
     assert verdict(g, "cat config/policy.toml") == A
-    assert verdict(g, "rm -rf .steward/notes") == A
+    # Issue 13: what is inside the data dir (approvals, access list, memory) is Steward's,
+    # not the agent's, to read or change, even when the data dir is in the workspace.
+    assert verdict(g, "rm -rf .steward/notes") == F
+    assert verdict(g, "cat .steward/access.json") == F
 
 
 # ── writing TOML ────────────────────────────────────────────────────────────────────
@@ -413,6 +417,10 @@ def test_a_whole_overlay_round_trips() -> None:
         subcommands={
             "git": SubcommandSpec(("lfs",), {"commit": "records"}, {"push": "no pushing"}),
             "poetry pdm": SubcommandSpec(("(none)",)),
+        },
+        options={
+            "terraform tofu": OptionRisks({"-chdir": "works elsewhere"}, ("-out",), ("-var-file",)),
+            "git-log": OptionRisks(writes=("--output",)),
         },
         always_allow=[
             AlwaysAllowRule(f"id{i}", "shell", text, "U1", "2025-01-01T00:00:00Z", "why")
@@ -535,3 +543,45 @@ def test_cli_check_a_tool_call_without_importing_litellm(tmp_path: Path, ws: Pat
         "forbid: read_file `~/.ssh/id_rsa` touches credentials (SSH keys (~/.ssh))"
     )
     assert modules_line == "litellm modules: []"
+
+
+def test_risky_variables_may_name_a_family_by_prefix(ws: Path, overlay: Path) -> None:
+    """`GIT_CONFIG_*` covers GIT_CONFIG_KEY_0…; a bad name still says how to write it."""
+    assert verdict(guardian_with(ws, overlay), "GIT_CONFIG_KEY_7=core.pager git log") == P
+    g = guardian_with(ws, overlay, '[environment]\nrisky = ["MY_TOOL_*"]\n')
+    assert verdict(g, "MY_TOOL_HOOK=x ls") == P
+    assert verdict(g, "MY_TOOLS=x ls") == A
+    bad = guardian_with(ws, overlay, '[environment]\nrisky = ["*_HOOK"]\n')
+    reason = bad.check_sync("shell", {"command": "ls"}).reason
+    assert "GIT_CONFIG_*" in reason
+
+
+# ── what programs' options do: [options.<program>] ─────────────────────────────────
+
+
+def test_option_risks_come_from_the_policy_and_an_overlay_can_add_some(
+    ws: Path, overlay: Path
+) -> None:
+    g = guardian_with(ws, overlay)
+    assert "make" in g.policy().options  # the built-in file says what make --eval does
+    assert verdict(g, "make --ev='x: ; id' x") == P  # abbreviated, `=`: still --eval
+    assert verdict(g, "rg --hostname-bin=/tmp/x foo") == A
+    g = guardian_with(
+        ws,
+        overlay,
+        '[options.rg.runs]\n"--hostname-bin" = "runs a program to find the host name"\n'
+        '[options.make]\nwrites = ["--out"]\n',
+    )
+    decision = g.check_sync("shell", {"command": "rg --hostname-bin=/tmp/x foo"})
+    assert decision.verdict == P and "runs a program to find the host name" in decision.reason
+    assert verdict(g, "make --out /tmp/x") == P
+    assert verdict(g, "make --ev='x: ; id' x") == P  # the built-in entry is still there
+    assert "Options of rg: runs --hostname-bin" in g.describe_overlay()
+
+
+def test_an_option_entry_that_is_not_an_option_is_refused_with_the_fix(
+    ws: Path, overlay: Path
+) -> None:
+    g = guardian_with(ws, overlay, '[options.tar]\nwrites = ["output"]\n')
+    reason = g.check_sync("shell", {"command": "ls"}).reason
+    assert "'output' is not an option" in reason and '"--output"' in reason

@@ -147,6 +147,27 @@ _POS: list[tuple[str, str, str, str]] = [
     ),
     ("db url", "DATABASE_URL=postgres://admin:{S}@db:5432/app", r(20), "url_password"),
     ("cli flag", "mysql --password {S} -u root", "hunter2", "password"),
+    # Forms issue 13 found stored raw.
+    ("aws secret after id", "AKIA" + r(16, UPPER_DIGITS) + " {S}\n", r(40, B64), "aws_secret_key"),
+    ("aws secret next line", "ASIA" + r(16, UPPER_DIGITS) + "\n{S}", r(40, B64), "aws_secret_key"),
+    (
+        "aws secret after word",
+        "the secret for prod: {S} (rotate monthly)",
+        r(40, B64),
+        "aws_secret_key",
+    ),
+    ("aws secret key words", "secret access key {S}", r(39, B64) + "/", "aws_secret_key"),
+    (
+        "url password slash at",
+        "git clone https://bob:{S}@git.example.com/r",
+        "pa/ss@wo@rd" + r(4),
+        "url_password",
+    ),
+    ("url password slash", "curl https://u:{S}@h.example/x", "x/" + r(12), "url_password"),
+    ("slack refresh", "SLACK_REFRESH={S}", "xoxe-1-" + r(60), "slack_token"),
+    ("slack rotated", "token {S} rotated", "xoxe.xoxp-1-" + r(60), "slack_token"),
+    ("bare password", "the password {S} works", "hunter2!", "password"),
+    ("bare passphrase", "passphrase {S}", "tr0ub4dor&3", "password"),
     ("prose", "my password is {S}, don't share it", "hunter2!", "password"),
     ("entropy near key", "the deploy key is {S} (prod)", r(32, B64), "secret"),
     ("entropy near token", "use this token {S} for staging", r(40), "secret"),
@@ -250,6 +271,15 @@ _NEG: list[tuple[str, str]] = [
     ),
     ("already redacted", "OPENAI_API_KEY=[REDACTED:openai_key] and [REDACTED:password]"),
     ("cli flag file", "mysql --password-file ~/.my.cnf --token $TOKEN"),
+    ("sha after secret", "secret rotated in 3b18e512dba79e4c8300dd08aeb37f8e728b8dad"),
+    ("port and at path", "see https://social.example:8443/users/@alice/ and http://h:80/@x"),
+    ("bare password words", "password reset link; the password field; pwd && ls -la /tmp"),
+    ("password options", "password --help, password $PW, password ./secrets/x1, password -"),
+    (
+        "forty chars no context",
+        "build 3b18e512dba79e4c8300dd08aeb37f8e728b8dad of "
+        "Abcdefghij0123456789Abcdefghij0123456789",
+    ),
 ]
 
 
