@@ -432,8 +432,13 @@ class Agent:
         grant: Grant | None = None
         if call.name == "shell" and (decision.verdict == Verdict.APPROVAL or decision.needs):
             grant = Grant.from_needs(decision.needs)
+        elif call.name in ("write_file", "edit_file") and decision.needs:
+            # Only the path it named: a file tool never runs anything, so no other grant.
+            grant = Grant(write=tuple(n.split(":", 1)[1] for n in decision.needs if ":" in n))
         risk = "changes things outside the workspace or is not known to be safe"
-        if grant is not None and self.tool_context.sandbox is not None:
+        if grant is not None and call.name != "shell":
+            risk = f"if approved, this one call may {grant.describe()}"
+        elif grant is not None and self.tool_context.sandbox is not None:
             risk = f"if approved, this one command may {grant.describe()}"
         if decision.verdict == Verdict.APPROVAL:
             answer = await self.approvals.ask(

@@ -3465,7 +3465,10 @@ class Guardian:
 
     def check_file_tool(self, tool: str, args: dict, policy: Policy | None = None) -> Decision:
         """File tools are workspace-scoped by construction; credential paths are refused, and
-        so is changing the guardian's own policy files (if the data dir is in the workspace)."""
+        so is changing the guardian's own policy files (if the data dir is in the workspace).
+        A write or edit outside the workspace asks, granting exactly that path for that one
+        call (the same grant a shell command gets); Steward's data dir, its config and
+        credential files stay refused."""
         path = args.get("path", ".")
         if path is None:
             path = "."
@@ -3481,6 +3484,25 @@ class Guardian:
                 f"{where} changes the guardian's policy file; the agent may not change its "
                 "own rules",
             )
+        if tool in ("write_file", "edit_file"):
+            target = analysis.path(path, scope)
+            real = target.real or os.path.realpath(os.path.join(analysis.root, path))
+            if not analysis.inside(target):
+                if analysis.reads_private(target.lexical or real, real) or any(
+                    real == d for d in analysis.private
+                ):
+                    analysis.flag(
+                        Verdict.FORBID,
+                        f"{where} is in Steward's own data dir: not the agent's to change",
+                    )
+                elif os.path.basename(real) == "steward.toml":
+                    analysis.flag(Verdict.FORBID, f"{where} is Steward's configuration")
+                else:
+                    analysis.flag(
+                        Verdict.APPROVAL,
+                        f"{where} writes outside the workspace ({real})",
+                        (f"write:{real}",),
+                    )
         decision = analysis.decision()
         if decision.verdict == Verdict.ALLOW:
             return Decision(Verdict.ALLOW, f"{tool} stays inside the workspace")

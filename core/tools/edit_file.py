@@ -63,7 +63,12 @@ def _edit(path: Path, shown: str, old: str, new: str, replace_all: bool) -> tupl
 
 
 async def run(ctx: ToolContext, args: dict[str, Any]) -> str:
-    path = resolve_in_workspace(ctx.workspace, args.get("path", ""), must_exist=True)
+    path = resolve_in_workspace(
+        ctx.workspace,
+        args.get("path", ""),
+        must_exist=True,
+        granted=ctx.grant.write if ctx.grant is not None else (),
+    )
     shown = display(ctx.workspace, path)
     old, new = args.get("old_text"), args.get("new_text")
     if not isinstance(old, str) or not old:

@@ -30,13 +30,16 @@ def workspace_root(ws: Path) -> Path:
     return Path(os.path.realpath(ws))
 
 
-def resolve_in_workspace(ws: Path, path: str, *, must_exist: bool) -> Path:
+def resolve_in_workspace(
+    ws: Path, path: str, *, must_exist: bool, granted: tuple[str, ...] = ()
+) -> Path:
     """The real path `path` names, refusing anything that leads outside the workspace.
 
     Relative paths resolve against the workspace; `~` expands (and so is refused unless
     the workspace lives under it). realpath resolves every existing component, so `..`
     and symlinks (also dangling ones) are judged by where they lead; a new file is judged
-    by its nearest existing parent plus the not-yet-existing rest.
+    by its nearest existing parent plus the not-yet-existing rest. `granted`: real paths
+    outside the workspace a person approved for this one call (exactly those files).
     """
     if not isinstance(path, str) or not path.strip():
         raise ToolError("path must be a non-empty string (relative to the workspace)")
@@ -46,7 +49,7 @@ def resolve_in_workspace(ws: Path, path: str, *, must_exist: bool) -> Path:
     raw = Path(os.path.expanduser(path))
     candidate = raw if raw.is_absolute() else root / raw
     real = Path(os.path.realpath(candidate))
-    if real != root and not real.is_relative_to(root):
+    if real != root and not real.is_relative_to(root) and str(real) not in granted:
         raise ToolError(f"{path} is outside the workspace ({root}); file tools only work inside it")
     if must_exist and not os.path.lexists(real):
         raise ToolError(missing_message(root, real, path))

@@ -25,7 +25,12 @@ from core.tools.workspace import (
 
 
 async def run(ctx: ToolContext, args: dict[str, Any]) -> str:
-    path = resolve_in_workspace(ctx.workspace, args.get("path", ""), must_exist=False)
+    path = resolve_in_workspace(
+        ctx.workspace,
+        args.get("path", ""),
+        must_exist=False,
+        granted=ctx.grant.write if ctx.grant is not None else (),
+    )
     shown = display(ctx.workspace, path)
     content = args.get("content")
     if not isinstance(content, str):
