@@ -56,55 +56,49 @@ def server_pids() -> set[int]:
     return pids
 
 
-def test_chat_lists_the_workspace_with_the_tiny_local_model(tmp_path: Path) -> None:
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    (ws / "notes.md").write_text("# notes\n")
-    (ws / "todo.txt").write_text("ship it\n")
+def chat_m(tmp_path: Path, text: str, *extra: str, **env_extra: str) -> subprocess.CompletedProcess:
+    """`steward chat -m TEXT` with no key and no model set: the embedded model answers."""
     env = clean_env()
-    env.update(
-        STEWARD_DATA_DIR=str(tmp_path / "data"),
-        STEWARD_WORKSPACE=str(ws),
-        STEWARD_LOCAL_MODEL="auto",
-    )
-    before = server_pids()
-    res = subprocess.run(
-        [STEWARD, "chat", "-m", "list the files in my workspace"],
+    env.update(STEWARD_DATA_DIR=str(tmp_path / "data"), STEWARD_WORKSPACE=str(tmp_path / "ws"))
+    env.update(env_extra)
+    return subprocess.run(
+        [STEWARD, "chat", "-m", text, *extra],
         env=env,
         cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=300,
     )
+
+
+def only_episode(tmp_path: Path) -> dict:
+    store = EpisodeStore(tmp_path / "data")
+    [path] = list(store.iter_files())
+    return store.read_front_matter(path)
+
+
+def test_chat_lists_the_workspace_with_the_tiny_local_model(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "notes.md").write_text("# notes\n")
+    (ws / "todo.txt").write_text("ship it\n")
+    before = server_pids()
+    res = chat_m(tmp_path, "list the files in my workspace", STEWARD_LOCAL_MODEL="auto")
     assert res.returncode == 0, res.stderr
     assert "tiny local model" in res.stderr  # the person is told what this is
     assert "list_files" in res.stderr  # the tool line
     assert "notes.md" in res.stdout and "todo.txt" in res.stdout
-    store = EpisodeStore(tmp_path / "data")
-    [path] = list(store.iter_files())
-    meta = store.read_front_matter(path)
+    meta = only_episode(tmp_path)
     assert meta["outcome"] == "success"
     assert "list_files" in str(meta["tools"])
     assert not (server_pids() - before), "the model server was left behind"
 
 
 def test_chit_chat_answers_without_tools(tmp_path: Path) -> None:
-    env = clean_env()
-    env.update(STEWARD_DATA_DIR=str(tmp_path / "data"), STEWARD_WORKSPACE=str(tmp_path / "ws"))
-    res = subprocess.run(
-        [STEWARD, "chat", "-m", "hello!", "-q"],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    res = chat_m(tmp_path, "hello!", "-q")
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip()
-    meta = EpisodeStore(tmp_path / "data").read_front_matter(
-        next(EpisodeStore(tmp_path / "data").iter_files())
-    )
-    assert not meta.get("tools")
+    assert not only_episode(tmp_path).get("tools")
 
 
 def test_the_model_chooses_among_candidates_and_the_reply_shows_the_file(
@@ -115,38 +109,17 @@ def test_the_model_chooses_among_candidates_and_the_reply_shows_the_file(
     ws.mkdir()
     (ws / "notes.md").write_text("alpha notes\n")
     (ws / "todo.txt").write_text("beta todo\n")
-    env = clean_env()
-    env.update(STEWARD_DATA_DIR=str(tmp_path / "data"), STEWARD_WORKSPACE=str(ws))
-    res = subprocess.run(
-        [STEWARD, "chat", "-m", "read notes.md or todo.txt"],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    res = chat_m(tmp_path, "read notes.md or todo.txt")
     assert res.returncode == 0, res.stderr
     assert "alpha notes" in res.stdout or "beta todo" in res.stdout
-    meta = EpisodeStore(tmp_path / "data").read_front_matter(
-        next(EpisodeStore(tmp_path / "data").iter_files())
-    )
-    assert "read_file" in str(meta["tools"])
+    assert "read_file" in str(only_episode(tmp_path)["tools"])
 
 
 def test_write_keeps_every_code_point(tmp_path: Path) -> None:
     """The reported bug: `write "plain 🚀" to rocket.txt` wrote "plain "."""
     ws = tmp_path / "ws"
     ws.mkdir()
-    env = clean_env()
-    env.update(STEWARD_DATA_DIR=str(tmp_path / "data"), STEWARD_WORKSPACE=str(ws))
-    res = subprocess.run(
-        [STEWARD, "chat", "-m", 'write "plain 🚀 日本語 שלום e\u0301" to rocket.txt'],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    res = chat_m(tmp_path, 'write "plain 🚀 日本語 שלום e\u0301" to rocket.txt')
     assert res.returncode == 0, res.stderr
     assert (ws / "rocket.txt").read_text(encoding="utf-8") == "plain 🚀 日本語 שלום e\u0301"
 
