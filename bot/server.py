@@ -43,6 +43,14 @@ def build_web_app(
     and the platforms' webhooks (each verifies its own signature) outside it."""
     settings = app.settings
     if not is_loopback(settings.host) and not settings.web_password:
+        origin = settings.sources.get("host", "")
+        if origin.startswith("env PORT"):
+            raise ConfigError(
+                f"PORT={settings.port} is set (a hosting platform), so Steward listens on "
+                f"every interface, and the web chat (which acts as the owner) would be open to "
+                f"the internet with only the login URL's token. Set STEWARD_WEB_PASSWORD "
+                f"(README → Deploy on a PaaS), or STEWARD_HOST=127.0.0.1 to stay local."
+            )
         raise ConfigError(
             f"STEWARD_HOST={settings.host} would open the web chat (which acts as the owner) "
             f"beyond this machine with only the login URL's token. Set STEWARD_WEB_PASSWORD "
@@ -162,12 +170,17 @@ async def serve(settings: Settings, *, stop_event: asyncio.Event | None = None) 
     log.info("server.started", url=url, model=app.llm.describe() if app.llm else None)
     # The login URL carries the secret: printed for the person at this terminal, never
     # logged (the log may be shipped elsewhere).
+    # Behind a PaaS the address it listens on (0.0.0.0:$PORT) is not one a browser can
+    # open: the login link uses the public URL when there is one.
+    public = settings.public_url.strip().rstrip("/")
     print(
-        f"Steward is running: open {login.login_url(url)} (Ctrl-C to stop)\n"
+        f"Steward is running: open {login.login_url(public or url)} (Ctrl-C to stop)\n"
         f"  That link logs this browser in to the web chat; keep it to yourself.",
         file=sys.stderr,
         flush=True,
     )
+    if public:
+        log.info("server.public_url", url=public, listening=url)
     if app.notice:
         print(app.notice, file=sys.stderr, flush=True)
     stop = stop_event or asyncio.Event()

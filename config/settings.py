@@ -40,6 +40,7 @@ class Settings(BaseModel):
     workspace: Path
     host: str
     port: int = Field(ge=0, le=65535)
+    public_url: str
     max_steps: int = Field(ge=1, le=200)
     task_timeout: float = Field(gt=0)
     llm_timeout: float = Field(gt=0)
@@ -271,6 +272,8 @@ def load_settings(
         values[key] = raw
         sources[key] = f"env {name}"
 
+    _platform_defaults(values, sources, env)
+
     for key in ("data_dir", "workspace"):
         if isinstance(values.get(key), str) and values[key].strip() == "":
             raise ConfigError(
@@ -294,6 +297,44 @@ def load_settings(
             "sources": sources,
         }
     )
+
+
+def platform_public_url(env: Mapping[str, str]) -> str:
+    """The public base URL a hosting platform announces in its environment, or "".
+
+    Render gives the whole URL; Railway the domain; Fly and Heroku the app's name, whose
+    default domain is fixed (a custom domain: set STEWARD_PUBLIC_URL)."""
+    if env.get("RENDER_EXTERNAL_URL", "").strip():
+        return env["RENDER_EXTERNAL_URL"].strip().rstrip("/")
+    if env.get("RAILWAY_PUBLIC_DOMAIN", "").strip():
+        return f"https://{env['RAILWAY_PUBLIC_DOMAIN'].strip()}"
+    if env.get("FLY_APP_NAME", "").strip():
+        return f"https://{env['FLY_APP_NAME'].strip()}.fly.dev"
+    if env.get("HEROKU_APP_NAME", "").strip():
+        return f"https://{env['HEROKU_APP_NAME'].strip()}.herokuapp.com"
+    return ""
+
+
+def _platform_defaults(
+    values: dict[str, Any], sources: dict[str, str], env: Mapping[str, str]
+) -> None:
+    """What a hosting platform says, where the person did not say otherwise.
+
+    A PaaS (the Procfile's `web: steward run`) gives the port to listen on in PORT and
+    routes to the container's interface, not its loopback: bound to 127.0.0.1:8765 the
+    deploy never becomes healthy. Settings the person made always win."""
+    port = env.get("PORT", "").strip()
+    if port and sources.get("port") == "default":
+        values["port"] = port
+        sources["port"] = "env PORT (set by the hosting platform)"
+        if sources.get("host") == "default":
+            values["host"] = "0.0.0.0"
+            sources["host"] = "env PORT (a hosting platform routes to every interface)"
+    if sources.get("public_url") == "default":
+        derived = platform_public_url(env)
+        if derived:
+            values["public_url"] = derived
+            sources["public_url"] = "the hosting platform's environment"
 
 
 def _explain(exc: ValidationError, values: dict[str, Any], sources: dict[str, str]) -> ConfigError:
