@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from bot.channels import Outbox, UndeliveredStore
+from bot.channels import DEAF_AFTER, DEAF_CHECK_EVERY, Outbox, UndeliveredStore
 from core.clock import SimClock
 from core.events import (
     ApprovalRequest,
@@ -219,3 +219,29 @@ async def test_alive_but_deaf_is_detected_and_cleared(tmp_path: Path) -> None:
     platform.health.last_event_at = 101.0  # an event (e.g. the echo) arrives
     clock._now = 102.0
     assert not box.check_deaf() and platform.health.state == "connected"
+
+
+async def test_an_echo_arriving_before_the_send_returns_is_heard(tmp_path: Path) -> None:
+    """Slack pushes the echo over the socket while chat.postMessage is still answering."""
+    box, platform, clock = outbox(tmp_path, status_progress=True)
+    real_send = platform.send
+
+    async def send_and_echo(conversation: str, text: str, *, thread: str | None = None) -> Any:
+        platform.health.last_event_at = 499.9  # the echo, before the send has returned
+        return await real_send(conversation, text, thread=thread)
+
+    platform.send = send_and_echo  # type: ignore[method-assign]
+    clock._now = 500.0
+    await box.send("C1", "hello")
+    clock._now = 1000.0
+    assert not box.check_deaf() and platform.health.state == "connected"
+
+
+async def test_the_watchdog_runs_on_the_clock_from_start_to_stop(tmp_path: Path) -> None:
+    box, platform, clock = outbox(tmp_path, status_progress=True)
+    await box.start(lambda _event: asyncio.sleep(0))
+    await box.send("C1", "hello")  # never echoed
+    await clock.advance_to(DEAF_AFTER + DEAF_CHECK_EVERY)
+    assert platform.health.state == "deaf"
+    await box.stop()
+    assert clock.next_deadline() is None  # no watchdog timer left behind
