@@ -15,6 +15,7 @@ here and its README section.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import random
 import time
@@ -29,7 +30,6 @@ from core.clock import Clock
 from core.events import (
     ApprovalRequest,
     Button,
-    Capabilities,
     Channel,
     ChannelHealth,
     DeliveryError,
@@ -108,17 +108,11 @@ class Outbox:
         self.backoff = backoff
         self.backoff_max = backoff_max
         caps = adapter.capabilities
-        # Where the platform can edit, progress is shown as a status message (see progress()).
-        self.capabilities = Capabilities(
-            buttons=caps.buttons,
-            edit=caps.edit,
-            typing=caps.typing,
-            threads=caps.threads,
-            live_progress=caps.live_progress or (status_progress and caps.edit),
-            interactive=caps.interactive,
-            max_length=caps.max_length,
-            max_buttons=caps.max_buttons,
-            max_label_length=caps.max_label_length,
+        # Where the platform can edit, tool steps are shown as a status message (see
+        # progress()); streamed text is not: a chat message can't grow token by token, so
+        # `streams_text` stays the adapter's own and the agent doesn't stream for it.
+        self.capabilities = dataclasses.replace(
+            caps, shows_tool_status=caps.shows_tool_status or (status_progress and caps.edit)
         )
         self._status: dict[str, _Status] = {}
         #: Time (on `clock`) of the oldest successful send not yet followed by any event.
@@ -327,9 +321,11 @@ class Outbox:
             log.debug("delivery.typing_failed", channel=self.name, exc_info=True)
 
     async def progress(self, conversation: str, event: Progress) -> None:
-        """Live where the adapter renders progress itself; else a status message edited
-        in place (throttled), since chat platforms rate-limit edits."""
-        if self.adapter.capabilities.live_progress:
+        """Live where the adapter renders this kind of progress itself; tool steps else as a
+        status message edited in place (throttled), since chat platforms rate-limit edits.
+        Streamed text reaches only an adapter that shows it (the dispatcher and the agent
+        don't produce it for others)."""
+        if self.adapter.capabilities.shows(event):
             await self.adapter.progress(conversation, event)
             return
         if event.kind not in ("tool_start", "tool_end", "status"):

@@ -21,7 +21,7 @@ from core.clock import SimClock
 from memory.approvals import ApprovalStore
 from tests.fakes.llm import ScriptedLLM
 from tests.fakes.slack import FakeSlack
-from tests.test_web_e2e import free_port, running
+from tests.test_web_e2e import SESSION, frames_until, free_port, running
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -129,3 +129,31 @@ async def test_the_watchdog_marks_a_platform_that_hears_nothing_deaf(
             else:
                 assert state == "deaf" and not health["ok"]
                 assert "no event arrived" in health["channels"]["slack"]["detail"]
+
+
+async def test_text_is_streamed_to_the_web_chat_but_not_to_a_platform(
+    llm: ScriptedLLM, settings_for: Callable[..., Settings], fake: FakeSlack
+) -> None:
+    settings = with_slack(settings_for, llm, fake)
+    answer = "Here is a longer answer, in several streamed pieces."
+    async with running(settings) as (http, url):
+        llm.reply_text(answer)
+        await dm(fake, "explain")
+        await fake.wait_for(lambda: answer in bot_texts(fake), 10)
+        slack_request = llm.requests[-1]
+        # Slack can't show text as it is generated, so the model isn't asked to stream,
+        # and nothing but the answer (no partial text) reached Slack.
+        assert not slack_request.get("stream")
+        assert bot_texts(fake) == [answer]
+        assert not fake.updates
+
+        llm.reply_text(answer)
+        seen: list[dict] = []
+        async with http.ws_connect(f"{url}/ws?session={SESSION}", headers={"Origin": url}) as ws:
+            await ws.send_json({"type": "message", "text": "explain"})
+            await frames_until(
+                ws, lambda f: f["type"] == "message" and f.get("role") == "assistant", seen
+            )
+        assert llm.requests[-1].get("stream") is True
+        streamed = [f["text"] for f in seen if f["type"] == "progress" and f["kind"] == "text"]
+        assert len(streamed) > 1 and "".join(streamed) == answer

@@ -192,7 +192,7 @@ async def test_approval_degrades_to_text(
 
 async def test_progress_is_one_status_message_edited_in_place(tmp_path: Path) -> None:
     box, platform, _ = outbox(tmp_path, status_progress=True)
-    assert box.capabilities.live_progress
+    assert box.capabilities.shows_tool_status and not box.capabilities.streams_text
     await box.progress("C1", Progress("tool_start", "t1", tool="shell", text="ls"))
     await box.progress("C1", Progress("tool_end", "t1", tool="shell", ok=True))
     await box.progress("C1", Progress("text", "t1", text="ignored"))
@@ -245,3 +245,25 @@ async def test_the_watchdog_runs_on_the_clock_from_start_to_stop(tmp_path: Path)
     assert platform.health.state == "deaf"
     await box.stop()
     assert clock.next_deadline() is None  # no watchdog timer left behind
+
+
+@pytest.mark.parametrize("streams", [False, True])
+async def test_text_reaches_only_an_adapter_that_streams_text(
+    tmp_path: Path, streams: bool
+) -> None:
+    """A platform that renders tool status itself but can't grow a message token by
+    token gets the tool steps, never text deltas; one that streams gets both."""
+    caps = Capabilities(edit=True, streams_text=streams, shows_tool_status=True)
+    box, platform, _ = outbox(tmp_path, caps, status_progress=True)
+    shown: list[str] = []
+
+    async def progress(conversation: str, event: Progress) -> None:
+        shown.append(event.kind)
+
+    platform.progress = progress  # type: ignore[method-assign]
+    assert box.capabilities.streams_text is streams
+    for kind in ("task_start", "tool_start", "text", "reset", "text", "task_end"):
+        await box.progress("C1", Progress(kind, "t1", text="x"))  # type: ignore[arg-type]
+    expected = ["task_start", "tool_start", "text", "reset", "text", "task_end"]
+    assert shown == (expected if streams else ["task_start", "tool_start", "task_end"])
+    assert not platform.calls  # rendered by the adapter: no status message of our own
