@@ -130,7 +130,7 @@ class Approvals:
                         str(record.get("decided_by") or "?"),
                         str(record.get("reason") or record["status"]),
                     )
-            if self._left_open is None:  # two channels starting at once read it once
+            if self._left_open is None:  # two channels started at once: the first read wins
                 self._left_open = left
         return self._left_open
 
