@@ -158,7 +158,8 @@ class TerminalChannel:
     capabilities = Capabilities(
         buttons=True,
         edit=True,
-        live_progress=True,
+        streams_text=True,
+        shows_tool_status=True,
         interactive=True,
         typing=False,
         max_length=1_000_000,
@@ -587,7 +588,8 @@ class OneShotChannel:
     capabilities = Capabilities(
         buttons=False,
         edit=False,
-        live_progress=True,
+        streams_text=True,
+        shows_tool_status=True,
         interactive=False,
         typing=False,
         max_length=1_000_000,

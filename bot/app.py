@@ -384,17 +384,23 @@ class App:
 
     async def start(self, channels: Sequence[Channel]) -> list[Outbox]:
         """Start each adapter behind its Outbox (the shared delivery layer); the dispatcher
-        and approvals only ever see the Outbox."""
+        and approvals only ever see the Outbox.
+
+        Called once per channel by `steward run` (the web chat first, then each platform),
+        so recovery is per channel: as a channel starts, the approvals and suggestions a
+        previous run left on it are recovered and their messages edited, while those of
+        channels not started yet wait for them (the stored records are read once). The
+        Outbox is what is started, so its "alive but deaf" watchdog runs."""
         await self.open_memory()
         started = []
         for adapter in channels:
             outbox = wrap(adapter, self.settings, self.clock, self.data_dir)
-            await adapter.start(self.dispatcher.bind(outbox))
+            await outbox.start(self.dispatcher.bind(outbox))
             self.channels.append(outbox)
             started.append(outbox)
-        running = {c.name: c for c in self.channels}
-        await self.approvals.recover(running)
-        await self.proactive.recover(await self.suggestions.recover(running))
+            mine: dict[str, Channel] = {outbox.name: outbox}
+            await self.approvals.recover(mine)
+            await self.proactive.recover(await self.suggestions.recover(mine))
         return started
 
     async def open_memory(self) -> None:

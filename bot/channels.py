@@ -15,6 +15,7 @@ here and its README section.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import random
 import time
@@ -29,7 +30,6 @@ from core.clock import Clock
 from core.events import (
     ApprovalRequest,
     Button,
-    Capabilities,
     Channel,
     ChannelHealth,
     DeliveryError,
@@ -108,23 +108,21 @@ class Outbox:
         self.backoff = backoff
         self.backoff_max = backoff_max
         caps = adapter.capabilities
-        # Where the platform can edit, progress is shown as a status message (see progress()).
-        self.capabilities = Capabilities(
-            buttons=caps.buttons,
-            edit=caps.edit,
-            typing=caps.typing,
-            threads=caps.threads,
-            live_progress=caps.live_progress or (status_progress and caps.edit),
-            interactive=caps.interactive,
-            max_length=caps.max_length,
-            max_buttons=caps.max_buttons,
-            max_label_length=caps.max_label_length,
+        # Where the platform can edit, tool steps are shown as a status message (see
+        # progress()); streamed text is not: a chat message can't grow token by token, so
+        # `streams_text` stays the adapter's own and the agent doesn't stream for it.
+        self.capabilities = dataclasses.replace(
+            caps, shows_tool_status=caps.shows_tool_status or (status_progress and caps.edit)
         )
         self._status: dict[str, _Status] = {}
-        #: Time of the oldest successful send not yet followed by any inbound event.
+        #: Time (on `clock`) of the oldest successful send not yet followed by any event.
         self._unechoed_since: float | None = None
+        #: The adapter's `last_event_at` just before that send: any other value later
+        #: means an event arrived since. Compared for change, not magnitude, because the
+        #: adapter stamps events with wall time and `clock` may be simulated.
+        self._event_before_send: float | None = None
         self.echoes = status_progress  # chat platforms echo the bot's messages
-        self._watchdog: asyncio.Task[None] | None = None
+        self._cancel_watch: Callable[[], None] | None = None
 
     @property
     def health(self) -> ChannelHealth:
@@ -134,23 +132,39 @@ class Outbox:
         return getattr(self.adapter, name)
 
     async def start(self, dispatch: Dispatch) -> None:
+        """Start the adapter, then the "alive but deaf" watchdog where the platform echoes
+        our own messages. The watchdog is a timer on the clock (no task, no sleep), so a
+        simulated clock drives it exactly as real time does."""
         await self.adapter.start(dispatch)
-        if self.echoes and not self.clock.simulated:
-            self._watchdog = asyncio.create_task(self._watch(), name=f"deaf-check:{self.name}")
+        if self.echoes:
+            self._arm_watch()
 
     async def stop(self) -> None:
-        if self._watchdog is not None:
-            self._watchdog.cancel()
+        if self._cancel_watch is not None:
+            self._cancel_watch()
+            self._cancel_watch = None
         await self.adapter.stop()
 
-    async def _watch(self) -> None:
-        while True:
-            await asyncio.sleep(DEAF_CHECK_EVERY)
-            self.check_deaf()
+    def _arm_watch(self) -> None:
+        self._cancel_watch = self.clock.call_at(
+            self.clock.now() + DEAF_CHECK_EVERY, self._watch_tick
+        )
 
-    def _sent_ok(self) -> None:
+    def _watch_tick(self) -> None:
+        try:
+            self.check_deaf()
+        except Exception:  # a watchdog bug must not stop the watching
+            log.exception("adapter.deaf_check_failed", channel=self.name)
+        self._arm_watch()
+
+    def _last_event(self) -> float | None:
+        health = getattr(self.adapter, "health", None)
+        return None if health is None else health.last_event_at
+
+    def _sent_ok(self, event_before: float | None) -> None:
         if self.echoes and self._unechoed_since is None:
             self._unechoed_since = self.clock.now()
+            self._event_before_send = event_before
 
     def check_deaf(self) -> bool:
         """Detect "alive but deaf": connected, yet our own recent messages never came back
@@ -159,8 +173,7 @@ class Outbox:
         health = getattr(self.adapter, "health", None)
         if health is None or self._unechoed_since is None:
             return False
-        last = health.last_event_at
-        if last is not None and last >= self._unechoed_since:
+        if health.last_event_at != self._event_before_send:  # an event arrived since
             self._unechoed_since = None
             if health.state == "deaf":
                 health.set("connected", "events arrive again")
@@ -232,6 +245,7 @@ class Outbox:
     # ── Channel methods ──────────────────────────────────────────────────────
     async def send(self, conversation: str, text: str, *, thread: str | None = None) -> MessageRef:
         await self._finish_status(conversation)
+        event_before = self._last_event()  # its echo may arrive before the send returns
         pieces = split_message(self.convert(text), self.capabilities.max_length)
         ref: MessageRef | None = None
         for piece in pieces:
@@ -241,7 +255,7 @@ class Outbox:
                 {"conversation": conversation, "text": piece, "thread": thread},
             )
         assert ref is not None
-        self._sent_ok()
+        self._sent_ok(event_before)
         return ref
 
     async def edit(
@@ -307,9 +321,11 @@ class Outbox:
             log.debug("delivery.typing_failed", channel=self.name, exc_info=True)
 
     async def progress(self, conversation: str, event: Progress) -> None:
-        """Live where the adapter renders progress itself; else a status message edited
-        in place (throttled), since chat platforms rate-limit edits."""
-        if self.adapter.capabilities.live_progress:
+        """Live where the adapter renders this kind of progress itself; tool steps else as a
+        status message edited in place (throttled), since chat platforms rate-limit edits.
+        Streamed text reaches only an adapter that shows it (the dispatcher and the agent
+        don't produce it for others)."""
+        if self.adapter.capabilities.shows(event):
             await self.adapter.progress(conversation, event)
             return
         if event.kind not in ("tool_start", "tool_end", "status"):

@@ -347,14 +347,14 @@ class Dispatcher:
         async def observe(event: Progress) -> None:
             if event.kind == "task_start":
                 started.append(event.task_id)
-            if channel.capabilities.live_progress:
+            if channel.capabilities.shows(event):
                 await channel.progress(msg.conversation, event)
 
         async def ended() -> None:
             # Once the answer (or "Stopped") went out: a page showing Stop and "working"
             # for this task must be told it is over. Sent once, however the job ends.
             ids, started[:] = list(started), []
-            if not channel.capabilities.live_progress:
+            if not channel.capabilities.shows_tool_status:
                 return
             for task_id in ids:
                 try:

@@ -17,6 +17,7 @@ from adapters.web_login import TokenError, WebLogin, load_or_create_token, new_t
 from bot.app import App, ensure_dir
 from bot.channels import UndeliveredStore, configured_platforms
 from config.settings import ConfigError, Settings
+from core.clock import Clock
 from core.events import Channel
 from memory.redact import redact
 
@@ -134,8 +135,12 @@ def build_platforms(settings: Settings) -> list[Channel]:
     return adapters
 
 
-async def serve(settings: Settings, *, stop_event: asyncio.Event | None = None) -> int:
-    app = App(settings, subcommand="run")
+async def serve(
+    settings: Settings, *, stop_event: asyncio.Event | None = None, clock: Clock | None = None
+) -> int:
+    """`steward run`. `clock`: the tests' simulated clock (default real time), so timers such
+    as the deaf watchdog can be driven through the assembled server without sleeping."""
+    app = App(settings, clock=clock, subcommand="run")
     try:
         login = WebLogin(load_or_create_token(settings.data_dir), password=settings.web_password)
     except (TokenError, OSError) as exc:

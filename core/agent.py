@@ -64,8 +64,9 @@ class TaskRequest:
     direct: bool = True
 
     @property
-    def live_progress(self) -> bool:
-        return self.channel.capabilities.live_progress
+    def streams_text(self) -> bool:
+        """The answer can be shown as it is generated; else the model is not asked to stream."""
+        return self.channel.capabilities.streams_text
 
     @property
     def scope(self) -> str:
@@ -320,7 +321,7 @@ class Agent:
         async def on_reset() -> None:
             await emit(Progress("reset", task_id))
 
-        live = req.live_progress  # stream only when someone can watch it
+        live = req.streams_text  # stream only when someone can watch it
 
         retried = False
         for step in range(self.max_steps):

@@ -9,6 +9,7 @@ after a restart it is expired with a visible edit, never silently lost or approv
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 from collections.abc import Callable
@@ -28,6 +29,9 @@ SESSION = "session"  # this call, for the rest of this conversation's session
 ALWAYS = "always"  # a narrow rule in the policy overlay
 DENY = "deny"
 ACTIONS = (APPROVE, SESSION, ALWAYS, DENY)
+
+#: Why a request left pending by a previous run was expired (shown in its edited message).
+RESTART_REASON = "Steward restarted before this was answered; the task stopped. Ask again."
 
 AlwaysAllow = Callable[[str, dict[str, Any], str], str]
 
@@ -84,6 +88,9 @@ class Approvals:
         self._pending: dict[str, _Pending] = {}
         self._decided: dict[str, Decision] = {}
         self._grants: set[str] = set()
+        #: Requests a previous run left pending whose channel has not started yet
+        #: (None: the stored records are not read yet).
+        self._left_open: list[dict[str, Any]] | None = None
 
     @staticmethod
     def new_id() -> str:
@@ -103,41 +110,62 @@ class Approvals:
             if conversation is None or p.request.conversation == conversation
         ]
 
+    async def _load_left_open(self) -> list[dict[str, Any]]:
+        """Read the stored records once per process, off the event loop: every decision is
+        remembered (a late or replayed press is answered "already decided", never acted
+        on), and the requests a previous run left pending are returned."""
+        if self._left_open is None:
+            records = await asyncio.to_thread(self.store.load_all)
+            left: list[dict[str, Any]] = []
+            for record in records:
+                rid = str(record["id"])
+                if record["status"] == "pending":
+                    # Its task died with the previous process: whatever channel it is on,
+                    # it can no longer be approved, even before that channel is back.
+                    self._decided[rid] = Decision(False, "restart", RESTART_REASON)
+                    left.append(record)
+                else:
+                    self._decided[rid] = Decision(
+                        record["status"] == "approved",
+                        str(record.get("decided_by") or "?"),
+                        str(record.get("reason") or record["status"]),
+                    )
+            if self._left_open is None:  # two channels started at once: the first read wins
+                self._left_open = left
+        return self._left_open
+
     async def recover(self, channels: dict[str, Channel]) -> int:
-        """At start-up: requests left pending by a previous run lost their task. Expire them
-        visibly (edit the message where the channel is up) and remember every decision, so a
-        late or replayed press is answered "already decided", never acted on."""
-        expired = 0
-        for record in self.store.load_all():
+        """At start-up, as each channel starts: requests a previous run left pending lost
+        their task. Expire those of the channels in `channels` visibly (their message is
+        edited, so buttons no one can use any more disappear). A request whose channel is
+        not (yet) running stays pending on disk and waits for a later call: expiring it
+        when the first channel (the web chat) starts would leave its Slack or Discord
+        message showing live buttons forever. Mirrors `Suggestions.recover`."""
+        left = await self._load_left_open()
+        mine = [r for r in left if str(r.get("channel")) in channels]
+        self._left_open = [r for r in left if str(r.get("channel")) not in channels]
+        for record in mine:
             rid = str(record["id"])
-            if record["status"] != "pending":
-                self._decided[rid] = Decision(
-                    record["status"] == "approved",
-                    str(record.get("decided_by") or "?"),
-                    str(record.get("reason") or record["status"]),
-                )
-                continue
-            reason = "Steward restarted before this was answered; the task stopped. Ask again."
-            decision = Decision(False, "restart", reason)
-            self._decided[rid] = decision
             record.update(
-                status="expired", decided_by="restart", reason=reason, decided_at=self.clock.now()
+                status="expired",
+                decided_by="restart",
+                reason=RESTART_REASON,
+                decided_at=self.clock.now(),
             )
             await self.store.save(record)
-            expired += 1
-            channel = channels.get(str(record.get("channel")))
-            if channel is not None and record.get("message_id"):
+            channel = channels[str(record.get("channel"))]
+            if record.get("message_id"):
                 ref = MessageRef(
                     channel.name, str(record["conversation"]), str(record["message_id"])
                 )
                 try:
                     await channel.edit(
-                        ref, f"{record.get('text', '')}\n\nExpired: {reason}", buttons=[]
+                        ref, f"{record.get('text', '')}\n\nExpired: {RESTART_REASON}", buttons=[]
                     )
                 except Exception:
                     log.warning("approval.recover_edit_failed", approval=rid, exc_info=True)
-            log.info("approval.expired_on_restart", approval=rid)
-        return expired
+            log.info("approval.expired_on_restart", approval=rid, channel=channel.name)
+        return len(mine)
 
     async def ask(
         self,

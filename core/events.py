@@ -21,13 +21,25 @@ class Capabilities:
     edit: bool = False
     typing: bool = False
     threads: bool = False
-    #: Live progress (streamed text, tool lines) rendered by the channel itself.
-    live_progress: bool = False
+    #: Shows the answer while it is generated (streamed `text`/`reset` progress). Only
+    #: then does the agent ask the model to stream: a platform message can't grow token
+    #: by token, so streaming into it would be work thrown away.
+    streams_text: bool = False
+    #: Renders the other progress itself (tool start/end, status lines, task start/end).
+    #: Where it doesn't, the channel layer shows tool steps as a status message instead.
+    shows_tool_status: bool = False
     #: Whether a person can answer an approval here at all (False for `chat -m`).
     interactive: bool = True
     max_length: int = 4000
     max_buttons: int = 5
     max_label_length: int = 75
+
+    def shows(self, event: Progress) -> bool:
+        """Whether this channel displays `event`: streamed text and its resets only where
+        text streams, everything else where tool status is shown."""
+        if event.kind in ("text", "reset"):
+            return self.streams_text
+        return self.shows_tool_status
 
 
 @dataclass(frozen=True, slots=True)

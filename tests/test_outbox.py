@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from bot.channels import Outbox, UndeliveredStore
+from bot.channels import DEAF_AFTER, DEAF_CHECK_EVERY, Outbox, UndeliveredStore
 from core.clock import SimClock
 from core.events import (
     ApprovalRequest,
@@ -192,7 +192,7 @@ async def test_approval_degrades_to_text(
 
 async def test_progress_is_one_status_message_edited_in_place(tmp_path: Path) -> None:
     box, platform, _ = outbox(tmp_path, status_progress=True)
-    assert box.capabilities.live_progress
+    assert box.capabilities.shows_tool_status and not box.capabilities.streams_text
     await box.progress("C1", Progress("tool_start", "t1", tool="shell", text="ls"))
     await box.progress("C1", Progress("tool_end", "t1", tool="shell", ok=True))
     await box.progress("C1", Progress("text", "t1", text="ignored"))
@@ -219,3 +219,51 @@ async def test_alive_but_deaf_is_detected_and_cleared(tmp_path: Path) -> None:
     platform.health.last_event_at = 101.0  # an event (e.g. the echo) arrives
     clock._now = 102.0
     assert not box.check_deaf() and platform.health.state == "connected"
+
+
+async def test_an_echo_arriving_before_the_send_returns_is_heard(tmp_path: Path) -> None:
+    """Slack pushes the echo over the socket while chat.postMessage is still answering."""
+    box, platform, clock = outbox(tmp_path, status_progress=True)
+    real_send = platform.send
+
+    async def send_and_echo(conversation: str, text: str, *, thread: str | None = None) -> Any:
+        platform.health.last_event_at = 499.9  # the echo, before the send has returned
+        return await real_send(conversation, text, thread=thread)
+
+    platform.send = send_and_echo  # type: ignore[method-assign]
+    clock._now = 500.0
+    await box.send("C1", "hello")
+    clock._now = 1000.0
+    assert not box.check_deaf() and platform.health.state == "connected"
+
+
+async def test_the_watchdog_runs_on_the_clock_from_start_to_stop(tmp_path: Path) -> None:
+    box, platform, clock = outbox(tmp_path, status_progress=True)
+    await box.start(lambda _event: asyncio.sleep(0))
+    await box.send("C1", "hello")  # never echoed
+    await clock.advance_to(DEAF_AFTER + DEAF_CHECK_EVERY)
+    assert platform.health.state == "deaf"
+    await box.stop()
+    assert clock.next_deadline() is None  # no watchdog timer left behind
+
+
+@pytest.mark.parametrize("streams", [False, True])
+async def test_text_reaches_only_an_adapter_that_streams_text(
+    tmp_path: Path, streams: bool
+) -> None:
+    """A platform that renders tool status itself but can't grow a message token by
+    token gets the tool steps, never text deltas; one that streams gets both."""
+    caps = Capabilities(edit=True, streams_text=streams, shows_tool_status=True)
+    box, platform, _ = outbox(tmp_path, caps, status_progress=True)
+    shown: list[str] = []
+
+    async def progress(conversation: str, event: Progress) -> None:
+        shown.append(event.kind)
+
+    platform.progress = progress  # type: ignore[method-assign]
+    assert box.capabilities.streams_text is streams
+    for kind in ("task_start", "tool_start", "text", "reset", "text", "task_end"):
+        await box.progress("C1", Progress(kind, "t1", text="x"))  # type: ignore[arg-type]
+    expected = ["task_start", "tool_start", "text", "reset", "text", "task_end"]
+    assert shown == (expected if streams else ["task_start", "tool_start", "task_end"])
+    assert not platform.calls  # rendered by the adapter: no status message of our own

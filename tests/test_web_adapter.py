@@ -146,7 +146,7 @@ def test_implements_channel_protocol(tmp_path: Path) -> None:
     channel = WebChannel(tmp_path)
     assert isinstance(channel, Channel)
     assert channel.name == "web"
-    assert channel.capabilities.buttons and channel.capabilities.live_progress
+    assert channel.capabilities.buttons and channel.capabilities.streams_text
 
 
 async def test_page_and_static_files(server: Server) -> None:

@@ -16,6 +16,7 @@ import aiohttp
 from adapters.web_login import read_token
 from bot.server import serve
 from config.settings import ConfigError
+from core.clock import Clock
 from tests.fakes.llm import Reply, ScriptedLLM
 from tests.test_concurrency import last_user
 from tests.test_history import is_summary_request
@@ -37,11 +38,18 @@ def owner_session(headers: dict[str, str] | None = None) -> aiohttp.ClientSessio
 
 
 @contextlib.asynccontextmanager
-async def running(settings: Any, headers: dict[str, str] | None = None, *, login: bool = True):
+async def running(
+    settings: Any,
+    headers: dict[str, str] | None = None,
+    *,
+    login: bool = True,
+    clock: Clock | None = None,
+):
     """Steward's server on `settings`; yields a client that opened the login URL, as the
-    owner does after `steward run` (`login=False`: a client without the cookie)."""
+    owner does after `steward run` (`login=False`: a client without the cookie; `clock`: a
+    simulated clock the test drives)."""
     stop = asyncio.Event()
-    task = asyncio.create_task(serve(settings, stop_event=stop))
+    task = asyncio.create_task(serve(settings, stop_event=stop, clock=clock))
     url = f"http://127.0.0.1:{settings.port}"
     async with owner_session(headers) as http:
         for _ in range(200):

@@ -1,0 +1,159 @@
+"""`steward run` with the web chat and a platform (Slack, against its fake) started the way
+the product starts them: recovery after a restart, the deaf watchdog and streaming are
+checked through `bot.server.serve`, not through hand-wired parts.
+
+Each test here would have caught a defect of issue 14: approvals expired before the
+platform was running (its message never edited), an Outbox whose watchdog never started,
+and the model streaming every token for a platform that throws the text away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from bot.channels import DEAF_AFTER, DEAF_CHECK_EVERY
+from config.settings import Settings
+from core.clock import SimClock
+from memory.approvals import ApprovalStore
+from tests.fakes.llm import ScriptedLLM
+from tests.fakes.slack import FakeSlack
+from tests.test_web_e2e import SESSION, frames_until, free_port, running
+
+pytestmark = pytest.mark.timeout(60)
+
+ALICE = "U0ALICE"
+DM = "D0ALICE"
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeSlack]:
+    async with FakeSlack() as server:
+        yield server
+
+
+def with_slack(
+    settings_for: Callable[..., Settings], llm: ScriptedLLM | None, fake: FakeSlack
+) -> Settings:
+    """Settings for `steward run` with the web chat and Slack (Socket Mode) on the fake."""
+    return settings_for(
+        llm,
+        port=free_port(),
+        slack_bot_token=fake.bot_token,
+        slack_app_token=fake.app_token,
+        slack_api_url=fake.base_url,
+        slack_allowed_users=ALICE,
+    )
+
+
+async def dm(fake: FakeSlack, text: str) -> None:
+    await fake.wait_connected(within=10)
+    await fake.send_envelope("events_api", fake.dm(DM, ALICE, text))
+
+
+async def stored(settings: Settings, done: Callable[[dict[str, Any]], bool]) -> None:
+    """Wait until the one approval on disk satisfies `done` (it is saved again, with its
+    message id, once Slack answered the post)."""
+    async with asyncio.timeout(10):
+        while True:
+            records = ApprovalStore(settings.data_dir).load_all()
+            if records and done(records[0]):
+                return
+            await asyncio.sleep(0.02)
+
+
+def bot_texts(fake: FakeSlack) -> list[str]:
+    return [m["text"] for m in fake.bot_messages()]
+
+
+async def test_a_platform_approval_left_pending_is_edited_to_expired_after_a_restart(
+    llm: ScriptedLLM, settings_for: Callable[..., Settings], fake: FakeSlack
+) -> None:
+    settings = with_slack(settings_for, llm, fake)
+    llm.reply_tool("shell", {"command": "echo x > ../outside.txt"})
+    async with running(settings):
+        await dm(fake, "write outside the workspace")
+        await fake.wait_for(lambda: any(m.get("blocks") for m in fake.bot_messages()), 10)
+        [asked] = [dict(m) for m in fake.bot_messages() if m.get("blocks")]
+        assert "Approval needed" in asked["text"]
+        assert any(b["type"] == "actions" for b in asked["blocks"])  # its buttons
+        await stored(settings, lambda r: r.get("message_id") == asked["ts"])
+    # Steward stopped while the request waited: on disk it is still pending.
+    [record] = ApprovalStore(settings.data_dir).load_all()
+    assert record["status"] == "pending" and record["channel"] == "slack"
+    assert record["message_id"] == asked["ts"]
+
+    def edits_of_the_request() -> list[dict[str, Any]]:
+        return [u for u in fake.updates if u["ts"] == asked["ts"]]
+
+    assert not edits_of_the_request()
+
+    async with running(settings):  # web chat first, then Slack, as `steward run` does
+        await fake.wait_for(lambda: bool(edits_of_the_request()), 10)
+        [update] = edits_of_the_request()
+        assert update["channel"] == DM
+        assert "Expired: Steward restarted before this was answered" in update["text"]
+        blocks = fake.messages[asked["ts"]].get("blocks", [])
+        assert not [b for b in blocks if b["type"] == "actions"]  # the buttons are gone
+    [record] = ApprovalStore(settings.data_dir).load_all()
+    assert record["status"] == "expired" and record["decided_by"] == "restart"
+
+
+@pytest.mark.parametrize("echoes", [False, True], ids=["deaf", "hearing"])
+async def test_the_watchdog_marks_a_platform_that_hears_nothing_deaf(
+    settings_for: Callable[..., Settings], echoes: bool
+) -> None:
+    clock = SimClock()
+    async with FakeSlack(echo_own_messages=echoes) as fake:
+        settings = with_slack(settings_for, None, fake)  # no model: a quick canned answer
+        async with running(settings, clock=clock) as (http, url):
+            await dm(fake, "hello")
+            await fake.wait_for(lambda: any("No model" in t for t in bot_texts(fake)), 10)
+            if echoes:  # our answer came back as an event
+                await fake.wait_for(lambda: len(fake.acks) >= 2, 5)
+
+            async def slack_state() -> dict[str, Any]:
+                async with http.get(f"{url}/healthz") as r:
+                    health = await r.json()
+                return health
+
+            assert (await slack_state())["channels"]["slack"]["state"] == "connected"
+            await clock.advance_to(clock.now() + DEAF_AFTER + DEAF_CHECK_EVERY)
+            health = await slack_state()
+            state = health["channels"]["slack"]["state"]
+            if echoes:
+                assert state == "connected" and health["ok"]
+            else:
+                assert state == "deaf" and not health["ok"]
+                assert "no event arrived" in health["channels"]["slack"]["detail"]
+
+
+async def test_text_is_streamed_to_the_web_chat_but_not_to_a_platform(
+    llm: ScriptedLLM, settings_for: Callable[..., Settings], fake: FakeSlack
+) -> None:
+    settings = with_slack(settings_for, llm, fake)
+    answer = "Here is a longer answer, in several streamed pieces."
+    async with running(settings) as (http, url):
+        llm.reply_text(answer)
+        await dm(fake, "explain")
+        await fake.wait_for(lambda: answer in bot_texts(fake), 10)
+        slack_request = llm.requests[-1]
+        # Slack can't show text as it is generated, so the model isn't asked to stream,
+        # and nothing but the answer (no partial text) reached Slack.
+        assert not slack_request.get("stream")
+        assert bot_texts(fake) == [answer]
+        assert not fake.updates
+
+        llm.reply_text(answer)
+        seen: list[dict] = []
+        async with http.ws_connect(f"{url}/ws?session={SESSION}", headers={"Origin": url}) as ws:
+            await ws.send_json({"type": "message", "text": "explain"})
+            await frames_until(
+                ws, lambda f: f["type"] == "message" and f.get("role") == "assistant", seen
+            )
+        assert llm.requests[-1].get("stream") is True
+        streamed = [f["text"] for f in seen if f["type"] == "progress" and f["kind"] == "text"]
+        assert len(streamed) > 1 and "".join(streamed) == answer

@@ -1,0 +1,68 @@
+"""Approvals left pending by a previous run are recovered per channel: each channel, as it
+starts, expires exactly its own requests and edits their messages (the records are read
+once). The end-to-end version, through `steward run`, is in tests/test_app_lifecycle.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from core.approvals import Approvals
+from core.clock import SimClock
+from core.events import Button, Capabilities, MessageRef
+from memory.approvals import ApprovalStore
+
+
+class PlatformDouble:
+    """Stands in for a started channel (not for Steward code): records edits."""
+
+    capabilities = Capabilities(buttons=True, edit=True)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.edits: list[tuple[MessageRef, str, list[Button] | None]] = []
+
+    async def edit(
+        self, ref: MessageRef, text: str, *, buttons: list[Button] | None = None
+    ) -> None:
+        self.edits.append((ref, text, buttons))
+
+
+def pending(rid: str, channel: str) -> dict[str, Any]:
+    return {
+        "id": rid,
+        "status": "pending",
+        "what": "shell: echo x > ../out.txt",
+        "why": "writes outside the workspace",
+        "text": f"Approval needed ({rid})",
+        "channel": channel,
+        "conversation": "C1",
+        "message_id": f"m-{rid}",
+        "asked_by": "alice",
+        "approvers": ["alice"],
+    }
+
+
+async def test_each_channel_expires_only_its_own_requests_as_it_starts(tmp_path: Path) -> None:
+    store = ApprovalStore(tmp_path)
+    for rid, channel in (("aaaa0001", "web"), ("bbbb0002", "slack")):
+        await store.save(pending(rid, channel))
+    approvals = Approvals(SimClock(0.0), store)
+    web, slack = PlatformDouble("web"), PlatformDouble("slack")
+
+    assert await approvals.recover({"web": web}) == 1
+    [(ref, text, buttons)] = web.edits
+    assert ref.id == "m-aaaa0001" and "Expired: Steward restarted" in text and buttons == []
+    status = {r["id"]: r["status"] for r in store.load_all()}
+    assert status == {"aaaa0001": "expired", "bbbb0002": "pending"}  # Slack isn't up yet
+    # Its task is gone all the same: a press is answered, never acted on.
+    answer = await approvals.press("approve:bbbb0002", "alice")
+    assert answer.text == "Already expired." and not answer.decided
+
+    (tmp_path / "approvals" / "aaaa0001.md").unlink()  # proof the folder is read only once
+    assert await approvals.recover({"slack": slack}) == 1
+    [(ref, text, buttons)] = slack.edits
+    assert ref == MessageRef("slack", "C1", "m-bbbb0002") and "Expired:" in text
+    assert [r["status"] for r in store.load_all()] == ["expired"]
+    assert len(web.edits) == 1  # nothing edited twice
+    assert await approvals.recover({"web": web, "slack": slack}) == 0
