@@ -300,7 +300,9 @@ class Agent:
                 episode.task_environmental = kind in ("Timeout", "LLMError", "Internal") or (
                     is_environmental(kind, episode.error)
                 )
-        path = await self._save(episode, bound)
+        # Shielded: the answer exists (a stream may have shown it already); a stop now
+        # must not lose its episode, nor leave its journal record open to be asked about.
+        path = await asyncio.shield(self._save(episode, bound))
         bound.info(
             "task.finished",
             outcome=episode.outcome,

@@ -23,7 +23,7 @@ ASKED = (
 
 
 def journal_files(settings: Any) -> list[Path]:
-    return sorted((settings.data_dir / "journal").glob("*.json"))
+    return sorted((settings.data_dir / "journal").glob("*.jsonl"))
 
 
 def cut_off(llm: ScriptedLLM) -> None:
