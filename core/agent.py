@@ -219,17 +219,6 @@ class Agent:
             scope=req.scope,
         )
         bound = log
-        if self.journal is not None:  # durable before any work (or effect) can happen
-            await self.journal.open(
-                task_id,
-                channel=req.channel.name,
-                conversation=req.conversation,
-                user=req.user,
-                request=req.text,
-                started=started_wall,
-                thread=req.thread,
-                direct=req.direct,
-            )
         bound.info("task.started")
 
         async def emit(event: Progress) -> None:
@@ -244,6 +233,17 @@ class Agent:
 
         kind = ""  # the failure's class, for the task's own error signature
         try:
+            if self.journal is not None:  # durable before any work (or effect) can happen
+                await self.journal.open(
+                    task_id,
+                    channel=req.channel.name,
+                    conversation=req.conversation,
+                    user=req.user,
+                    request=req.text,
+                    started=started_wall,
+                    thread=req.thread,
+                    direct=req.direct,
+                )
             async with asyncio.timeout(self.task_timeout):
                 reply = await self._loop(req, task_id, episode, emit, bound)
         except asyncio.CancelledError:

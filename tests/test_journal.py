@@ -154,3 +154,23 @@ async def test_the_journal_costs_about_a_millisecond_per_task(tmp_path: Path) ->
     per_task = (time.perf_counter() - t0) / runs
     print(f"journal per task: {per_task * 1000:.2f} ms")
     assert per_task < 0.025  # generous for a shared CI disk; typically 1-2 ms
+
+
+async def test_the_question_can_be_answered_by_text_in_a_later_run(
+    llm: ScriptedLLM, settings_for: Callable, tmp_path: Path
+) -> None:
+    """Where a platform has no buttons the Outbox says `/suggestion VALUE`; that line
+    answers too, and the question survives the process that asked it."""
+    s = settings_for(llm, llm_backoff=100, llm_backoff_max=100)
+    cut_off(llm)
+    first = await replay(
+        s, [{"t": 0, "user": "alice", "text": REQUEST}, {"t": 5, "restart": True}], drain=0
+    )
+    [asked] = [o for o in first if o["kind"] == "suggestion"]
+    rerun = asked["buttons"][0]["value"]
+    llm.reply_text("Nothing to write after all.")
+    second = await replay(s, [{"t": 0, "user": "alice", "text": f"/suggestion {rerun}"}])
+    assert not [o for o in second if o["kind"] == "suggestion"]  # not asked twice
+    assert second[0]["kind"] == "edit" and second[0]["text"].endswith("Running it again.")
+    assert second[-1]["text"].startswith("Nothing to write after all.")
+    assert journal_files(s) == []
