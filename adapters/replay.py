@@ -60,8 +60,9 @@ class ReplayChannel:
         self._emit = emit
         self._ids = itertools.count(1)
         self.outbound: list[dict[str, Any]] = []
-        #: conversation -> (message id, buttons) of the latest message sent with buttons
-        self._buttons: dict[str, tuple[str, list[Button]]] = {}
+        #: conversation -> (message id, buttons) of each message sent with buttons, oldest
+        #: first (a press may answer an older one, as a person can scroll up and click)
+        self._buttons: dict[str, list[tuple[str, list[Button]]]] = {}
         self.dispatch: Dispatch | None = None
         #: (conversation, user) -> id of that user's latest message, for `edit: true`
         self._last_message: dict[tuple[str, str], str] = {}
@@ -112,7 +113,7 @@ class ReplayChannel:
             id=ref.id,
             approval=request.id,
         )
-        self._buttons[request.conversation] = (ref.id, list(request.buttons))
+        self._buttons.setdefault(request.conversation, []).append((ref.id, list(request.buttons)))
         return ref
 
     async def send_suggestion(
@@ -122,7 +123,9 @@ class ReplayChannel:
         self._record(
             "suggestion", suggestion.conversation, suggestion.text, suggestion.buttons, id=ref.id
         )
-        self._buttons[suggestion.conversation] = (ref.id, list(suggestion.buttons))
+        self._buttons.setdefault(suggestion.conversation, []).append(
+            (ref.id, list(suggestion.buttons))
+        )
         return ref
 
     async def typing(self, conversation: str) -> None:
@@ -140,15 +143,13 @@ class ReplayChannel:
         self._record("warning", conversation, text, None)
 
     def find_button(self, conversation: str, needle: str) -> tuple[str, str] | None:
-        """(message id, value) of the first matching button on the latest message with buttons."""
-        latest = self._buttons.get(conversation)
-        if latest is None:
-            return None
-        msg_id, buttons = latest
+        """(message id, value) of the first matching button on the latest message that has
+        one (after a restart, "approve" still finds the approval under a newer question)."""
         low = needle.lower()
-        for b in buttons:
-            if low in b.label.lower() or low in b.value.lower():
-                return msg_id, b.value
+        for msg_id, buttons in reversed(self._buttons.get(conversation, [])):
+            for b in buttons:
+                if low in b.label.lower() or low in b.value.lower():
+                    return msg_id, b.value
         return None
 
     def parse(self, raw: str, lineno: int, last_t: float) -> ScenarioLine | None:

@@ -17,6 +17,7 @@ BENCHES = {
     "learning": "bench.learning",
     "proactive": "bench.proactive",
     "sandbox": "bench.sandbox",
+    "journal": "bench.journal",
     "local_model": "bench.local_model",  # skips, saying why, without steward[local]
 }
 

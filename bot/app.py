@@ -25,6 +25,7 @@ from core.conversations import Conversations
 from core.events import Channel
 from core.guardian import Guardian
 from core.history import History, model_summarizer
+from core.interrupted import Interrupted
 from core.learning import Learner, LearningConfig
 from core.llm import LLMClient
 from core.local_llm import LOCAL_TOOLS, LocalLLM
@@ -45,6 +46,7 @@ from core.tools import ALL_TOOLS
 from core.tools.base import ToolContext
 from memory.approvals import ApprovalStore
 from memory.episodes import EpisodeStore
+from memory.journal import TaskJournal
 from memory.lock import DataDirLocked, acquire
 from memory.rules import RuleStore
 from memory.store import DataStore
@@ -226,6 +228,7 @@ class App:
         self.channels: list[Channel] = []
         self.conversations = Conversations(self.clock)
         self.episodes = EpisodeStore(self.data_dir)
+        self.journal = TaskJournal(self.data_dir)
         self.datastore = DataStore(self.data_dir)
         self.rules = RuleStore(self.data_dir, self.datastore)
         self.learning = LearningConfig.from_settings(settings)
@@ -302,6 +305,7 @@ class App:
                 recall_limit=settings.recall_limit,
                 recall_budget=settings.recall_budget,
                 context_budget=settings.context_budget,
+                journal=self.journal,
             )
         # Summaries, rule drafts and offers of help need a model that can follow such an
         # instruction; the tiny local model cannot, so with it summaries are extractive,
@@ -351,6 +355,9 @@ class App:
             rules_commands=RulesCommands(self.rules, self.clock, self.learning),
             rules_admins_only=settings.rules_admins_only,
             proactive=self.proactive,
+            interrupted=Interrupted(
+                self.journal, self.episodes, self.clock, after_episode=self._index_episode
+            ),
         )
 
     def _local_server(self, command: Callable[[int], list[str]] | None) -> ModelServer | None:
@@ -401,6 +408,7 @@ class App:
             mine: dict[str, Channel] = {outbox.name: outbox}
             await self.approvals.recover(mine)
             await self.proactive.recover(await self.suggestions.recover(mine))
+            await self.dispatcher.interrupted.recover(mine)
         return started
 
     async def open_memory(self) -> None:
@@ -423,6 +431,11 @@ class App:
         # Drafts that waited for the model are retried in the background: a model call
         # must not hold up start-up (and the model may still be down).
         self._pending = asyncio.create_task(self._retry_drafts(), name="learning:pending")
+
+    async def _index_episode(self, path: Path) -> None:
+        """Index an episode written outside a task (an interrupted one), when open."""
+        if self.index is not None:
+            await self.index.add_episode_file(path)
 
     async def _retry_drafts(self) -> None:
         try:
@@ -449,6 +462,7 @@ class App:
 
     async def _stop_channels(self) -> None:
         await self.proactive.stop()
+        self.journal.stopping = True  # tasks cut off now stay in the journal
         await self.conversations.stop()
         for channel in reversed(self.channels):
             try:

@@ -31,6 +31,7 @@ from core.events import (
     Retracted,
 )
 from core.history import History
+from core.interrupted import DROP, RERUN
 from core.rules_commands import Caller, RulesCommands
 from core.suggestions import NO, YES, Suggestions
 
@@ -54,6 +55,13 @@ HELP = """Commands:
 /proactive off, /proactive on — stop or allow unprompted offers of help
 /proactive quiet HH:MM-HH:MM, /proactive quiet off — no offers during these hours
 Anything else is a task for Steward."""
+
+
+#: Said when Steward stops with a task running: it is not lost (core/interrupted.py).
+STOPPING_MESSAGE = (
+    "Steward is stopping, so this task was cut off. When it is back I will ask whether "
+    "to run it again."
+)
 
 
 @dataclass(slots=True)
@@ -82,6 +90,9 @@ class Dispatcher:
     rules_admins_only: bool = True
     #: Proactive help (core/proactive.py); None: never offers help unprompted.
     proactive: Any = None
+    #: core/interrupted.Interrupted: answers "Run it again?" about tasks a previous run
+    #: left unfinished (None: no task journal).
+    interrupted: Any = None
     last_results: dict[str, TaskResult] = field(default_factory=dict)
     undelivered: list[Undelivered] = field(default_factory=list)
     #: (channel, conversation, message id) -> arrival on the proactive clock, for
@@ -198,7 +209,7 @@ class Dispatcher:
             if not answer.decided:  # the edited request already shows a decision
                 await self._private(channel, event.conversation, event.user, answer.text)
             return
-        if event.value.partition(":")[0] in (YES, NO):
+        if event.value.partition(":")[0] in (YES, NO, RERUN, DROP):
             await self._suggestion(channel, event.conversation, event.user, event.value, None)
             return
         await self._private(
@@ -208,6 +219,9 @@ class Dispatcher:
     async def _suggestion(
         self, channel: Channel, conversation: str, user: str, value: str, thread: str | None
     ) -> None:
+        if value.partition(":")[0] in (RERUN, DROP):
+            await self._interrupted(channel, conversation, user, value)
+            return
         answer = await self.suggestions.answer(value, user)
         if answer.decided and self.proactive is not None:
             try:
@@ -226,6 +240,32 @@ class Dispatcher:
                 channel,
                 answer.task,
             )
+
+    async def _interrupted(
+        self, channel: Channel, conversation: str, user: str, value: str
+    ) -> None:
+        """[Run it again] / [Drop it] on a task a previous run left unfinished (also typed
+        as `/suggestion VALUE` where the platform has no buttons)."""
+        if self.interrupted is None:
+            await self._private(channel, conversation, user, "That button is no longer active.")
+            return
+        answer = await self.interrupted.answer(value, user)
+        if not answer.decided:
+            await self._private(channel, conversation, user, answer.text)
+        elif answer.task:  # a new task, as if the person had sent the request again
+            msg = Message(
+                channel.name,
+                conversation,
+                user,
+                answer.task,
+                thread=answer.thread,
+                direct=answer.direct,
+            )
+            await self._task(msg, channel, answer.task)
+
+    def _stopping(self) -> bool:
+        """Steward itself is stopping (a task cut off now is interrupted, not cancelled)."""
+        return self.interrupted is not None and self.interrupted.journal.stopping
 
     async def _cancel(self, channel: Channel, conversation: str) -> None:
         key = self.key(channel, conversation)
@@ -381,6 +421,11 @@ class Dispatcher:
             try:
                 result = await self.agent.run(request, observe)
             except asyncio.CancelledError:
+                if self._stopping():  # asked about again after the restart (core/interrupted)
+                    await asyncio.shield(
+                        self.say(channel, msg.conversation, STOPPING_MESSAGE, msg.thread)
+                    )
+                    raise
                 await asyncio.shield(
                     self.say(
                         channel, msg.conversation, "Stopped: the task was cancelled.", msg.thread

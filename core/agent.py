@@ -33,6 +33,7 @@ from core.sandbox import NETWORK, UNSANDBOXED, Grant
 from core.signatures import is_decision, is_environmental, signature
 from core.tools.base import Tool, ToolContext, ToolError
 from memory.episodes import Episode, EpisodeStore, ToolRecord
+from memory.journal import TaskJournal
 
 log = structlog.get_logger("steward.agent")
 
@@ -113,9 +114,11 @@ class Agent:
         learner: Any = None,
         after_episode: Callable[[Path], Awaitable[None]] | None = None,
         ask_every_shell: str = "",
+        journal: TaskJournal | None = None,
     ) -> None:
         """`ask_every_shell`: why shell commands cannot be sandboxed on this machine
-        (core/sandbox.Setup.fallback); when set, every shell command needs approval."""
+        (core/sandbox.Setup.fallback); when set, every shell command needs approval.
+        `journal`: where a task in flight is recorded, so a crash does not lose it."""
         self.llm = llm
         self.tools = tools
         self.tool_context = tool_context
@@ -133,6 +136,7 @@ class Agent:
         self.learner = learner
         self.after_episode = after_episode
         self.ask_every_shell = ask_every_shell
+        self.journal = journal
         self._schemas = [t.schema() for t in tools.values()]
 
     async def _messages(self, req: TaskRequest, episode: Episode) -> list[dict[str, Any]]:
@@ -230,9 +234,26 @@ class Agent:
 
         kind = ""  # the failure's class, for the task's own error signature
         try:
+            if self.journal is not None:  # durable before any work (or effect) can happen
+                await self.journal.open(
+                    task_id,
+                    channel=req.channel.name,
+                    conversation=req.conversation,
+                    user=req.user,
+                    request=req.text,
+                    started=started_wall,
+                    thread=req.thread,
+                    direct=req.direct,
+                )
             async with asyncio.timeout(self.task_timeout):
                 reply = await self._loop(req, task_id, episode, emit, bound)
         except asyncio.CancelledError:
+            if self.journal is not None and self.journal.stopping:
+                # Cut off by a shutdown, not by its person: the journal record stays
+                # open, and the next start asks whether to run it again.
+                self.journal.forget(task_id)
+                bound.info("task.interrupted", reason="shutdown")
+                raise
             episode.outcome = "cancelled"
             episode.error = "cancelled by the person"
             episode.duration_s = time.perf_counter() - t0
@@ -280,7 +301,9 @@ class Agent:
                 episode.task_environmental = kind in ("Timeout", "LLMError", "Internal") or (
                     is_environmental(kind, episode.error)
                 )
-        path = await self._save(episode, bound)
+        # Shielded: the answer exists (a stream may have shown it already); a stop now
+        # must not lose its episode, nor leave its journal record open to be asked about.
+        path = await asyncio.shield(self._save(episode, bound))
         bound.info(
             "task.finished",
             outcome=episode.outcome,
@@ -293,10 +316,17 @@ class Agent:
         return TaskResult(task_id, episode.outcome, reply, episode, str(path or ""))
 
     async def _save(self, episode: Episode, bound: Any) -> Any:
+        """Write the episode, then close the task's journal record: the task has ended
+        (even when the episode could not be written: the person has their answer, and
+        asking "run it again?" after a restart would repeat finished work)."""
         try:
             path = await self.episodes.write(episode)
         except Exception:
             bound.exception("episode.write_failed", episode=episode.id)
+            path = None
+        if self.journal is not None:
+            await self.journal.close(episode.id)
+        if path is None:
             return None
         if self.after_episode is not None:
             try:
@@ -462,6 +492,8 @@ class Agent:
         if grant is not None:
             context = dataclasses.replace(context, grant=grant)
             bound.info("sandbox.grant", tool=call.name, grant=grant.describe())
+        if self.journal is not None:  # before it runs: a crash during it still lists it
+            await self.journal.tool(task_id, call.name, _summary(args))
         try:
             output = await tool.run(context, args)
         except ToolError as exc:

@@ -137,9 +137,10 @@ def update_confidence(c: float, outcome: str, p0: float, cfg: LearningConfig) ->
 
 
 def trial_outcome(rule: Rule, episode: Episode) -> str:
-    """win / loss / neutral for a rule that was in this task's prompt. A cancelled task
-    and one the person denied (a decision, not a failure) say nothing about the rule."""
-    if episode.outcome in ("cancelled", "denied"):
+    """win / loss / neutral for a rule that was in this task's prompt. A cancelled task,
+    one the person denied (a decision, not a failure) and one interrupted by a restart
+    (the world stopped, not the task) say nothing about the rule."""
+    if episode.outcome in ("cancelled", "denied", "interrupted"):
         return "neutral"
     if rule.signature:
         if rule.signature in episode.error_signatures:

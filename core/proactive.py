@@ -844,9 +844,10 @@ class Proactive:
         state = self.state(key)
         self._remember(channel, msg.user, msg.conversation, msg.thread)
         episode = result.episode
-        if episode.outcome == "denied":
-            # The person decided: no frustration signal, no recurring-failure evidence,
-            # and the run of earlier failures (if any) neither grows nor ends.
+        if episode.outcome in ("denied", "interrupted"):
+            # The person decided (or Steward was restarted mid-task): no frustration
+            # signal, no recurring-failure evidence, and the run of earlier failures (if
+            # any) neither grows nor ends.
             log.info("proactive.decision", conversation=msg.conversation)
             return
         failed = task_failed(episode)

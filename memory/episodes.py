@@ -43,7 +43,8 @@ class Episode:
     user: str
     request: str
     #: success | failure | cancelled | denied (answered, and its last tool call was
-    #: denied by a person or its approval expired: a decision, not a failure)
+    #: denied by a person or its approval expired: a decision, not a failure) |
+    #: interrupted (Steward stopped mid-task; asked about after the restart)
     outcome: str
     #: person:<channel>:<user> for direct messages, conversation:<channel>:<id> for groups.
     scope: str = ""

@@ -1,0 +1,214 @@
+"""Tasks a previous run left unfinished: said in their conversation, re-run only on a press.
+
+The task journal (memory/journal.py) holds a record for every task in flight. What is
+still there at start-up was cut off by a crash, a kill or a shutdown. Each one is
+answered where it was asked — "I was restarted while working on: … Run it again?",
+listing the tool calls already made — and recorded as an episode with outcome
+"interrupted" (neither a failure for proactive help nor evidence for the rule
+learner: the world stopped, the task did not fail). Nothing re-runs silently: the
+work may have had effects, so only a press of [Run it again] by the person who asked
+starts it again, as a new task.
+
+Recovery follows `core/suggestions.Suggestions.recover`: the folder is read once,
+off the event loop, and each record is answered as its channel starts; a channel that
+is not running yet (or cannot show buttons to a person, like `steward chat -m`)
+keeps its records for a later start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from core.clock import Clock
+from core.events import Button, Channel, MessageRef, Suggestion
+from memory.episodes import Episode, EpisodeStore, ToolRecord
+from memory.journal import ASKED, OPEN, TaskJournal
+
+log = structlog.get_logger("steward.interrupted")
+
+RERUN = "task-rerun"
+DROP = "task-drop"
+
+#: Characters of the request quoted back (the whole request is re-run, not this).
+QUOTED = 300
+
+
+@dataclass(slots=True)
+class Answer:
+    text: str
+    #: The request to run again (a press of Run it again by its person); None otherwise.
+    task: str | None = None
+    thread: str | None = None
+    direct: bool = True
+    decided: bool = False
+
+
+def question(record: dict[str, Any]) -> str:
+    """What the person reads: the request and the tool calls that may have had effects."""
+    request = " ".join(str(record.get("request", "")).split())
+    if len(request) > QUOTED:
+        request = request[: QUOTED - 1] + "…"
+    tools = record.get("tools") or []
+    if tools:
+        made = "; ".join(f"{t.get('name')} {t.get('summary', '')}".strip() for t in tools)
+        done = f"tool calls already made: {made}"
+    else:
+        done = "no tool call had been made yet"
+    return f"I was restarted while working on: {request} — {done}. Run it again?"
+
+
+def scope_of(record: dict[str, Any]) -> str:
+    """The episode's recall scope, as core/agent.TaskRequest.scope would have set it."""
+    if record.get("direct", True):
+        return f"person:{record.get('channel')}:{record.get('user')}"
+    return f"conversation:{record.get('channel')}:{record.get('conversation')}"
+
+
+def episode_for(record: dict[str, Any]) -> Episode:
+    """The interrupted task as an episode: what it asked and which calls were made."""
+    return Episode(
+        id=str(record["id"]),
+        started=datetime.fromisoformat(str(record["started"])),
+        channel=str(record.get("channel", "")),
+        conversation=str(record.get("conversation", "")),
+        user=str(record.get("user", "")),
+        request=str(record.get("request", "")),
+        outcome="interrupted",
+        scope=scope_of(record),
+        error="interrupted: Steward stopped before the task finished",
+        tools=[
+            ToolRecord(
+                name=str(t.get("name", "")),
+                ok=False,
+                arguments=str(t.get("summary", "")),
+                error="outcome not known: Steward stopped while or after it ran",
+            )
+            for t in record.get("tools") or []
+        ],
+    )
+
+
+class Interrupted:
+    """Asks about the tasks a previous run left open, and takes the answers."""
+
+    def __init__(
+        self,
+        journal: TaskJournal,
+        episodes: EpisodeStore,
+        clock: Clock,
+        after_episode: Callable[[Path], Awaitable[None]] | None = None,
+    ) -> None:
+        self.journal = journal
+        self.episodes = episodes
+        self.clock = clock
+        self.after_episode = after_episode
+        self._open: dict[str, tuple[dict[str, Any], Channel, MessageRef | None]] = {}
+        #: Records read at start-up whose channel has not started yet (None: unread).
+        self._left: list[dict[str, Any]] | None = None
+
+    async def recover(self, channels: dict[str, Channel]) -> int:
+        """Ask about each open record of a running channel; returns how many were asked."""
+        if self._left is None:  # one read of the folder per process, off the loop
+            self._left = await asyncio.to_thread(self.journal.load)
+        asked, waiting = 0, []
+        for record in self._left:
+            channel = channels.get(str(record.get("channel")))
+            if channel is None or not channel.capabilities.interactive:
+                waiting.append(record)
+                continue
+            try:
+                if record.get("status") == ASKED:
+                    self._open[str(record["id"])] = (record, channel, _ref(channel, record))
+                elif await self._ask(record, channel):
+                    asked += 1
+            except Exception:  # one bad record must not stop the others or the start
+                log.exception("interrupted.recover_failed", task_id=record.get("id"))
+        self._left = waiting
+        return asked
+
+    async def _ask(self, record: dict[str, Any], channel: Channel) -> bool:
+        tid = str(record["id"])
+        episode = episode_for(record)
+        if record.get("status") == OPEN and self.episodes.path_for(episode).exists():
+            # The task ended and its episode was written; only the removal was lost.
+            await self.journal.remove(tid)
+            return False
+        suggestion = Suggestion(
+            id=tid,
+            text=question(record),
+            conversation=str(record["conversation"]),
+            channel=channel.name,
+            user=str(record.get("user", "")),
+            buttons=[
+                Button("Run it again", f"{RERUN}:{tid}", "primary"),
+                Button("Drop it", f"{DROP}:{tid}"),
+            ],
+        )
+        ref = await channel.send_suggestion(suggestion, thread=record.get("thread"))
+        record["status"] = ASKED
+        record["asked_at"] = self.clock.now()
+        if ref is not None:  # a press after yet another restart can still edit it
+            record.update(message_id=ref.id, message_thread=ref.thread)
+        await self.journal.update(record)
+        path = await self.episodes.write(episode)
+        if self.after_episode is not None:
+            try:
+                await self.after_episode(path)
+            except Exception:  # the file is the truth; the index can be rebuilt
+                log.warning("episode.index_failed", episode=tid, exc_info=True)
+        self._open[tid] = (record, channel, ref)
+        log.info(
+            "task.interrupted",
+            task_id=tid,
+            conversation=record.get("conversation"),
+            channel=channel.name,
+            tools=len(record.get("tools") or []),
+        )
+        return True
+
+    async def answer(self, value: str, user: str) -> Answer:
+        """A press of [Run it again] or [Drop it]; only the person who asked decides."""
+        action, _, tid = value.partition(":")
+        entry = self._open.get(tid)
+        if entry is None:
+            return Answer("That question is no longer open.")
+        record, channel, ref = entry
+        if user != record.get("user"):
+            return Answer("Only the person who asked for this task can run it again or drop it.")
+        rerun = action == RERUN
+        del self._open[tid]
+        await self.journal.remove(tid)
+        log.info("interrupted.answered", task_id=tid, rerun=rerun)
+        if ref is not None:
+            note = "Running it again." if rerun else "Dropped."
+            try:
+                await channel.edit(ref, f"{question(record)}\n\n{note}", buttons=[])
+            except Exception:
+                log.warning("interrupted.edit_failed", task_id=tid, exc_info=True)
+        if not rerun:
+            return Answer("", decided=True)
+        return Answer(
+            "",
+            task=str(record.get("request", "")),
+            thread=record.get("thread"),
+            direct=bool(record.get("direct", True)),
+            decided=True,
+        )
+
+
+def _ref(channel: Channel, record: dict[str, Any]) -> MessageRef | None:
+    if not record.get("message_id"):
+        return None
+    return MessageRef(
+        channel.name,
+        str(record["conversation"]),
+        str(record["message_id"]),
+        record.get("message_thread"),
+    )

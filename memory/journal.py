@@ -1,0 +1,182 @@
+"""The task journal: one small record per task in flight, so a crash loses no request.
+
+Why: the platform event is acknowledged and the episode is written only at the end,
+so a process killed mid-task (a deploy, an OOM kill) used to leave no trace and
+nobody was told. The record is written durably (atomic write + fsync) *before* the
+work starts, gains a line per tool call as it is made (so a re-run after a crash is a
+decision made knowing what already happened, never a surprise), and is removed once
+the episode is written. What is left at start-up was interrupted.
+
+`<data dir>/journal/<task id>.jsonl`, redacted like every other data-dir file: the
+first line is the record, written atomically (temp file, fsync, rename); each tool call
+appends one line and fdatasyncs it (a fraction of a rewrite's cost: this is on every
+task's path), and a line torn by a crash is ignored when read. Writes run in a
+thread: each costs an fsync, which must not stall the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from memory.atomic import atomic_write_text
+from memory.redact import redact
+
+log = structlog.get_logger("steward.journal")
+
+#: A record written before the task's work started; the task has not ended.
+OPEN = "open"
+#: A record found open at start-up whose person was asked "Run it again?".
+ASKED = "asked"
+
+#: Characters kept of a tool call's summary: enough to recognise it, cheap to rewrite.
+SUMMARY_CHARS = 160
+
+
+class TaskJournal:
+    """Durable records of the tasks in flight (see the module docstring)."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.root = data_dir / "journal"
+        #: Set while the process is stopping: a task cut off then is interrupted, not
+        #: cancelled by its person, so its record stays open for the next start.
+        self.stopping = False
+        self._records: dict[str, dict[str, Any]] = {}
+
+    def path(self, task_id: str) -> Path:
+        return self.root / f"{task_id}.jsonl"
+
+    async def _write(self, record: dict[str, Any]) -> None:
+        head = {k: v for k, v in record.items() if k != "tools"}
+        lines = [json.dumps(head, ensure_ascii=False)]
+        lines += [json.dumps(t, ensure_ascii=False) for t in record.get("tools") or []]
+        text = "\n".join(lines) + "\n"
+        await asyncio.to_thread(atomic_write_text, self.path(str(record["id"])), text)
+
+    def _append(self, task_id: str, line: str) -> None:
+        fd = os.open(self.path(task_id), os.O_WRONLY | os.O_APPEND)
+        try:
+            os.write(fd, line.encode("utf-8"))
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+
+    async def open(
+        self,
+        task_id: str,
+        *,
+        channel: str,
+        conversation: str,
+        user: str,
+        request: str,
+        started: datetime,
+        thread: str | None = None,
+        direct: bool = True,
+    ) -> None:
+        """Written before the task's work starts; the task goes on if it fails (logged)."""
+        record: dict[str, Any] = {
+            "id": task_id,
+            "status": OPEN,
+            "started": started.isoformat(),
+            "channel": channel,
+            "conversation": conversation,
+            "user": user,
+            "thread": thread,
+            "direct": direct,
+            # Secrets pasted in chat never reach the disk (memory/redact.py).
+            "request": redact(request),
+            "tools": [],
+        }
+        self._records[task_id] = record
+        await self._save(record)
+
+    async def tool(self, task_id: str, name: str, summary: str) -> None:
+        """A tool call about to run: recorded first, so a crash during it still lists it."""
+        record = self._records.get(task_id)
+        if record is None:
+            return
+        entry = {"name": name, "summary": redact(summary[:SUMMARY_CHARS])}
+        record["tools"].append(entry)
+        line = json.dumps(entry, ensure_ascii=False) + "\n"
+        try:
+            await asyncio.to_thread(self._append, task_id, line)
+        except OSError:  # e.g. the open record could not be written: the task goes on
+            log.warning("journal.write_failed", task_id=task_id, exc_info=True)
+
+    async def close(self, task_id: str) -> None:
+        """The task ended and its episode was written: nothing to ask after a restart.
+
+        No fsync, so no thread hop either (an unlink is a fraction of a millisecond): a
+        record that outlives its episode is recognised at start-up (the episode exists)
+        and removed then without asking anybody."""
+        if self._records.pop(task_id, None) is None:
+            return
+        try:
+            self._unlink(task_id)
+        except OSError:
+            log.warning("journal.close_failed", task_id=task_id, exc_info=True)
+
+    def forget(self, task_id: str) -> None:
+        """Stop tracking a task cut off by a shutdown; its file stays for the next start."""
+        self._records.pop(task_id, None)
+
+    def _unlink(self, task_id: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.path(task_id).unlink()
+
+    async def _save(self, record: dict[str, Any]) -> None:
+        try:
+            await self._write(record)
+        except Exception:  # losing the journal must never cost the task itself
+            log.warning("journal.write_failed", task_id=record["id"], exc_info=True)
+
+    # -- after a restart ------------------------------------------------------------
+
+    def load(self) -> list[dict[str, Any]]:
+        """Every record on disk, oldest first (blocking: call it in a thread)."""
+        out = []
+        if not self.root.is_dir():
+            return out
+        for path in sorted(self.root.glob("*.jsonl")):
+            record = _read(path)
+            if record is None:
+                log.warning("journal.malformed", path=str(path))
+            else:
+                out.append(record)
+        out.sort(key=lambda r: str(r.get("started", "")))
+        return out
+
+    async def update(self, record: dict[str, Any]) -> None:
+        """Rewrite a recovered record (status asked, where the question was sent)."""
+        await self._write(record)
+
+    async def remove(self, task_id: str) -> None:
+        await asyncio.to_thread(self._unlink, task_id)
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    """The record and its tool calls; None when even the first line is unreadable."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+        record = json.loads(lines[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    if not isinstance(record, dict) or record.get("id") != path.stem:
+        return None
+    tools = []
+    for line in lines[1:]:
+        try:
+            entry = json.loads(line)
+        except ValueError:  # torn by a crash mid-append: the calls before it stand
+            continue
+        if isinstance(entry, dict):
+            tools.append(entry)
+    record["tools"] = tools
+    return record

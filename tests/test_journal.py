@@ -1,0 +1,158 @@
+"""The task journal: a task cut off by a restart is said after it, with the tool calls it
+made, and runs again only on a press of [Run it again] by the person who asked."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from core.interrupted import question
+from memory.journal import TaskJournal
+from tests.fakes.llm import ScriptedLLM
+from tests.test_replay_e2e import episodes, replay
+
+REQUEST = "write notes/a.txt saying hi"
+ASKED = (
+    f"I was restarted while working on: {REQUEST} — tool calls already made: "
+    "write_file notes/a.txt. Run it again?"
+)
+
+
+def journal_files(settings: Any) -> list[Path]:
+    return sorted((settings.data_dir / "journal").glob("*.jsonl"))
+
+
+def cut_off(llm: ScriptedLLM) -> None:
+    """A task that wrote a file, then waits (on the simulated clock) to retry its model
+    call: in flight when the scenario's `restart` line comes."""
+    llm.reply_tool("write_file", {"path": "notes/a.txt", "content": "hi\n"})
+    llm.reply_error(503)
+
+
+async def test_a_task_cut_off_by_a_restart_is_asked_about_and_run_again_on_a_press(
+    llm: ScriptedLLM, settings_for: Callable, tmp_path: Path
+) -> None:
+    s = settings_for(llm, llm_backoff=100, llm_backoff_max=100)
+    cut_off(llm)
+    llm.reply_tool("write_file", {"path": "notes/a.txt", "content": "hi again\n"})
+    llm.reply_text("Wrote notes/a.txt.")
+    out = await replay(
+        s,
+        [
+            {"t": 0, "user": "alice", "text": REQUEST},
+            {"t": 5, "restart": True},
+            {"t": 10, "user": "alice", "press": "run it again"},
+        ],
+    )
+    [asked] = [o for o in out if o["kind"] == "suggestion"]
+    assert asked["t"] == 5 and asked["conversation"] == "alice"
+    assert asked["text"] == ASKED
+    assert [b["label"] for b in asked["buttons"]] == ["Run it again", "Drop it"]
+    later = [o for o in out if o["t"] == 10]
+    assert later[0]["kind"] == "edit" and later[0]["id"] == asked["id"]
+    assert later[0]["text"].endswith("Running it again.") and later[0]["buttons"] == []
+    assert later[-1]["kind"] == "message" and later[-1]["text"] == "Wrote notes/a.txt."
+    # The re-run is a new task with the same request.
+    assert llm.requests[-1]["messages"][-3]["content"] == REQUEST
+    assert (tmp_path / "ws" / "notes" / "a.txt").read_text() == "hi again\n"
+    outcomes = sorted(e["outcome"] for e in episodes(s))
+    assert outcomes == ["interrupted", "success"]
+    [interrupted] = [e for e in episodes(s) if e["outcome"] == "interrupted"]
+    assert interrupted["request"] == REQUEST and interrupted["user"] == "alice"
+    assert [t["name"] for t in interrupted["tools"]] == ["write_file"]
+    assert interrupted["error_signatures"] == []  # nothing for the rule learner
+    assert journal_files(s) == []
+
+
+async def test_drop_it_runs_nothing_and_a_second_restart_does_not_ask_twice(
+    llm: ScriptedLLM, settings_for: Callable, tmp_path: Path
+) -> None:
+    s = settings_for(llm, llm_backoff=100, llm_backoff_max=100)
+    cut_off(llm)
+    llm.reply_text("must not be used")
+    out = await replay(
+        s,
+        [
+            {"t": 0, "user": "alice", "text": REQUEST},
+            {"t": 5, "restart": True},
+            {"t": 6, "restart": True},
+            {"t": 8, "user": "bob", "conversation": "alice", "press": "run it again"},
+            {"t": 10, "user": "alice", "press": "drop it"},
+        ],
+    )
+    asked = [o for o in out if o["kind"] == "suggestion"]
+    assert [o["t"] for o in asked] == [5]  # still answerable after the second restart
+    refused = [o for o in out if o["t"] == 8]
+    assert refused == [{**refused[0], "kind": "message", "to": "bob"}]
+    assert "Only the person who asked" in refused[0]["text"]
+    [dropped] = [o for o in out if o["t"] == 10]
+    assert dropped["kind"] == "edit" and dropped["text"].endswith("Dropped.")
+    assert llm.pending == 1  # nothing re-ran: the model was never asked again
+    assert (tmp_path / "ws" / "notes" / "a.txt").read_text() == "hi\n"
+    assert [e["outcome"] for e in episodes(s)] == ["interrupted"]
+    assert journal_files(s) == []
+
+
+async def test_a_finished_or_cancelled_task_leaves_no_record(
+    llm: ScriptedLLM, settings_for: Callable
+) -> None:
+    s = settings_for(llm, llm_backoff=100, llm_backoff_max=100)
+    llm.reply_text("Hello.")
+    cut_off(llm)
+    out = await replay(
+        s,
+        [
+            {"t": 0, "user": "alice", "text": "say hello"},
+            {"t": 1, "user": "alice", "text": REQUEST},
+            {"t": 3, "user": "alice", "cancel": True},
+            {"t": 5, "restart": True},
+        ],
+    )
+    assert not [o for o in out if o["kind"] == "suggestion"]
+    assert sorted(e["outcome"] for e in episodes(s)) == ["cancelled", "success"]
+    assert journal_files(s) == []
+
+
+async def test_the_record_is_durable_redacted_and_lists_calls_as_they_are_made(
+    tmp_path: Path,
+) -> None:
+    journal = TaskJournal(tmp_path)
+    secret = "sk-" + "a1B2c3D4" * 6
+    await journal.open(
+        "t1",
+        channel="web",
+        conversation="c",
+        user="u",
+        request=f"use the key {secret} to deploy",
+        started=datetime(2026, 12, 1, tzinfo=UTC),
+    )
+    await journal.tool("t1", "shell", "ls -la")
+    [record] = TaskJournal(tmp_path).load()
+    assert secret not in json.dumps(record) and "REDACTED" in record["request"]
+    assert record["tools"] == [{"name": "shell", "summary": "ls -la"}]
+    assert question(record).endswith("tool calls already made: shell ls -la. Run it again?")
+    await journal.close("t1")
+    assert TaskJournal(tmp_path).load() == []
+
+
+async def test_the_question_can_be_answered_by_text_in_a_later_run(
+    llm: ScriptedLLM, settings_for: Callable, tmp_path: Path
+) -> None:
+    """Where a platform has no buttons the Outbox says `/suggestion VALUE`; that line
+    answers too, and the question survives the process that asked it."""
+    s = settings_for(llm, llm_backoff=100, llm_backoff_max=100)
+    cut_off(llm)
+    first = await replay(
+        s, [{"t": 0, "user": "alice", "text": REQUEST}, {"t": 5, "restart": True}], drain=0
+    )
+    [asked] = [o for o in first if o["kind"] == "suggestion"]
+    rerun = asked["buttons"][0]["value"]
+    llm.reply_text("Nothing to write after all.")
+    second = await replay(s, [{"t": 0, "user": "alice", "text": f"/suggestion {rerun}"}])
+    assert not [o for o in second if o["kind"] == "suggestion"]  # not asked twice
+    assert second[0]["kind"] == "edit" and second[0]["text"].endswith("Running it again.")
+    assert second[-1]["text"].startswith("Nothing to write after all.")
+    assert journal_files(s) == []
