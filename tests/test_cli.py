@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,34 @@ from tests.conftest import make_env
 from tests.fakes.llm import ScriptedLLM
 
 STEWARD = str(Path(sys.executable).with_name("steward"))
+
+
+@contextlib.contextmanager
+def steward_run(env: dict[str, str], cwd: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """`steward run` as a process, yielded with its "Steward is running: open …" line once
+    it serves (JSON log lines come first); stopped with SIGINT as a person would."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("STEWARD_")}
+    server = subprocess.Popen(
+        [STEWARD, "run"],
+        env={**base, **env},
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stderr is not None
+        ready = next((x for x in server.stderr if x.startswith("Steward is running: open ")), "")
+        assert ready, "steward run ended before it served"
+        yield server, ready
+    finally:
+        server.send_signal(signal.SIGINT)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
 
 
 def run(
@@ -170,23 +200,8 @@ def test_chat_while_steward_run_holds_the_data_dir_says_what_to_do(
     """The Quick start offers `steward chat` next to `steward run`: with both, the
     refused chat must say how to get on (stop run, use its web chat, other data dir)."""
     env = make_env(tmp_path, llm_thread)
-    base = {k: v for k, v in os.environ.items() if not k.startswith("STEWARD_")}
-    server = subprocess.Popen(
-        [STEWARD, "run"],
-        env={**base, **env},
-        cwd=tmp_path,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert server.stderr is not None
-        url = ""
-        for line in server.stderr:  # JSON log lines, then the line that names the URL
-            if line.startswith("Steward is running: open "):
-                url = line.split("open ", 1)[1].split()[0].split("?", 1)[0].rstrip("/")
-                break
+    with steward_run(env, tmp_path) as (server, ready):
+        url = ready.split("open ", 1)[1].split()[0].split("?", 1)[0].rstrip("/")
         assert url.startswith("http://127.0.0.1:") and not url.endswith(":0"), url
         for args, stdin in ((["chat", "-m", "hi"], None), (["chat"], "hi\n")):
             res = run(args, env, tmp_path, stdin=stdin)
@@ -197,13 +212,6 @@ def test_chat_while_steward_run_holds_the_data_dir_says_what_to_do(
             assert f"web chat at {url} instead" in err  # the port it really listens on
             assert "STEWARD_DATA_DIR" in err and "Traceback" not in err
         assert llm_thread.requests == []
-    finally:
-        server.send_signal(signal.SIGINT)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
 
 
 def test_in_use_message_depends_on_what_holds_the_data_dir(tmp_path: Path) -> None:

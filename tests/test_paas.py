@@ -4,17 +4,13 @@ URL from the platform's environment. The settings a person made always win."""
 
 from __future__ import annotations
 
-import os
 import socket
-import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 
 from config.settings import load_settings, platform_public_url
 from tests.conftest import make_env
-
-STEWARD = str(Path(sys.executable).with_name("steward"))
+from tests.test_cli import run, steward_run
 
 
 def free_port() -> int:
@@ -50,40 +46,19 @@ def test_public_url_from_the_platform() -> None:
 
 def test_steward_run_serves_healthz_on_the_platform_port(tmp_path: Path) -> None:
     port = free_port()
-    base = {k: v for k, v in os.environ.items() if not k.startswith("STEWARD_")}
     env = {
-        **base,
         **make_env(tmp_path, None),
         "PORT": str(port),
         "RENDER_EXTERNAL_URL": "https://steward-test.onrender.com",
     }
     del env["STEWARD_PORT"]  # the platform's PORT decides
     # Every interface without a password: refused, saying why and what to set.
-    res = subprocess.run(
-        [STEWARD, "run"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60
-    )
+    res = run(["run"], env, tmp_path)
     assert res.returncode == 2
     assert f"PORT={port}" in res.stderr and "STEWARD_WEB_PASSWORD" in res.stderr
     env["STEWARD_WEB_PASSWORD"] = "correct horse battery staple"
-    server = subprocess.Popen(
-        [STEWARD, "run"],
-        env=env,
-        cwd=tmp_path,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert server.stderr is not None
-        line = ""
-        for line in server.stderr:
-            if line.startswith("Steward is running: open "):
-                break
+    with steward_run(env, tmp_path) as (_server, ready):
         # The link a person can open is the public one, not 0.0.0.0.
-        assert "open https://steward-test.onrender.com/?token=" in line, line
+        assert "open https://steward-test.onrender.com/?token=" in ready, ready
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as resp:
             assert resp.status == 200
-    finally:
-        server.terminate()
-        server.wait(30)
