@@ -57,7 +57,7 @@ import json
 import re
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -401,6 +401,11 @@ class DiscordChannel:
         self._delivered: OrderedDict[int, tuple[str, str | None]] = OrderedDict()
 
     # ------------------------------------------------------------------ lifecycle
+
+    @classmethod
+    def from_settings(cls, cfg: Mapping[str, str], settings: Any) -> DiscordChannel:
+        """The adapter from its registry settings (config/platforms.py)."""
+        return cls(token=cfg["token"], api_url=cfg["api_url"], gateway_url=cfg["gateway_url"])
 
     def _redirect(self) -> None:
         # Public class attributes, read on every Route() and every first connect.

@@ -437,6 +437,10 @@ class _Identity:
 # ---------------------------------------------------------------------- the channel
 
 
+#: Where HTTP mode received before every webhook moved under /webhooks/<platform>.
+LEGACY_HTTP_PATH = "/slack/events"
+
+
 class SlackChannel:
     """Steward in Slack: one workspace, one bot, Socket Mode or HTTP Events mode."""
 
@@ -461,7 +465,7 @@ class SlackChannel:
         app_token: str = "",
         signing_secret: str = "",
         api_url: str = "",
-        http_path: str = "/slack/events",
+        http_path: str = "/webhooks/slack",
         ping_interval: float = 10.0,
         start_timeout: float = 10.0,
         timeout: int = 30,
@@ -521,15 +525,27 @@ class SlackChannel:
         self._settled: asyncio.Event | None = None
         self._ever_connected = False
 
+    @classmethod
+    def from_settings(cls, cfg: Mapping[str, str], settings: Any) -> SlackChannel:
+        """The adapter from its registry settings (config/platforms.py)."""
+        return cls(
+            bot_token=cfg["bot_token"],
+            app_token=cfg["app_token"],
+            signing_secret=cfg["signing_secret"],
+            api_url=cfg["api_url"],
+        )
+
     # ------------------------------------------------------------------ lifecycle
 
     def add_routes(self, app: web.Application) -> None:
-        """HTTP mode: mount ``POST <http_path>`` for events, interactivity and commands.
+        """HTTP mode: mount ``POST <http_path>`` for events, interactivity and commands,
+        and ``/slack/events`` (the path before ``/webhooks/slack``) for existing apps.
 
         A no-op in Socket Mode: there, nothing may reach Steward over HTTP as Slack.
         """
         if self.mode == "http":
-            app.router.add_post(self.http_path, self._http)
+            for path in dict.fromkeys((self.http_path, LEGACY_HTTP_PATH)):
+                app.router.add_post(path, self._http)
 
     async def start(self, dispatch: Dispatch) -> None:
         """Learn who we are (auth.test), then connect (Socket Mode) or wait for POSTs.

@@ -8,14 +8,15 @@ platform has no live view, and retries delivery (429 honouring Retry-After, 5xx 
 network errors with jittered backoff, bounded). What still can't be delivered is
 logged and kept in `<data dir>/outbox/undelivered.jsonl`: nothing is dropped silently.
 
-`PLATFORMS` is the registry: adding a platform is its adapter, its fake, one entry
-here and its README section.
+The registry is config/platforms.py: adding a platform is its adapter, its fake, one
+entry there and its README section.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import importlib
 import json
 import random
 import time
@@ -26,6 +27,8 @@ from typing import Any, TypeVar
 
 import structlog
 
+from config.platforms import PLATFORMS, PlatformSpec
+from config.platforms import spec as platform_spec
 from core.clock import Clock
 from core.events import (
     ApprovalRequest,
@@ -97,13 +100,17 @@ class Outbox:
         backoff: float = 1.0,
         backoff_max: float = 60.0,
         status_progress: bool = False,
+        echoes: bool = False,
     ) -> None:
         self.adapter = adapter
         self.name = adapter.name
         self.clock = clock
         self.undelivered = undelivered
         self.dialect = dialect
-        self.convert = DIALECTS[dialect]
+        # The adapter's own converter wins (a platform whose dialect is its own business).
+        self.convert: Callable[[str], str] = (
+            getattr(adapter, "to_dialect", None) or DIALECTS[dialect]
+        )
         self.retries = retries
         self.backoff = backoff
         self.backoff_max = backoff_max
@@ -121,7 +128,8 @@ class Outbox:
         #: means an event arrived since. Compared for change, not magnitude, because the
         #: adapter stamps events with wall time and `clock` may be simulated.
         self._event_before_send: float | None = None
-        self.echoes = status_progress  # chat platforms echo the bot's messages
+        #: The platform echoes the bot's own messages, so their absence means "deaf".
+        self.echoes = echoes
         self._cancel_watch: Callable[[], None] | None = None
 
     @property
@@ -369,82 +377,41 @@ class Outbox:
             await self._flush_status(conversation, status, working=False)
 
 
-# ── the registry ───────────────────────────────────────────────────────────────
-
-
-@dataclass(frozen=True, slots=True)
-class PlatformSpec:
-    name: str
-    dialect: str
-    #: Settings keys whose presence turns the platform on.
-    keys: tuple[str, ...]
-    build: Callable[[Any], Channel]
-    #: Settings problems a person must fix (e.g. an app token without a bot token).
-    problems: Callable[[Any], list[str]]
-
-
-def _slack(settings: Any) -> Channel:
-    from adapters.slack import SlackChannel
-
-    return SlackChannel(
-        bot_token=settings.slack_bot_token,
-        app_token=settings.slack_app_token,
-        signing_secret=settings.slack_signing_secret,
-        api_url=settings.slack_api_url,
-    )
-
-
-def _slack_problems(settings: Any) -> list[str]:
-    problems = []
-    if (settings.slack_app_token or settings.slack_signing_secret) and not settings.slack_bot_token:
-        problems.append(
-            "STEWARD_SLACK_APP_TOKEN or STEWARD_SLACK_SIGNING_SECRET is set but "
-            "STEWARD_SLACK_BOT_TOKEN is not: Slack needs the bot token (xoxb-…) in both "
-            "Socket Mode and HTTP mode (see README → Slack)."
-        )
-    if settings.slack_bot_token and not (settings.slack_app_token or settings.slack_signing_secret):
-        problems.append(
-            "STEWARD_SLACK_BOT_TOKEN is set but neither STEWARD_SLACK_APP_TOKEN (Socket Mode) "
-            "nor STEWARD_SLACK_SIGNING_SECRET (HTTP mode) is: Steward can send but not "
-            "receive (see README → Slack)."
-        )
-    return problems
-
-
-def _discord(settings: Any) -> Channel:
-    from adapters.discord import DiscordChannel
-
-    return DiscordChannel(
-        token=settings.discord_token,
-        api_url=settings.discord_api_url,
-        gateway_url=settings.discord_gateway_url,
-    )
-
-
-PLATFORMS: tuple[PlatformSpec, ...] = (
-    PlatformSpec(
-        "slack",
-        "slack",
-        ("slack_bot_token", "slack_app_token", "slack_signing_secret"),
-        _slack,
-        _slack_problems,
-    ),
-    PlatformSpec("discord", "discord", ("discord_token",), _discord, lambda s: []),
-)
+# ── the registry (config/platforms.py) ─────────────────────────────────────────
 
 
 def configured_platforms(settings: Any) -> list[PlatformSpec]:
-    return [p for p in PLATFORMS if any(getattr(settings, k, "") for k in p.keys)]
+    """The platforms whose enabling keys are set, in registry order."""
+    return [p for p in PLATFORMS if p.configured(settings)]
+
+
+def adapter_class(spec: PlatformSpec) -> Any:
+    """The adapter class the registry names, imported only when the platform is used."""
+    module, _, cls = spec.adapter.partition(":")
+    try:
+        return getattr(importlib.import_module(module), cls)
+    except ModuleNotFoundError as exc:
+        if exc.name == module:
+            raise ValueError(
+                f"{spec.title} is not available in this build of Steward ({module} is missing)"
+            ) from None
+        raise
+
+
+def build_adapter(spec: PlatformSpec, settings: Any) -> Channel:
+    """The platform's adapter from its settings (the class's `from_settings`)."""
+    return adapter_class(spec).from_settings(spec.config(settings), settings)
 
 
 def wrap(adapter: Channel, settings: Any, clock: Clock, data_dir: Path) -> Outbox:
-    spec = next((p for p in PLATFORMS if p.name == adapter.name), None)
+    found = platform_spec(adapter.name)
     return Outbox(
         adapter,
         clock=clock,
         undelivered=UndeliveredStore(data_dir),
-        dialect=spec.dialect if spec else "markdown",
-        status_progress=spec is not None,  # chat platforms: a status message edited in place
+        dialect=found.dialect if found else "markdown",
+        status_progress=found is not None,  # chat platforms: a status message edited in place
+        echoes=found.echoes if found else False,
         retries=settings.delivery_retries,
         backoff=settings.delivery_backoff,
         backoff_max=settings.delivery_backoff_max,

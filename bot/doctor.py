@@ -250,20 +250,22 @@ async def _local_model(settings: Settings, found: Availability) -> list[Check]:
 async def _channels(settings: Settings) -> list[Check]:
     """Per configured platform: settings problems, then a real credential check, then the
     live health of a running Steward (its /healthz), if one answers."""
-    from bot.channels import configured_platforms
+    from bot.channels import build_adapter, configured_platforms
+    from config.platforms import PLATFORMS
 
     checks = [Check("channels", True, "terminal and local web chat are always available")]
     live = await _live_health(settings)
     specs = configured_platforms(settings)
     if not specs:
-        checks.append(Check("chat platforms", True, "none configured (README → Slack, Discord)"))
+        titles = ", ".join(p.title for p in PLATFORMS)
+        checks.append(Check("chat platforms", True, f"none configured (README → {titles})"))
     for spec in specs:
-        problems = spec.problems(settings)
+        problems = spec.problems(spec.config(settings))
         if problems:
             checks.append(Check(spec.name, False, " ".join(problems), "see README"))
             continue
         try:
-            adapter = spec.build(settings)
+            adapter = build_adapter(spec, settings)
             who = await asyncio.wait_for(adapter.check_credentials(), 20)  # type: ignore[attr-defined]
         except Exception as exc:
             checks.append(
@@ -275,6 +277,8 @@ async def _channels(settings: Settings) -> list[Check]:
                 )
             )
             continue
+        if spec.webhook and settings.public_url.strip():
+            who = f"{who}; webhook {settings.public_url.strip().rstrip('/')}{spec.webhook_path}"
         state = live.get(spec.name) if live else None
         if state is None:
             checks.append(Check(spec.name, True, f"credentials OK ({who}); not running here"))

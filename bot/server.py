@@ -15,7 +15,7 @@ from aiohttp import web
 from adapters.web import WebChannel
 from adapters.web_login import TokenError, WebLogin, load_or_create_token, new_token, token_path
 from bot.app import App, ensure_dir
-from bot.channels import UndeliveredStore, configured_platforms
+from bot.channels import UndeliveredStore, build_adapter, configured_platforms
 from config.settings import ConfigError, Settings
 from core.clock import Clock
 from core.events import Channel
@@ -125,11 +125,11 @@ def build_platforms(settings: Settings) -> list[Channel]:
     """Every platform whose credentials are present; a half-configured one is an error."""
     adapters = []
     for spec in configured_platforms(settings):
-        problems = spec.problems(settings)
+        problems = spec.problems(spec.config(settings))
         if problems:
             raise ConfigError(" ".join(problems))
         try:
-            adapters.append(spec.build(settings))
+            adapters.append(build_adapter(spec, settings))
         except ValueError as exc:
             raise ConfigError(f"{spec.name}: {exc}") from exc
     return adapters

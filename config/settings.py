@@ -18,7 +18,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
+
+from config import platforms
+from config.platforms import PlatformConfig
 
 ENV_PREFIX = "STEWARD_"
 DEFAULT_CONFIG_NAME = "steward.toml"
@@ -28,8 +31,9 @@ class ConfigError(Exception):
     """A configuration mistake, worded for the person who has to fix it."""
 
 
-class Settings(BaseModel):
-    """The validated settings. Field docs live in config/default.toml beside the values."""
+class _CoreSettings(BaseModel):
+    """The validated settings. Field docs live in config/default.toml beside the values;
+    each platform's fields (`<platform>_<key>`) come from config/platforms.py."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -61,30 +65,9 @@ class Settings(BaseModel):
     approval_timeout: float = Field(gt=0)
     log_format: Literal["auto", "json", "console"]
     log_level: Literal["debug", "info", "warning", "error"]
-    telegram_allowed_users: str
-    telegram_admins: str
-    discord_allowed_users: str
-    discord_admins: str
-    slack_allowed_users: str
-    slack_admins: str
-    line_allowed_users: str
-    line_admins: str
-    whatsapp_allowed_users: str
-    whatsapp_admins: str
-    googlechat_allowed_users: str
-    googlechat_admins: str
-    mattermost_allowed_users: str
-    mattermost_admins: str
     pairing: bool
     pairing_code_ttl: float = Field(gt=0)
     approvers: dict[str, list[str]]
-    slack_bot_token: str = Field(repr=False)
-    slack_app_token: str = Field(repr=False)
-    slack_signing_secret: str = Field(repr=False)
-    slack_api_url: str
-    discord_token: str = Field(repr=False)
-    discord_api_url: str
-    discord_gateway_url: str
     web_password: str = Field(repr=False)
     embedding_model: str
     recall_limit: int = Field(ge=0, le=50)
@@ -188,6 +171,25 @@ class Settings(BaseModel):
     def model_configured(self) -> bool:
         return bool(self.model.strip())
 
+    def platform(self, name: str) -> PlatformConfig:
+        """One platform's settings by their short names (`settings.platform("slack").bot_token`)."""
+        found = platforms.spec(name)
+        if found is None:
+            raise KeyError(f"no platform {name!r} (config/platforms.py)")
+        return found.config(self)
+
+
+def _platform_fields() -> dict[str, Any]:
+    """Each registry key as a string field; secrets kept out of reprs."""
+    return {
+        name: (str, Field(default="", repr=not key.secret))
+        for name, key in platforms.setting_keys().items()
+    }
+
+
+#: The settings model: the core fields above plus every platform's, from the registry.
+Settings = create_model("Settings", __base__=_CoreSettings, **_platform_fields())
+
 
 _EXPECTED = {
     "int": "a whole number",
@@ -228,7 +230,7 @@ def load_settings(
     """
     env = os.environ if env is None else env
     cwd = cwd or Path.cwd()
-    values = _defaults()
+    values = {**dict.fromkeys(platforms.setting_keys(), ""), **_defaults()}
     known = sorted(values)
     sources = dict.fromkeys(values, "default")
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import structlog
 
+from config import platforms
 from core.clock import Clock
 from memory.atomic import atomic_write_text
 
@@ -24,7 +25,7 @@ log = structlog.get_logger("steward.access")
 #: Channels that belong to the person running Steward: the terminal and the local
 #: web chat (bound to 127.0.0.1 unless configured otherwise).
 OWNER_CHANNELS = frozenset({"terminal", "web"})
-PLATFORMS = ("telegram", "discord", "slack", "line", "whatsapp", "googlechat", "mattermost")
+PLATFORMS = platforms.NAMES
 EVERYONE = "*"
 
 

@@ -209,7 +209,7 @@ async def test_progress_is_one_status_message_edited_in_place(tmp_path: Path) ->
 
 
 async def test_alive_but_deaf_is_detected_and_cleared(tmp_path: Path) -> None:
-    box, platform, clock = outbox(tmp_path, status_progress=True)
+    box, platform, clock = outbox(tmp_path, status_progress=True, echoes=True)
     await box.send("C1", "hello")  # the platform should echo this back as an event
     clock._now = 30.0
     assert not box.check_deaf() and platform.health.state == "connected"
@@ -223,7 +223,7 @@ async def test_alive_but_deaf_is_detected_and_cleared(tmp_path: Path) -> None:
 
 async def test_an_echo_arriving_before_the_send_returns_is_heard(tmp_path: Path) -> None:
     """Slack pushes the echo over the socket while chat.postMessage is still answering."""
-    box, platform, clock = outbox(tmp_path, status_progress=True)
+    box, platform, clock = outbox(tmp_path, status_progress=True, echoes=True)
     real_send = platform.send
 
     async def send_and_echo(conversation: str, text: str, *, thread: str | None = None) -> Any:
@@ -238,7 +238,7 @@ async def test_an_echo_arriving_before_the_send_returns_is_heard(tmp_path: Path)
 
 
 async def test_the_watchdog_runs_on_the_clock_from_start_to_stop(tmp_path: Path) -> None:
-    box, platform, clock = outbox(tmp_path, status_progress=True)
+    box, platform, clock = outbox(tmp_path, status_progress=True, echoes=True)
     await box.start(lambda _event: asyncio.sleep(0))
     await box.send("C1", "hello")  # never echoed
     await clock.advance_to(DEAF_AFTER + DEAF_CHECK_EVERY)
