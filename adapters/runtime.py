@@ -36,7 +36,7 @@ class Health(ChannelHealth):
     so every platform reads the same in the logs, /healthz and `steward doctor`.
     """
 
-    __slots__ = ("channel", "_ever_connected")
+    __slots__ = ("_ever_connected", "channel")
 
     def __init__(self, channel: str) -> None:
         super().__init__()

@@ -34,6 +34,7 @@ class DiscordHarness:
     """A running fake Discord plus a `DiscordChannel` pointed at it."""
 
     name = "discord"
+    bold_there = "Hello **there**, all good."
 
     def __init__(self) -> None:
         self.fake = FakeDiscord(heartbeat_interval=0.5)
@@ -159,3 +160,6 @@ class DiscordHarness:
     def acknowledged_within(self) -> float | None:
         """Seconds from the INTERACTION_CREATE leaving the fake to the callback arriving."""
         return self.fake.callbacks[-1].latency if self.fake.callbacks else None
+
+
+HARNESS = DiscordHarness

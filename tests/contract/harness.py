@@ -41,6 +41,8 @@ class Harness(Protocol):
     #: Platform user ids: the normal user and a stranger.
     user: str
     stranger: str
+    #: "Hello **there**, all good." as this platform's dialect shows it.
+    bold_there: str
 
     async def start(self) -> None: ...
 

@@ -45,6 +45,7 @@ class SlackHarness:
     """A running fake Slack plus a Socket Mode `SlackChannel` pointed at it."""
 
     name = "slack"
+    bold_there = "Hello *there*, all good."
     dm = "D0ALICE"
     group = "C0GENERAL"
     user = "U0ALICE"
@@ -151,3 +152,6 @@ class SlackHarness:
     def acknowledged_within(self) -> float | None:
         acks = [a for a in self.fake.acks if a.kind == "interactive"]
         return acks[-1].latency if acks else None
+
+
+HARNESS = SlackHarness

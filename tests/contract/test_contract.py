@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import importlib.util
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -14,13 +15,28 @@ import pytest
 
 from bot.app import App
 from bot.channels import Outbox
+from config.platforms import PLATFORMS as REGISTRY
 from tests.contract.harness import Harness, Sent
 from tests.fakes.llm import ScriptedLLM
 
-PLATFORMS = {
-    "slack": ("tests.contract.slack_harness", "SlackHarness"),
-    "discord": ("tests.contract.discord_harness", "DiscordHarness"),
-}
+
+def harness_module(platform: str) -> str:
+    """By convention tests/contract/<platform>_harness.py, whose `HARNESS` is the class."""
+    return f"tests.contract.{platform}_harness"
+
+
+def _has_harness(platform: str) -> bool:
+    return importlib.util.find_spec(harness_module(platform)) is not None
+
+
+#: Every registered platform that has a harness (test_every_platform_has_a_harness
+#: fails for one that has none).
+PLATFORMS = [p.name for p in REGISTRY if _has_harness(p.name)]
+
+
+def test_every_platform_has_a_harness() -> None:
+    missing = [p.name for p in REGISTRY if not _has_harness(p.name)]
+    assert not missing, f"no tests/contract/<platform>_harness.py for {missing}"
 
 
 async def until(pred: Callable[[], Any], limit: float = 30.0, what: str = "") -> Any:
@@ -45,8 +61,7 @@ class Rig:
 async def rig(
     request: pytest.FixtureRequest, llm: ScriptedLLM, settings_for: Callable
 ) -> AsyncIterator[Rig]:
-    module, cls = PLATFORMS[request.param]
-    harness: Harness = getattr(importlib.import_module(module), cls)()
+    harness: Harness = importlib.import_module(harness_module(request.param)).HARNESS()
     await harness.start()
     name = harness.name
     settings = settings_for(
@@ -68,8 +83,7 @@ async def test_text_round_trip_in_dialect(rig: Rig) -> None:
     await rig.h.user_says("hi")
     sent = await rig.reply_to(lambda s: "Hello" in s.text, "the reply")
     assert sent.conversation == rig.h.dm
-    expected = {"slack": "Hello *there*, all good.", "discord": "Hello **there**, all good."}
-    assert sent.text == expected[rig.h.name]
+    assert sent.text == rig.h.bold_there
     assert rig.llm.last_user_text() == "hi"
 
 
