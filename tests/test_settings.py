@@ -84,3 +84,49 @@ def test_default_toml_covers_every_field() -> None:
 
     fields = set(Settings.model_fields) - {"sources"}
     assert set(_defaults()) == fields
+
+
+def test_platform_settings_come_from_the_registry(tmp_path: Path) -> None:
+    """Each registry key is a setting with its env name; the platform's view has the
+    short names; secrets never show in a repr."""
+    from config.platforms import PLATFORMS
+
+    env = {}
+    for spec in PLATFORMS:
+        for key in spec.all_keys():
+            env[spec.env(key.name)] = f"{spec.name}-{key.name}-value"
+    settings = load_settings(env=env, cwd=tmp_path)
+    text = repr(settings)
+    for spec in PLATFORMS:
+        cfg = settings.platform(spec.name)
+        for key in spec.all_keys():
+            value = f"{spec.name}-{key.name}-value"
+            assert cfg[key.name] == getattr(settings, spec.setting(key.name)) == value
+            assert settings.sources[spec.setting(key.name)] == f"env {spec.env(key.name)}"
+            assert (value in text) is not key.secret, key
+        assert spec.configured(settings)
+        assert "-value" not in repr(cfg)  # a platform view never shows values
+
+
+def test_every_platform_key_is_documented_in_default_toml() -> None:
+    """default.toml documents every key: each platform's lines sit under a comment naming
+    the platform's README section."""
+    from importlib import resources
+
+    from config.platforms import PLATFORMS
+
+    text = resources.files("config").joinpath("default.toml").read_text(encoding="utf-8")
+    for spec in PLATFORMS:
+        assert f"README → {spec.title}" in text, spec.name
+        for key in spec.keys:
+            assert f"\n{spec.setting(key.name)} = " in text, spec.setting(key.name)
+
+
+def test_a_half_configured_platform_names_the_missing_key(tmp_path: Path) -> None:
+    from config.platforms import spec
+
+    slack = spec("slack")
+    assert slack is not None
+    settings = load_settings(env={"STEWARD_SLACK_APP_TOKEN": "xapp-1"}, cwd=tmp_path)
+    [problem] = slack.problems(settings.platform("slack"))
+    assert "STEWARD_SLACK_BOT_TOKEN" in problem
