@@ -3,19 +3,15 @@
 Each test starts tests/fakes/discord.py on 127.0.0.1 and a `DiscordChannel` pointed
 at it, so what is tested is what Discord would see: the gateway handshake, the
 JSON bodies, the interaction callbacks and their timing. Golden files in
-tests/golden/discord/ pin inbound parsing and outbound rendering; regenerate the
-expected halves with ``STEWARD_UPDATE_GOLDEN=1``.
+tests/golden/discord/ (tests/golden.py) pin inbound parsing and outbound rendering.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
-import os
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import discord
@@ -37,6 +33,7 @@ from core.events import (
     Retracted,
     Suggestion,
 )
+from tests import golden
 from tests.contract.discord_harness import DiscordHarness
 from tests.contract.harness import Harness
 from tests.fakes.discord import (
@@ -52,8 +49,6 @@ from tests.fakes.discord import (
     FakeDiscord,
 )
 
-GOLDEN = Path(__file__).parent / "golden" / "discord"
-UPDATE = os.environ.get("STEWARD_UPDATE_GOLDEN") == "1"
 WAIT = 3.0
 DM = FakeDiscord.dm_channel(ALICE)
 
@@ -590,29 +585,15 @@ async def test_gateway_auth_failure_is_down(fake: FakeDiscord) -> None:
 # ---------------------------------------------------------------------- golden files
 
 
-def _event_json(event: Inbound) -> dict[str, Any]:
-    return {"type": type(event).__name__, **dataclasses.asdict(event)}
-
-
-def _check_golden(path: Path, actual: Any) -> None:
-    if UPDATE or not path.exists():
-        if not UPDATE:
-            pytest.fail(f"{path.name} is missing: run with STEWARD_UPDATE_GOLDEN=1 to create it")
-        path.write_text(json.dumps(actual, indent=2, ensure_ascii=False) + "\n")
-    assert actual == json.loads(path.read_text())
-
-
-@pytest.mark.parametrize(
-    "case", ["dm_message", "guild_mention", "thread_message", "button_press", "slash_command"]
-)
+@pytest.mark.parametrize("case", golden.cases("discord"))
 async def test_golden_inbound(
     fake: FakeDiscord, bot: tuple[DiscordChannel, Recorder], case: str
 ) -> None:
     _, received = bot
-    recorded = json.loads((GOLDEN / f"in_{case}.json").read_text())
+    recorded = golden.recorded("discord", case)
     await fake.dispatch(recorded["t"], recorded["d"])
     event = await received.next()
-    _check_golden(GOLDEN / f"in_{case}.expected.json", _event_json(event))
+    golden.check_normalized("discord", case, event)
 
 
 async def test_golden_outbound(fake: FakeDiscord, bot: tuple[DiscordChannel, Recorder]) -> None:
@@ -625,19 +606,19 @@ async def test_golden_outbound(fake: FakeDiscord, bot: tuple[DiscordChannel, Rec
         body = {k: v for k, v in request.body.items() if k not in ("nonce",)}
         return {"method": request.method, "path": request.path, "body": body}
 
-    _check_golden(GOLDEN / "out_text.json", await body_of(channel.send(DM, "Done: **3** files")))
+    golden.check_outbound("discord", "text", await body_of(channel.send(DM, "Done: **3** files")))
     ref_holder: list[MessageRef] = []
 
     async def send_approval() -> None:
         ref_holder.append(await channel.send_approval(approval()))
 
-    _check_golden(GOLDEN / "out_approval.json", await body_of(send_approval()))
-    _check_golden(
-        GOLDEN / "out_suggestion.json", await body_of(channel.send_suggestion(suggestion()))
+    golden.check_outbound("discord", "approval", await body_of(send_approval()))
+    golden.check_outbound(
+        "discord", "suggestion", await body_of(channel.send_suggestion(suggestion()))
     )
     out = await body_of(channel.edit(ref_holder[0], "Approved once by Alice."))
     out["path"] = out["path"].replace(ref_holder[0].id, "{message_id}")
-    _check_golden(GOLDEN / "out_edit.json", out)
+    golden.check_outbound("discord", "edit", out)
 
 
 # ---------------------------------------------------------------------- harness

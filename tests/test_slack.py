@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import difflib
 import json
-import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -38,9 +35,9 @@ from core.events import (
     Retracted,
     Suggestion,
 )
+from tests import golden
 from tests.fakes.slack import FakeSlack
 
-GOLDEN = Path(__file__).parent / "golden" / "slack"
 TIMEOUT = 3.0
 
 pytestmark = pytest.mark.timeout(30)
@@ -180,31 +177,6 @@ FOUR = [
     Button("Deny", "ap_42:deny", "danger"),
     Button("Deny and explain why this is not allowed here", "ap_42:explain"),
 ]
-
-
-def event_json(event: Inbound | None) -> Any:
-    if event is None:
-        return None
-    return {"type": type(event).__name__, **dataclasses.asdict(event)}
-
-
-def check_golden(path: Path, actual: Any) -> None:
-    """Compare with a golden file; rewrite it only when STEWARD_UPDATE_GOLDEN=1."""
-    text = json.dumps(actual, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
-    if os.environ.get("STEWARD_UPDATE_GOLDEN") == "1":
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        return
-    if not path.exists():
-        pytest.fail(f"no golden file {path}; create it with STEWARD_UPDATE_GOLDEN=1")
-    expected = path.read_text()
-    if expected != text:
-        diff = "".join(
-            difflib.unified_diff(
-                expected.splitlines(True), text.splitlines(True), str(path), "actual"
-            )
-        )
-        pytest.fail(f"golden mismatch (STEWARD_UPDATE_GOLDEN=1 rewrites it):\n{diff}")
 
 
 def assert_is_channel(channel: Channel) -> None:
@@ -709,12 +681,12 @@ async def test_http_url_verification_and_interactivity(http: Http) -> None:
 
 # ---------------------------------------------------------------------- golden files
 
-INBOUND = sorted(p.stem for p in (GOLDEN / "inbound").glob("*.json"))
+INBOUND = golden.cases("slack")
 
 
 async def golden_inbound(env: Socket | Http, case: str) -> None:
     """Deliver a recorded payload, then a sentinel DM: whichever is dispatched first tells."""
-    recorded = json.loads((GOLDEN / "inbound" / f"{case}.json").read_text())
+    recorded = golden.recorded("slack", case)
     fake = env.fake
     sentinel = fake.dm("D0SENTINEL", "U0ALICE", "sentinel")
     if isinstance(env, Socket):
@@ -729,7 +701,7 @@ async def golden_inbound(env: Socket | Http, case: str) -> None:
     if event is None:  # an ignored payload must not sneak in after the sentinel either
         await asyncio.sleep(0.05)
         assert env.got.empty(), env.got.events
-    check_golden(GOLDEN / "normalized" / f"{case}.json", event_json(event))
+    golden.check_normalized("slack", case, event)
 
 
 @pytest.mark.parametrize("case", INBOUND)
@@ -775,7 +747,7 @@ async def test_golden_outbound(case: str, sock: Socket) -> None:
         ref = await channel.send_approval(approval("C0GENERAL", FOUR[:2]))
         await channel.edit(ref, "~Approval needed~ *Approved* by <@U0ALICE>", buttons=[])
     call = [r for r in fake.requests if r.method.startswith("chat.")][-1]
-    check_golden(GOLDEN / "outbound" / f"{case}.json", {"method": call.method, "body": call.body})
+    golden.check_outbound("slack", case, {"method": call.method, "body": call.body})
 
 
 # ---------------------------------------------------------------------- pure helpers
