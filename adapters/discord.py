@@ -56,7 +56,6 @@ import contextlib
 import json
 import re
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
@@ -69,12 +68,12 @@ import structlog
 import yarl
 from discord import app_commands
 
+from adapters.runtime import Health, Inflight, Recent
 from core.events import (
     ApprovalRequest,
     Button,
     ButtonPress,
     Capabilities,
-    ChannelHealth,
     DeliveryError,
     Dispatch,
     Inbound,
@@ -386,19 +385,19 @@ class DiscordChannel:
         self._gateway_url = gateway_url or DISCORD_GATEWAY_URL
         self._guild_ready_timeout = guild_ready_timeout
         self._ready_timeout = ready_timeout
-        self.health = ChannelHealth()
+        self.health = Health(self.name)
         self._client: _Gateway | None = None
         self._task: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
         self._dispatch: Dispatch | None = None
         self._stopping = False
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._inflight = Inflight(self.name)
         #: (conversation, user) -> the button press to answer privately (ephemeral).
         self._presses: dict[tuple[str, str], _Held] = {}
         #: conversation -> a deferred slash command whose answer is the next send.
         self._commands: dict[str, _Held] = {}
         #: message id -> (author id, guild id) of the messages delivered as input, newest last.
-        self._delivered: OrderedDict[int, tuple[str, str | None]] = OrderedDict()
+        self._delivered: Recent[int, tuple[str, str | None]] = Recent(DELIVERED_KEPT)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -445,7 +444,8 @@ class DiscordChannel:
         self._stopping = False
         self._ready = asyncio.Event()
         self._redirect()
-        self.health.set("starting", "logging in")
+        self.health.begin()
+        self.health.starting("logging in")
         client = self._new_client()
         self._client = client
         try:
@@ -462,7 +462,7 @@ class DiscordChannel:
                 raise
             self._down(str(err))
             raise err from exc
-        self.health.set("starting", "connecting to the gateway")
+        self.health.starting("connecting to the gateway")
         self._task = asyncio.create_task(self._run(client), name="discord-gateway")
         ready = asyncio.create_task(self._ready.wait())
         await asyncio.wait(
@@ -474,7 +474,7 @@ class DiscordChannel:
             # the operator fixed the token or the portal setting) begins from scratch.
             detail = self.health.detail
             await self.stop()
-            self.health.set("down", detail)
+            self.health.set("down", detail)  # stop() said "stopped"; the reason stays
             raise DeliveryError(detail, transient=False)
         log.info("adapter.started", channel=self.name, state=self.health.state)
 
@@ -498,11 +498,7 @@ class DiscordChannel:
                 failures += 1
                 delay = min(RESTART_DELAY * 2 ** (failures - 1), RESTART_DELAY_MAX)
                 log.exception("adapter.gateway_failed", channel=self.name, retry_in=delay)
-                self.health.reconnects += 1
-                self.health.set("reconnecting", f"gateway loop failed: {type(exc).__name__}")
-                log.warning(
-                    "adapter.reconnect", channel=self.name, reconnects=self.health.reconnects
-                )
+                self.health.lost(f"gateway loop failed: {type(exc).__name__}")
                 if client.ws is not None:
                     with contextlib.suppress(Exception):
                         await client.ws.close(code=4000)
@@ -511,10 +507,7 @@ class DiscordChannel:
     async def stop(self) -> None:
         """Close the gateway and HTTP session; in-flight dispatches are cancelled."""
         self._stopping = True
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._inflight.cancel_all()
         client, self._client = self._client, None
         if client is not None:
             await client.close()
@@ -530,7 +523,7 @@ class DiscordChannel:
         self._commands.clear()
         self._delivered.clear()
         self._dispatch = None
-        self.health.set("stopped")
+        self.health.stopped()
         log.info("adapter.stopped", channel=self.name)
 
     async def check_credentials(self) -> str:
@@ -546,35 +539,27 @@ class DiscordChannel:
     # ------------------------------------------------------------------ health
 
     def _down(self, detail: str) -> None:
-        self.health.set("down", detail)
+        self.health.down(detail)
         self._ready.set()
-        log.error("adapter.down", channel=self.name, detail=detail)
 
     def _on_session(self, client: _Gateway) -> None:
-        was = self.health.state
+        """READY: a new gateway session (the first, or after a resume was refused)."""
         user = client.user
-        self.health.set("connected", f"as {user} ({user.id})" if user else "")
+        self.health.up(f"as {user} ({user.id})" if user else "")
         self._ready.set()
-        if was == "reconnecting":
-            log.info("adapter.reconnected", channel=self.name, resumed=False)
-        else:
-            log.info("adapter.connected", channel=self.name, user=str(user))
 
     def _on_resumed(self) -> None:
         detail = self.health.detail if self.health.state == "connected" else ""
         if self._client is not None and self._client.user is not None:
             detail = f"as {self._client.user} ({self._client.user.id})"
-        self.health.set("connected", detail)
-        log.info("adapter.reconnected", channel=self.name, resumed=True)
+        self.health.up(detail)
 
     def _on_disconnect(self) -> None:
         # discord.py also dispatches "disconnect" on our own close and just before a
         # fatal close code is raised; neither is a reconnect.
         if self._stopping or self.health.state == "down":
             return
-        self.health.reconnects += 1
-        self.health.set("reconnecting", "gateway connection lost; resuming")
-        log.warning("adapter.reconnect", channel=self.name, reconnects=self.health.reconnects)
+        self.health.lost("gateway connection lost; resuming")
 
     # ------------------------------------------------------------------ inbound
 
@@ -582,20 +567,10 @@ class DiscordChannel:
         dispatch = self._dispatch
         if dispatch is None or self._stopping:
             return
-        task = asyncio.create_task(self._dispatch_one(dispatch, event))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _dispatch_one(self, dispatch: Dispatch, event: Inbound) -> None:
-        try:
-            await dispatch(event)
-        except Exception:
-            log.exception(
-                "adapter.dispatch_failed", channel=self.name, conversation=event.conversation
-            )
+        self._inflight.spawn(dispatch, event)
 
     def _on_message(self, client: _Gateway, message: discord.Message) -> None:
-        self.health.last_event_at = time.time()
+        self.health.heard()
         me = client.user
         author = message.author
         if me is None or author.bot or author.id == me.id or message.webhook_id is not None:
@@ -617,9 +592,7 @@ class DiscordChannel:
         channel = message.channel
         conversation = str(channel.id)
         space = None if message.guild is None else str(message.guild.id)
-        self._delivered[message.id] = (str(author.id), space)
-        while len(self._delivered) > DELIVERED_KEPT:
-            self._delivered.popitem(last=False)
+        self._delivered.put(message.id, (str(author.id), space))
         self._deliver(
             Message(
                 channel=self.name,
@@ -636,7 +609,7 @@ class DiscordChannel:
 
     def _on_edit(self, client: _Gateway, payload: discord.RawMessageUpdateEvent) -> None:
         """A person's edit of a message Steward took as input → `Retracted` ("edited")."""
-        self.health.last_event_at = time.time()
+        self.health.heard()
         me, message = client.user, payload.message
         author = message.author
         if me is None or author.bot or author.id == me.id or message.webhook_id is not None:
@@ -660,7 +633,7 @@ class DiscordChannel:
     def _on_delete(self, client: _Gateway, payload: discord.RawMessageDeleteEvent) -> None:
         """A deletion of a message Steward took as input → `Retracted` ("deleted"); the
         author comes from discord.py's cache when it has the message, else from ours."""
-        self.health.last_event_at = time.time()
+        self.health.heard()
         known = self._delivered.pop(payload.message_id, None)
         cached = payload.cached_message
         me = client.user
@@ -686,7 +659,7 @@ class DiscordChannel:
     async def _on_press(self, interaction: discord.Interaction) -> None:
         """Acknowledge at once (deferred update, type 6), then dispatch in the background:
         Discord shows "interaction failed" if the answer takes more than 3 seconds."""
-        self.health.last_event_at = time.time()
+        self.health.heard()
         data: dict[str, Any] = dict(interaction.data or {})
         custom_id = data.get("custom_id")
         if not isinstance(custom_id, str) or not custom_id or interaction.user.bot:
@@ -786,7 +759,7 @@ class DiscordChannel:
         log.info("adapter.commands_synced", channel=self.name, commands=[c.name for c in synced])
 
     async def _on_command(self, interaction: discord.Interaction, text: str) -> None:
-        self.health.last_event_at = time.time()
+        self.health.heard()
         conversation = str(interaction.channel_id)
         try:
             await interaction.response.defer(thinking=True)

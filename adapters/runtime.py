@@ -47,6 +47,11 @@ class Health(ChannelHealth):
         """An inbound event arrived (the deaf watchdog compares this for change)."""
         self.last_event_at = time.time()
 
+    def begin(self) -> None:
+        """A (re)start of the adapter: the next connection is a first one again."""
+        self._ever_connected = False
+        self.set("starting")
+
     def starting(self, detail: str = "") -> None:
         self.set("starting", detail)
 
@@ -130,6 +135,16 @@ class Inflight:
                 "adapter.dispatch_failed", channel=self.channel, conversation=event.conversation
             )
 
+    async def drain(self, grace: float) -> None:
+        """Let running work finish for up to `grace` seconds; cancel what is left."""
+        if not self._tasks:
+            return
+        _, pending = await asyncio.wait(set(self._tasks), timeout=grace)
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending)
+
     async def cancel_all(self) -> None:
         """On stop: in-flight work is cancelled (the task journal keeps what was running)."""
         tasks = list(self._tasks)
@@ -153,6 +168,9 @@ class Recent(Generic[K, V]):
 
     def __len__(self) -> int:
         return len(self._items)
+
+    def __getitem__(self, key: K) -> V:
+        return self._items[key]
 
     def get(self, key: K, default: V | None = None) -> V | None:
         return self._items.get(key, default)

@@ -40,7 +40,6 @@ import contextlib
 import logging
 import re
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -58,12 +57,12 @@ from slack_sdk.signature import SignatureVerifier
 from slack_sdk.socket_mode.aiohttp import SocketModeClient
 from slack_sdk.web.async_client import AsyncWebClient
 
+from adapters.runtime import Health, Inflight, Recent
 from core.events import (
     ApprovalRequest,
     Button,
     ButtonPress,
     Capabilities,
-    ChannelHealth,
     DeliveryError,
     Dispatch,
     Inbound,
@@ -479,7 +478,7 @@ class SlackChannel:
         """
         _check_config(bot_token, app_token, signing_secret)
         self.mode: Mode = "socket" if app_token else "http"
-        self.health = ChannelHealth()
+        self.health = Health(self.name)
         self.http_path = http_path
         self.api_url = api_url or DEFAULT_API_URL
         self._bot_token = bot_token
@@ -516,14 +515,13 @@ class SlackChannel:
         self._identity: _Identity | None = None
         self._identity_lock = asyncio.Lock()
         self._dispatch: Dispatch | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._inflight = Inflight(self.name)
         #: "channel:ts" of inbound messages -> their author (dedup, and who deleted what)
-        self._seen: OrderedDict[str, str | None] = OrderedDict()
+        self._seen: Recent[str, str | None] = Recent(_SEEN_LIMIT)
         self._socket: _SocketClient | None = None
         self._handler: _SocketHandler | None = None
         self._connect_task: asyncio.Task[None] | None = None
         self._settled: asyncio.Event | None = None
-        self._ever_connected = False
 
     @classmethod
     def from_settings(cls, cfg: Mapping[str, str], settings: Any) -> SlackChannel:
@@ -555,22 +553,20 @@ class SlackChannel:
         be reached, Socket Mode keeps trying in the background after ``start_timeout``.
         """
         self._dispatch = dispatch
-        self._ever_connected = False
-        self.health.set("starting")
+        self.health.begin()
         try:
             await self._whoami()
         except DeliveryError as exc:
             if not exc.transient:
-                self.health.set("down", str(exc))
-                log.error("adapter.down", channel=self.name, error=str(exc))
+                self.health.down(str(exc))
                 self._dispatch = None
                 raise
             # Unreachable for now: the mention/self checks fall back to the event's own
             # authorizations, and Bolt's authorize retries auth.test on the next event.
             log.warning("slack.auth_test_failed", channel=self.name, error=str(exc))
-            self.health.set("starting", str(exc))
+            self.health.starting(str(exc))
         if self.mode == "http":
-            self.health.set("connected", f"HTTP mode: receiving at {self.http_path}")
+            self.health.up(f"HTTP mode: receiving at {self.http_path}")
             log.info("slack.started", channel=self.name, mode=self.mode, path=self.http_path)
             return
         await self._start_socket()
@@ -612,12 +608,9 @@ class SlackChannel:
         """Close the socket and drop in-flight dispatches; safe to call twice."""
         self._dispatch = None
         await self._close_socket()
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._inflight.cancel_all()
         if self.health.state != "stopped":
-            self.health.set("stopped")
+            self.health.stopped()
             log.info("slack.stopped", channel=self.name)
 
     async def _close_socket(self) -> None:
@@ -856,16 +849,11 @@ class SlackChannel:
             self._deliver(message)
 
     def _touch(self) -> None:
-        self.health.last_event_at = time.time()
+        self.health.heard()
 
     def _first_time(self, key: str, user: str | None = None) -> bool:
         """False for a message already seen (Slack's HTTP retries deliver it again)."""
-        if key in self._seen:
-            return False
-        self._seen[key] = user
-        if len(self._seen) > _SEEN_LIMIT:
-            self._seen.popitem(last=False)
-        return True
+        return self._seen.first_time(key, user)
 
     def _deliver(self, event: Inbound) -> None:
         """Hand the event to the dispatcher in the background, so the ack is never late."""
@@ -878,19 +866,7 @@ class SlackChannel:
             kind=type(event).__name__,
             conversation=event.conversation,
         )
-        task = asyncio.ensure_future(self._run_dispatch(self._dispatch, event))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _run_dispatch(self, dispatch: Dispatch, event: Inbound) -> None:
-        try:
-            await dispatch(event)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception(
-                "slack.dispatch_failed", channel=self.name, conversation=event.conversation
-            )
+        self._inflight.spawn(self._dispatch, event)
 
     async def _http(self, request: web.Request) -> web.StreamResponse:
         """HTTP mode inbound: verify the v0 signature first, then let Bolt route it.
@@ -939,15 +915,10 @@ class SlackChannel:
 
     def _socket_connecting(self) -> None:
         if self.health.state == "connected":
-            self.health.set("reconnecting", "Socket Mode connection lost; reconnecting")
-            log.warning("adapter.reconnect", channel=self.name, reconnects=self.health.reconnects)
+            self.health.lost("Socket Mode connection lost; reconnecting")
 
     def _socket_connected(self) -> None:
-        if self._ever_connected:
-            self.health.reconnects += 1
-            log.info("adapter.reconnected", channel=self.name, reconnects=self.health.reconnects)
-        self._ever_connected = True
-        self.health.set("connected", "Socket Mode")
+        self.health.up("Socket Mode")
         if self._settled is not None:
             self._settled.set()
 
@@ -958,14 +929,11 @@ class SlackChannel:
                 f"Slack refused the app-level token ({_error_code(exc)}): check "
                 "STEWARD_SLACK_APP_TOKEN (xapp-…, scope connections:write; see README → Slack)"
             )
-            self.health.set("down", detail)
-            log.error("adapter.down", channel=self.name, error=detail)
+            self.health.down(detail)
             if self._settled is not None:
                 self._settled.set()
             return
-        state = "reconnecting" if self._ever_connected else "starting"
-        self.health.set(state, str(err))
-        log.warning("slack.connect_failed", channel=self.name, error=str(err))
+        self.health.lost(str(err))
 
 
 def _unsigned(timestamp: str, signature: str) -> str:

@@ -30,6 +30,7 @@ from rich.panel import Panel
 from rich.segment import ControlType
 from rich.text import Text
 
+from adapters.runtime import Inflight
 from core.events import (
     ApprovalRequest,
     Button,
@@ -192,7 +193,7 @@ class TerminalChannel:
         self.conversation = conversation
         self._clock = clock
         self._dispatch: Dispatch | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._inflight = Inflight(self.name)
         # ref id → pending buttons; insertion order makes the last one "the latest".
         self._pending: dict[str, _Pending] = {}
         # conversation → streamed segments (a new one starts after a tool/status line).
@@ -333,9 +334,7 @@ class TerminalChannel:
     # -- Dispatching ---------------------------------------------------------
 
     def _spawn(self, event: Inbound) -> None:
-        task = asyncio.get_running_loop().create_task(self._deliver(event))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._inflight.run(self._deliver(event), "dispatch")
 
     async def _deliver(self, event: Inbound) -> None:
         """A failing dispatcher is a bug: traceback to the log, one line to the person."""
@@ -348,13 +347,7 @@ class TerminalChannel:
 
     async def _drain(self) -> None:
         """Let just-typed events reach the dispatcher; cancel whatever is still running."""
-        if not self._tasks:
-            return
-        _, pending = await asyncio.wait(set(self._tasks), timeout=DRAIN_TIMEOUT)
-        for task in pending:
-            task.cancel()
-        if pending:
-            await asyncio.wait(pending)
+        await self._inflight.drain(DRAIN_TIMEOUT)
 
     # -- Ctrl-C --------------------------------------------------------------
 

@@ -59,6 +59,7 @@ from urllib.parse import urlsplit
 import structlog
 from aiohttp import WSCloseCode, WSMsgType, web
 
+from adapters.runtime import Inflight
 from adapters.web_login import AUTHENTICATED
 from core.events import (
     ApprovalRequest,
@@ -140,7 +141,7 @@ class WebChannel:
         self._appends: dict[str, int] = {}
         #: Per session, the tasks begun and not yet ended (see progress()).
         self._running: dict[str, set[str]] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._inflight = Inflight(self.name)
         self._ids = itertools.count(1)
         self._stopping = False
 
@@ -185,10 +186,7 @@ class WebChannel:
         """Close every open tab with "going away" (they reconnect) and drop in-flight dispatches."""
         self._stopping = True
         await self._close_all()
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._inflight.cancel_all()
         self._dispatch = None
         self._running.clear()  # tasks cut off by the stop will never say they ended
         log.info("web.stopped", channel=self.name)
@@ -520,9 +518,7 @@ class WebChannel:
         return lock
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._inflight.run(coro, "dispatch")
 
     async def _record(self, session: str, frame: dict[str, Any]) -> None:
         """Store a message/edit frame, then show it to every open tab of the session."""

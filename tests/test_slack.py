@@ -20,13 +20,13 @@ import pytest
 from aiohttp import web
 from structlog.testing import capture_logs
 
+from adapters.runtime import Health
 from adapters.slack import SlackChannel, parse_event, render_button, strip_mention
 from core.events import (
     ApprovalRequest,
     Button,
     ButtonPress,
     Channel,
-    ChannelHealth,
     DeliveryError,
     HealthState,
     Inbound,
@@ -67,11 +67,11 @@ class Recorder:
         return self._queue.empty()
 
 
-class RecordingHealth(ChannelHealth):
-    """ChannelHealth that keeps every state it went through."""
+class RecordingHealth(Health):
+    """The adapter's health state machine, keeping every state it went through."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__("slack")
         self.history: list[HealthState] = []
 
     def set(self, state: HealthState, detail: str = "", *, now: float | None = None) -> None:
@@ -454,7 +454,7 @@ async def test_a_failing_dispatcher_does_not_stop_the_channel(sock: Socket) -> N
         await sock.fake.send_envelope("events_api", sock.fake.dm("D0ALICE", "U0ALICE", "boom"))
         await sock.got.next()
         await asyncio.sleep(0.01)
-    assert any(e["event"] == "slack.dispatch_failed" for e in logs)
+    assert any(e["event"] == "adapter.dispatch_failed" for e in logs)
     sock.got.fail = False
     await sock.fake.send_envelope("events_api", sock.fake.dm("D0ALICE", "U0ALICE", "still here"))
     msg = await sock.got.next()
