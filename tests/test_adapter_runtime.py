@@ -1,0 +1,128 @@
+"""The shared adapter runtime: the pieces every platform adapter uses instead of its own."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from structlog.testing import capture_logs
+
+from adapters.runtime import Backoff, Health, Inflight, Recent
+from core.events import Message
+
+
+def test_health_counts_a_reconnect_when_the_connection_comes_back() -> None:
+    health = Health("x")
+    with capture_logs() as logs:
+        health.begin()
+        health.lost("network down")  # never connected yet: still starting
+        assert health.state == "starting" and health.reconnects == 0
+        health.up("as bot")
+        health.lost("socket closed")
+        assert health.state == "reconnecting"
+        health.up("as bot")
+    assert (health.state, health.reconnects) == ("connected", 1)
+    events = [e["event"] for e in logs]
+    assert events == [
+        "adapter.reconnect",
+        "adapter.connected",
+        "adapter.reconnect",
+        "adapter.reconnected",
+    ]
+
+
+def test_health_down_is_sticky_until_a_person_acts() -> None:
+    health = Health("x")
+    health.up()
+    with capture_logs() as logs:
+        health.down("token refused")
+        health.lost("the SDK noticed the close")  # must not hide the reason
+    assert (health.state, health.detail) == ("down", "token refused")
+    assert [e["event"] for e in logs] == ["adapter.down"]
+    health.begin()  # a restart starts from scratch
+    health.up()
+    assert health.reconnects == 0
+
+
+def test_health_heard_moves_last_event() -> None:
+    health = Health("x")
+    assert health.last_event_at is None
+    health.heard()
+    assert health.last_event_at is not None
+
+
+def test_recent_keeps_the_newest_and_spots_redeliveries() -> None:
+    recent: Recent[str, int] = Recent(limit=3)
+    assert recent.first_time("a", 1)
+    assert not recent.first_time("a", 2)  # a redelivery
+    for key in "bcd":
+        recent.put(key, 0)
+    assert "a" not in recent and len(recent) == 3
+    assert recent["d"] == 0 and recent.get("zz") is None
+    assert recent.pop("b") == 0 and "b" not in recent
+
+
+def _message(text: str) -> Message:
+    return Message(channel="x", conversation="c", user="u", text=text)
+
+
+async def test_inflight_logs_a_failing_dispatch_and_keeps_going() -> None:
+    seen: list[str] = []
+
+    async def dispatch(event: object) -> None:
+        assert isinstance(event, Message)
+        if event.text == "boom":
+            raise RuntimeError("bug")
+        seen.append(event.text)
+
+    inflight = Inflight("x")
+    with capture_logs() as logs:
+        await asyncio.gather(
+            inflight.spawn(dispatch, _message("boom")), inflight.spawn(dispatch, _message("ok"))
+        )
+    assert seen == ["ok"] and len(inflight) == 0
+    assert [e["event"] for e in logs] == ["adapter.dispatch_failed"]
+
+
+async def test_inflight_cancel_all_and_drain() -> None:
+    started = asyncio.Event()
+
+    async def forever() -> None:
+        started.set()
+        await asyncio.Event().wait()
+
+    inflight = Inflight("x")
+    task = inflight.run(forever(), "hang")
+    await started.wait()
+    await inflight.cancel_all()
+    assert task.cancelled() and len(inflight) == 0
+
+    done: list[int] = []
+
+    async def quick() -> None:
+        done.append(1)
+
+    inflight.run(quick(), "quick")
+    slow = inflight.run(forever(), "slow")
+    await inflight.drain(0.05)
+    assert done == [1] and slow.cancelled()
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_backoff_doubles_to_the_cap_with_jitter_and_resets(seed: int) -> None:
+    import random
+
+    random.seed(seed)
+    slept: list[float] = []
+
+    async def sleep(delay: float) -> None:
+        slept.append(delay)
+
+    backoff = Backoff(1.0, 8.0, sleep=sleep)
+    for _ in range(6):
+        await backoff.wait()
+    bases = [1, 2, 4, 8, 8, 8]
+    assert all(b / 2 <= d <= b for d, b in zip(slept, bases, strict=True))
+    assert await backoff.wait(at_least=30.0) == 30.0  # a server's retry-after wins
+    backoff.reset()
+    assert backoff.next_delay() <= 1.0
