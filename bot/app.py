@@ -226,6 +226,7 @@ class App:
         else:
             applog.info("sandbox.ready", mode=settings.sandbox, sandbox=self.sandbox.describe())
         self.channels: list[Channel] = []
+        self._recovering = asyncio.Lock()
         self.conversations = Conversations(self.clock)
         self.episodes = EpisodeStore(self.data_dir)
         self.journal = TaskJournal(self.data_dir)
@@ -389,27 +390,50 @@ class App:
         parts = [p for p in (model, self.sandbox.notice) if p]
         return "\n\n".join(parts) if parts else None
 
-    async def start(self, channels: Sequence[Channel]) -> list[Outbox]:
+    async def start(
+        self, channels: Sequence[Channel], *, failures: dict[str, BaseException] | None = None
+    ) -> list[Outbox]:
         """Start each adapter behind its Outbox (the shared delivery layer); the dispatcher
         and approvals only ever see the Outbox.
 
-        Called once per channel by `steward run` (the web chat first, then each platform),
-        so recovery is per channel: as a channel starts, the approvals and suggestions a
+        The channels start concurrently (a slow platform must not hold up the others).
+        Recovery is per channel: as a channel comes up, the approvals and suggestions a
         previous run left on it are recovered and their messages edited, while those of
         channels not started yet wait for them (the stored records are read once). The
-        Outbox is what is started, so its "alive but deaf" watchdog runs."""
+        Outbox is what is started, so its "alive but deaf" watchdog runs.
+
+        `failures`: given, a channel that fails to start is recorded there by name and the
+        others go on (`steward run`: one platform down must not keep the rest down);
+        otherwise the first failure is raised after all have been tried."""
         await self.open_memory()
-        started = []
-        for adapter in channels:
-            outbox = wrap(adapter, self.settings, self.clock, self.data_dir)
-            await outbox.start(self.dispatcher.bind(outbox))
-            self.channels.append(outbox)
-            started.append(outbox)
-            mine: dict[str, Channel] = {outbox.name: outbox}
+        results = await asyncio.gather(
+            *(self._start_one(adapter) for adapter in channels), return_exceptions=True
+        )
+        started: list[Outbox] = []
+        errors: list[BaseException] = []
+        for adapter, result in zip(channels, results, strict=True):
+            if isinstance(result, BaseException):
+                if isinstance(result, asyncio.CancelledError):
+                    raise result
+                errors.append(result)
+                if failures is not None:
+                    failures[adapter.name] = result
+            else:
+                started.append(result)
+        if errors and failures is None:
+            raise errors[0]
+        return started
+
+    async def _start_one(self, adapter: Channel) -> Outbox:
+        outbox = wrap(adapter, self.settings, self.clock, self.data_dir)
+        await outbox.start(self.dispatcher.bind(outbox))
+        self.channels.append(outbox)
+        mine: dict[str, Channel] = {outbox.name: outbox}
+        async with self._recovering:  # one channel's recovery at a time: they share records
             await self.approvals.recover(mine)
             await self.proactive.recover(await self.suggestions.recover(mine))
             await self.dispatcher.interrupted.recover(mine)
-        return started
+        return outbox
 
     async def open_memory(self) -> None:
         """Open (and if needed rebuild) the memory index; wire recall and indexing."""

@@ -161,13 +161,13 @@ async def serve(
             ) from exc
         raise ConfigError(f"Cannot listen on {settings.host}:{settings.port}: {exc}") from exc
     await app.start([web_channel])
-    for adapter in platforms:
-        try:
-            await app.start([adapter])
-            log.info("channel.started", channel=adapter.name)
-        except Exception as exc:  # one platform down must not keep the others (or web) down
-            log.exception("channel.start_failed", channel=adapter.name)
-            print(f"steward: {adapter.name} did not start: {exc}", file=sys.stderr, flush=True)
+    failures: dict[str, BaseException] = {}
+    # Concurrently: one platform down (or slow) must not keep the others (or web) down.
+    for outbox in await app.start(platforms, failures=failures):
+        log.info("channel.started", channel=outbox.name)
+    for name, exc in failures.items():
+        log.error("channel.start_failed", channel=name, error=str(exc)[:300], exc_info=exc)
+        print(f"steward: {name} did not start: {exc}", file=sys.stderr, flush=True)
     app.warm_up()
     port = site._server.sockets[0].getsockname()[1] if site._server else settings.port  # type: ignore[union-attr]
     url = f"http://{settings.host}:{port}"

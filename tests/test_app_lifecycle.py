@@ -15,12 +15,15 @@ from typing import Any
 
 import pytest
 
+from bot.app import App
 from bot.channels import DEAF_AFTER, DEAF_CHECK_EVERY
 from config.settings import Settings
 from core.clock import SimClock
+from core.events import DeliveryError
 from memory.approvals import ApprovalStore
 from tests.fakes.llm import ScriptedLLM
 from tests.fakes.slack import FakeSlack
+from tests.test_outbox import CAPS, PlatformDouble
 from tests.test_web_e2e import SESSION, frames_until, free_port, running
 
 pytestmark = pytest.mark.timeout(60)
@@ -76,7 +79,9 @@ async def test_a_platform_approval_left_pending_is_edited_to_expired_after_a_res
     llm.reply_tool("shell", {"command": "echo x > ../outside.txt"})
     async with running(settings):
         await dm(fake, "write outside the workspace")
-        await fake.wait_for(lambda: any(m.get("blocks") for m in fake.bot_messages()), 10)
+        await fake.wait_for(
+            lambda: any(m.get("blocks") for m in fake.bot_messages()), 30
+        )  # the first task imports litellm (seconds on a busy machine)
         [asked] = [dict(m) for m in fake.bot_messages() if m.get("blocks")]
         assert "Approval needed" in asked["text"]
         assert any(b["type"] == "actions" for b in asked["blocks"])  # its buttons
@@ -157,3 +162,51 @@ async def test_text_is_streamed_to_the_web_chat_but_not_to_a_platform(
         assert llm.requests[-1].get("stream") is True
         streamed = [f["text"] for f in seen if f["type"] == "progress" and f["kind"] == "text"]
         assert len(streamed) > 1 and "".join(streamed) == answer
+
+
+class _Starting(PlatformDouble):
+    """A platform whose start waits for the test (slow to connect) or fails."""
+
+    def __init__(self, name: str, *, gate: asyncio.Event | None = None, fail: bool = False):
+        super().__init__(CAPS)
+        self.name = name
+        self.gate = gate
+        self.fail = fail
+        self.started = False
+        self.up = asyncio.Event()
+
+    async def start(self, dispatch: Any) -> None:
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.fail:
+            raise DeliveryError("token refused", transient=False)
+        self.started = True
+        self.up.set()
+
+
+async def test_platforms_start_concurrently_and_one_failure_keeps_the_others(
+    settings_for: Callable[..., Settings],
+) -> None:
+    """A slow platform must not hold up the others, and a refused one must not stop them:
+    `steward run` starts them all at once and reports the failures by name."""
+    app = App(settings_for(None))
+    gate = asyncio.Event()
+    slow, fast, broken = (
+        _Starting("slow", gate=gate),
+        _Starting("fast"),
+        _Starting("broken", fail=True),
+    )
+    failures: dict[str, BaseException] = {}
+    try:
+        starting = asyncio.create_task(app.start([slow, fast, broken], failures=failures))
+        async with asyncio.timeout(10):
+            await fast.up.wait()
+        assert not slow.started and [c.name for c in app.channels] == ["fast"]
+        gate.set()
+        started = await starting
+        assert sorted(o.name for o in started) == ["fast", "slow"]
+        assert list(failures) == ["broken"] and "token refused" in str(failures["broken"])
+        with pytest.raises(DeliveryError):  # without `failures`, the failure is raised
+            await app.start([_Starting("broken2", fail=True)])
+    finally:
+        await app.stop()
