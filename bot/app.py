@@ -227,6 +227,7 @@ class App:
             applog.info("sandbox.ready", mode=settings.sandbox, sandbox=self.sandbox.describe())
         self.channels: list[Channel] = []
         self._recovering = asyncio.Lock()
+        self._initialized = False
         self.conversations = Conversations(self.clock)
         self.episodes = EpisodeStore(self.data_dir)
         self.journal = TaskJournal(self.data_dir)
@@ -405,7 +406,7 @@ class App:
         `failures`: given, a channel that fails to start is recorded there by name and the
         others go on (`steward run`: one platform down must not keep the rest down);
         otherwise the first failure is raised after all have been tried."""
-        await self.open_memory()
+        await self.initialize()
         results = await asyncio.gather(
             *(self._start_one(adapter) for adapter in channels), return_exceptions=True
         )
@@ -434,6 +435,16 @@ class App:
             await self.proactive.recover(await self.suggestions.recover(mine))
             await self.dispatcher.interrupted.recover(mine)
         return outbox
+
+    async def initialize(self) -> None:
+        """Before any channel starts (python-telegram-bot's Application has the same step):
+        open the memory index and read what a previous run left pending, once and off the
+        event loop, so a request of a channel that never starts still answers "expired"
+        to a late press. Safe to call again."""
+        await self.open_memory()
+        if not self._initialized:
+            self._initialized = True
+            await self.approvals.recover({})  # loads the records; recovers no channel yet
 
     async def open_memory(self) -> None:
         """Open (and if needed rebuild) the memory index; wire recall and indexing."""
