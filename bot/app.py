@@ -434,6 +434,12 @@ class App:
             await self.approvals.recover(mine)
             await self.proactive.recover(await self.suggestions.recover(mine))
             await self.dispatcher.interrupted.recover(mine)
+        try:  # what a previous run could not deliver on this channel goes out now
+            await outbox.redeliver()
+        except Exception:  # never worth failing a start for: kept, tried again later
+            structlog.get_logger("steward.app").warning(
+                "delivery.redeliver_at_start_failed", channel=outbox.name, exc_info=True
+            )
         return outbox
 
     async def initialize(self) -> None:

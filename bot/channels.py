@@ -19,11 +19,13 @@ import dataclasses
 import importlib
 import json
 import random
+import threading
 import time
-from collections.abc import Awaitable, Callable
+import uuid
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import structlog
 
@@ -42,6 +44,7 @@ from core.events import (
     Suggestion,
 )
 from core.formatting import DIALECTS, split_message
+from memory.atomic import atomic_write_text
 from memory.redact import redact
 
 log = structlog.get_logger("steward.channels")
@@ -54,22 +57,73 @@ STATUS_EDIT_INTERVAL = 1.5
 #: back this long after a successful send, inbound events are not arriving: "deaf".
 DEAF_AFTER = 90.0
 DEAF_CHECK_EVERY = 15.0
+#: How often kept messages are tried again while the channel is not healthy.
+REDELIVER_EVERY = 30.0
+#: A kept message re-sent within this many seconds goes out as it was.
+LATE_AFTER = 60.0
 
 
 class UndeliveredStore:
-    """Append-only record of messages that could not be delivered after all retries."""
+    """Messages that could not be delivered after all retries, kept until they are.
+
+    One JSON line per message piece, appended (a crash mid-write loses at most that
+    line); delivered ones are removed by rewriting the file atomically. The lock is per
+    file and per process (a thread lock: the work runs in threads), because every
+    channel's Outbox shares the one file."""
+
+    _locks: ClassVar[dict[Path, threading.Lock]] = {}
 
     def __init__(self, data_dir: Path) -> None:
         self.path = data_dir / "outbox" / "undelivered.jsonl"
+        self._lock = self._locks.setdefault(self.path, threading.Lock())
 
     def _append(self, line: str) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a", encoding="utf-8") as fh:
-            fh.write(line + "\n")
-            fh.flush()
+        with self._lock:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.path.open("a", encoding="utf-8") as fh:
+                fh.write(line + "\n")
+                fh.flush()
 
     async def keep(self, item: dict[str, Any]) -> None:
+        item = {"id": uuid.uuid4().hex[:12], **item}
         await asyncio.to_thread(self._append, redact(json.dumps(item, ensure_ascii=False)))
+
+    def _read(self) -> list[dict[str, Any]]:
+        if not self.path.is_file():
+            return []
+        items = []
+        with self.path.open(encoding="utf-8") as fh:
+            for n, line in enumerate(fh):
+                try:
+                    item = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a torn last line of a crash: nothing to deliver
+                if isinstance(item, dict):
+                    item.setdefault("id", f"line{n}")  # kept before ids existed
+                    items.append(item)
+        return items
+
+    async def pending(self, channel: str) -> list[dict[str, Any]]:
+        """The channel's kept messages, oldest first."""
+
+        def read() -> list[dict[str, Any]]:
+            with self._lock:
+                return [i for i in self._read() if i.get("channel") == channel]
+
+        return await asyncio.to_thread(read)
+
+    async def forget(self, ids: Collection[str]) -> None:
+        """Remove delivered (or no longer deliverable) entries."""
+        if not ids:
+            return
+
+        def rewrite() -> None:
+            with self._lock:
+                keep = [i for i in self._read() if i["id"] not in ids]
+                text = "".join(json.dumps(i, ensure_ascii=False) + "\n" for i in keep)
+                atomic_write_text(self.path, text)
+
+        await asyncio.to_thread(rewrite)
 
     def count(self) -> int:
         if not self.path.is_file():
@@ -101,6 +155,7 @@ class Outbox:
         backoff_max: float = 60.0,
         status_progress: bool = False,
         echoes: bool = False,
+        late_notice_after: float = 3600.0,
     ) -> None:
         self.adapter = adapter
         self.name = adapter.name
@@ -131,6 +186,12 @@ class Outbox:
         #: The platform echoes the bot's own messages, so their absence means "deaf".
         self.echoes = echoes
         self._cancel_watch: Callable[[], None] | None = None
+        #: Kept (undelivered) messages of this channel not yet re-sent; -1: not counted yet.
+        self._backlog = -1
+        self.late_notice_after = late_notice_after
+        self._cancel_retry: Callable[[], None] | None = None
+        self._redelivery: asyncio.Task[int] | None = None
+        self._redeliver_lock: asyncio.Lock | None = None
 
     @property
     def health(self) -> ChannelHealth:
@@ -151,6 +212,13 @@ class Outbox:
         if self._cancel_watch is not None:
             self._cancel_watch()
             self._cancel_watch = None
+        if self._cancel_retry is not None:
+            self._cancel_retry()
+            self._cancel_retry = None
+        if self._redelivery is not None:
+            self._redelivery.cancel()
+            await asyncio.gather(self._redelivery, return_exceptions=True)
+            self._redelivery = None
         await self.adapter.stop()
 
     def _arm_watch(self) -> None:
@@ -237,6 +305,7 @@ class Outbox:
                 attempts=attempt,
                 error=str(error)[:300],
             )
+            self._kept()
             await self.undelivered.keep(
                 {
                     "at": self.clock.now(),
@@ -249,6 +318,99 @@ class Outbox:
             if isinstance(error, DeliveryError):
                 raise error
             raise DeliveryError(f"{type(error).__name__}: {error}", transient=False) from error
+
+    # ── kept messages, delivered later ───────────────────────────────────────
+    def _kept(self) -> None:
+        self._backlog = max(self._backlog, 0) + 1
+        self._arm_retry()
+
+    def _arm_retry(self) -> None:
+        if self._cancel_retry is None:
+            self._cancel_retry = self.clock.call_at(
+                self.clock.now() + REDELIVER_EVERY, self._retry_tick
+            )
+
+    def _retry_tick(self) -> None:
+        self._cancel_retry = None
+        if self._backlog <= 0:
+            return
+        if self.health.state == "connected":
+            self._redeliver_soon()
+        else:
+            self._arm_retry()
+
+    def _redeliver_soon(self) -> None:
+        if self._redelivery is None or self._redelivery.done():
+            self._redelivery = asyncio.get_running_loop().create_task(
+                self.redeliver(), name=f"{self.name}:redeliver"
+            )
+
+    def _late_pieces(self, item: dict[str, Any]) -> list[str]:
+        """The kept text, saying when it was written if it is late (UTC: the person's
+        time zone is not known here)."""
+        text = str(item.get("text") or "")
+        at = float(item.get("at") or self.clock.now())
+        age = self.clock.now() - at
+        if age < LATE_AFTER:
+            return [text]
+        stamp = time.strftime("%H:%M UTC", time.gmtime(at))
+        if age < self.late_notice_after:
+            note = f"(Delivered late: written at {stamp}.)"
+        else:
+            note = (
+                f"A reply to your message at {stamp} could not be delivered until now; here it is:"
+            )
+        combined = f"{note}\n\n{text}"
+        return [combined] if len(combined) <= self.capabilities.max_length else [note, text]
+
+    async def redeliver(self) -> int:
+        """Send what this channel kept as undelivered, oldest first; returns how many.
+
+        Called as the channel starts, after any successful send, and every
+        REDELIVER_EVERY seconds while something is kept and the channel is healthy. One
+        attempt each (the channel was just seen working); the first failure stops the
+        round, so the order is kept, and the rest waits for the next. Kept approvals,
+        suggestions and edits are not re-sent: their moment has passed (the task they
+        belonged to has ended: its answer is kept as a message of its own)."""
+        if self._redeliver_lock is None:
+            self._redeliver_lock = asyncio.Lock()
+        async with self._redeliver_lock:
+            items = await self.undelivered.pending(self.name)
+            self._backlog = len(items)
+            done: list[str] = []
+            sent = 0
+            for item in items:
+                what = item.get("what")
+                conversation = str(item.get("conversation") or "")
+                if what not in ("send", "private") or not conversation:
+                    log.info("delivery.kept_dropped", channel=self.name, what=what)
+                    done.append(item["id"])
+                    continue
+                try:
+                    if what == "send":
+                        for piece in self._late_pieces(item):
+                            await self.adapter.send(conversation, piece, thread=item.get("thread"))
+                    else:
+                        await self.adapter.send_private(
+                            conversation, str(item.get("to")), str(item.get("text") or "")
+                        )
+                except Exception as exc:
+                    log.warning(
+                        "delivery.redeliver_failed",
+                        channel=self.name,
+                        error=str(exc)[:200],
+                        left=len(items) - len(done),
+                    )
+                    break
+                done.append(item["id"])
+                sent += 1
+            await self.undelivered.forget(done)
+            self._backlog = len(items) - len(done)
+            if sent:
+                log.info("delivery.redelivered", channel=self.name, count=sent, left=self._backlog)
+            if self._backlog > 0:
+                self._arm_retry()
+            return sent
 
     # ── Channel methods ──────────────────────────────────────────────────────
     async def send(self, conversation: str, text: str, *, thread: str | None = None) -> MessageRef:
@@ -264,6 +426,8 @@ class Outbox:
             )
         assert ref is not None
         self._sent_ok(event_before)
+        if self._backlog > 0:  # the channel works again: what it kept goes out now
+            self._redeliver_soon()
         return ref
 
     async def edit(
@@ -415,4 +579,5 @@ def wrap(adapter: Channel, settings: Any, clock: Clock, data_dir: Path) -> Outbo
         retries=settings.delivery_retries,
         backoff=settings.delivery_backoff,
         backoff_max=settings.delivery_backoff_max,
+        late_notice_after=settings.delivery_late_notice,
     )

@@ -90,6 +90,7 @@ class _CoreSettings(BaseModel):
     delivery_retries: int = Field(ge=0, le=20)
     delivery_backoff: float = Field(ge=0)
     delivery_backoff_max: float = Field(ge=0)
+    delivery_late_notice: float = Field(ge=0)
     proactive_enabled: bool
     proactive_threshold: float = Field(gt=0)
     proactive_cooldown: float = Field(ge=0)

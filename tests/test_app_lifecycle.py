@@ -210,3 +210,28 @@ async def test_platforms_start_concurrently_and_one_failure_keeps_the_others(
             await app.start([_Starting("broken2", fail=True)])
     finally:
         await app.stop()
+
+
+async def test_a_slack_reply_refused_five_times_is_delivered_after_a_restart(
+    llm: ScriptedLLM, settings_for: Callable[..., Settings], fake: FakeSlack
+) -> None:
+    """Slack answers 500 to every attempt at the reply: it is kept, and the next
+    `steward run` delivers it as its Slack channel starts; nothing is left kept."""
+    settings = with_slack(settings_for, llm, fake).model_copy(
+        update={"delivery_retries": 4, "delivery_backoff": 0.01, "delivery_backoff_max": 0.05}
+    )
+    llm.reply_text("The answer you asked for.")
+    for _ in range(5):
+        fake.fail_next(500)
+    async with running(settings):
+        await dm(fake, "a question")
+        kept = settings.data_dir / "outbox" / "undelivered.jsonl"
+        async with asyncio.timeout(30):
+            while True:  # a file, not an event: polled
+                if kept.exists() and "The answer" in kept.read_text():
+                    break
+                await asyncio.sleep(0.05)
+        assert not any("The answer" in t for t in bot_texts(fake))
+    async with running(settings):
+        await fake.wait_for(lambda: any("The answer" in t for t in bot_texts(fake)), 10)
+        assert kept.read_text() == ""

@@ -121,6 +121,7 @@ async def test_rate_limit_honours_retry_after(tmp_path: Path) -> None:
 
 async def test_transient_errors_back_off_then_are_kept(tmp_path: Path) -> None:
     box, platform, clock = outbox(tmp_path)
+    platform.health.set("down")  # no redelivery round while the clock runs on
     platform.failures = [DeliveryError("502") for _ in range(10)]
     with pytest.raises(DeliveryError):
         await run_on_clock(clock, box.send("C1", "lost?"))
@@ -267,3 +268,74 @@ async def test_text_reaches_only_an_adapter_that_streams_text(
     expected = ["task_start", "tool_start", "text", "reset", "text", "task_end"]
     assert shown == (expected if streams else ["task_start", "tool_start", "task_end"])
     assert not platform.calls  # rendered by the adapter: no status message of our own
+
+
+def kept(tmp_path: Path) -> list[dict[str, Any]]:
+    path = tmp_path / "outbox/undelivered.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+async def test_a_reply_refused_on_every_attempt_is_delivered_when_the_platform_recovers(
+    tmp_path: Path,
+) -> None:
+    """Kept after its retries, then sent (saying when it was written) as soon as a later
+    send shows the platform works again; the store is emptied."""
+    box, platform, clock = outbox(tmp_path)
+    platform.health.set("reconnecting")  # the retry timer waits while it is not healthy
+    platform.failures = [DeliveryError("502") for _ in range(box.retries + 1)]
+    with pytest.raises(DeliveryError):
+        await run_on_clock(clock, box.send("C1", "the answer"))
+    assert [k["text"] for k in kept(tmp_path)] == ["the answer"]
+    assert platform.calls == []
+    platform.health.set("connected")
+    clock._now += 600  # ten minutes later the platform is back
+    await box.send("C1", "something new")
+    assert box._redelivery is not None
+    assert await box._redelivery == 1
+    texts = [t for _, t in platform.calls]
+    assert texts[0] == "something new"
+    # written at 00:00 on the clock, delivered hours later: said so, then the text
+    assert texts[1].startswith("A reply to your message at 00:00 UTC could not be delivered")
+    assert texts[1].endswith("\n\nthe answer")
+    assert kept(tmp_path) == []
+
+
+async def test_kept_messages_go_out_at_start_oldest_first_only_the_channels_own(
+    tmp_path: Path,
+) -> None:
+    store = UndeliveredStore(tmp_path)
+    clock_now = 100_000.0
+    for at, channel, what, text in [
+        (clock_now - 7200, "slack", "send", "oldest"),
+        (clock_now - 600, "slack", "send", "middle"),
+        (clock_now - 30, "slack", "send", "recent"),
+        (clock_now - 50, "discord", "send", "not mine"),
+        (clock_now - 40, "slack", "approval", ""),
+    ]:
+        await store.keep(
+            {"at": at, "channel": channel, "what": what, "conversation": "C1", "text": text}
+        )
+    box, platform, clock = outbox(tmp_path)
+    clock._now = clock_now
+    assert await box.redeliver() == 3
+    texts = [t for _, t in platform.calls]
+    assert texts[0].startswith("A reply to your message at ") and texts[0].endswith("oldest")
+    assert texts[1].startswith("(Delivered late: written at ") and texts[1].endswith("middle")
+    assert texts[2] == "recent"  # less than a minute late: as it was
+    assert [k["text"] for k in kept(tmp_path)] == ["not mine"]  # the approval is dropped
+
+
+async def test_a_failed_round_keeps_the_order_and_retries_on_the_clock(tmp_path: Path) -> None:
+    box, platform, clock = outbox(tmp_path)
+    platform.health.last_event_at = None
+    for text in ("first", "second"):
+        await UndeliveredStore(tmp_path).keep(
+            {"at": 0.0, "channel": "slack", "what": "send", "conversation": "C1", "text": text}
+        )
+    platform.failures = [DeliveryError("502")]
+    assert await box.redeliver() == 0  # still down: nothing sent, both kept in order
+    assert [k["text"] for k in kept(tmp_path)] == ["first", "second"]
+    await clock.advance_to(clock.now() + 31)  # the retry timer fires while healthy
+    assert box._redelivery is not None and await box._redelivery == 2
+    assert [t.rsplit("\n", 1)[-1] for _, t in platform.calls] == ["first", "second"]
+    assert kept(tmp_path) == [] and clock.next_deadline() is None
