@@ -708,7 +708,7 @@ class WhatsAppChannel:
         self, request: ApprovalRequest, *, thread: str | None = None
     ) -> MessageRef:
         return await self._send_buttons(
-            request.conversation, request.text(), request.buttons, "approval"
+            request.conversation, to_whatsapp(request.text()), request.buttons, "approval"
         )
 
     async def send_suggestion(
@@ -717,7 +717,7 @@ class WhatsAppChannel:
         """Never outside the window: a suggestion is held (never templated) until the
         person writes, like everything else that can't be sent now."""
         return await self._send_buttons(
-            suggestion.conversation, suggestion.text, suggestion.buttons, "suggestion"
+            suggestion.conversation, to_whatsapp(suggestion.text), suggestion.buttons, "suggestion"
         )
 
     async def _send_buttons(
