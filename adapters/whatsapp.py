@@ -745,7 +745,7 @@ class WhatsAppChannel:
     async def progress(self, conversation: str, event: Progress) -> None:
         """At most one "still working" note per `note_every` seconds of a running task
         (a message can't be edited, and every note is a notification on a phone)."""
-        now = time.monotonic()
+        now = self.now()
         if event.kind == "task_start":
             self._working[conversation] = now
             return

@@ -324,20 +324,22 @@ async def test_edit_is_a_new_message_quoting_the_original(rig: Rig) -> None:
 
 
 async def test_still_working_note_at_most_once_per_interval(rig: Rig) -> None:
-    await rig.start(note_every=0.2)
     await rig.says("hi")
     await rig.channel.progress(ALICE, Progress("task_start", "t1"))
     for _ in range(3):
         await rig.channel.progress(ALICE, Progress("tool_start", "t1", tool="shell"))
-    assert rig.fake.to(ALICE) == []  # not in the first interval
-    await asyncio.sleep(0.25)
+    assert rig.fake.to(ALICE) == []  # not in the first minute
+    rig.clock.t += 61
     for _ in range(3):
         await rig.channel.progress(ALICE, Progress("tool_start", "t1", tool="shell"))
     assert [m["text"]["body"] for m in rig.fake.to(ALICE)] == ["Still working (shell)…"]
-    await rig.channel.progress(ALICE, Progress("task_end", "t1"))
-    await asyncio.sleep(0.25)
-    await rig.channel.progress(ALICE, Progress("tool_start", "t1", tool="shell"))
+    rig.clock.t += 30
+    await rig.channel.progress(ALICE, Progress("status", "t1", text="step"))
     assert len(rig.fake.to(ALICE)) == 1
+    await rig.channel.progress(ALICE, Progress("task_end", "t1"))
+    rig.clock.t += 61
+    await rig.channel.progress(ALICE, Progress("tool_start", "t1", tool="shell"))
+    assert len(rig.fake.to(ALICE)) == 1  # the task is over
 
 
 # ── errors and health ──────────────────────────────────────────────────────────
@@ -651,3 +653,25 @@ def test_fake_error_shape() -> None:
     resp = fake_error(131047, "(#131047) Re-engagement message")
     body = json.loads(resp.body)  # type: ignore[arg-type]
     assert body["error"]["code"] == 131047 and "fbtrace_id" in body["error"]
+
+
+async def test_doctor_checks_the_token_and_phone_id(
+    rig: Rig, settings_for: Callable[..., Any]
+) -> None:
+    from bot.doctor import _channels
+
+    common = {
+        "whatsapp_phone_id": rig.fake.phone_id,
+        "whatsapp_app_secret": rig.fake.app_secret,
+        "whatsapp_verify_token": rig.fake.verify_token,
+        "whatsapp_api_url": rig.fake.base_url,
+    }
+    good = settings_for(None, whatsapp_token=rig.fake.token, **common)
+    [check] = [c for c in await _channels(good) if c.name == "whatsapp"]
+    assert check.ok and "phone +1 555-000-0000" in check.detail
+    bad = settings_for(None, whatsapp_token="EAA-expired", **common)
+    [check] = [c for c in await _channels(bad) if c.name == "whatsapp"]
+    assert not check.ok and "190" in check.detail
+    half = settings_for(None, whatsapp_token=rig.fake.token, whatsapp_phone_id="1111")
+    [check] = [c for c in await _channels(half) if c.name == "whatsapp"]
+    assert not check.ok and "STEWARD_WHATSAPP_APP_SECRET" in check.detail
