@@ -120,7 +120,8 @@ def graph_error(status: int, body: Any, headers: Mapping[str, str]) -> GraphErro
     err = err if isinstance(err, dict) else {}
     code = err.get("code") if isinstance(err.get("code"), int) else 0
     message = str(err.get("message") or f"HTTP {status}")
-    details = (err.get("error_data") or {}).get("details") if isinstance(err, dict) else None
+    data = err.get("error_data")
+    details = data.get("details") if isinstance(data, dict) else None
     text = f"WhatsApp API error {code or status}: {message}" + (f" ({details})" if details else "")
     header = headers.get("Retry-After", "")
     hinted = float(header) if re.fullmatch(r"\d+(\.\d+)?", header.strip()) else None
