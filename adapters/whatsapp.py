@@ -715,8 +715,10 @@ class WhatsAppChannel:
     async def send_suggestion(
         self, suggestion: Suggestion, *, thread: str | None = None
     ) -> MessageRef:
-        """Never outside the window: a suggestion is held (never templated) until the
-        person writes, like everything else that can't be sent now."""
+        """Never outside the window: where it is known closed, a suggestion is held (and
+        never announced by a template) until the person writes. For someone Steward has
+        no record of, Graph decides: outside the window it refuses (131047), and the
+        suggestion is held the same way."""
         return await self._send_buttons(
             suggestion.conversation, to_whatsapp(suggestion.text), suggestion.buttons, "suggestion"
         )
