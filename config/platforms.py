@@ -217,7 +217,18 @@ PLATFORMS: tuple[PlatformSpec, ...] = (
             Key("app_secret", "app secret (signs webhooks)", secret=True),
             Key("verify_token", "webhook verification token", secret=True),
             Key("api_url", "Graph API base; empty: https://graph.facebook.com"),
-            Key("template", "template sent outside the 24-hour window; empty: none"),
+            Key(
+                "template",
+                "approved template (`name` or `name:language`) that tells a person, outside "
+                "the 24-hour window, that a result waits for them; empty: none",
+            ),
+        ),
+        problems=needs(
+            "whatsapp",
+            ("token", "Steward can't call the Cloud API without the system-user token"),
+            ("phone_id", "Steward doesn't know which number to send from"),
+            ("app_secret", "webhook deliveries can't be verified, so every one is refused"),
+            ("verify_token", "Meta's webhook verification can't succeed"),
         ),
         webhook=True,
     ),

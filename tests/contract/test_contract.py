@@ -104,7 +104,12 @@ async def test_approval_buttons_press_and_outcome_edit(rig: Rig, tmp_path: Any) 
     await rig.h.user_says("write outside")
     approval = await rig.reply_to(lambda s: bool(s.buttons), "the approval")
     labels = [label for label, _ in approval.buttons]
-    assert labels == ["Approve once", "Approve for this session", "Always allow", "Deny"]
+    # A platform with fewer/shorter buttons (WhatsApp: 3 of 20 characters) says which.
+    assert labels == getattr(
+        rig.h,
+        "approval_labels",
+        ["Approve once", "Approve for this session", "Always allow", "Deny"],
+    )
     value = approval.buttons[0][1]
     await rig.h.press(approval.id, value)
     await rig.reply_to(lambda s: s.text.startswith("Wrote contract.txt"), "the answer")
@@ -125,7 +130,7 @@ async def test_stranger_press_is_refused(rig: Rig, tmp_path: Any) -> None:
     assert note.text
     await asyncio.sleep(0.3)
     still = next(s for s in rig.h.sent() if s.id == approval.id)
-    assert len(still.buttons) == 4  # undecided
+    assert still.buttons and len(still.buttons) == len(approval.buttons)  # undecided
     assert not (tmp_path / "stranger.txt").exists()
     assert rig.app.approvals.pending()
 
@@ -201,6 +206,8 @@ async def test_group_mention_answers_in_thread(rig: Rig) -> None:
 async def test_approval_in_a_thread_end_to_end(rig: Rig, tmp_path: Any) -> None:
     """The issue's walk-through: message in a thread → risky call → buttons → the approver
     presses Approve → the tool runs → the answer lands in the thread → "approved by …"."""
+    if not rig.h.channel.capabilities.threads:
+        pytest.skip("no threads on this platform")
     rig.llm.reply_tool("shell", {"command": "echo threaded > ../thread.txt"})
     rig.llm.reply_text("Wrote thread.txt next to the workspace.")
     thread = "1700000000.000100"
