@@ -63,6 +63,7 @@ import json
 import os
 import re
 import secrets
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -96,6 +97,8 @@ API = "/api/v4"
 #: Mattermost's default post size limit (newer schemas allow 65,535; this always fits).
 MAX_POST = 16383
 KEY_FILE = "mattermost_actions.key"
+#: Seconds a person's team (their `space` in direct messages) is remembered.
+TEAM_TTL = 300.0
 #: Version tag inside the signed text, so the format can change without ambiguity.
 _SIG_VERSION = "v1"
 #: What a person should do about the common refusals, by HTTP status.
@@ -238,24 +241,55 @@ def sign(key: bytes, conversation: str, value: str) -> str:
     return hmac.new(key, text, hashlib.sha256).hexdigest()
 
 
+def _read_key(path: Path) -> bytes | None:
+    try:
+        key = bytes.fromhex(path.read_text().strip())
+    except FileNotFoundError:
+        return None
+    except ValueError:
+        return b""  # unreadable: replaced below
+    return key if len(key) >= 32 else b""
+
+
 def load_or_create_key(data_dir: Path) -> bytes:
     """The button-signing key of this data dir: created once (0600), then reused, so
-    buttons posted before a restart (or by another worker on the same data dir) stay valid."""
+    buttons posted before a restart (or by another worker on the same data dir) stay valid.
+
+    Created under a temporary name and hard-linked into place, so two processes starting
+    together agree on one key instead of each keeping the one it wrote."""
     path = data_dir / "secrets" / KEY_FILE
-    with contextlib.suppress(FileNotFoundError):
-        key = bytes.fromhex(path.read_text().strip())
-        if len(key) >= 32:
-            return key
+    found = _read_key(path)
+    if found:
+        with contextlib.suppress(OSError):
+            if path.stat().st_mode & 0o077:
+                os.chmod(path, 0o600)
+        return found
     path.parent.mkdir(parents=True, exist_ok=True)
-    os.chmod(path.parent, 0o700)
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with contextlib.suppress(OSError):
+        os.chmod(path.parent, 0o700)
+    tmp = path.with_name(f".{KEY_FILE}.{os.getpid()}.tmp")
     key = secrets.token_bytes(32)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:
         fh.write(key.hex() + "\n")
-    os.replace(tmp, path)
-    log.info("mattermost.key_created", path=str(path))
-    return key
+    try:
+        if found == b"":
+            os.replace(tmp, path)  # a damaged key file: buttons signed with it are void
+            log.warning("mattermost.key_replaced", path=str(path))
+            return key
+        try:
+            os.link(tmp, path)
+        except FileExistsError:  # another process was first: use its key
+            theirs = _read_key(path)
+            if theirs:
+                return theirs
+            os.replace(tmp, path)
+            return key
+        log.info("mattermost.key_created", path=str(path))
+        return key
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
 
 
 _STYLES = {"primary": "primary", "danger": "danger", "default": "default"}
@@ -451,6 +485,11 @@ class MattermostChannel:
         self._delivered: Recent[str, tuple[str, str]] = Recent(4096)
         #: Retractions already reported (a replayed event must not count twice).
         self._retracted: Recent[str, None] = Recent(1024)
+        #: The bot's teams (None: not asked yet; asked again after every reconnect).
+        self._bot_teams: list[str] | None = None
+        #: user id -> (when asked, the team used as their `space` in DMs).
+        self._member_of: Recent[str, tuple[float, str | None]] = Recent(4096)
+        self._lookups: dict[str, asyncio.Task[str | None]] = {}
         #: channel id -> team id, from ``posted`` events (``post_edited`` carries no team).
         self._teams: Recent[str, str] = Recent(1024)
         #: Posts that carry (or carried) buttons: their edits must replace the props.
@@ -521,6 +560,10 @@ class MattermostChannel:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
         await self._inflight.cancel_all()
+        lookups = list(self._lookups.values())
+        for lookup in lookups:
+            lookup.cancel()
+        await asyncio.gather(*lookups, return_exceptions=True)
         await self._close_session()
         if self.health.state != "stopped":
             self.health.stopped()
@@ -547,7 +590,15 @@ class MattermostChannel:
     # ------------------------------------------------------------------ REST
 
     async def _request(self, method: str, path: str, what: str, body: Any = None) -> dict[str, Any]:
-        """One REST call, every failure translated into `DeliveryError`."""
+        """One REST call answering an object; every failure becomes `DeliveryError`."""
+        data = await self._call(method, path, what, body)
+        return data if isinstance(data, dict) else {}
+
+    async def _call(
+        self, method: str, path: str, what: str, body: Any = None, *, missing_ok: bool = False
+    ) -> Any:
+        """One REST call, every failure translated into `DeliveryError`. ``missing_ok``:
+        a 403/404 answers None (a lookup whose "no" is an answer, not an error)."""
         if self._session is None:
             raise DeliveryError(f"Mattermost {what}: the channel is not started")
         headers = {"Authorization": f"Bearer {self._token}"}
@@ -556,6 +607,8 @@ class MattermostChannel:
                 method, self.api + path, json=body, headers=headers
             ) as resp:
                 raw = await resp.read()
+                if missing_ok and resp.status in (403, 404):
+                    return None
                 if resp.status >= 400:
                     err = delivery_error(what, resp.status, resp.headers, raw)
                     if resp.status == 401:
@@ -576,10 +629,9 @@ class MattermostChannel:
         if not raw:
             return {}
         try:
-            data = json.loads(raw)
+            return json.loads(raw)
         except ValueError:
             return {}
-        return data if isinstance(data, dict) else {}
 
     async def _whoami(self) -> dict[str, Any]:
         me = await self._request("GET", "/users/me", "users/me")
@@ -736,6 +788,7 @@ class MattermostChannel:
                         if frame.get("event") == "hello":
                             hello = True
                             deadline.reschedule(None)
+                            self._bot_teams = None  # it may have joined or left teams
                             self._backoff.reset()
                             self.health.up("websocket")
                             if self._connected is not None:
@@ -788,7 +841,55 @@ class MattermostChannel:
         if self._dispatch is None:
             log.warning("mattermost.not_started", channel=NAME, kind=type(event).__name__)
             return
-        self._inflight.spawn(self._dispatch, event)
+        if event.space is None:  # a direct or group message: Mattermost names no team
+            self._inflight.run(self._deliver_in_team(self._dispatch, event), "team")
+        else:
+            self._inflight.spawn(self._dispatch, event)
+
+    async def _deliver_in_team(self, dispatch: Dispatch, event: Inbound) -> None:
+        """Dispatch with the sender's team as `space`, so ``space:<team id>`` access rules
+        hold in direct messages too (Mattermost's DMs belong to no team)."""
+        team = await self._team_of(event.user)
+        if team is not None:
+            event = dataclasses.replace(event, space=team)
+        self._inflight.spawn(dispatch, event)
+
+    async def _team_of(self, user: str) -> str | None:
+        """The first of the bot's teams `user` belongs to (None: none, or unknown now).
+
+        Asked of the server (``GET /teams/{team}/members/{user}``), never guessed, and
+        remembered for `TEAM_TTL` seconds. Concurrent messages of one person share one
+        lookup, which also keeps them in order."""
+        cached = self._member_of.get(user)
+        if cached is not None and time.monotonic() - cached[0] < TEAM_TTL:
+            return cached[1]
+        task = self._lookups.get(user)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._lookup_team(user))
+            self._lookups[user] = task
+            task.add_done_callback(lambda _t: self._lookups.pop(user, None))
+        return await asyncio.shield(task)
+
+    async def _lookup_team(self, user: str) -> str | None:
+        try:
+            if self._bot_teams is None:
+                teams = await self._call("GET", "/users/me/teams", "users/me/teams")
+                self._bot_teams = [
+                    str(t["id"]) for t in teams or [] if isinstance(t, dict) and t.get("id")
+                ]
+            found = None
+            for team in self._bot_teams:
+                member = await self._call(
+                    "GET", f"/teams/{team}/members/{user}", "teams/members", missing_ok=True
+                )
+                if isinstance(member, dict) and not member.get("delete_at"):
+                    found = team
+                    break
+        except DeliveryError as exc:  # fail closed: only rules naming the person apply
+            log.warning("mattermost.team_lookup_failed", channel=NAME, error=str(exc))
+            return None
+        self._member_of.put(user, (time.monotonic(), found))
+        return found
 
 
 def _raw_text(frame: Mapping[str, Any]) -> str:

@@ -51,7 +51,7 @@ from tests import golden
 from tests.conftest import make_env
 from tests.contract.mattermost_harness import MattermostHarness
 from tests.fakes.llm import ScriptedLLM
-from tests.fakes.mattermost import ALICE, BOT, MALLORY, TOKEN, FakeMattermost
+from tests.fakes.mattermost import ALICE, BOT, MALLORY, TEAM, TOKEN, FakeMattermost
 from tests.test_cli import steward_run
 from tests.test_paas import free_port
 
@@ -174,6 +174,10 @@ def test_key_file_is_private_and_reused(tmp_path: Path) -> None:
     path = tmp_path / "secrets" / KEY_FILE
     assert len(key) == 32 and stat.S_IMODE(path.stat().st_mode) == 0o600
     assert load_or_create_key(tmp_path) == key
+    assert [p.name for p in path.parent.iterdir()] == [KEY_FILE]  # no temporary left
+    path.write_text("damaged")
+    fresh = load_or_create_key(tmp_path)
+    assert len(fresh) == 32 and fresh != key and load_or_create_key(tmp_path) == fresh
 
 
 # ---------------------------------------------------------------------- inbound
@@ -188,7 +192,8 @@ async def test_dm_round_trip_and_typing(rig: Rig) -> None:
         "hello",
         post["id"],
     )
-    assert (msg.direct, msg.thread, msg.space, msg.user_name) == (True, None, None, "alice")
+    # Mattermost's DMs name no team: the adapter asks which of its teams the sender is in.
+    assert (msg.direct, msg.thread, msg.space, msg.user_name) == (True, None, TEAM, "alice")
     ref = await rig.channel.send(msg.conversation, "hi **there**", thread=msg.thread)
     assert ref == MessageRef("mattermost", rig.fake.dm_alice, ref.id, None)
     stored = rig.fake.posts[ref.id]
@@ -285,6 +290,22 @@ async def test_edits_and_deletions_become_retracted(rig: Rig) -> None:
     assert rig.events == []
 
 
+async def test_a_dm_from_outside_the_bots_teams_has_no_space(rig: Rig) -> None:
+    """`space:<team id>` must not let in someone who is not in that team (checked, cached)."""
+    rig.fake.team_members.discard(MALLORY["id"])
+    await rig.fake.user_post(MALLORY["id"], rig.fake.dm_mallory, "let me in")
+    await rig.fake.user_post(MALLORY["id"], rig.fake.dm_mallory, "please")
+    first, second = await rig.next(Message), await rig.next(Message)
+    assert (first.text, first.space, second.text, second.space) == (
+        "let me in",
+        None,
+        "please",
+        None,
+    )
+    asked = [r for r in rig.fake.requests if r.path.endswith(f"/members/{MALLORY['id']}")]
+    assert len(asked) == 1  # one lookup, remembered
+
+
 # ---------------------------------------------------------------------- buttons
 
 
@@ -320,7 +341,7 @@ async def test_press_is_answered_at_once_and_dispatched(rig: Rig) -> None:
         value="approve:ap12",
         message_id=ref.id,
         user_name="alice",
-        space=None,
+        space=TEAM,  # a DM press names no team either; the adapter looked it up
     )
     # The decision edits the post: text replaced, buttons removed.
     await rig.channel.edit(ref, "Approval needed…\n\n✓ Approved by alice", buttons=[])
@@ -517,6 +538,8 @@ async def test_golden_inbound_over_the_wire(rig: Rig) -> None:
         expected = json.loads(
             (golden.folder("mattermost", "normalized") / f"{case}.json").read_text()
         )
+        if expected and expected["space"] is None:  # a DM: the adapter asks for the team
+            expected["space"] = TEAM
         got = [golden.event_json(e) for e in rig.events]
         rig.events.clear()
         assert got == ([expected] if expected else []), case
@@ -541,7 +564,7 @@ async def test_golden_outbound(rig: Rig, case: str) -> None:
         await channel.send_private(dm, MALLORY["id"], "You may not approve this.")
     else:
         await channel.typing(dm)
-    last = rig.fake.requests[-1]
+    last = [r for r in rig.fake.requests if r.method != "GET"][-1]  # not the team lookups
     path = last.path
     for post_id in rig.fake.posts:
         path = path.replace(post_id, "{post_id}")

@@ -18,6 +18,8 @@ What it serves::
     PUT  /api/v4/posts/{id}/patch         broadcast as ``post_edited``
     POST /api/v4/posts/ephemeral          only the named user sees it (not broadcast)
     POST /api/v4/users/{id}/typing
+    GET  /api/v4/users/me/teams           the bot's team
+    GET  /api/v4/teams/{id}/members/{id}  404 for a non-member
     GET  /api/v4/websocket                authentication_challenge → OK → hello → events
 
 What a test drives: :meth:`user_post`, :meth:`user_edit`, :meth:`user_delete`,
@@ -151,6 +153,8 @@ class FakeMattermost:
             name="town-square",
             display="Town Square",
         )
+        #: Who is in the one team (GET /teams/{team}/members/{user} answers 404 for others).
+        self.team_members = {BOT["id"], ALICE["id"], MALLORY["id"]}
         #: Every post by id (people's and the bot's, ephemeral ones too), full: integrations
         #: kept, updates applied.
         self.posts: dict[str, dict[str, Any]] = {}
@@ -206,6 +210,8 @@ class FakeMattermost:
         app.router.add_post("/api/v4/posts/ephemeral", self._ephemeral)
         app.router.add_put("/api/v4/posts/{post_id}/patch", self._patch)
         app.router.add_post("/api/v4/users/{user_id}/typing", self._typing)
+        app.router.add_get("/api/v4/users/me/teams", self._my_teams)
+        app.router.add_get("/api/v4/teams/{team_id}/members/{user_id}", self._team_member)
         app.router.add_get("/api/v4/websocket", self._websocket)
         self._runner = web.AppRunner(
             app, access_log=None, handle_signals=False, shutdown_timeout=0.5
@@ -600,6 +606,25 @@ class FakeMattermost:
         self.bot_posts.append(stored["id"])
         self.ephemeral_to[stored["id"]] = user
         return self._record(request, body, _json(stored, 201))
+
+    async def _my_teams(self, request: web.Request) -> web.Response:
+        refused = self._refusal(request, "teams")
+        team = {"id": TEAM, "name": "acme", "display_name": "Acme", "type": "I"}
+        return self._record(request, None, refused or _json([team]))
+
+    async def _team_member(self, request: web.Request) -> web.Response:
+        refused = self._refusal(request, "teams")
+        if refused:
+            return self._record(request, None, refused)
+        team, user = request.match_info["team_id"], request.match_info["user_id"]
+        if team != TEAM or user not in self.team_members:
+            return self._record(
+                request,
+                None,
+                _error(404, "app.team.get_member.missing.app_error", "No team member found."),
+            )
+        member = {"team_id": team, "user_id": user, "roles": "team_user", "delete_at": 0}
+        return self._record(request, None, _json(member))
 
     async def _typing(self, request: web.Request) -> web.Response:
         body = await self._body(request)
