@@ -19,6 +19,9 @@ Inbound (the websocket ``<url>/api/v4/websocket``):
   channel mention in a new thread under it, a DM in place;
 * ``post_edited`` / ``post_deleted`` of a person's post addressed to Steward become
   `Retracted` (a signal for proactive help, never re-run);
+* direct (and group) messages belong to no team in Mattermost, so their `space` is
+  the first of the bot's teams the sender is a member of, asked of the server and
+  cached: ``space:<team id>`` access rules then hold in DMs without guessing;
 * the bot's own posts come back as ``posted`` events too: they are never input, but
   they prove events arrive (the registry's ``echoes=True``: the shared deaf check).
 
@@ -37,7 +40,8 @@ Mattermost silently drops presses of any other id). Each action's
 HMAC-SHA256 of both. Mattermost does not sign the requests it sends to integrations,
 so that HMAC is the only proof a press came from a button Steward rendered: a press
 without it, with a wrong one or replayed into another channel is answered 403 and
-nothing happens. The HMAC key is 32 random bytes kept in
+nothing happens. (Mattermost strips ``integration`` from every post it shows, so
+people never see a context or its HMAC.) The HMAC key is 32 random bytes kept in
 ``<data dir>/secrets/mattermost_actions.key`` (mode 0600, created on first start).
 It is deliberately *not* derived from the bot token: whoever holds the token can post
 as the bot, but must not be able to forge a press (and so approve) as an admin.
