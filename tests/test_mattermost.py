@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import stat
 import time
 import urllib.request
@@ -669,10 +668,23 @@ def test_steward_run_with_only_mattermost(
         llm.reply_text("Back again.")
         say("are you there?")
         bot_post(lambda p: p["message"] == "Back again.", "the answer after reconnecting")
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as resp:
-            health = json.loads(resp.read())["channels"]["mattermost"]
+        health = _healthz(port)["channels"]["mattermost"]
         assert health["state"] == "connected" and health["reconnects"] >= 1
-    assert os.environ.get("STEWARD_MATTERMOST_TOKEN") is None
+
+        # The token is revoked: the channel is `down`, with the reason, in /healthz.
+        fake.revoke_token()
+        fake.call(fake.drop())
+        down = _wait(
+            lambda: (h := _healthz(port))["channels"]["mattermost"]["state"] == "down" and h,
+            what="the channel going down",
+        )
+        assert not down["ok"]
+        assert "STEWARD_MATTERMOST_TOKEN" in down["channels"]["mattermost"]["detail"]
+
+
+def _healthz(port: int) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as resp:
+        return dict(json.loads(resp.read()))
 
 
 def _rid(post: dict[str, Any]) -> str:
