@@ -101,6 +101,8 @@ API = "/api/v4"
 #: Mattermost's default post size limit (newer schemas allow 65,535; this always fits).
 MAX_POST = 16383
 KEY_FILE = "mattermost_actions.key"
+#: A websocket session that lasted this long resets the reconnect backoff.
+STABLE_AFTER = 10.0
 #: Seconds a person's team (their `space` in direct messages) is remembered.
 TEAM_TTL = 300.0
 #: Version tag inside the signed text, so the format can change without ambiguity.
@@ -481,7 +483,6 @@ class MattermostChannel:
         self._dispatch: Dispatch | None = None
         self._inflight = Inflight(NAME)
         self._loop_task: asyncio.Task[None] | None = None
-        self._ws: aiohttp.ClientWebSocketResponse | None = None
         self._connected: asyncio.Event | None = None
         self.bot_id = ""
         self.bot_username = ""
@@ -776,12 +777,12 @@ class MattermostChannel:
             autoping=True,
             timeout=aiohttp.ClientWSTimeout(ws_close=5.0),
         ) as ws:
-            self._ws = ws
             try:
                 await ws.send_json(
                     {"seq": 1, "action": "authentication_challenge", "data": {"token": self._token}}
                 )
                 hello = False
+                connected_at = time.monotonic()
                 async with asyncio.timeout(self._hello_timeout) as deadline:
                     async for msg in ws:
                         if msg.type != aiohttp.WSMsgType.TEXT:
@@ -793,7 +794,7 @@ class MattermostChannel:
                             hello = True
                             deadline.reschedule(None)
                             self._bot_teams = None  # it may have joined or left teams
-                            self._backoff.reset()
+                            connected_at = time.monotonic()
                             self.health.up("websocket")
                             if self._connected is not None:
                                 self._connected.set()
@@ -805,7 +806,8 @@ class MattermostChannel:
                     raise ConnectionResetError(f"closed before hello (code {ws.close_code})")
                 return f"closed by the server (code {ws.close_code})"
             finally:
-                self._ws = None
+                if hello and time.monotonic() - connected_at >= STABLE_AFTER:
+                    self._backoff.reset()  # a server that drops at once is not hammered
 
     def _on_frame(self, frame: dict[str, Any]) -> None:
         if "event" not in frame:
