@@ -14,8 +14,9 @@ Inbound (the websocket ``<url>/api/v4/websocket``):
   then is the channel ``connected``;
 * ``posted``: ``data.post`` is a JSON string inside the JSON event. A post in a
   direct channel (``channel_type`` ``D``) is a request; in any other channel only one
-  that @-mentions the bot (the event's ``mentions`` list, or ``@botname`` in the text,
-  which is removed). A reply in a thread (``root_id``) is answered in that thread, a
+  that names the bot, ``@botname``, which is removed from the text (the event's
+  ``mentions`` list is not enough: it also holds everyone an ``@channel`` reached).
+  A reply in a thread (``root_id``) is answered in that thread, a
   channel mention in a new thread under it, a DM in place;
 * ``post_edited`` / ``post_deleted`` of a person's post addressed to Steward become
   `Retracted` (a signal for proactive help, never re-run);
@@ -129,14 +130,20 @@ def _loads(value: Any) -> Any:
     return value
 
 
+def _mention_pattern(username: str) -> str:
+    # Usernames may hold "-", "_" and ".": "@steward-bot" is someone else, while a
+    # sentence may end right after the name ("thanks @steward.").
+    return rf"@{re.escape(username)}(?![\w-]|\.\w)"
+
+
 def _mentioned(text: str, username: str) -> bool:
-    return bool(username) and re.search(rf"@{re.escape(username)}\b", text, re.I) is not None
+    return bool(username) and re.search(_mention_pattern(username), text, re.I) is not None
 
 
 def strip_mention(text: str, username: str) -> str:
     """Remove ``@botname`` (wherever it is) from a request."""
     if username:
-        text = re.sub(rf"\s*@{re.escape(username)}\b[:,]?\s*", " ", text, flags=re.I)
+        text = re.sub(rf"\s*{_mention_pattern(username)}[:,]?\s*", " ", text, flags=re.I)
     return text.strip()
 
 
@@ -169,11 +176,14 @@ def parse_posted(
         return None
     text = str(post.get("message") or "")
     direct = data.get("channel_type") == "D"
+    # The event's `mentions` also lists everyone an @channel / @all / @here reached, so
+    # in a channel only an explicit @botname counts (the list only when the name is
+    # unknown).
     mentions = _loads(data.get("mentions")) or []
-    addressed = (
-        direct
-        or (isinstance(mentions, list) and bot_id in mentions)
-        or _mentioned(text, bot_username)
+    addressed = direct or (
+        _mentioned(text, bot_username)
+        if bot_username
+        else isinstance(mentions, list) and bot_id in mentions
     )
     if not addressed:
         return None  # channel chatter: Steward answers there only when mentioned

@@ -32,6 +32,7 @@ from adapters.mattermost import (
     parse_press,
     parse_retraction,
     sign,
+    strip_mention,
     verify_press,
 )
 from adapters.runtime import Backoff
@@ -205,6 +206,20 @@ async def test_dm_round_trip_and_typing(rig: Rig) -> None:
 async def test_channel_posts_only_when_mentioned_and_threads_kept(rig: Rig) -> None:
     town = rig.fake.town
     await rig.fake.user_post(ALICE["id"], town, "just chatting, no bot here")
+    await rig.fake.user_post(ALICE["id"], town, "@steward-bot is someone else")
+    channel_wide = await rig.fake.user_post(ALICE["id"], town, "@channel standup in 5")
+    await rig.fake.send_frame(  # a server lists everyone @channel reached in `mentions`
+        {
+            "event": "posted",
+            "data": {
+                "channel_type": "O",
+                "team_id": rig.fake.channels[town]["team_id"],
+                "post": json.dumps({**channel_wide, "id": "channelwide000000000000000"}),
+                "mentions": json.dumps([BOT["id"], MALLORY["id"]]),
+            },
+            "broadcast": {"channel_id": town},
+        }
+    )
     mention = await rig.fake.user_post(ALICE["id"], town, "@steward deploy please")
     msg = await rig.next(Message)
     assert (msg.text, msg.direct, msg.id, msg.thread) == (
@@ -224,7 +239,13 @@ async def test_channel_posts_only_when_mentioned_and_threads_kept(rig: Rig) -> N
     await rig.next(Message)
     await rig.fake.user_post(ALICE["id"], rig.fake.dm_alice, "second", root_id=root["id"])
     assert (await rig.next(Message)).thread == root["id"]
-    assert rig.events == []  # the unmentioned channel post never came
+    assert rig.events == []  # the unmentioned channel posts never came
+
+
+def test_mention_matching() -> None:
+    assert strip_mention("@Steward: deploy, please", "steward") == "deploy, please"
+    assert strip_mention("thanks @steward.", "steward") == "thanks ."
+    assert strip_mention("ask @steward.bot", "steward") == "ask @steward.bot"
 
 
 async def test_own_posts_are_heard_but_never_input(rig: Rig) -> None:
