@@ -28,9 +28,11 @@ Inbound (the websocket ``<url>/api/v4/websocket``):
 
 The websocket is watched with ping frames (aiohttp's ``heartbeat``: a connection that
 stops answering is closed) and reconnected with `adapters.runtime.Backoff`, capped
-well under 30 s. Every reconnect is a fresh authenticated session (the server's
-resumption needs the upgrade itself authenticated); post ids already handled are
-remembered in a `Recent`, so a replayed or duplicated ``posted`` never runs twice.
+well under 30 s. Every reconnect is a fresh authenticated session (the server's own
+resumption needs the upgrade itself authenticated); the posts made meanwhile in the
+channels active recently are then fetched (``GET /channels/{id}/posts?since=``) and go
+through the same checks. Post ids already handled are remembered in a `Recent`, so a
+caught-up, replayed or duplicated post never runs twice.
 Before reconnecting after a failure the token is checked (``GET /users/me``): a
 revoked token makes the channel ``down`` with the reason, instead of a silent loop.
 
@@ -69,6 +71,7 @@ import os
 import re
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -104,6 +107,11 @@ MAX_POST = 16383
 KEY_FILE = "mattermost_actions.key"
 #: A websocket session that lasted this long resets the reconnect backoff.
 STABLE_AFTER = 10.0
+#: After a reconnect, posts from this long before the last event heard are fetched
+#: again (clock skew between Steward and the server); handled ones are skipped.
+CATCH_UP_OVERLAP_MS = 30_000
+#: How many recently active channels are caught up after a reconnect.
+CATCH_UP_CHANNELS = 50
 #: Seconds a person's team (their `space` in direct messages) is remembered.
 TEAM_TTL = 300.0
 #: Version tag inside the signed text, so the format can change without ambiguity.
@@ -505,6 +513,10 @@ class MattermostChannel:
         #: user id -> (when asked, the team used as their `space` in DMs).
         self._member_of: Recent[str, tuple[float, str | None]] = Recent(4096)
         self._lookups: dict[str, asyncio.Task[str | None]] = {}
+        #: channel id -> its type (D, G, O, P), recent first last: where to catch up.
+        self._channel_types: OrderedDict[str, str] = OrderedDict()
+        #: Wall time (ms) of the last websocket event: where a catch-up starts.
+        self._last_frame_ms: int | None = None
         #: channel id -> team id, from ``posted`` events (``post_edited`` carries no team).
         self._teams: Recent[str, str] = Recent(1024)
         #: Posts that carry (or carried) buttons: their edits must replace the props.
@@ -804,6 +816,9 @@ class MattermostChannel:
                             hello = True
                             deadline.reschedule(None)
                             self._bot_teams = None  # it may have joined or left teams
+                            if self._last_frame_ms is not None:  # a reconnect
+                                since = self._last_frame_ms - CATCH_UP_OVERLAP_MS
+                                self._inflight.run(self._catch_up(since), "catch_up")
                             connected_at = time.monotonic()
                             self.health.up("websocket")
                             if self._connected is not None:
@@ -823,17 +838,10 @@ class MattermostChannel:
         if "event" not in frame:
             return  # a reply to one of our actions ({"status": "OK", "seq_reply": …})
         self.health.heard()  # our own posts' echo included: the deaf check relies on it
+        self._last_frame_ms = int(time.time() * 1000)
         kind = frame.get("event")
         if kind == "posted":
-            data = frame.get("data") if isinstance(frame.get("data"), dict) else {}
-            where = (frame.get("broadcast") or {}).get("channel_id")
-            if data.get("team_id") and isinstance(where, str):
-                self._teams.put(where, str(data["team_id"]))
-            message = parse_posted(frame, self.bot_id, self.bot_username, NAME)
-            if message is not None and self._delivered.first_time(
-                message.id, (message.user, _raw_text(frame))
-            ):
-                self._deliver(message)
+            self._on_posted(frame)
         elif kind in ("post_edited", "post_deleted"):
             retracted = parse_retraction(
                 frame, self.bot_id, self.bot_username, self._delivered, NAME
@@ -852,6 +860,64 @@ class MattermostChannel:
                         retracted.message_id, (retracted.user, str(post.get("message") or ""))
                     )
                 self._deliver(retracted)
+
+    def _on_posted(self, frame: Mapping[str, Any]) -> bool:
+        """A ``posted`` event (live or caught up); True when it was dispatched."""
+        data = frame.get("data") if isinstance(frame.get("data"), dict) else {}
+        where = (frame.get("broadcast") or {}).get("channel_id")
+        if isinstance(where, str) and where:
+            if data.get("team_id"):
+                self._teams.put(where, str(data["team_id"]))
+            if data.get("channel_type"):
+                self._channel_types[where] = str(data["channel_type"])
+                self._channel_types.move_to_end(where)
+                while len(self._channel_types) > CATCH_UP_CHANNELS:
+                    self._channel_types.popitem(last=False)
+        message = parse_posted(frame, self.bot_id, self.bot_username, NAME)
+        if message is None or not self._delivered.first_time(
+            message.id, (message.user, _raw_text(frame))
+        ):
+            return False
+        self._deliver(message)
+        return True
+
+    async def _catch_up(self, since_ms: int) -> None:
+        """After a reconnect: the posts made while the websocket was down, in the channels
+        seen recently (``GET /channels/{id}/posts?since=``), through the same checks as
+        live ones. What was already handled is skipped (post ids are remembered), so the
+        overlap kept for clock skew never runs anything twice."""
+        found = 0
+        for cid, kind in list(self._channel_types.items()):
+            try:
+                data = await self._request(
+                    "GET", f"/channels/{cid}/posts?since={since_ms}", "channels/posts"
+                )
+            except DeliveryError as exc:
+                log.warning("mattermost.catch_up_failed", channel=NAME, error=str(exc))
+                continue
+            posts = data.get("posts") if isinstance(data.get("posts"), dict) else {}
+            missed = sorted(
+                (
+                    p
+                    for p in posts.values()
+                    if isinstance(p, dict)
+                    and not p.get("delete_at")
+                    and int(p.get("create_at") or 0) >= since_ms
+                ),
+                key=lambda p: int(p.get("create_at") or 0),
+            )
+            for post in missed:
+                frame = {
+                    "event": "posted",
+                    "data": {
+                        "channel_type": kind,
+                        "team_id": self._teams.get(cid) or "",
+                        "post": post,
+                    },
+                    "broadcast": {"channel_id": cid},
+                }
+                found += self._on_posted(frame)
+        log.info("mattermost.caught_up", channel=NAME, dispatched=found)
 
     def _deliver(self, event: Inbound) -> None:
         if self._dispatch is None:

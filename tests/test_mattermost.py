@@ -293,6 +293,29 @@ async def test_replayed_posts_run_once_even_across_a_reconnect(rig: Rig) -> None
     assert rig.events == []
 
 
+async def test_posts_made_while_disconnected_are_caught_up_once(rig: Rig) -> None:
+    """The websocket is down for a while: what people wrote meanwhile is fetched after the
+    reconnect and answered, once; chatter stays ignored; what was handled is not re-run."""
+    handled = await rig.fake.user_post(ALICE["id"], rig.fake.dm_alice, "before the drop")
+    await rig.fake.user_post(ALICE["id"], rig.fake.town, "@steward in the channel")
+    before = {(await rig.next(Message)).id, (await rig.next(Message)).id}
+    assert handled["id"] in before
+    connections = rig.fake.connections
+    rig.fake.refuse_websocket = True
+    await rig.fake.drop()
+    await until(lambda: rig.channel.health.state == "reconnecting")
+    missed = await rig.fake.user_post(ALICE["id"], rig.fake.dm_alice, "while you were away")
+    await rig.fake.user_post(ALICE["id"], rig.fake.town, "chatter nobody addressed")
+    mention = await rig.fake.user_post(ALICE["id"], rig.fake.town, "@steward this too")
+    rig.fake.refuse_websocket = False
+    await until(lambda: rig.fake.connections > connections)
+    first, second = await rig.next(Message), await rig.next(Message)
+    assert {first.id, second.id} == {missed["id"], mention["id"]}
+    assert next(m for m in (first, second) if m.id == mention["id"]).thread == mention["id"]
+    await rig.sentinel()
+    assert rig.events == []  # "before the drop" was not run again
+
+
 async def test_edits_and_deletions_become_retracted(rig: Rig) -> None:
     dm = await rig.fake.user_post(ALICE["id"], rig.fake.dm_alice, "delete prod")
     await rig.next(Message)

@@ -20,6 +20,7 @@ What it serves::
     POST /api/v4/users/{id}/typing
     GET  /api/v4/users/me/teams           the bot's team
     GET  /api/v4/teams/{id}/members/{id}  404 for a non-member
+    GET  /api/v4/channels/{id}/posts      ?since=<ms> (catching up after a reconnect)
     GET  /api/v4/websocket                authentication_challenge → OK → hello → events
 
 What a test drives: :meth:`user_post`, :meth:`user_edit`, :meth:`user_delete`,
@@ -139,6 +140,8 @@ class FakeMattermost:
     def __init__(self, *, token: str = TOKEN) -> None:
         self.token = token
         self.revoked = False
+        #: While True, websocket upgrades answer 503 (REST still works).
+        self.refuse_websocket = False
         self.url = ""
         self.bot = BOT
         self.users = {u["id"]: u for u in (BOT, ALICE, MALLORY)}
@@ -212,6 +215,7 @@ class FakeMattermost:
         app.router.add_post("/api/v4/users/{user_id}/typing", self._typing)
         app.router.add_get("/api/v4/users/me/teams", self._my_teams)
         app.router.add_get("/api/v4/teams/{team_id}/members/{user_id}", self._team_member)
+        app.router.add_get("/api/v4/channels/{channel_id}/posts", self._channel_posts)
         app.router.add_get("/api/v4/websocket", self._websocket)
         self._runner = web.AppRunner(
             app, access_log=None, handle_signals=False, shutdown_timeout=0.5
@@ -626,6 +630,35 @@ class FakeMattermost:
         member = {"team_id": team, "user_id": user, "roles": "team_user", "delete_at": 0}
         return self._record(request, None, _json(member))
 
+    async def _channel_posts(self, request: web.Request) -> web.Response:
+        """``?since=<ms>``: every post of the channel created or changed since then."""
+        refused = self._refusal(request, "channel_posts")
+        if refused:
+            return self._record(request, None, refused)
+        cid = request.match_info["channel_id"]
+        if cid not in self.channels or BOT["id"] not in self.members[cid]:
+            return self._record(
+                request,
+                None,
+                _error(403, "api.context.permissions.app_error", "You do not have permission."),
+            )
+        since = int(request.query.get("since", "0") or 0)
+        posts = [
+            p
+            for p in self.posts.values()
+            if p["channel_id"] == cid
+            and p["id"] not in self.ephemeral_to
+            and max(p.get("update_at", 0), p.get("create_at", 0), p.get("delete_at", 0)) >= since
+        ]
+        posts.sort(key=lambda p: p["create_at"], reverse=True)
+        answer = {
+            "order": [p["id"] for p in posts],
+            "posts": {p["id"]: public_view(p) for p in posts},
+            "next_post_id": "",
+            "prev_post_id": "",
+        }
+        return self._record(request, None, _json(answer))
+
     async def _typing(self, request: web.Request) -> web.Response:
         body = await self._body(request)
         refused = self._refusal(request, "typing")
@@ -637,6 +670,8 @@ class FakeMattermost:
     # ------------------------------------------------------------------ websocket
 
     async def _websocket(self, request: web.Request) -> web.StreamResponse:
+        if self.refuse_websocket:  # the server is down for the websocket (a proxy restart)
+            return _error(503, "api.websocket.unavailable", "Service unavailable.")
         ws = web.WebSocketResponse(autoping=False)  # pongs by hand: freeze() stops them
         await ws.prepare(request)
         conn = _Conn(ws)
