@@ -504,6 +504,7 @@ class MattermostChannel:
         self._connected: asyncio.Event | None = None
         self.bot_id = ""
         self.bot_username = ""
+        self.is_bot = False
         #: post id -> (author, text) of posts taken as input: dedup and retractions.
         self._delivered: Recent[str, tuple[str, str]] = Recent(4096)
         #: Retractions already reported (a replayed event must not count twice).
@@ -664,6 +665,7 @@ class MattermostChannel:
         me = await self._request("GET", "/users/me", "users/me")
         self.bot_id = str(me.get("id") or "")
         self.bot_username = str(me.get("username") or "")
+        self.is_bot = bool(me.get("is_bot"))
         log.info("mattermost.identity", channel=NAME, bot_user=self.bot_id)
         return me
 
@@ -681,7 +683,12 @@ class MattermostChannel:
         post leaves the server's own props alone."""
         body: dict[str, Any] = {"message": text}
         if buttons is not None or ref.id in self._with_buttons:
-            body["props"] = {"attachments": self._attachments(ref.conversation, buttons or [])}
+            props: dict[str, Any] = {
+                "attachments": self._attachments(ref.conversation, buttons or [])
+            }
+            if self.is_bot:  # props are replaced whole: keep the server's bot mark
+                props["from_bot"] = "true"
+            body["props"] = props
         await self._request("PUT", f"/posts/{ref.id}/patch", "posts/patch", body)
 
     async def send_approval(

@@ -391,9 +391,9 @@ async def test_press_is_answered_at_once_and_dispatched(rig: Rig) -> None:
     await rig.channel.edit(ref, "Approval needed…\n\n✓ Approved by alice", buttons=[])
     assert rig.fake.edits[-1][1] == {
         "message": "Approval needed…\n\n✓ Approved by alice",
-        "props": {"attachments": []},
+        "props": {"attachments": [], "from_bot": "true"},
     }
-    assert rig.fake.posts[ref.id]["props"] == {"attachments": []}
+    assert rig.fake.posts[ref.id]["props"] == {"attachments": [], "from_bot": "true"}
 
 
 @pytest.mark.parametrize(
