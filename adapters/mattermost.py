@@ -662,7 +662,16 @@ class MattermostChannel:
             return {}
 
     async def _whoami(self) -> dict[str, Any]:
-        me = await self._request("GET", "/users/me", "users/me")
+        try:
+            me = await self._request("GET", "/users/me", "users/me")
+        except DeliveryError as exc:
+            if exc.transient or "401" in str(exc):
+                raise
+            raise DeliveryError(
+                f"{self.api}/users/me answered {str(exc).split('refused: ')[-1]}: is "
+                f"STEWARD_MATTERMOST_URL the server's base URL, as people open it? ({_SEE})",
+                transient=False,
+            ) from exc
         self.bot_id = str(me.get("id") or "")
         self.bot_username = str(me.get("username") or "")
         self.is_bot = bool(me.get("is_bot"))

@@ -516,6 +516,13 @@ async def test_check_credentials_and_a_bad_token() -> None:
         await bad.stop()
 
 
+async def test_a_url_that_is_not_mattermost_says_so(rig: Rig) -> None:
+    wrong = MattermostChannel(url=rig.fake.url + "/chat", token=TOKEN)
+    with pytest.raises(DeliveryError) as err:
+        await wrong.check_credentials()
+    assert not err.value.transient and "STEWARD_MATTERMOST_URL" in str(err.value)
+
+
 async def test_a_revoked_token_takes_the_channel_down(rig: Rig) -> None:
     rig.fake.revoke_token()
     await rig.fake.drop()
