@@ -415,14 +415,18 @@ def delivery_error(
     if status >= 500:
         return DeliveryError(f"Mattermost {what} failed on the server: HTTP {status} {detail}")
     if status == 401:
-        return DeliveryError(
+        refused = DeliveryError(
             f"Mattermost refused the bot token (HTTP 401: {detail}): it is wrong or was "
             f"revoked; set STEWARD_MATTERMOST_TOKEN to a valid bot access token ({_SEE})",
             transient=False,
         )
+        refused.status = status  # type: ignore[attr-defined]
+        return refused
     hint = _HINTS.get(status, "")
     text = f"Mattermost {what} refused: HTTP {status} {detail}".rstrip()
-    return DeliveryError(text + (f" ({hint})" if hint else ""), transient=False)
+    err = DeliveryError(text + (f" ({hint})" if hint else ""), transient=False)
+    err.status = status  # type: ignore[attr-defined]  # for callers that know better hints
+    return err
 
 
 # ---------------------------------------------------------------------- the channel
@@ -665,11 +669,12 @@ class MattermostChannel:
         try:
             me = await self._request("GET", "/users/me", "users/me")
         except DeliveryError as exc:
-            if exc.transient or "401" in str(exc):
+            status = getattr(exc, "status", None)
+            if exc.transient or status == 401:
                 raise
             raise DeliveryError(
-                f"{self.api}/users/me answered {str(exc).split('refused: ')[-1]}: is "
-                f"STEWARD_MATTERMOST_URL the server's base URL, as people open it? ({_SEE})",
+                f"{self.api}/users/me answered HTTP {status}: is STEWARD_MATTERMOST_URL the "
+                f"server's base URL, as people open it? ({_SEE})",
                 transient=False,
             ) from exc
         self.bot_id = str(me.get("id") or "")
