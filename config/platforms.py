@@ -254,6 +254,13 @@ PLATFORMS: tuple[PlatformSpec, ...] = (
             Key("url", "server base, e.g. https://chat.example.com", enables=True),
             Key("token", "bot account access token", secret=True, enables=True),
         ),
+        problems=needs(
+            "mattermost",
+            ("url", "Steward needs the server's base URL, e.g. https://chat.example.com"),
+            ("token", "Steward needs the bot account's access token"),
+        ),
+        # The websocket delivers the bot's own posts back: the shared deaf check applies.
+        echoes=True,
         webhook=True,
     ),
 )
