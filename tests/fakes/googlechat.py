@@ -74,6 +74,12 @@ def rsa_key(label: str) -> tuple[bytes, bytes]:
     return private, cert.public_bytes(serialization.Encoding.PEM)
 
 
+@cache
+def signer(label: str, key_id: str) -> crypt.RSASigner:
+    """google-auth's signer for a key (loading a private key is slow: done once)."""
+    return crypt.RSASigner.from_string(rsa_key(label)[0], key_id=key_id)
+
+
 def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
     return web.Response(
         status=status,
@@ -138,6 +144,7 @@ class FakeGoogleChat:
         #: Access tokens issued and still honoured.
         self.tokens: set[str] = set()
         self.token_requests = 0
+        self.certs_requests = 0
         self.spaces: dict[str, dict[str, Any]] = {}
         self.refuse_grant = False
         self._failures: list[_Failure] = []
@@ -200,7 +207,7 @@ class FakeGoogleChat:
     # ------------------------------------------------------------------ test controls
 
     def rate_limit_next(self, seconds: float) -> None:
-        """The next REST write answers 429 RESOURCE_EXHAUSTED with a RetryInfo delay."""
+        """The next REST call answers 429 RESOURCE_EXHAUSTED with a RetryInfo delay."""
         body = google_error(
             429,
             "RESOURCE_EXHAUSTED",
@@ -212,6 +219,7 @@ class FakeGoogleChat:
         self._failures.append(_Failure(429, body))
 
     def error_next(self, status: int, code: str, message: str = "failed") -> None:
+        """The next REST call answers `status` with Google's error shape."""
         self._failures.append(_Failure(status, google_error(status, code, message)))
 
     async def outage(self) -> None:
@@ -240,8 +248,7 @@ class FakeGoogleChat:
     ) -> str:
         """A bearer token as Chat sends it. ``forged``: signed with another key under the
         real key id; ``expires_in`` < 0: already expired."""
-        private = rsa_key("forger")[0] if forged else self.chat_private
-        signer = crypt.RSASigner.from_string(private, key_id=kid or self.chat_kid)
+        key = signer("forger" if forged else "chat-signing", kid or self.chat_kid)
         now = int(time.time())
         payload = {
             "iss": issuer,
@@ -250,7 +257,7 @@ class FakeGoogleChat:
             "exp": now + expires_in,
             **claims,
         }
-        return jwt.encode(signer, payload).decode()
+        return jwt.encode(key, payload).decode()
 
     # ------------------------------------------------------------------ events Chat sends
 
@@ -368,15 +375,24 @@ class FakeGoogleChat:
         return {**self.added_to_space(space, user), "type": "REMOVED_FROM_SPACE"}
 
     async def post_event(
-        self, url: str, event: dict[str, Any], *, token: str | None = "", raw: bytes | None = None
+        self,
+        url: str,
+        event: dict[str, Any],
+        *,
+        token: str | None = "",
+        raw: bytes | None = None,
+        authorization: str | None = None,
     ) -> Delivery:
         """POST `event` to the app as Chat does (bearer token: a valid one unless given;
-        None sends none). The synchronous answer is applied: a message for MESSAGE /
-        ADDED_TO_SPACE, a card update for CARD_CLICKED."""
+        None sends none; `authorization` replaces the whole header). The synchronous
+        answer is applied: a message for MESSAGE / ADDED_TO_SPACE, a card update for
+        CARD_CLICKED."""
         bearer = self.chat_token() if token == "" else token
         headers = {"Content-Type": "application/json", "User-Agent": "Google-Dynamite"}
         if bearer is not None:
             headers["Authorization"] = f"Bearer {bearer}"
+        if authorization is not None:
+            headers["Authorization"] = authorization
         data = raw if raw is not None else json.dumps(event).encode()
         t0 = time.monotonic()
         async with aiohttp.ClientSession() as session:
@@ -434,6 +450,7 @@ class FakeGoogleChat:
         return _json({"access_token": token, "expires_in": 3599, "token_type": "Bearer"})
 
     async def _certs(self, request: web.Request) -> web.Response:
+        self.certs_requests += 1
         return _json(
             {self.chat_kid: self.chat_cert.decode()},
             headers={"Cache-Control": "public, max-age=3600"},
@@ -454,7 +471,7 @@ class FakeGoogleChat:
                 ),
                 401,
             )
-        if request.method != "GET" and self._failures:
+        if self._failures:
             failure = self._failures.pop(0)
             record.status = failure.status
             return _json(failure.body, failure.status, failure.headers)
