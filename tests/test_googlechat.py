@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -463,3 +464,121 @@ async def test_golden_outbound(rig: Rig) -> None:
     assert len(calls) == len(names)
     for name, call in zip(names, calls, strict=True):
         golden.check_outbound("googlechat", name, call)
+
+
+# ---------------------------------------------------------------------- steward run
+
+
+class ThreadedFake:
+    """The fake on its own event loop in a thread, for a test that drives a subprocess."""
+
+    def __init__(self) -> None:
+        self.fake = FakeGoogleChat()
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.call(self.fake.start())
+
+    def call(self, coro: Any, timeout: float = 30.0) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        async def copy() -> list[dict[str, Any]]:
+            return [json.loads(json.dumps(self.fake.messages[n])) for n in self.fake.posted]
+
+        return self.call(copy())  # type: ignore[no-any-return]
+
+    def wait_for(self, pred: Any, what: str, limit: float = 30.0) -> dict[str, Any]:
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            found = next((m for m in self.snapshot() if pred(m)), None)
+            if found is not None:
+                return found
+            time.sleep(0.1)
+        raise AssertionError(f"timed out waiting for {what}: {self.snapshot()}")
+
+    def close(self) -> None:
+        self.call(self.fake.stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+def _buttons(message: dict[str, Any]) -> list[tuple[str, str]]:
+    from tests.contract.googlechat_harness import buttons_of
+
+    return buttons_of(message)
+
+
+def test_steward_run_with_only_google_chat(llm_thread: Any, tmp_path: Path) -> None:
+    """The assembled product: `steward run` with only Google Chat configured answers a DM,
+    asks for approval with card buttons, refuses a stranger's press privately, runs an
+    approved action (card updated in the press's answer) and not a denied one."""
+    from tests.conftest import make_env
+    from tests.test_cli import steward_run
+
+    gc = ThreadedFake()
+    fake = gc.fake
+    try:
+        fake.add_space(DM, direct=True)
+        key = tmp_path / "service-account.json"
+        key.write_text(json.dumps(fake.service_account_info()))
+        env = make_env(
+            tmp_path,
+            llm_thread,
+            googlechat_credentials=key,
+            googlechat_audience=fake.audience,
+            googlechat_api_url=fake.base_url,
+            googlechat_certs_url=fake.certs_url,
+            googlechat_allowed_users=ALICE,
+            googlechat_admins=ALICE,
+        )
+        with steward_run(env, tmp_path) as (_server, ready):
+            port = int(ready.split("open http://127.0.0.1:")[1].split("/")[0])
+            url = f"http://127.0.0.1:{port}/webhooks/googlechat"
+
+            def say(text: str) -> None:
+                event = fake.message_event(DM, ALICE, text)
+                assert gc.call(fake.post_event(url, event)).status == 200
+
+            def press(message: dict[str, Any], label: str, user: str = ALICE) -> Any:
+                value = dict(_buttons(message))[label]
+                return gc.call(
+                    fake.post_event(url, fake.card_clicked(message["name"], value, user))
+                )
+
+            # A forged request is refused by the assembled server too.
+            forged = fake.message_event(DM, ALICE, "forged")
+            assert (
+                gc.call(fake.post_event(url, forged, token=fake.chat_token(forged=True))).status
+                == 401
+            )
+
+            llm_thread.reply_text("Hello **Alice**, all good.")
+            say("hi")
+            gc.wait_for(lambda m: m.get("text") == "Hello *Alice*, all good.", "the answer")
+
+            llm_thread.reply_tool("shell", {"command": "echo approved > ../gc-approved.txt"})
+            llm_thread.reply_text("Wrote gc-approved.txt.")
+            say("write outside, please")
+            approval = gc.wait_for(lambda m: bool(_buttons(m)), "the approval card")
+            refused = press(approval, "Approve once", user=MALLORY)
+            assert refused.answer == {}
+            gc.wait_for(lambda m: m.get("privateMessageViewer") == {"name": MALLORY}, "the note")
+            delivery = press(approval, "Approve once")
+            assert delivery.answer["actionResponse"] == {"type": "UPDATE_MESSAGE"}
+            assert "Approved by" in delivery.answer["text"] and delivery.answer["cardsV2"] == []
+            gc.wait_for(lambda m: m.get("text") == "Wrote gc-approved.txt.", "the result")
+            assert (tmp_path / "gc-approved.txt").read_text() == "approved\n"
+
+            llm_thread.reply_tool("shell", {"command": "echo denied > ../gc-denied.txt"})
+            llm_thread.reply_text("Understood, I did not write it.")
+            say("write another one")
+            second = gc.wait_for(
+                lambda m: bool(_buttons(m)) and m["name"] != approval["name"], "the second card"
+            )
+            denied = press(second, "Deny")
+            assert "Denied by" in denied.answer["text"]
+            gc.wait_for(lambda m: m.get("text") == "Understood, I did not write it.", "the end")
+            assert not (tmp_path / "gc-denied.txt").exists()
+    finally:
+        gc.close()
