@@ -145,7 +145,7 @@ def _slash_name(message: Mapping[str, Any]) -> str | None:
         command = _dict(_dict(note).get("slashCommand"))
         if _dict(note).get("type") == "SLASH_COMMAND" and command:
             return str(command.get("commandName") or "")
-    return "" if message.get("slashCommand") else None
+    return "" if message.get("slashCommand") or message.get("appCommandMetadata") else None
 
 
 def _mentions_app(message: Mapping[str, Any]) -> bool:
@@ -160,6 +160,8 @@ def _mentions_app(message: Mapping[str, Any]) -> bool:
 def parse_message(body: Mapping[str, Any], channel: str = NAME) -> Message | None:
     """A ``MESSAGE`` event → a `Message` for Steward, or None (a bot, chatter, no text)."""
     message = _dict(body.get("message"))
+    if body.get("appCommandMetadata") and message:  # APP_COMMAND: a command by id only
+        message = {**message, "appCommandMetadata": body["appCommandMetadata"]}
     user = _dict(body.get("user")) or _dict(message.get("sender"))
     space = _space(body)
     conversation, user_id = space.get("name"), user.get("name")
@@ -237,7 +239,7 @@ def parse_event(body: Mapping[str, Any], channel: str = NAME) -> Inbound | None:
     """Any interaction event → what Steward acts on (``ADDED_TO_SPACE`` carries a message
     when the app was added by @-mentioning it)."""
     kind = body.get("type")
-    if kind in ("MESSAGE", "ADDED_TO_SPACE"):
+    if kind in ("MESSAGE", "ADDED_TO_SPACE", "APP_COMMAND"):
         return parse_message(body, channel)
     if kind == "CARD_CLICKED":
         return parse_press(body, channel)
@@ -862,7 +864,7 @@ class GoogleChatChannel:
             log.info("googlechat.added", space=space)
             if event is None:  # added without a request: introduce ourselves
                 return _json({"text": introduction()})
-        elif kind != "MESSAGE":
+        elif kind not in ("MESSAGE", "APP_COMMAND"):
             log.debug("googlechat.ignored", kind=kind)
         return _json({})
 

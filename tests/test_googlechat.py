@@ -217,6 +217,18 @@ async def test_space_messages_need_a_mention_or_a_slash_command(rig: Rig) -> Non
     assert not mention.direct and mention.space == SPACE
 
 
+async def test_before_start_chat_is_asked_to_retry(fake: FakeGoogleChat) -> None:
+    channel = await make_channel(fake)
+    r, runner = await serve(fake, channel)
+    try:
+        await channel.stop()
+        assert (await r.post(fake.message_event(DM, ALICE, "hi"))).status == 503
+        assert (await r.post(fake.message_event(DM, ALICE, "hi"), token=None)).status == 401
+        assert r.received == []
+    finally:
+        await runner.cleanup()
+
+
 async def test_added_to_space_introduces_itself(rig: Rig) -> None:
     delivery = await rig.post(rig.fake.added_to_space(SPACE, ALICE))
     assert delivery.answer == {"text": introduction()}
@@ -392,6 +404,30 @@ async def test_doctor_reads_a_space(fake: FakeGoogleChat) -> None:
         await channel.check_credentials()
     fake.spaces.clear()
     assert "in no space yet" in await channel.check_credentials()
+
+
+async def test_doctor_check_through_the_registry(
+    fake: FakeGoogleChat, tmp_path: Path, settings_for: Any
+) -> None:
+    """`steward doctor`'s channel check builds the adapter from settings as configured."""
+    from bot.doctor import _channels
+
+    key = tmp_path / "key.json"
+    key.write_text(json.dumps(fake.service_account_info()))
+    settings = settings_for(
+        None,
+        googlechat_credentials=key,
+        googlechat_audience=fake.audience,
+        googlechat_api_url=fake.base_url,
+        googlechat_certs_url=fake.certs_url,
+        public_url="https://gc.example",
+    )
+    [check] = [c for c in await _channels(settings) if c.name == "googlechat"]
+    assert check.ok and fake.sa_email in check.detail and "reads spaces/DMALICE" in check.detail
+    assert "https://gc.example/webhooks/googlechat" in check.detail
+    fake.refuse_grant = True
+    [check] = [c for c in await _channels(settings) if c.name == "googlechat"]
+    assert not check.ok and "STEWARD_GOOGLECHAT_CREDENTIALS" in check.detail
 
 
 def test_bad_configuration_says_what_to_fix(tmp_path: Path) -> None:
@@ -580,5 +616,6 @@ def test_steward_run_with_only_google_chat(llm_thread: Any, tmp_path: Path) -> N
             assert "Denied by" in denied.answer["text"]
             gc.wait_for(lambda m: m.get("text") == "Understood, I did not write it.", "the end")
             assert not (tmp_path / "gc-denied.txt").exists()
+
     finally:
         gc.close()
