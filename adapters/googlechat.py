@@ -235,6 +235,28 @@ def parse_press(body: Mapping[str, Any], channel: str = NAME) -> ButtonPress | N
     )
 
 
+#: What an event must carry, by type, to be an event at all (else: 400).
+_REQUIRED = {
+    "MESSAGE": ("space", "user", "message"),
+    "APP_COMMAND": ("space", "user", "message"),
+    "CARD_CLICKED": ("space", "user", "message"),
+    "ADDED_TO_SPACE": ("space", "user"),
+    "REMOVED_FROM_SPACE": ("space", "user"),
+}
+
+
+def shape_problem(body: Mapping[str, Any]) -> str:
+    """Why `body` is not a Chat interaction event ("" when it is one, or an unknown type)."""
+    kind = body.get("type")
+    if not isinstance(kind, str):
+        return "no event type"
+    for part in _REQUIRED.get(kind, ()):
+        value = body.get(part)
+        if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+            return f"{kind} without {part}.name"
+    return ""
+
+
 def parse_event(body: Mapping[str, Any], channel: str = NAME) -> Inbound | None:
     """Any interaction event → what Steward acts on (``ADDED_TO_SPACE`` carries a message
     when the app was added by @-mentioning it)."""
@@ -847,10 +869,14 @@ class GoogleChatChannel:
         except (ValueError, UnicodeDecodeError) as exc:
             log.warning("googlechat.malformed", error=f"{type(exc).__name__}: {exc}"[:200])
             return _json({"error": "malformed event"}, 400)
+        problem = shape_problem(body)
+        if problem:
+            log.warning("googlechat.malformed", error=problem, kind=str(body.get("type"))[:40])
+            return _json({"error": f"malformed event: {problem}"}, 400)
         dispatch = self._dispatch
         if dispatch is None:
             return _json({"error": "Steward is not ready"}, 503)
-        kind = body.get("type")
+        kind = body["type"]
         space = _space(body).get("name")
         if kind == "CARD_CLICKED":
             return await self._on_press(body, dispatch)
@@ -858,22 +884,18 @@ class GoogleChatChannel:
             log.info("googlechat.removed", space=space)
             return _json({})
         event = parse_event(body, self.name)
-        if isinstance(event, Message) and event.text and self._first(f"m:{event.id}", event.user):
-            self._inflight.spawn(dispatch, event)
+        if isinstance(event, Message) and event.text:
+            # Chat redelivers an event whose answer was late: a message runs once.
+            if not event.id or self._seen.first_time(f"m:{event.id}", event.user):
+                self._inflight.spawn(dispatch, event)
+            else:
+                log.info("googlechat.redelivery", message=event.id)
         if kind == "ADDED_TO_SPACE":
-            log.info("googlechat.added", space=space)
-            if event is None:  # added without a request: introduce ourselves
-                return _json({"text": introduction()})
-        elif kind not in ("MESSAGE", "APP_COMMAND"):
+            log.info("googlechat.added", space=space, with_request=event is not None)
+            return _json({"text": introduction()})
+        if kind not in ("MESSAGE", "APP_COMMAND"):
             log.debug("googlechat.ignored", kind=kind)
         return _json({})
-
-    def _first(self, key: str, value: str) -> bool:
-        """False for an event already handled (Chat redelivers when an answer was late)."""
-        if not key.endswith(":") and not self._seen.first_time(key, value):
-            log.info("googlechat.redelivery", key=key)
-            return False
-        return True
 
     async def _on_press(self, body: dict[str, Any], dispatch: Dispatch) -> web.StreamResponse:
         """Dispatch the press and wait (``press_window`` at most) for its outcome: an edit
@@ -885,7 +907,8 @@ class GoogleChatChannel:
             log.info("googlechat.unknown_action", function=action.get("actionMethodName"))
             return _json({})
         once = f"p:{press.message_id}:{press.user}:{press.value}:{body.get('eventTime', '')}"
-        if not self._first(once, press.user):
+        if not self._seen.first_time(once, press.user):
+            log.info("googlechat.redelivery", message=press.message_id)
             return _json({})
         waiter: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._press_answers.setdefault(press.message_id, []).append(waiter)

@@ -183,7 +183,17 @@ async def test_endpoint_url_audience_takes_google_id_tokens(fake: FakeGoogleChat
         await runner.cleanup()
 
 
-@pytest.mark.parametrize("raw", [b"{not json", b"[1, 2]", b"\xff\xfe"])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"{not json",
+        b"[1, 2]",
+        b"\xff\xfe",
+        b'{"no": "type"}',
+        b'{"type": "MESSAGE", "space": {"name": "spaces/DMALICE"}}',
+        b'{"type": "CARD_CLICKED", "space": {}, "user": {"name": "users/1"}, "message": {}}',
+    ],
+)
 async def test_malformed_payload_is_a_400(rig: Rig, raw: bytes) -> None:
     delivery = await rig.post({}, raw=raw)
     assert delivery.status == 400
@@ -234,6 +244,13 @@ async def test_added_to_space_introduces_itself(rig: Rig) -> None:
     assert delivery.answer == {"text": introduction()}
     [posted] = [rig.fake.messages[n] for n in rig.fake.posted]
     assert "Steward" in posted["text"] and "Approve" in posted["text"]
+    # Added by @-mentioning it with a request: the introduction, and the request runs.
+    event = rig.fake.message_event(SPACE, ALICE, "check the build", mention=True)
+    event["type"] = "ADDED_TO_SPACE"
+    assert (await rig.post(event)).answer == {"text": introduction()}
+    [request] = await until(lambda: rig.received, "the request")
+    assert isinstance(request, Message) and request.text == "check the build"
+    rig.received.clear()
     removed = await rig.post(rig.fake.removed_from_space(SPACE, ALICE))
     assert removed.status == 200 and removed.answer == {}
     assert rig.received == []
