@@ -112,7 +112,8 @@ SEE = "(see README → Google Chat)"
 _HINTS = {
     "PERMISSION_DENIED": "the app is not a member of that space, or the Google Chat API is "
     "not enabled/configured for the service account's project",
-    "NOT_FOUND": "the space or message does not exist, or the app cannot see it",
+    "NOT_FOUND": "the space or message does not exist or the app cannot see it (or, for "
+    "every call, the Chat app is not configured: Google Chat API → Configuration)",
     "INVALID_ARGUMENT": "Google Chat refused the message",
     "UNAUTHENTICATED": "the access token was refused",
     "FAILED_PRECONDITION": "Google Chat refused the message in this state",
