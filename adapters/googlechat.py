@@ -652,19 +652,20 @@ class GoogleChatChannel:
             for waiter in waiters:
                 waiter.cancel()
         self._press_answers.clear()
+        await self._close_clients()
+        if self.health.state != "stopped":
+            self.health.stopped()
+
+    async def _close_clients(self) -> None:
         if self._client is not None:
             await self._client.aclose()
             self._client = None
-        if self.health.state != "stopped":
-            self.health.stopped()
+        self._auth_request.session.close()  # google-auth's pooled requests.Session
 
     async def check_credentials(self) -> str:
         """For `steward doctor`: obtain a token and read one space, or say what is missing."""
         try:
             await self._token(force=True)
-        except GoogleAuthError as exc:
-            raise self._auth_error(exc) from exc
-        try:
             data = await self._call("GET", "spaces", "spaces.list", params={"pageSize": 1})
             spaces = [s for s in data.get("spaces") or [] if isinstance(s, dict)]
             if not spaces:
@@ -673,10 +674,11 @@ class GoogleChatChannel:
                     "(add it to a space or message it)"
                 )
             space = await self._call("GET", str(spaces[0]["name"]), "spaces.get")
+        except GoogleAuthError as exc:
+            raise self._auth_error(exc) from exc
         finally:
-            if self._dispatch is None and self._client is not None:
-                await self._client.aclose()
-                self._client = None
+            if self._dispatch is None:  # a check only (doctor): leave no connection open
+                await self._close_clients()
         label = space.get("displayName") or ("a DM" if is_direct(space) else "")
         return f"service account {self.service_account}; reads {space.get('name')} {label}".strip()
 
