@@ -236,12 +236,24 @@ PLATFORMS: tuple[PlatformSpec, ...] = (
         "googlechat",
         "Google Chat",
         "adapters.googlechat:GoogleChatChannel",
+        # The adapter's own `to_dialect` (Chat's *bold*, _italic_, <url|text>) is used.
         dialect="markdown",
         keys=(
-            Key("credentials", "path to the service-account JSON", enables=True),
-            Key("audience", "project number, or the endpoint URL"),
+            Key("credentials", "path to the service-account JSON key", enables=True),
+            Key("audience", "project number, or the endpoint URL (the app's auth audience)"),
             Key("api_url", "Chat API base; empty: https://chat.googleapis.com"),
-            Key("certs_url", "certificates of chat@system.gserviceaccount.com; empty: Google's"),
+            Key(
+                "certs_url",
+                "x509 certificates inbound tokens are checked against; empty: Google's",
+            ),
+        ),
+        problems=needs(
+            "googlechat",
+            (
+                "audience",
+                "inbound requests are verified against it: the project number, or the HTTP "
+                "endpoint URL if the app's authentication audience is set to it",
+            ),
         ),
         webhook=True,
     ),

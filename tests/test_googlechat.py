@@ -1,0 +1,638 @@
+"""The Google Chat adapter against tests/fakes/googlechat.py: bearer-token refusal before
+parsing, malformed payloads, redeliveries, the synchronous card update of a press,
+error mapping, health from the token, the doctor's check, the dialect, and golden
+files (tests/golden/googlechat: what Chat sends us, what we make of it, what we send).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from adapters.googlechat import (
+    CHAT_ISSUER,
+    GoogleChatChannel,
+    delivery_error,
+    introduction,
+    parse_event,
+    to_gchat,
+)
+from core.events import (
+    ApprovalRequest,
+    Button,
+    ButtonPress,
+    DeliveryError,
+    Inbound,
+    Message,
+    Suggestion,
+)
+from tests import golden
+from tests.fakes.googlechat import FakeGoogleChat
+
+DM, SPACE, ALICE, MALLORY = "spaces/DMALICE", "spaces/OPS", "users/111", "users/666"
+
+
+async def until(pred: Any, what: str, limit: float = 10.0) -> Any:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class Rig:
+    """A fake Google plus the adapter's webhook on a local server; dispatch records."""
+
+    def __init__(self, fake: FakeGoogleChat, channel: GoogleChatChannel, url: str) -> None:
+        self.fake, self.channel, self.url = fake, channel, url
+        self.received: list[Inbound] = []
+        #: What the recording dispatch does with a press (the test sets it).
+        self.on_press: Any = None
+
+    async def dispatch(self, event: Inbound) -> None:
+        self.received.append(event)
+        if isinstance(event, ButtonPress) and self.on_press is not None:
+            await self.on_press(event)
+
+    async def post(self, event: dict[str, Any], **kw: Any) -> Any:
+        return await self.fake.post_event(self.url, event, **kw)
+
+
+async def make_channel(fake: FakeGoogleChat, **kw: Any) -> GoogleChatChannel:
+    options: dict[str, Any] = {
+        "credentials": fake.service_account_info(),
+        "audience": fake.audience,
+        "api_url": fake.base_url,
+        "certs_url": fake.certs_url,
+        "timeout": 5.0,
+        **kw,
+    }
+    return GoogleChatChannel(**options)
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeGoogleChat]:
+    server = FakeGoogleChat()
+    await server.start()
+    server.add_space(DM, direct=True)
+    server.add_space(SPACE, direct=False, display="Ops")
+    yield server
+    await server.stop()
+
+
+async def serve(fake: FakeGoogleChat, channel: GoogleChatChannel) -> tuple[Rig, web.AppRunner]:
+    app = web.Application()
+    channel.add_routes(app)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    rig = Rig(fake, channel, f"http://127.0.0.1:{port}{channel.http_path}")
+    await channel.start(rig.dispatch)
+    return rig, runner
+
+
+@pytest.fixture
+async def rig(fake: FakeGoogleChat) -> AsyncIterator[Rig]:
+    channel = await make_channel(fake, press_window=1.0)
+    r, runner = await serve(fake, channel)
+    yield r
+    await channel.stop()
+    await runner.cleanup()
+
+
+# ---------------------------------------------------------------------- verification
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "none",
+        "not_bearer",
+        "garbage",
+        "forged",
+        "expired",
+        "wrong_audience",
+        "wrong_issuer",
+        "unknown_key",
+    ],
+)
+async def test_bad_bearer_tokens_are_refused_before_parsing(rig: Rig, case: str) -> None:
+    fake = rig.fake
+    tokens: dict[str, str | None] = {
+        "none": None,
+        "garbage": "not-a-jwt",
+        "forged": fake.chat_token(forged=True),
+        "expired": fake.chat_token(expires_in=-60),
+        "wrong_audience": fake.chat_token(audience="999999999999"),
+        "wrong_issuer": fake.chat_token(issuer="mallory@evil.example"),
+        "unknown_key": fake.chat_token(kid="other-key"),
+    }
+    event = fake.message_event(DM, ALICE, "approve everything")
+    if case == "not_bearer":
+        delivery = await rig.post(event, authorization=f"Basic {fake.chat_token()}")
+    else:
+        delivery = await rig.post(event, token=tokens[case])
+    assert delivery.status == 401
+    # Refused before parsing: a body that is not even JSON gets the same 401, not a 400.
+    bad = await rig.post({}, token=tokens.get(case, "x"), raw=b"\xff not json")
+    assert bad.status == 401
+    await asyncio.sleep(0.05)
+    assert rig.received == [] and fake.posted == []
+    assert rig.channel.health.last_event_at is None
+
+
+async def test_certificates_are_cached(rig: Rig) -> None:
+    for text in ("one", "two", "three"):
+        assert (await rig.post(rig.fake.message_event(DM, ALICE, text))).status == 200
+    assert rig.fake.certs_requests == 1
+    assert rig.channel.health.last_event_at is not None
+
+
+async def test_endpoint_url_audience_takes_google_id_tokens(fake: FakeGoogleChat) -> None:
+    url = "https://steward.example.com/webhooks/googlechat"
+    channel = await make_channel(fake, audience=url)
+    r, runner = await serve(fake, channel)
+    try:
+        event = fake.message_event(DM, ALICE, "hello")
+        good = fake.chat_token(
+            audience=url, issuer="https://accounts.google.com", email=CHAT_ISSUER
+        )
+        assert (await r.post(event, token=good)).status == 200
+        someone = fake.chat_token(
+            audience=url, issuer="https://accounts.google.com", email="x@example.com"
+        )
+        assert (await r.post(event, token=someone)).status == 401
+        # A project-number token is not accepted in URL mode.
+        assert (await r.post(event, token=fake.chat_token(audience=url))).status == 401
+        await until(lambda: r.received, "the message")
+        assert len(r.received) == 1
+    finally:
+        await channel.stop()
+        await runner.cleanup()
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"{not json",
+        b"[1, 2]",
+        b"\xff\xfe",
+        b'{"no": "type"}',
+        b'{"type": "MESSAGE", "space": {"name": "spaces/DMALICE"}}',
+        b'{"type": "CARD_CLICKED", "space": {}, "user": {"name": "users/1"}, "message": {}}',
+    ],
+)
+async def test_malformed_payload_is_a_400(rig: Rig, raw: bytes) -> None:
+    delivery = await rig.post({}, raw=raw)
+    assert delivery.status == 400
+    assert rig.received == []
+
+
+# ---------------------------------------------------------------------- inbound
+
+
+async def test_redelivered_message_is_dispatched_once(rig: Rig) -> None:
+    event = rig.fake.message_event(DM, ALICE, "hi")
+    for _ in range(3):
+        assert (await rig.post(event)).status == 200
+    await until(lambda: rig.received, "the message")
+    await asyncio.sleep(0.05)
+    assert [m.text for m in rig.received if isinstance(m, Message)] == ["hi"]
+
+
+async def test_space_messages_need_a_mention_or_a_slash_command(rig: Rig) -> None:
+    fake = rig.fake
+    await rig.post(fake.message_event(SPACE, ALICE, "chatter among people"))
+    await rig.post(fake.message_event(SPACE, ALICE, "deploy please", mention=True))
+    await rig.post(fake.message_event(SPACE, ALICE, "rules list", slash="/steward"))
+    await rig.post(fake.message_event(SPACE, ALICE, "", slash="/steward"))
+    await rig.post(fake.message_event(SPACE, ALICE, "list", slash="/rules"))
+    await until(lambda: len(rig.received) == 4, "four messages")
+    texts = sorted(m.text for m in rig.received if isinstance(m, Message))
+    assert texts == ["/help", "/rules list", "/rules list", "deploy please"]
+    mention = next(m for m in rig.received if isinstance(m, Message) and m.text == "deploy please")
+    assert mention.thread and mention.thread.startswith(f"{SPACE}/threads/")
+    assert not mention.direct and mention.space == SPACE
+
+
+async def test_before_start_chat_is_asked_to_retry(fake: FakeGoogleChat) -> None:
+    channel = await make_channel(fake)
+    r, runner = await serve(fake, channel)
+    try:
+        await channel.stop()
+        assert (await r.post(fake.message_event(DM, ALICE, "hi"))).status == 503
+        assert (await r.post(fake.message_event(DM, ALICE, "hi"), token=None)).status == 401
+        assert r.received == []
+    finally:
+        await runner.cleanup()
+
+
+async def test_added_to_space_introduces_itself(rig: Rig) -> None:
+    delivery = await rig.post(rig.fake.added_to_space(SPACE, ALICE))
+    assert delivery.answer == {"text": introduction()}
+    [posted] = [rig.fake.messages[n] for n in rig.fake.posted]
+    assert "Steward" in posted["text"] and "Approve" in posted["text"]
+    # Added by @-mentioning it with a request: the introduction, and the request runs.
+    event = rig.fake.message_event(SPACE, ALICE, "check the build", mention=True)
+    event["type"] = "ADDED_TO_SPACE"
+    assert (await rig.post(event)).answer == {"text": introduction()}
+    [request] = await until(lambda: rig.received, "the request")
+    assert isinstance(request, Message) and request.text == "check the build"
+    rig.received.clear()
+    removed = await rig.post(rig.fake.removed_from_space(SPACE, ALICE))
+    assert removed.status == 200 and removed.answer == {}
+    assert rig.received == []
+
+
+async def test_press_is_answered_with_the_card_update(rig: Rig) -> None:
+    ref = await rig.channel.send_approval(_approval(), thread=None)
+
+    async def decide(press: ButtonPress) -> None:
+        await rig.channel.edit(ref, f"✓ Approved by {press.user}", buttons=None)
+
+    rig.on_press = decide
+    delivery = await rig.post(rig.fake.card_clicked(ref.id, "approve:a1", ALICE))
+    assert delivery.answer["actionResponse"] == {"type": "UPDATE_MESSAGE"}
+    assert delivery.answer["text"] == f"✓ Approved by {ALICE}"
+    assert rig.fake.messages[ref.id]["cardsV2"] == []
+    assert [e["via"] for e in rig.fake.edits] == ["response"]
+    assert not any(r.method == "PATCH" for r in rig.fake.requests)
+    [press] = rig.received
+    assert isinstance(press, ButtonPress) and press.value == "approve:a1"
+    assert press.message_id == ref.id and press.conversation == DM
+
+
+async def test_refused_press_changes_nothing_and_tells_only_the_presser(rig: Rig) -> None:
+    ref = await rig.channel.send_approval(_approval(), thread=None)
+
+    async def refuse(press: ButtonPress) -> None:
+        await rig.channel.send_private(press.conversation, press.user, "You are not an approver.")
+
+    rig.on_press = refuse
+    delivery = await rig.post(rig.fake.card_clicked(ref.id, "approve:a1", MALLORY))
+    assert delivery.status == 200 and delivery.answer == {}
+    assert rig.fake.edits == [] and len(rig.fake.messages[ref.id]["cardsV2"]) == 1
+    note = rig.fake.messages[rig.fake.posted[-1]]
+    assert note["privateMessageViewer"] == {"name": MALLORY}
+
+
+async def test_late_outcome_is_patched_over_rest(fake: FakeGoogleChat) -> None:
+    channel = await make_channel(fake, press_window=0.05)
+    r, runner = await serve(fake, channel)
+    try:
+        ref = await channel.send_approval(_approval(), thread=None)
+        go = asyncio.Event()
+
+        async def slow(press: ButtonPress) -> None:
+            await go.wait()
+            await channel.edit(ref, "✗ Denied by users/111", buttons=None)
+
+        r.on_press = slow
+        delivery = await r.post(fake.card_clicked(ref.id, "deny:a1", ALICE))
+        assert delivery.answer == {}
+        go.set()
+        await until(lambda: fake.edits, "the patch")
+        assert fake.edits[0]["via"] == "patch" and fake.edits[0]["cardsV2"] == []
+        patch = next(x for x in fake.requests if x.method == "PATCH")
+        assert patch.query == {"updateMask": "text,cardsV2"}
+    finally:
+        await channel.stop()
+        await runner.cleanup()
+
+
+async def test_press_on_a_foreign_button_is_ignored(rig: Rig) -> None:
+    ref = await rig.channel.send_approval(_approval(), thread=None)
+    event = rig.fake.card_clicked(ref.id, "approve:a1", ALICE)
+    event["action"]["actionMethodName"] = event["common"]["invokedFunction"] = "otherApp"
+    assert (await rig.post(event)).answer == {}
+    await asyncio.sleep(0.05)
+    assert rig.received == []
+
+
+# ---------------------------------------------------------------------- outbound, errors
+
+
+async def test_rate_limit_carries_googles_retry_delay(rig: Rig) -> None:
+    rig.fake.rate_limit_next(2.5)
+    with pytest.raises(DeliveryError) as info:
+        await rig.channel.send(DM, "hello")
+    assert info.value.transient and info.value.retry_after == 2.5
+    assert (await rig.channel.send(DM, "hello")).id.startswith(f"{DM}/messages/")
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "transient", "words"),
+    [
+        (500, "INTERNAL", True, "Google's side"),
+        (503, "UNAVAILABLE", True, "Google's side"),
+        (403, "PERMISSION_DENIED", False, "not a member"),
+        (404, "NOT_FOUND", False, "does not exist"),
+        (400, "INVALID_ARGUMENT", False, "refused"),
+    ],
+)
+async def test_rest_errors_are_mapped(
+    rig: Rig, status: int, code: str, transient: bool, words: str
+) -> None:
+    rig.fake.error_next(status, code)
+    with pytest.raises(DeliveryError) as info:
+        await rig.channel.send(DM, "hello")
+    assert info.value.transient is transient and words in str(info.value)
+
+
+def test_retry_after_header_is_read_too() -> None:
+    err = delivery_error("send", 429, {"error": {"code": 429}}, {"Retry-After": "3"})
+    assert err.retry_after == 3.0 and err.transient
+
+
+async def test_refused_access_token_is_renewed(rig: Rig) -> None:
+    rig.fake.tokens.clear()  # Google forgot the token (revoked, rotated)
+    with pytest.raises(DeliveryError) as info:
+        await rig.channel.send(DM, "hello")
+    assert info.value.transient and "401" in str(info.value)
+    before = rig.fake.token_requests
+    await rig.channel.send(DM, "hello")
+    assert rig.fake.token_requests == before + 1
+
+
+async def test_unreachable_api_is_transient(fake: FakeGoogleChat) -> None:
+    channel = await make_channel(fake, api_url="http://127.0.0.1:9")
+    await channel.start(lambda e: asyncio.sleep(0))
+    try:
+        with pytest.raises(DeliveryError) as info:
+            await channel.send(DM, "hello")
+        assert info.value.transient and "could not reach" in str(info.value)
+    finally:
+        await channel.stop()
+
+
+async def test_refused_credentials_make_the_channel_down(fake: FakeGoogleChat) -> None:
+    fake.refuse_grant = True
+    channel = await make_channel(fake, refresh_every=0.05)
+    await channel.start(lambda e: asyncio.sleep(0))
+    try:
+        assert channel.health.state == "down"
+        assert "invalid_grant" in channel.health.detail
+        assert "STEWARD_GOOGLECHAT_CREDENTIALS" in channel.health.detail
+        with pytest.raises(DeliveryError) as info:
+            await channel.send(DM, "hello")
+        assert not info.value.transient
+        fake.refuse_grant = False  # the key was fixed: the keeper notices
+        await until(lambda: channel.health.state == "connected", "recovery")
+    finally:
+        await channel.stop()
+    assert channel.health.state == "stopped"
+
+
+async def test_token_endpoint_outage_is_a_reconnect(fake: FakeGoogleChat) -> None:
+    channel = await make_channel(fake, refresh_every=0.05)
+    await channel.start(lambda e: asyncio.sleep(0))
+    try:
+        assert channel.health.state == "connected"
+        await fake.outage()
+        await until(lambda: channel.health.reconnects == 1, "the reconnect")
+        assert channel.health.state == "connected"
+    finally:
+        await channel.stop()
+
+
+async def test_doctor_reads_a_space(fake: FakeGoogleChat) -> None:
+    channel = await make_channel(fake)
+    who = await channel.check_credentials()
+    assert fake.sa_email in who and DM in who
+    fake.refuse_grant = True
+    with pytest.raises(DeliveryError) as info:
+        await channel.check_credentials()
+    assert "refused" in str(info.value) and not info.value.transient
+    fake.refuse_grant = False
+    fake.error_next(403, "PERMISSION_DENIED", "Google Chat API has not been used in project")
+    with pytest.raises(DeliveryError, match=r"PERMISSION_DENIED.*not enabled"):
+        await channel.check_credentials()
+    fake.spaces.clear()
+    assert "in no space yet" in await channel.check_credentials()
+
+
+async def test_doctor_check_through_the_registry(
+    fake: FakeGoogleChat, tmp_path: Path, settings_for: Any
+) -> None:
+    """`steward doctor`'s channel check builds the adapter from settings as configured."""
+    from bot.doctor import _channels
+
+    key = tmp_path / "key.json"
+    key.write_text(json.dumps(fake.service_account_info()))
+    settings = settings_for(
+        None,
+        googlechat_credentials=key,
+        googlechat_audience=fake.audience,
+        googlechat_api_url=fake.base_url,
+        googlechat_certs_url=fake.certs_url,
+        public_url="https://gc.example",
+    )
+    [check] = [c for c in await _channels(settings) if c.name == "googlechat"]
+    assert check.ok and fake.sa_email in check.detail and "reads spaces/DMALICE" in check.detail
+    assert "https://gc.example/webhooks/googlechat" in check.detail
+    fake.refuse_grant = True
+    [check] = [c for c in await _channels(settings) if c.name == "googlechat"]
+    assert not check.ok and "STEWARD_GOOGLECHAT_CREDENTIALS" in check.detail
+
+
+def test_bad_configuration_says_what_to_fix(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"STEWARD_GOOGLECHAT_CREDENTIALS=.*no such file"):
+        GoogleChatChannel(credentials=str(tmp_path / "nope.json"), audience="1")
+    (tmp_path / "user.json").write_text(json.dumps({"type": "authorized_user"}))
+    with pytest.raises(ValueError, match="service account"):
+        GoogleChatChannel(credentials=str(tmp_path / "user.json"), audience="1")
+    with pytest.raises(ValueError, match="STEWARD_GOOGLECHAT_AUDIENCE"):
+        GoogleChatChannel(credentials=str(tmp_path / "user.json"), audience=" ")
+
+
+def test_dialect() -> None:
+    md = "# Plan\n**Bold** and *it* and ~~gone~~, see [docs](https://x.io).\n- a\n`**raw**`"
+    assert to_gchat(md) == (
+        "*Plan*\n*Bold* and _it_ and ~gone~, see <https://x.io|docs>.\n• a\n`**raw**`"
+    )
+    assert to_gchat("a & b < c") == "a & b < c"  # Chat shows entities literally
+    assert GoogleChatChannel.to_dialect("**x**") == "*x*"
+
+
+# ---------------------------------------------------------------------- golden files
+
+
+def _approval() -> ApprovalRequest:
+    return ApprovalRequest(
+        id="a1",
+        what="shell: `echo hi > ../x.txt`",
+        why="writes outside the workspace",
+        risk="a file outside the workspace",
+        asked_by=ALICE,
+        conversation=DM,
+        channel="googlechat",
+        expires_at=0.0,
+        buttons=[
+            Button("Approve once", "approve:a1", "primary"),
+            Button("Deny", "deny:a1", "danger"),
+        ],
+    )
+
+
+@pytest.mark.parametrize("case", golden.cases("googlechat"))
+def test_golden_inbound(case: str) -> None:
+    golden.check_normalized("googlechat", case, parse_event(golden.recorded("googlechat", case)))
+
+
+async def test_golden_outbound(rig: Rig) -> None:
+    channel = rig.channel
+    thread = f"{SPACE}/threads/T1"
+    ref = await channel.send(SPACE, "*Done*: 3 files", thread=thread)
+    approval = await channel.send_approval(_approval(), thread=None)
+    await channel.send_suggestion(
+        Suggestion(
+            "s1",
+            "Want me to **check** the deploy?",
+            DM,
+            "googlechat",
+            ALICE,
+            [Button("Yes, help", "yes:s1"), Button("No thanks", "no:s1")],
+        )
+    )
+    await channel.edit(approval, "✓ Approved by users/111", buttons=None)
+    await channel.send_private(DM, MALLORY, "You are not an approver for this request.")
+    assert ref.thread == thread
+    calls = [
+        {"method": r.method, "path": r.path, "query": r.query, "body": r.body}
+        for r in rig.fake.requests
+    ]
+    names = ["send_in_thread", "approval", "suggestion", "edit", "private"]
+    assert len(calls) == len(names)
+    for name, call in zip(names, calls, strict=True):
+        golden.check_outbound("googlechat", name, call)
+
+
+# ---------------------------------------------------------------------- steward run
+
+
+class ThreadedFake:
+    """The fake on its own event loop in a thread, for a test that drives a subprocess."""
+
+    def __init__(self) -> None:
+        self.fake = FakeGoogleChat()
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.call(self.fake.start())
+
+    def call(self, coro: Any, timeout: float = 30.0) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        async def copy() -> list[dict[str, Any]]:
+            return [json.loads(json.dumps(self.fake.messages[n])) for n in self.fake.posted]
+
+        return self.call(copy())  # type: ignore[no-any-return]
+
+    def wait_for(self, pred: Any, what: str, limit: float = 30.0) -> dict[str, Any]:
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            found = next((m for m in self.snapshot() if pred(m)), None)
+            if found is not None:
+                return found
+            time.sleep(0.1)
+        raise AssertionError(f"timed out waiting for {what}: {self.snapshot()}")
+
+    def close(self) -> None:
+        self.call(self.fake.stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+def _buttons(message: dict[str, Any]) -> list[tuple[str, str]]:
+    from tests.contract.googlechat_harness import buttons_of
+
+    return buttons_of(message)
+
+
+def test_steward_run_with_only_google_chat(llm_thread: Any, tmp_path: Path) -> None:
+    """The assembled product: `steward run` with only Google Chat configured answers a DM,
+    asks for approval with card buttons, refuses a stranger's press privately, runs an
+    approved action (card updated in the press's answer) and not a denied one."""
+    from tests.conftest import make_env
+    from tests.test_cli import steward_run
+
+    gc = ThreadedFake()
+    fake = gc.fake
+    try:
+        fake.add_space(DM, direct=True)
+        key = tmp_path / "service-account.json"
+        key.write_text(json.dumps(fake.service_account_info()))
+        env = make_env(
+            tmp_path,
+            llm_thread,
+            googlechat_credentials=key,
+            googlechat_audience=fake.audience,
+            googlechat_api_url=fake.base_url,
+            googlechat_certs_url=fake.certs_url,
+            googlechat_allowed_users=ALICE,
+            googlechat_admins=ALICE,
+        )
+        with steward_run(env, tmp_path) as (_server, ready):
+            port = int(ready.split("open http://127.0.0.1:")[1].split("/")[0])
+            url = f"http://127.0.0.1:{port}/webhooks/googlechat"
+
+            def say(text: str) -> None:
+                event = fake.message_event(DM, ALICE, text)
+                assert gc.call(fake.post_event(url, event)).status == 200
+
+            def press(message: dict[str, Any], label: str, user: str = ALICE) -> Any:
+                value = dict(_buttons(message))[label]
+                return gc.call(
+                    fake.post_event(url, fake.card_clicked(message["name"], value, user))
+                )
+
+            # A forged request is refused by the assembled server too.
+            forged = fake.message_event(DM, ALICE, "forged")
+            assert (
+                gc.call(fake.post_event(url, forged, token=fake.chat_token(forged=True))).status
+                == 401
+            )
+
+            llm_thread.reply_text("Hello **Alice**, all good.")
+            say("hi")
+            gc.wait_for(lambda m: m.get("text") == "Hello *Alice*, all good.", "the answer")
+
+            llm_thread.reply_tool("shell", {"command": "echo approved > ../gc-approved.txt"})
+            llm_thread.reply_text("Wrote gc-approved.txt.")
+            say("write outside, please")
+            approval = gc.wait_for(lambda m: bool(_buttons(m)), "the approval card")
+            refused = press(approval, "Approve once", user=MALLORY)
+            assert refused.answer == {}
+            gc.wait_for(lambda m: m.get("privateMessageViewer") == {"name": MALLORY}, "the note")
+            delivery = press(approval, "Approve once")
+            assert delivery.answer["actionResponse"] == {"type": "UPDATE_MESSAGE"}
+            assert "Approved by" in delivery.answer["text"] and delivery.answer["cardsV2"] == []
+            gc.wait_for(lambda m: m.get("text") == "Wrote gc-approved.txt.", "the result")
+            assert (tmp_path / "gc-approved.txt").read_text() == "approved\n"
+
+            llm_thread.reply_tool("shell", {"command": "echo denied > ../gc-denied.txt"})
+            llm_thread.reply_text("Understood, I did not write it.")
+            say("write another one")
+            second = gc.wait_for(
+                lambda m: bool(_buttons(m)) and m["name"] != approval["name"], "the second card"
+            )
+            denied = press(second, "Deny")
+            assert "Denied by" in denied.answer["text"]
+            gc.wait_for(lambda m: m.get("text") == "Understood, I did not write it.", "the end")
+            assert not (tmp_path / "gc-denied.txt").exists()
+
+    finally:
+        gc.close()
