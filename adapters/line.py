@@ -277,17 +277,24 @@ def _flex(text: str, buttons: list[Button], alt: str) -> FlexMessage:
     return FlexMessage(altText=_fit(alt, MAX_ALT_TEXT), contents=bubble)
 
 
+def outcome_text(text: str) -> str:
+    """An edit as a new message: the first line and the last paragraph, when they differ."""
+    head = text.strip().split("\n", 1)[0]
+    tail = text.strip().rsplit("\n\n", 1)[-1]
+    return text.strip() if "\n\n" not in text.strip() else f"{head}\n{tail}"
+
+
 def approval_alt_text(request: ApprovalRequest) -> str:
     """What the notification and the chat list show, and how to answer without buttons."""
     return (
-        f"Approval needed: {request.what}. Tap a button, or reply /approve {request.id} "
-        f"or /deny {request.id}."
+        f"Approval needed: {to_line_text(request.what)}. Tap a button, or reply "
+        f"/approve {request.id} or /deny {request.id}."
     )
 
 
 def suggestion_alt_text(suggestion: Suggestion) -> str:
     choices = ", ".join(f"/suggestion {b.value}" for b in suggestion.buttons)
-    return f"{suggestion.text} Tap a button, or reply {choices}."
+    return f"{to_line_text(suggestion.text)} Tap a button, or reply {choices}."
 
 
 # ---------------------------------------------------------------------- errors
@@ -611,7 +618,7 @@ class LineChannel:
     def _accept(self, event: Mapping[str, Any], dispatch: Dispatch) -> None:
         key = event.get("webhookEventId")
         if isinstance(key, str) and key and not self._seen.first_time(key, time.time()):
-            log.info("line.redelivery_skipped", channel=self.name, event=key)
+            log.info("line.redelivery_skipped", channel=self.name, webhook_event=key)
             return
         parsed = parse_event(event, self.name)
         if parsed is None:
@@ -636,11 +643,16 @@ class LineChannel:
     async def edit(
         self, ref: MessageRef, text: str, *, buttons: list[Button] | None = None
     ) -> None:
-        """LINE cannot change a sent message: the new state is a new message."""
+        """LINE cannot change a sent message: the new state is a new message.
+
+        The old message is still on screen above, so the new one carries only its first
+        line (what it was about) and the last paragraph (the outcome): "Approval needed:
+        shell: rm … / ✓ Approved by U… (once)"."""
+        short = outcome_text(text)
         if buttons:
-            await self._post(ref.conversation, [_flex(text, buttons, text)], text)
+            await self._post(ref.conversation, [_flex(short, buttons, short)], short)
         else:
-            await self._post(ref.conversation, [TextMessage(text=text[:MAX_TEXT] or " ")], text)
+            await self._post(ref.conversation, [TextMessage(text=short[:MAX_TEXT] or " ")], short)
 
     async def send_approval(
         self, request: ApprovalRequest, *, thread: str | None = None
