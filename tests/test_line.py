@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -41,6 +42,7 @@ from core.events import (
     Suggestion,
 )
 from tests import golden
+from tests.contract.line_harness import to_sent
 from tests.fakes.line import FakeLine, sign
 
 USER = "U" + "a1" * 16
@@ -474,3 +476,110 @@ async def test_button_press_becomes_button_press(rig: Rig) -> None:
         space=GROUP,
     )
     assert press.message_id and time.time()  # the webhookEventId of the press
+
+
+# ---------------------------------------------------------------------- steward run
+
+
+class ThreadedFake:
+    """The fake LINE on its own thread and loop: `steward run` is a subprocess the test
+    waits on synchronously, and the fake must answer its SDK meanwhile."""
+
+    def __init__(self) -> None:
+        self.fake = FakeLine()
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+
+    def __enter__(self) -> ThreadedFake:
+        self.thread.start()
+        self.run(self.fake.start())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.run(self.fake.stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+    def run(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(30)
+
+    def until(self, pred: Any, what: str, limit: float = 30.0) -> Any:
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            found = pred()
+            if found:
+                return found
+            time.sleep(0.05)
+        texts = [to_sent(d).text[:80] for d in self.fake.sent]
+        raise AssertionError(f"timed out waiting for {what}; sent: {texts}")
+
+    def said(self, to: str, needle: str) -> Any:
+        return next(
+            (s for s in map(to_sent, self.fake.sent) if s.conversation == to and needle in s.text),
+            None,
+        )
+
+
+def test_steward_run_with_only_line(llm_thread: Any, tmp_path: Path) -> None:
+    """The assembled product: `steward run` with only LINE configured, the fake signing
+    webhooks to its one HTTP server. An answer; approval buttons; a stranger's press
+    refused; an approved action (its outcome a new message) and a denied one."""
+    from tests.conftest import make_env
+    from tests.test_cli import steward_run
+    from tests.test_paas import free_port
+
+    stranger = "U" + "e7" * 16
+    port = free_port()
+    with ThreadedFake() as t:
+        env = make_env(
+            tmp_path,
+            llm_thread,
+            port=port,
+            line_channel_secret=t.fake.channel_secret,
+            line_channel_token=t.fake.channel_token,
+            line_api_url=t.fake.base_url,
+            line_allowed_users=USER,
+            line_admins=USER,
+        )
+        t.fake.webhook_url = f"http://127.0.0.1:{port}/webhooks/line"
+        with steward_run(env, tmp_path):
+            assert t.run(t.fake.verify())[0] == 200  # the console's Verify
+
+            llm_thread.reply_text("Hello from **Steward**.")
+            t.run(t.fake.deliver([t.fake.text(USER, "hi")]))
+            answer = t.until(lambda: t.said(USER, "Hello from"), "the answer")
+            assert answer.text == "Hello from Steward." and answer.raw["via"] == "reply"
+
+            llm_thread.reply_tool("shell", {"command": "echo approved > ../line-ok.txt"})
+            llm_thread.reply_text("Wrote line-ok.txt.")
+            t.run(t.fake.deliver([t.fake.text(USER, "write outside")]))
+            ask = t.until(
+                lambda: next((s for s in map(to_sent, t.fake.sent) if s.buttons), None), "buttons"
+            )
+            assert [label for label, _ in ask.buttons] == [
+                "Approve once",
+                "Approve for this session",
+                "Always allow",
+                "Deny",
+            ]
+            approve = ask.buttons[0][1]
+            t.run(t.fake.deliver([t.fake.postback(stranger, approve)]))
+            t.until(lambda: any(d.to == stranger for d in t.fake.sent), "the stranger's refusal")
+            assert not (tmp_path / "line-ok.txt").exists()
+
+            t.run(t.fake.deliver([t.fake.postback(USER, approve)]))
+            t.until(lambda: t.said(USER, "Approved by"), "the outcome as a new message")
+            t.until(lambda: t.said(USER, "Wrote line-ok.txt."), "the answer after approval")
+            assert (tmp_path / "line-ok.txt").read_text() == "approved\n"
+
+            llm_thread.reply_tool("shell", {"command": "echo denied > ../line-no.txt"})
+            llm_thread.reply_text("Understood, I did not write it.")
+            t.run(t.fake.deliver([t.fake.text(USER, "write outside again")]))
+            t.until(
+                lambda: len([s for s in map(to_sent, t.fake.sent) if s.buttons]) == 2, "buttons"
+            )
+            second = [s for s in map(to_sent, t.fake.sent) if s.buttons][1]
+            t.run(t.fake.deliver([t.fake.postback(USER, second.buttons[3][1])]))
+            t.until(lambda: t.said(USER, "Denied by"), "the denial")
+            t.until(lambda: t.said(USER, "I did not write it"), "the answer after the denial")
+            assert not (tmp_path / "line-no.txt").exists()
