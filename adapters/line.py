@@ -109,6 +109,8 @@ MAX_TEXT = 5000
 MAX_ALT_TEXT = 400
 MAX_LABEL = 40
 MAX_DATA = 300
+#: Message objects per reply or push call.
+MAX_MESSAGES = 5
 #: Buttons per approval: LINE allows at most 4 actions in a buttons template, and a
 #: taller Flex footer gets cut on phones; 4 is all Steward ever needs.
 MAX_BUTTONS = 4
@@ -244,8 +246,40 @@ def parse_event(event: Mapping[str, Any], channel: str = "line") -> Inbound | No
 # ---------------------------------------------------------------------- rendering
 
 
+def utf16_len(text: str) -> int:
+    """Length as LINE counts text (UTF-16 code units: 🍎 is 2)."""
+    return len(text.encode("utf-16-le")) // 2
+
+
 def _fit(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    """Cut to `limit` UTF-16 units with an ellipsis (altText, labels)."""
+    if utf16_len(text) <= limit:
+        return text
+    while utf16_len(text) > limit - 1:
+        text = text[:-1]
+    return text + "…"
+
+
+def text_messages(text: str) -> list[str]:
+    """`text` as LINE text messages of at most 5,000 UTF-16 units each.
+
+    The channel layer splits at 5,000 characters, but LINE counts UTF-16 units, so a
+    piece full of emoji or rare kanji can be up to twice as long to LINE: such a piece
+    goes out as two (never more than 5) messages of one call, cut at a line break or
+    space where there is one."""
+    pieces: list[str] = []
+    rest = text
+    while utf16_len(rest) > MAX_TEXT:
+        cut = len(rest)
+        while utf16_len(rest[:cut]) > MAX_TEXT:
+            cut = cut * MAX_TEXT // utf16_len(rest[:cut]) or 1
+        space = max(rest.rfind("\n", 0, cut), rest.rfind(" ", 0, cut))
+        if space > cut // 2:
+            cut = space + 1
+        pieces.append(rest[:cut].rstrip())
+        rest = rest[cut:]
+    pieces.append(rest)
+    return [p for p in pieces if p.strip()][:MAX_MESSAGES] or ["…"]  # LINE refuses blank text
 
 
 def render_buttons(text: str, buttons: list[Button], alt: str) -> dict[str, Any]:
@@ -258,11 +292,17 @@ def render_buttons(text: str, buttons: list[Button], alt: str) -> dict[str, Any]
 
 
 def _flex(text: str, buttons: list[Button], alt: str) -> FlexMessage:
+    too_long = [b.value[:20] + "…" for b in buttons if len(b.value) > MAX_DATA]
+    if too_long:  # the SDK would raise a validation error: say it as LINE's refusal
+        raise DeliveryError(
+            f"LINE refuses postback data over {MAX_DATA} characters: {too_long}",
+            transient=False,
+        )
     footer = [
         FlexButton(
             action=PostbackAction(
                 label=_fit(b.label or "?", MAX_LABEL),
-                data=b.value[:MAX_DATA],
+                data=b.value,
                 displayText=_fit(b.label or b.value, 300),
             ),
             style="primary" if b.style == "primary" else "secondary",
@@ -271,7 +311,7 @@ def _flex(text: str, buttons: list[Button], alt: str) -> FlexMessage:
         for b in buttons[:MAX_BUTTONS]
     ]
     bubble = FlexBubble(
-        body=FlexBox(layout="vertical", contents=[FlexText(text=text or " ", wrap=True)]),
+        body=FlexBox(layout="vertical", contents=[FlexText(text=text.strip() or "…", wrap=True)]),
         footer=FlexBox(layout="vertical", spacing="sm", contents=footer),
     )
     return FlexMessage(altText=_fit(alt, MAX_ALT_TEXT), contents=bubble)
@@ -637,8 +677,10 @@ class LineChannel:
     # ------------------------------------------------------------------ outbound
 
     async def send(self, conversation: str, text: str, *, thread: str | None = None) -> MessageRef:
-        """One text message (the channel layer already split and converted it)."""
-        return await self._post(conversation, [TextMessage(text=text or " ")], text)
+        """A text message (the channel layer already split and converted it); two in one
+        call when LINE's UTF-16 count makes it longer than 5,000."""
+        messages = [TextMessage(text=t) for t in text_messages(text)]
+        return await self._post(conversation, messages, text)
 
     async def edit(
         self, ref: MessageRef, text: str, *, buttons: list[Button] | None = None
@@ -652,7 +694,8 @@ class LineChannel:
         if buttons:
             await self._post(ref.conversation, [_flex(short, buttons, short)], short)
         else:
-            await self._post(ref.conversation, [TextMessage(text=short[:MAX_TEXT] or " ")], short)
+            messages = [TextMessage(text=t) for t in text_messages(short)]
+            await self._post(ref.conversation, messages, short)
 
     async def send_approval(
         self, request: ApprovalRequest, *, thread: str | None = None
@@ -675,7 +718,7 @@ class LineChannel:
             await self.send(conversation, text)
             return
         try:
-            await self._push(user, [TextMessage(text=text)], text)
+            await self._push(user, [TextMessage(text=t) for t in text_messages(text)], text)
         except DeliveryError as exc:
             if exc.transient:
                 raise

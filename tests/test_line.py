@@ -26,6 +26,7 @@ from adapters.line import (
     parse_event,
     signature_for,
     to_line_text,
+    utf16_len,
 )
 from bot.channels import Outbox, UndeliveredStore
 from core.clock import SimClock
@@ -315,6 +316,7 @@ async def test_loading_animation_in_1to1_only_and_renewed_by_progress(rig: Rig) 
         (429, "The API rate limit has been exceeded. Try again later.", True, 1.0, "rate-limited"),
         (429, "You have reached your monthly limit.", False, None, "monthly message quota"),
         (500, "Internal server error", True, None, "LINE's side"),
+        (400, "The request body has 1 error(s)", False, None, "HTTP 400 The request body"),
         (401, "Authentication failed.", False, None, "STEWARD_LINE_CHANNEL_TOKEN"),
         (403, "Access to this API is not available for your account", False, None, "not allowed"),
     ],
@@ -330,9 +332,12 @@ async def test_errors_become_delivery_errors(
 
 
 async def test_limits_refused_by_line_are_not_retried(rig: Rig) -> None:
+    request = approval()
+    request.buttons[0] = Button("Approve once", "approve:" + "x" * 300)
     with pytest.raises(DeliveryError) as err:
-        await rig.channel.send(USER, "x" * 5001)
-    assert not err.value.transient and "messages[0].text" in str(err.value)
+        await rig.channel.send_approval(request)
+    assert not err.value.transient
+    assert "over 300 characters" in str(err.value)
 
 
 async def test_monthly_quota_is_kept_undelivered_and_not_retried(rig: Rig, tmp_path: Path) -> None:
@@ -351,6 +356,15 @@ async def test_outbox_uses_the_line_dialect_and_splits_at_5000(rig: Rig) -> None
     texts = [d.message["text"] for d in rig.fake.sent]
     assert texts[0] == "Done. See notes.md." and all(len(t) <= 5000 for t in texts)
     assert len(texts) == 3 and sum(t.count("word") for t in texts) == 1100
+
+
+async def test_text_over_5000_utf16_units_goes_as_two_messages_of_one_call(rig: Rig) -> None:
+    text = "🍎 " * 1600 + "\n" + "日本語のテキスト。" * 100  # 4,101 characters, 5,701 units
+    await rig.channel.send(USER, text)
+    [call] = rig.fake.calls("/v2/bot/message/push")
+    parts = [m["text"] for m in call.body["messages"]]
+    assert len(parts) == 2 and all(utf16_len(p) <= 5000 for p in parts)
+    assert parts == [("🍎 " * 1600).rstrip(), "日本語のテキスト。" * 100]
 
 
 def test_plain_text_dialect() -> None:

@@ -440,7 +440,8 @@ def _check_message(m: Any, where: str) -> list[dict[str, str]]:
     kind = m.get("type")
     if kind == "text":
         text = m.get("text")
-        if not isinstance(text, str) or not text.strip() or len(text) > 5000:
+        # LINE counts UTF-16 code units (an emoji is 2).
+        if not isinstance(text, str) or not text.strip() or len(text.encode("utf-16-le")) > 10000:
             bad(
                 "text",
                 "Length must be between 0 and 5000"
@@ -449,7 +450,7 @@ def _check_message(m: Any, where: str) -> list[dict[str, str]]:
             )
     elif kind in ("template", "flex"):
         alt = m.get("altText")
-        if not isinstance(alt, str) or not alt or len(alt) > 400:
+        if not isinstance(alt, str) or not alt or len(alt.encode("utf-16-le")) > 800:
             bad("altText", "Length must be between 0 and 400")
         actions: list[tuple[str, Any, int]] = []
         if kind == "template":
