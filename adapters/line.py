@@ -478,6 +478,7 @@ class LineChannel:
         self._last_webhook: float | None = None
         self._persisted_at = 0.0
         self._bot: str = ""
+        self._watch: asyncio.TimerHandle | None = None
 
     @classmethod
     def from_settings(cls, cfg: Mapping[str, str], settings: Any) -> Self:
@@ -581,13 +582,30 @@ class LineChannel:
                 raise
             log.warning("line.bot_info_failed", channel=self.name, error=str(exc))
         self._dispatch = dispatch
+        self._arm_watch()
         self._health.up(
             f"receiving webhooks at {self.http_path}" + (f"; {self._bot}" if self._bot else "")
         )
 
+    def _arm_watch(self) -> None:
+        """Judge deafness now and then even when nobody reads the health (so the
+        ``adapter.deaf`` log line comes on its own); reading it judges at once too."""
+        if self.deaf_after <= 0:
+            return
+        every = min(max(self.deaf_after / 4, 1.0), 300.0)
+        self._watch = asyncio.get_running_loop().call_later(every, self._watch_tick)
+
+    def _watch_tick(self) -> None:
+        self._check_deaf()
+        if self._dispatch is not None:
+            self._arm_watch()
+
     async def stop(self) -> None:
         """Drop in-flight dispatches and close the HTTP session; safe to call twice."""
         self._dispatch = None
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
         await self._inflight.cancel_all()
         client, self._client, self._api = self._client, None, None
         if client is not None:

@@ -399,6 +399,15 @@ async def test_deaf_without_webhooks_and_back_on_the_next_one(rig: Rig) -> None:
     assert rig.channel.health.state == "connected" and rig.channel.health.reconnects == 1
 
 
+async def test_deaf_is_noticed_without_anyone_asking(fake: FakeLine) -> None:
+    channel = make_channel(fake, deaf_after=1.0)
+    await channel.start(Recorder())
+    try:
+        await fake.wait_for(lambda: channel._health.state == "deaf", within=5)
+    finally:
+        await channel.stop()
+
+
 async def test_doctor_reports_the_bot_and_the_last_webhook(
     rig: Rig, fake: FakeLine, tmp_path: Path
 ) -> None:
