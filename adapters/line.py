@@ -445,20 +445,16 @@ class LineChannel:
     ) -> None:
         """Nothing is sent to LINE yet (the SDK's HTTP session needs the running loop)."""
         if not channel_secret or not channel_token:
-            missing = (
-                "STEWARD_LINE_CHANNEL_SECRET"
-                if not channel_secret
-                else ("STEWARD_LINE_CHANNEL_TOKEN")
-            )
+            missing = "SECRET" if not channel_secret else "TOKEN"
             raise ValueError(
-                f"{missing} is not set: LINE needs both the channel secret (to check "
-                "webhooks) and the channel access token (to answer) (see README → LINE)"
+                f"STEWARD_LINE_CHANNEL_{missing} is not set: LINE needs both the channel "
+                "secret (to check webhooks) and the channel access token (to answer) "
+                "(see README → LINE)"
             )
         self.api_url = (api_url or DEFAULT_API_URL).rstrip("/")
         self.http_path = WEBHOOK_PATH
         self.deaf_after = deaf_after
         self.reply_ttl = reply_ttl
-        self._secret = channel_secret
         self._token = channel_token
         self._validator = SignatureValidator(channel_secret)
         self._timeout = timeout

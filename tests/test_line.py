@@ -376,6 +376,7 @@ def test_plain_text_dialect() -> None:
         "Status\n\nDisk is fine, see the docs (https://example.com).\n\n"
         "• one\n• two\n\ndf -h  # **not bold**\n\n────────\nrun ls"
     )
+    assert to_line_text("- [x] done\n- [ ] todo") == "☑ done\n☐ todo"
 
 
 # ---------------------------------------------------------------------- health
