@@ -198,11 +198,21 @@ PLATFORMS: tuple[PlatformSpec, ...] = (
         "line",
         "LINE",
         "adapters.line:LineChannel",
-        dialect="markdown",
+        dialect="plain",
         keys=(
             Key("channel_secret", "channel secret (signs webhooks)", secret=True, enables=True),
             Key("channel_token", "long-lived channel access token", secret=True, enables=True),
             Key("api_url", "Messaging API host; empty: https://api.line.me"),
+            Key(
+                "deaf_after",
+                "seconds without a verified webhook before LINE counts as deaf; "
+                "empty: 86400 (a day); 0: never",
+            ),
+        ),
+        problems=needs(
+            "line",
+            ("channel_secret", "LINE signs every webhook with it (Basic settings)"),
+            ("channel_token", "Steward answers with it (Messaging API → channel access token)"),
         ),
         webhook=True,
     ),

@@ -49,6 +49,28 @@ async def until(pred: Callable[[], Any], limit: float = 30.0, what: str = "") ->
     raise AssertionError(f"timed out waiting for {what or pred}")
 
 
+async def outcome(rig: Rig, original: Sent, marker: str) -> Sent:
+    """The decided state of a message with buttons: the message itself, edited, where
+    the platform can edit; else (LINE: ``capabilities.edit`` False) the first later
+    message in the same conversation that says it."""
+    if rig.h.channel.capabilities.edit:
+        return await rig.reply_to(lambda s: s.id == original.id and marker in s.text, marker)
+
+    def later() -> Sent | None:
+        sent = rig.h.sent()
+        at = next(i for i, s in enumerate(sent) if s.id == original.id)
+        return next(
+            (
+                s
+                for s in sent[at + 1 :]
+                if s.conversation == original.conversation and marker in s.text
+            ),
+            None,
+        )
+
+    return await until(later, what=f"a new message saying {marker!r}")
+
+
 class Rig:
     def __init__(self, harness: Harness, app: App, outbox: Outbox, llm: ScriptedLLM) -> None:
         self.h, self.app, self.outbox, self.llm = harness, app, outbox, llm
@@ -116,7 +138,7 @@ async def test_approval_buttons_press_and_outcome_edit(rig: Rig, tmp_path: Any) 
     await rig.reply_to(lambda s: s.text.startswith("Wrote contract.txt"), "the answer")
     ack = rig.h.acknowledged_within()
     assert ack is not None and ack < 3.0
-    edited = next(s for s in rig.h.sent() if s.id == approval.id)
+    edited = await outcome(rig, approval, "Approved by")
     assert "Approved by" in edited.text and rig.h.user in edited.text
     assert edited.buttons == []
     assert (tmp_path / "contract.txt").read_text() == "approved\n"
@@ -151,7 +173,7 @@ async def test_suggestion_no_thanks_is_recorded(rig: Rig) -> None:
         lambda: any(r["status"] == "refused" for r in rig.app.suggestions.records()),
         what="the refusal record",
     )
-    edited = await rig.reply_to(lambda s: s.id == offer.id and "No thanks" in s.text, "the edit")
+    edited = await outcome(rig, offer, "No thanks")
     assert edited.buttons == []
     assert rig.llm.requests == []  # "no" starts nothing
 
@@ -216,7 +238,10 @@ async def test_approval_in_a_thread_end_to_end(rig: Rig, tmp_path: Any) -> None:
     approval = await rig.reply_to(lambda s: bool(s.buttons), "the approval")
     await rig.h.press(approval.id, approval.buttons[0][1])
     answer = await rig.reply_to(lambda s: s.text.startswith("Wrote thread.txt"), "the answer")
-    assert answer.thread is not None and answer.thread == approval.thread
-    edited = next(s for s in rig.h.sent() if s.id == approval.id)
+    if rig.h.channel.capabilities.threads:
+        assert answer.thread is not None and answer.thread == approval.thread
+    else:  # no threads (LINE): the answer stays in the group
+        assert answer.conversation == approval.conversation == rig.h.group
+    edited = await outcome(rig, approval, "Approved by")
     assert "Approved by" in edited.text and edited.buttons == []
     assert (tmp_path / "thread.txt").read_text() == "threaded\n"
