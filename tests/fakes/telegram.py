@@ -542,8 +542,10 @@ class FakeTelegram:
             return _err(404, "Not Found: method not found")
         response: web.Response = await handler(bot, params)
         record.status = response.status
-        if response.status != 200:
+        if response.status != 200 and response.content_type == "application/json":
             record.error = json.loads(response.body).get("description")  # type: ignore[arg-type]
+        elif response.status != 200:
+            record.error = f"HTTP {response.status}"
         return response
 
     async def _m_getme(self, bot: _Bot, p: dict[str, Any]) -> web.Response:
