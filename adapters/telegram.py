@@ -604,7 +604,7 @@ class TelegramChannel:
 
         Raises `DeliveryError` (not transient) when the token is refused; an unreachable
         Telegram is retried in the background with health saying so. Waits up to
-        ``ready_timeout`` for the first getUpdates round trip."""
+        ``ready_timeout`` for the first getUpdates round trip (or its failure)."""
         if self._bot is not None:
             raise RuntimeError("TelegramChannel is already started")
         self._dispatch = dispatch
@@ -702,7 +702,9 @@ class TelegramChannel:
                 self._take(update)
 
     def _poll_failed(self, exc: BaseException, what: str) -> bool:
-        """Health for a failed round trip; False when `exc` is not a Telegram/network error."""
+        """Health for a failed round trip; False when `exc` is not a Telegram/network error.
+        A failure is an outcome too: `start` stops waiting and reports the state."""
+        self._polled.set()
         if isinstance(exc, Conflict):
             hint = WEBHOOK_ACTIVE_HINT if _is(exc, "webhook") else CONFLICT_HINT
             self.health.down(hint)

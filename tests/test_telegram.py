@@ -448,6 +448,17 @@ async def test_409_conflict_is_down_with_the_reason_then_recovers(
     assert (await received.next()).text == "back?"  # type: ignore[union-attr]
 
 
+async def test_a_conflict_at_start_is_reported_at_once(fake: FakeTelegram) -> None:
+    fake.conflict = True
+    channel = make_channel(fake, ready_timeout=600.0)
+    # start returns on the first outcome (here the 409), not after ready_timeout
+    await asyncio.wait_for(channel.start(Recorder()), 20)
+    try:
+        assert channel.health.state == "down" and channel.health.detail == CONFLICT_HINT
+    finally:
+        await channel.stop()
+
+
 async def test_a_webhook_set_elsewhere_is_down_with_its_own_hint(
     fake: FakeTelegram, bot: tuple[TelegramChannel, Recorder]
 ) -> None:
