@@ -614,3 +614,47 @@ async def test_golden_outbound(fake: FakeTelegram, bot: tuple[TelegramChannel, R
     typing = await request_of(channel.typing(DM), "sendChatAction")
     typing.pop("_result")
     golden.check_outbound("telegram", "typing", typing)
+
+
+# ---------------------------------------------------------------------- with the channel layer
+
+
+async def test_flood_wait_holds_only_its_own_chat_and_a_long_one_is_kept(
+    fake: FakeTelegram, bot: tuple[TelegramChannel, Recorder], tmp_path: Any
+) -> None:
+    """A 429 for one chat is waited out (on the channel layer's clock) while another chat's
+    answer goes out; a wait beyond MAX_RETRY_AFTER keeps the message as undelivered."""
+    from bot.channels import Outbox, UndeliveredStore
+    from core.clock import Clock
+
+    class HeldClock(Clock):
+        """Sleeps last until the test lets them go; records how long they asked for."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.slept: list[float] = []
+            self.go = asyncio.Event()
+
+        async def sleep(self, seconds: float) -> None:
+            self.slept.append(seconds)
+            await self.go.wait()
+
+    channel, _ = bot
+    clock = HeldClock()
+    store = UndeliveredStore(tmp_path)
+    outbox = Outbox(channel, clock=clock, undelivered=store, backoff=0.01, retries=3)
+    fake.rate_limit_next(5)
+    first = asyncio.create_task(outbox.send(DM, "to the flooded chat"))
+    await until(lambda: any(r.status == 429 for r in fake.requests))
+    await outbox.send(str(GROUP), "to another chat")
+    assert not first.done()
+    assert [p.raw_text for p in fake.posted] == ["to another chat"]
+    assert clock.slept == [5.0]  # Telegram's retry_after, honoured
+    clock.go.set()
+    await asyncio.wait_for(first, WAIT)
+    assert [p.raw_text for p in fake.posted] == ["to another chat", "to the flooded chat"]
+    fake.rate_limit_next(900)
+    with pytest.raises(DeliveryError) as err:
+        await outbox.send(DM, "after a 15-minute flood wait")
+    assert err.value.retry_after == 900.0
+    assert store.count() == 1 and "15-minute" in store.path.read_text()
