@@ -86,7 +86,7 @@ from telegram.error import (
     TelegramError,
 )
 from telegram.request import HTTPXRequest
-from telegram.warnings import PTBDeprecationWarning
+from telegram.warnings import PTBDeprecationWarning, PTBUserWarning
 
 from adapters.runtime import Backoff, Health, Inflight, Recent
 from core.events import (
@@ -687,10 +687,16 @@ class TelegramChannel:
                 raise
             except Exception as exc:
                 if not self._poll_failed(exc, "getUpdates"):
-                    log.exception("adapter.poll_bug", channel=self.name)
+                    # PTB could not parse the batch: one bad update must not block the
+                    # queue forever (the same offset would fail again). Fetch it raw and
+                    # skip what cannot be parsed.
+                    log.exception("adapter.bad_batch", channel=self.name)
+                    if await self._skip_unparsable(bot):
+                        continue
                     self.health.lost(f"getUpdates failed unexpectedly: {exc!r}")
                 extra = retry_after_of(exc) if isinstance(exc, RetryAfter) else 0.0
                 await self._backoff.wait(extra)
+                first = True  # a quick round trip next: health recovers as soon as it can
                 continue
             first = False
             self.last_poll_ok = time.monotonic()
@@ -700,6 +706,35 @@ class TelegramChannel:
             for update in updates:
                 self._offset = max(self._offset, update.update_id + 1)
                 self._take(update)
+
+    async def _skip_unparsable(self, bot: Bot) -> bool:
+        """The pending updates as raw JSON: each parsed alone, the bad ones logged and
+        skipped. True when the queue could be read this way."""
+        try:
+            with warnings.catch_warnings():  # "use Bot.get_updates": that is what failed
+                warnings.simplefilter("ignore", PTBUserWarning)
+                raw = await bot.do_api_request(
+                    "getUpdates",
+                    api_kwargs={"offset": self._offset or None, "timeout": 0},
+                    read_timeout=10.0,
+                )
+        except Exception:
+            log.exception("adapter.raw_poll_failed", channel=self.name)
+            return False
+        if not isinstance(raw, list):
+            return False
+        for item in raw:
+            uid = item.get("update_id") if isinstance(item, dict) else None
+            if not isinstance(uid, int):
+                continue
+            self._offset = max(self._offset, uid + 1)
+            try:
+                update = Update.de_json(item, bot)
+            except Exception:
+                log.warning("adapter.bad_update", channel=self.name, update_id=uid)
+                continue
+            self._take(update)
+        return True
 
     def _poll_failed(self, exc: BaseException, what: str) -> bool:
         """Health for a failed round trip; False when `exc` is not a Telegram/network error.

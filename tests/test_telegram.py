@@ -423,6 +423,25 @@ async def test_webhook_checks_the_secret_then_the_payload_and_dedups(fake: FakeT
         await runner.cleanup()
 
 
+async def test_webhook_delivery_failures_telegram_reports_show_in_health(
+    fake: FakeTelegram,
+) -> None:
+    channel, runner = await webhook_channel(fake, Recorder())
+    try:
+        assert channel._bot is not None
+        fake.bots[OTHER_TOKEN].last_error = "Connection timed out"
+        await channel._check_webhook(channel._bot)
+        assert channel.health.state == "reconnecting"
+        assert "Telegram cannot deliver" in channel.health.detail
+        assert "Connection timed out" in channel.health.detail
+        fake.bots[OTHER_TOKEN].last_error = ""
+        await channel._check_webhook(channel._bot)
+        assert channel.health.state == "connected"
+    finally:
+        await channel.stop()
+        await runner.cleanup()
+
+
 def test_polling_mode_mounts_no_webhook_route() -> None:
     app = web.Application()
     TelegramChannel(token=TOKEN).add_routes(app)
@@ -478,6 +497,16 @@ async def test_5xx_during_polling_reconnects_with_backoff(
     await until(lambda: channel.health.reconnects >= 1 and channel.health.state == "connected")
     await fake.user_message("still there?")
     assert (await received.next()).text == "still there?"  # type: ignore[union-attr]
+
+
+async def test_an_unparsable_update_is_skipped_not_a_poison_pill(
+    fake: FakeTelegram, bot: tuple[TelegramChannel, Recorder]
+) -> None:
+    channel, received = bot
+    await fake.deliver({"update_id": 5, "message": {"message_id": 1, "chat": "not a chat"}})
+    await fake.user_message("after the bad one")
+    assert (await received.next()).text == "after the bad one"  # type: ignore[union-attr]
+    assert channel.health.state == "connected"
 
 
 def test_a_silent_poll_loop_is_deaf() -> None:

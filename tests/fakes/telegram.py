@@ -182,6 +182,8 @@ class _Bot:
     updates: list[dict[str, Any]] = field(default_factory=list)
     webhook_url: str = ""
     webhook_secret: str = ""
+    #: What getWebhookInfo reports as the last failed delivery (a test sets it).
+    last_error: str = ""
     #: update ids handed out, with the time (for callback answer latency).
     handed: dict[int, float] = field(default_factory=dict)
 
@@ -584,6 +586,11 @@ class FakeTelegram:
                 "has_custom_certificate": False,
                 "pending_update_count": len(bot.updates),
             }
+            | (
+                {"last_error_date": int(time.time()) - 5, "last_error_message": bot.last_error}
+                if bot.last_error
+                else {}
+            )
         )
 
     async def _m_getupdates(self, bot: _Bot, p: dict[str, Any]) -> web.Response:
@@ -597,9 +604,15 @@ class FakeTelegram:
         allowed = p.get("allowed_updates")
         hold = min(float(p.get("timeout") or 0), self.max_hold)
         deadline = time.monotonic() + hold
-        drops = self._drop
         assert self._wake is not None and self._closing is not None
         while True:
+            if self._drop:  # the poll in flight (or the next one) ends with a 502
+                self._drop -= 1
+                return web.Response(
+                    status=502,
+                    text="<html><head><title>502 Bad Gateway</title></head></html>",
+                    content_type="text/html",
+                )
             ready = [
                 u
                 for u in bot.updates
@@ -607,13 +620,6 @@ class FakeTelegram:
             ][: int(p.get("limit") or 100)]
             if ready or time.monotonic() >= deadline or self._closing.is_set():
                 break
-            if self._drop != drops:
-                self._drop = drops = self._drop - 1
-                return web.Response(
-                    status=502,
-                    text="<html><head><title>502 Bad Gateway</title></head></html>",
-                    content_type="text/html",
-                )
             async with self._wake:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), deadline - time.monotonic())
