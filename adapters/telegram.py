@@ -774,6 +774,7 @@ class TelegramChannel:
                     self.health.down(f"setWebhook {self._webhook_url} refused: {exc}")
                 else:
                     self.health.lost(f"setWebhook: {exc}")
+                self._polled.set()  # an outcome: `start` reports it instead of waiting
                 await self._backoff.wait(retry_after_of(exc) if isinstance(exc, RetryAfter) else 0)
         self._backoff.reset()
         self.health.up(f"webhook {self._webhook_url}")
