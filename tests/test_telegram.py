@@ -442,6 +442,19 @@ async def test_webhook_delivery_failures_telegram_reports_show_in_health(
         await runner.cleanup()
 
 
+async def test_a_refused_webhook_url_is_down_with_telegrams_reason(fake: FakeTelegram) -> None:
+    channel = make_channel(
+        fake, token=OTHER_TOKEN, webhook_url="http://example.com/hook", webhook_secret="s3cret"
+    )
+    await asyncio.wait_for(channel.start(Recorder()), 20)
+    try:
+        assert channel.health.state == "down"
+        assert "setWebhook http://example.com/hook refused" in channel.health.detail
+        assert "https url must be provided" in channel.health.detail.lower()
+    finally:
+        await channel.stop()
+
+
 def test_polling_mode_mounts_no_webhook_route() -> None:
     app = web.Application()
     TelegramChannel(token=TOKEN).add_routes(app)
