@@ -13,6 +13,7 @@ class is imported by name when a platform is configured (bot/channels.py).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -135,6 +136,29 @@ def _slack_problems(cfg: PlatformConfig) -> list[str]:
     return problems
 
 
+def _telegram_problems(cfg: PlatformConfig) -> list[str]:
+    """Half-configured webhook mode (long polling needs only the token)."""
+    problems = []
+    url, secret = cfg.webhook_url.strip(), cfg.webhook_secret.strip()
+    if url and not secret:
+        problems.append(
+            "STEWARD_TELEGRAM_WEBHOOK_URL is set but STEWARD_TELEGRAM_WEBHOOK_SECRET is not: "
+            "webhook mode needs a secret so that only Telegram can post updates "
+            "(see README → Telegram)."
+        )
+    if secret and not url:
+        problems.append(
+            "STEWARD_TELEGRAM_WEBHOOK_SECRET is set but STEWARD_TELEGRAM_WEBHOOK_URL is not: "
+            "Steward would long-poll and never use the secret (see README → Telegram)."
+        )
+    if secret and not re.fullmatch(r"[A-Za-z0-9_-]{1,256}", secret):
+        problems.append(
+            "STEWARD_TELEGRAM_WEBHOOK_SECRET may only hold A-Z, a-z, 0-9, _ and - (1-256 "
+            "characters): Telegram refuses any other secret (see README → Telegram)."
+        )
+    return problems
+
+
 def needs(platform: str, *pairs: tuple[str, str]) -> Callable[[PlatformConfig], list[str]]:
     """A `problems` check: each (key, why) must be set once the platform is on."""
 
@@ -182,16 +206,23 @@ PLATFORMS: tuple[PlatformSpec, ...] = (
         "telegram",
         "Telegram",
         "adapters.telegram:TelegramChannel",
-        dialect="markdown",
+        dialect="markdown",  # unused: the adapter's own to_dialect (HTML) wins
         keys=(
             Key("token", "BotFather token", secret=True, enables=True),
             Key(
                 "api_url",
                 "Bot API base (the token is appended); empty: https://api.telegram.org/bot",
             ),
-            Key("webhook_url", "public https URL: webhook mode instead of long polling"),
+            Key(
+                "webhook_url",
+                "public https URL (…/webhooks/telegram): webhook mode instead of long polling",
+            ),
             Key("webhook_secret", "X-Telegram-Bot-Api-Secret-Token for webhook mode", secret=True),
         ),
+        problems=_telegram_problems,
+        # Telegram never shows a bot its own messages: the adapter's liveness signal is
+        # the getUpdates round trip instead (adapters/telegram.py).
+        echoes=False,
         webhook=True,
     ),
     PlatformSpec(
