@@ -247,6 +247,19 @@ async def _local_model(settings: Settings, found: Availability) -> list[Check]:
     return checks
 
 
+def _mounts_webhook(adapter: object) -> bool:
+    """Whether the adapter, as configured, receives on a webhook (Slack in Socket Mode
+    and Telegram polling don't): its routes, mounted on a scratch application."""
+    add_routes = getattr(adapter, "add_routes", None)
+    if add_routes is None:
+        return False
+    from aiohttp import web
+
+    scratch = web.Application()
+    add_routes(scratch)
+    return bool(len(scratch.router.routes()))
+
+
 async def _channels(settings: Settings) -> list[Check]:
     """Per configured platform: settings problems, then a real credential check, then the
     live health of a running Steward (its /healthz), if one answers."""
@@ -277,7 +290,7 @@ async def _channels(settings: Settings) -> list[Check]:
                 )
             )
             continue
-        if spec.webhook and settings.public_url.strip():
+        if settings.public_url.strip() and _mounts_webhook(adapter):
             who = f"{who}; webhook {settings.public_url.strip().rstrip('/')}{spec.webhook_path}"
         state = live.get(spec.name) if live else None
         if state is None:

@@ -766,3 +766,27 @@ def test_mentions_are_stripped_wherever_they_are() -> None:
     )
     assert strip_mention("<@U0BOT> hi", None) == "hi"
     assert parse_event({"event": {"type": "reaction_added"}}) is None
+
+
+@pytest.mark.parametrize("mode", ["socket", "http"])
+async def test_doctor_shows_the_webhook_url_only_where_slack_receives_on_it(
+    fake: FakeSlack, settings_for: Any, mode: str
+) -> None:
+    from bot.doctor import _channels
+
+    tokens = (
+        {"slack_app_token": fake.app_token}
+        if mode == "socket"
+        else {"slack_signing_secret": fake.signing_secret}
+    )
+    settings = settings_for(
+        None,
+        slack_bot_token=fake.bot_token,
+        slack_api_url=fake.base_url,
+        public_url="https://steward.example/",
+        **tokens,
+    )
+    [check] = [c for c in await _channels(settings) if c.name == "slack"]
+    assert check.ok and "bot steward in team Acme" in check.detail
+    shown = "webhook https://steward.example/webhooks/slack" in check.detail
+    assert shown is (mode == "http")
