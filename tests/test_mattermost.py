@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import stat
 import time
 import urllib.request
@@ -743,33 +742,3 @@ def _rid(post: dict[str, Any]) -> str:
     """The approval id, from the first button's value (``approve:<id>``)."""
     actions = post["props"]["attachments"][0]["actions"]
     return str(actions[0]["integration"]["context"]["value"]).partition(":")[2]
-
-
-# ---------------------------------------------------------------------- a real server (optional)
-
-REAL = {k: os.environ.get(f"MATTERMOST_TEST_{k.upper()}", "") for k in ("url", "token", "channel")}
-
-
-@pytest.mark.skipif(
-    not all(REAL.values()),
-    reason="no real Mattermost server: set MATTERMOST_TEST_URL, MATTERMOST_TEST_TOKEN (a bot "
-    "token) and MATTERMOST_TEST_CHANNEL (a channel id the bot is in)",
-)
-async def test_against_a_real_server() -> None:
-    """The same adapter against a real Mattermost (not run here: no server on this machine)."""
-    channel = MattermostChannel(url=REAL["url"], token=REAL["token"])
-    assert (await channel.check_credentials()).startswith("bot @")
-
-    async def ignore(_: Inbound) -> None:
-        return None
-
-    await channel.start(ignore)
-    try:
-        assert channel.health.state == "connected"
-        before = channel.health.last_event_at
-        ref = await channel.send(REAL["channel"], "Steward adapter test: please ignore")
-        await until(lambda: channel.health.last_event_at != before, within=15)  # the echo
-        await channel.edit(ref, "Steward adapter test: edited in place")
-        await channel.typing(REAL["channel"])
-    finally:
-        await channel.stop()

@@ -5,6 +5,7 @@ layer, dispatcher, approvals and agent (the model is the scripted server)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import importlib.util
 import time
@@ -79,11 +80,9 @@ class Rig:
         return await until(lambda: next((s for s in self.h.sent() if pred(s)), None), what=what)
 
 
-@pytest.fixture(params=sorted(PLATFORMS))
-async def rig(
-    request: pytest.FixtureRequest, llm: ScriptedLLM, settings_for: Callable
-) -> AsyncIterator[Rig]:
-    harness: Harness = importlib.import_module(harness_module(request.param)).HARNESS()
+@contextlib.asynccontextmanager
+async def _rig(platform: str, llm: ScriptedLLM, settings_for: Callable) -> AsyncIterator[Rig]:
+    harness: Harness = importlib.import_module(harness_module(platform)).HARNESS()
     await harness.start()
     name = harness.name
     settings = settings_for(
@@ -98,6 +97,28 @@ async def rig(
     finally:
         await app.stop()
         await harness.stop()
+
+
+@pytest.fixture(params=sorted(PLATFORMS))
+async def rig(
+    request: pytest.FixtureRequest, llm: ScriptedLLM, settings_for: Callable
+) -> AsyncIterator[Rig]:
+    async with _rig(request.param, llm, settings_for) as made:
+        yield made
+
+
+def _has_groups(platform: str) -> bool:
+    """WhatsApp's Cloud API has no group chats for a business number (harness `groups`)."""
+    return getattr(importlib.import_module(harness_module(platform)).HARNESS, "groups", True)
+
+
+@pytest.fixture(params=sorted(p for p in PLATFORMS if _has_groups(p)))
+async def group_rig(
+    request: pytest.FixtureRequest, llm: ScriptedLLM, settings_for: Callable
+) -> AsyncIterator[Rig]:
+    """A rig for the tests about group conversations, on the platforms that have them."""
+    async with _rig(request.param, llm, settings_for) as made:
+        yield made
 
 
 async def test_text_round_trip_in_dialect(rig: Rig) -> None:
@@ -217,24 +238,18 @@ async def test_stranger_message_never_reaches_the_model(rig: Rig) -> None:
     assert "/pair" in refusal.text and rig.llm.requests == []
 
 
-def skip_without_groups(rig: Rig) -> None:
-    """WhatsApp's Cloud API has no group chats for a business number (harness `groups`)."""
-    if not getattr(rig.h, "groups", True):
-        pytest.skip("no group chats on this platform")
-
-
-async def test_group_mention_answers_in_thread(rig: Rig) -> None:
-    skip_without_groups(rig)
+async def test_group_mention_answers_in_thread(group_rig: Rig) -> None:
+    rig = group_rig
     rig.llm.reply_text("answered in the thread")
     await rig.h.user_says("help here", group=True, mention=True)
     sent = await rig.reply_to(lambda s: s.text == "answered in the thread", "the reply")
     assert sent.conversation == rig.h.group
 
 
-async def test_approval_in_a_thread_end_to_end(rig: Rig, tmp_path: Any) -> None:
+async def test_approval_in_a_thread_end_to_end(group_rig: Rig, tmp_path: Any) -> None:
     """The issue's walk-through: message in a thread → risky call → buttons → the approver
     presses Approve → the tool runs → the answer lands in the thread → "approved by …"."""
-    skip_without_groups(rig)
+    rig = group_rig
     rig.llm.reply_tool("shell", {"command": "echo threaded > ../thread.txt"})
     rig.llm.reply_text("Wrote thread.txt next to the workspace.")
     thread = "1700000000.000100"
