@@ -68,6 +68,16 @@ def _grant_key(conversation_key: str, tool: str, args: dict[str, Any]) -> str:
     return f"{conversation_key}\x00{tool}\x00{json.dumps(args, sort_keys=True)}"
 
 
+def approval_buttons(rid: str) -> list[Button]:
+    """The four choices of an approval request; a press carries `<choice>:<request id>`."""
+    return [
+        Button("Approve once", f"{APPROVE}:{rid}", "primary"),
+        Button("Approve for this session", f"{SESSION}:{rid}"),
+        Button("Always allow", f"{ALWAYS}:{rid}"),
+        Button("Deny", f"{DENY}:{rid}", "danger"),
+    ]
+
+
 class Approvals:
     """Creates requests, routes presses to them, expires them on the clock, stores them."""
 
@@ -204,12 +214,7 @@ class Approvals:
             channel=channel.name,
             expires_at=self.clock.now() + self.timeout,
             task_id=task_id,
-            buttons=[
-                Button("Approve once", f"{APPROVE}:{rid}", "primary"),
-                Button("Approve for this session", f"{SESSION}:{rid}"),
-                Button("Always allow", f"{ALWAYS}:{rid}"),
-                Button("Deny", f"{DENY}:{rid}", "danger"),
-            ],
+            buttons=approval_buttons(rid),
         )
         approvers = self.approvers_for(channel.name, conversation, asked_by)
         record: dict[str, Any] = {

@@ -20,6 +20,7 @@ from structlog.testing import capture_logs
 
 import adapters.discord as discord_adapter
 from adapters.discord import INTENT_HINT, DiscordChannel, message_payload, render_buttons
+from core.approvals import approval_buttons
 from core.events import (
     ApprovalRequest,
     Button,
@@ -116,12 +117,7 @@ def approval(conversation: str = GROUP, rid: str = "ap12") -> ApprovalRequest:
         conversation=conversation,
         channel="discord",
         expires_at=0.0,
-        buttons=[
-            Button("Approve once", f"approve:{rid}", "primary"),
-            Button("Approve for this session", f"session:{rid}"),
-            Button("Always allow", f"always:{rid}"),
-            Button("Deny", f"deny:{rid}", "danger"),
-        ],
+        buttons=approval_buttons(rid),
     )
 
 

@@ -29,6 +29,7 @@ from adapters.line import (
     utf16_len,
 )
 from bot.channels import Outbox, UndeliveredStore
+from core.approvals import approval_buttons
 from core.clock import SimClock
 from core.events import (
     ApprovalRequest,
@@ -131,12 +132,7 @@ def approval(conversation: str = USER) -> ApprovalRequest:
         conversation=conversation,
         channel="line",
         expires_at=0.0,
-        buttons=[
-            Button("Approve once", f"approve:{rid}", "primary"),
-            Button("Approve for this session", f"session:{rid}"),
-            Button("Always allow", f"always:{rid}"),
-            Button("Deny", f"deny:{rid}", "danger"),
-        ],
+        buttons=approval_buttons(rid),
     )
 
 

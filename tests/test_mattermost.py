@@ -36,9 +36,9 @@ from adapters.mattermost import (
 )
 from adapters.runtime import Backoff
 from config.platforms import spec
+from core.approvals import approval_buttons
 from core.events import (
     ApprovalRequest,
-    Button,
     ButtonPress,
     Channel,
     DeliveryError,
@@ -121,12 +121,7 @@ def approval(conversation: str, rid: str = "ap12") -> ApprovalRequest:
         conversation=conversation,
         channel="mattermost",
         expires_at=0.0,
-        buttons=[
-            Button("Approve once", f"approve:{rid}", "primary"),
-            Button("Approve for this session", f"session:{rid}"),
-            Button("Always allow", f"always:{rid}"),
-            Button("Deny", f"deny:{rid}", "danger"),
-        ],
+        buttons=approval_buttons(rid),
     )
 
 

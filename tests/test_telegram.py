@@ -29,6 +29,7 @@ from adapters.telegram import (
     to_plain,
 )
 from config.platforms import BY_NAME
+from core.approvals import approval_buttons
 from core.events import (
     ApprovalRequest,
     Button,
@@ -129,12 +130,7 @@ def approval(conversation: str = DM, rid: str = "ap12") -> ApprovalRequest:
         conversation=conversation,
         channel="telegram",
         expires_at=0.0,
-        buttons=[
-            Button("Approve once", f"approve:{rid}", "primary"),
-            Button("Approve for this session", f"session:{rid}"),
-            Button("Always allow", f"always:{rid}"),
-            Button("Deny", f"deny:{rid}", "danger"),
-        ],
+        buttons=approval_buttons(rid),
     )
 
 
