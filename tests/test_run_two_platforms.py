@@ -1,0 +1,100 @@
+"""The assembled product with two platforms at once: `steward run` as a subprocess with
+Telegram (long polling) and Mattermost (websocket + webhook) on their wire fakes, the
+web chat beside them, and a Telegram approval a previous run left pending on disk.
+
+What only the whole lifecycle shows: the platforms start together and both answer;
+the pending approval's message is edited to "expired" on the platform it was asked on
+once that platform is running (not when the first channel starts); the interrupted
+task is offered again in its conversation; /healthz lists every channel.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import make_env
+from tests.fakes.llm import ScriptedLLM
+from tests.fakes.mattermost import ALICE as MM_ALICE
+from tests.fakes.mattermost import TOKEN as MM_TOKEN
+from tests.fakes.mattermost import FakeMattermost
+from tests.fakes.telegram import ALICE, TOKEN, FakeTelegram
+from tests.test_cli import steward_run
+from tests.test_paas import free_port
+from tests.test_telegram_run import posted, wait_for
+
+
+def healthz(port: int) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as resp:
+        return json.loads(resp.read())
+
+
+def drain(server: Any) -> None:
+    """Keep reading the JSON log lines, so the process never blocks on a full pipe."""
+    threading.Thread(target=lambda: [None for _ in server.stderr], daemon=True).start()
+
+
+def test_two_platforms_and_a_pending_approval_across_a_restart(
+    tmp_path: Path, llm_thread: ScriptedLLM
+) -> None:
+    telegram, mattermost = FakeTelegram(), FakeMattermost()
+    telegram.start_in_thread()
+    mattermost.start_in_thread()
+    try:
+        port = free_port()
+        env = make_env(
+            tmp_path,
+            llm_thread,
+            port=port,
+            public_url=f"http://127.0.0.1:{port}",
+            telegram_token=TOKEN,
+            telegram_api_url=telegram.base_url,
+            telegram_allowed_users=ALICE,
+            mattermost_url=mattermost.url,
+            mattermost_token=MM_TOKEN,
+            mattermost_allowed_users=MM_ALICE["id"],
+        )
+        # First run: a Telegram request needs approval; Steward stops before anyone answers.
+        with steward_run(env, tmp_path) as (server, _ready):
+            drain(server)
+            llm_thread.reply_tool("shell", {"command": "echo x > ../outside.txt"})
+            telegram.call(telegram.user_message, "write outside the workspace")
+            ask = wait_for(lambda: posted(telegram, lambda p: bool(p.buttons)), "the approval")
+            assert len(ask.buttons) == 4
+        assert not (tmp_path / "outside.txt").exists()
+
+        # Second run, both platforms: the approval is expired on Telegram (its buttons
+        # go), the cut-off task is offered again there, and Mattermost answers meanwhile.
+        with steward_run(env, tmp_path) as (server, _ready):
+            drain(server)
+            wait_for(lambda: "Expired" in ask.raw_text and not ask.buttons, "the expiry edit")
+            offer = wait_for(
+                lambda: posted(telegram, lambda p: "restarted while working on" in p.raw_text),
+                "the re-run offer",
+            )
+            assert "write outside the workspace" in offer.raw_text
+            wait_for(lambda: mattermost.connections >= 1, "the Mattermost websocket")
+            llm_thread.reply_text("Hello from **Steward** on Mattermost.")
+            mattermost.call(mattermost.user_post(MM_ALICE["id"], mattermost.dm_alice, "hi there"))
+            wait_for(
+                lambda: any("on Mattermost" in p["message"] for p in mattermost.bot_messages()),
+                "the Mattermost answer",
+            )
+            channels = wait_for(
+                lambda: (
+                    (c := healthz(port)["channels"])
+                    and all(
+                        c.get(n, {}).get("state") == "connected"
+                        for n in ("web", "telegram", "mattermost")
+                    )
+                    and c
+                ),
+                "every channel connected",
+            )
+            assert set(channels) == {"web", "telegram", "mattermost"}
+    finally:
+        telegram.stop_thread()
+        mattermost.stop_thread()
