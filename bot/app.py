@@ -16,6 +16,7 @@ import structlog
 
 from bot.channels import Outbox, wrap
 from bot.dispatcher import Dispatcher
+from bot.model_check import NO_MODEL_MESSAGE, no_model_message
 from config.settings import ConfigError, Settings
 from core.access import Access
 from core.agent import Agent
@@ -30,7 +31,6 @@ from core.learning import Learner, LearningConfig
 from core.llm import LLMClient
 from core.local_llm import LOCAL_TOOLS, LocalLLM
 from core.local_model import (
-    INSTALL_HINT,
     ModelServer,
     availability,
     embedded_wanted,
@@ -52,37 +52,12 @@ from memory.rules import RuleStore
 from memory.store import DataStore
 from memory.transcripts import TranscriptStore
 
-NO_MODEL_MESSAGE = (
-    "No model is configured, so I can't work on tasks yet. Set STEWARD_MODEL to a litellm "
-    "model string and the provider's key, e.g.\n"
-    "  export STEWARD_MODEL=openai/gpt-4.1-mini OPENAI_API_KEY=sk-...\n"
-    "  export STEWARD_MODEL=anthropic/claude-sonnet-4-5 ANTHROPIC_API_KEY=...\n"
-    "or point it at an OpenAI-compatible server (vLLM, llama.cpp, Ollama):\n"
-    "  export STEWARD_MODEL=openai/<model-id> STEWARD_API_BASE=http://127.0.0.1:8080/v1\n"
-    "then restart Steward. `steward doctor` checks the set-up."
-)
-
 LOCAL_MODEL_NOTICE = (
     "Running a tiny local model (SmolLM2-135M) on this machine: no key, no network, and "
     "only simple jobs (list, read, write and search files, run a command). To use a real "
     "model, set STEWARD_MODEL and its key, e.g. `export STEWARD_MODEL=openai/gpt-4.1-mini "
     "OPENAI_API_KEY=sk-...`, and restart (README → Local model)."
 )
-
-
-def no_model_message(settings: Settings, env: Mapping[str, str] | None = None) -> str:
-    """What people are told when there is no model; says how to get the local one when
-    it would have been used but is not installed."""
-    if embedded_wanted(settings, env):
-        why = availability(settings.local_model_path.strip()).reason
-        if why:
-            return f"{NO_MODEL_MESSAGE}\n\nThe tiny local model can't run: {why}. {INSTALL_HINT}"
-    return NO_MODEL_MESSAGE
-
-
-def local_model_ready(settings: Settings, env: Mapping[str, str] | None = None) -> bool:
-    """The embedded model will be used (wanted and installed)."""
-    return embedded_wanted(settings, env) and availability(settings.local_model_path.strip()).ok
 
 
 def in_use_message(exc: DataDirLocked, command: str, settings: Settings) -> str:

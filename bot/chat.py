@@ -13,11 +13,12 @@ from typing import TextIO
 from rich.console import Console
 
 from adapters.terminal import QUIT_WORDS, OneShotChannel, TerminalChannel
-from bot.app import App, local_model_ready, no_model_message
+from bot.app import App
+from bot.model_check import EXIT_NO_MODEL, local_model_ready, no_model_message
 from config.settings import Settings
 from core.agent import TaskResult
 
-EXIT_OK, EXIT_FAIL, EXIT_NO_MODEL = 0, 1, 3
+EXIT_OK, EXIT_FAIL = 0, 1
 
 
 async def chat_once(settings: Settings, text: str, *, quiet: bool = False) -> int:

@@ -97,6 +97,13 @@ def _settings(args: argparse.Namespace) -> Any:
     except ConfigError as exc:
         print(f"steward: configuration error: {exc}", file=sys.stderr)
         raise SystemExit(EXIT_CONFIG) from None
+    if args.command == "chat" and _chat_mode(args) != "interactive":
+        # Said before logging or the pipeline is even imported: at once, exit 3.
+        from bot.model_check import EXIT_NO_MODEL, local_model_ready, no_model_message
+
+        if not settings.model_configured and not local_model_ready(settings):
+            print(f"steward: {no_model_message(settings)}", file=sys.stderr)
+            raise SystemExit(EXIT_NO_MODEL)
     from bot.logs import CHAT_LOG_NAME, configure_logging, open_log_file
 
     level = "debug" if args.verbose else settings.log_level
@@ -156,9 +163,9 @@ def _dispatch(args: argparse.Namespace, settings: Any, parser: argparse.Argument
 
         return asyncio.run(serve(settings))
     if args.command == "chat":
+        mode = _chat_mode(args)
         from bot.chat import chat_interactive, chat_once, chat_piped
 
-        mode = _chat_mode(args)
         if mode == "one":
             return asyncio.run(chat_once(settings, args.message, quiet=args.quiet))
         if mode == "piped":

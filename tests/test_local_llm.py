@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from bot.app import LOCAL_MODEL_NOTICE, App, no_model_message
+from bot.app import LOCAL_MODEL_NOTICE, App
+from bot.model_check import no_model_message
 from core.clock import Clock
 from core.events import Message
 from core.gates import check_answer, retry_instruction

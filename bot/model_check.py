@@ -1,0 +1,46 @@
+"""Whether Steward has a model to work with, answered without loading the pipeline.
+
+Why a module of its own: `steward chat -m` with no model must say so at once (exit 3),
+not after importing the agent, litellm and every adapter (seconds on a busy machine).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from config.providers import embedded_wanted
+from config.settings import Settings
+
+#: `steward chat` exit code when there is no model to work with.
+EXIT_NO_MODEL = 3
+
+NO_MODEL_MESSAGE = (
+    "No model is configured, so I can't work on tasks yet. Set STEWARD_MODEL to a litellm "
+    "model string and the provider's key, e.g.\n"
+    "  export STEWARD_MODEL=openai/gpt-4.1-mini OPENAI_API_KEY=sk-...\n"
+    "  export STEWARD_MODEL=anthropic/claude-sonnet-4-5 ANTHROPIC_API_KEY=...\n"
+    "or point it at an OpenAI-compatible server (vLLM, llama.cpp, Ollama):\n"
+    "  export STEWARD_MODEL=openai/<model-id> STEWARD_API_BASE=http://127.0.0.1:8080/v1\n"
+    "then restart Steward. `steward doctor` checks the set-up."
+)
+
+
+def no_model_message(settings: Settings, env: Mapping[str, str] | None = None) -> str:
+    """What people are told when there is no model; says how to get the local one when
+    it would have been used but is not installed."""
+    if embedded_wanted(settings, env):
+        from core.local_model import INSTALL_HINT, availability  # only when it matters
+
+        why = availability(settings.local_model_path.strip()).reason
+        if why:
+            return f"{NO_MODEL_MESSAGE}\n\nThe tiny local model can't run: {why}. {INSTALL_HINT}"
+    return NO_MODEL_MESSAGE
+
+
+def local_model_ready(settings: Settings, env: Mapping[str, str] | None = None) -> bool:
+    """The embedded model will be used (wanted and installed)."""
+    if not embedded_wanted(settings, env):
+        return False
+    from core.local_model import availability
+
+    return availability(settings.local_model_path.strip()).ok
