@@ -19,6 +19,7 @@ from typing import Any
 import structlog
 
 from bot.commands import builtin_router
+from bot.commands.rules import RulesCommands
 from bot.ports import InterruptedTasks, LearnerHooks, PolicyOverlay, ProactiveHooks
 from bot.router import CommandRouter, PressContext
 from core.access import Access
@@ -37,7 +38,6 @@ from core.events import (
 )
 from core.history import History
 from core.interrupted import DROP, RERUN
-from core.rules_commands import RulesCommands
 from core.suggestions import Suggestions
 
 log = structlog.get_logger("steward.dispatcher")
