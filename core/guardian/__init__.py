@@ -34,7 +34,8 @@ is refused.
 The parts, in the order a call goes through them:
 - `decision.py`: `Verdict` and `Decision`, what the guardian answers;
 - `guard.py`: `Guardian`, the policy cache and reload, file and fetch tools, the overlay;
-- `analysis.py`: the syntax walker over bashlex's tree;
+- `analysis.py`, `paths.py`, `runs.py`: the syntax walker over bashlex's tree, where words
+  point, what a simple command runs;
 - `programs.py`: the per-program handlers (`rm`, `curl`, `git`, `sh -c`, …);
 - `shell_text.py`: the words of a command, option normalisation, text helpers;
 - `knowledge.py`: the tables of how programs read their arguments.
