@@ -15,6 +15,7 @@ from typing import Any
 import structlog
 
 from bot.channels import Outbox, wrap
+from bot.commands.rules import RulesCommands
 from bot.dispatcher import Dispatcher
 from bot.model_check import NO_MODEL_MESSAGE, no_model_message
 from config.settings import ConfigError, Settings
@@ -38,7 +39,6 @@ from core.local_model import (
 )
 from core.proactive import Config as ProactiveConfig
 from core.proactive import Proactive
-from core.rules_commands import RulesCommands
 from core.sandbox import SandboxRequired
 from core.sandbox import setup as sandbox_setup
 from core.suggestions import Suggestions

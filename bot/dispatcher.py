@@ -1,8 +1,10 @@
 """Where every inbound event goes: commands, button presses, messages for the agent.
 
 The dispatcher is the only place that knows all three; channels only parse and
-render, the agent only works. Keeping commands here means `/cancel` or `/approve`
-behaves the same in the terminal, the web chat, replay and every platform.
+render, the agent only works. Commands and button presses go through its router
+(bot/router.py, the built-in handlers in bot/commands/), so `/cancel` or `/approve`
+behaves the same in the terminal, the web chat, replay and every platform, and a
+command from another module is one `dispatcher.router.command(...)` call.
 """
 
 from __future__ import annotations
@@ -16,9 +18,13 @@ from typing import Any
 
 import structlog
 
+from bot.commands import builtin_router
+from bot.commands.rules import RulesCommands
+from bot.ports import InterruptedTasks, LearnerHooks, PolicyOverlay, ProactiveHooks
+from bot.router import CommandRouter, PressContext
 from core.access import Access
 from core.agent import Agent, TaskRequest, TaskResult
-from core.approvals import ACTIONS, ALWAYS, APPROVE, DENY, SESSION, Approvals
+from core.approvals import Approvals
 from core.conversations import Conversations, FollowUp
 from core.events import (
     ButtonPress,
@@ -32,8 +38,7 @@ from core.events import (
 )
 from core.history import History
 from core.interrupted import DROP, RERUN
-from core.rules_commands import Caller, RulesCommands
-from core.suggestions import NO, YES, Suggestions
+from core.suggestions import Suggestions
 
 log = structlog.get_logger("steward.dispatcher")
 
@@ -41,20 +46,11 @@ log = structlog.get_logger("steward.dispatcher")
 #: original's send time (oldest forgotten first; only the last seconds matter).
 ARRIVALS_KEPT = 512
 
-HELP = """Commands:
-/help — this list
-/cancel — stop the running task
-/status — what is running and queued here
-/approve ID [session|always], /deny ID — decide an approval (for clients without buttons)
-/rules [list [candidate|active|retired]] — the rules Steward has learned
-  /rules show ID, /rules stats; admins: /rules promote|demote|disable|delete ID,
-  /rules edit ID TEXT, /rules add TEXT
-/policy — the safety policy overlay; /policy revoke RULE — drop an always-allow rule (admins)
-/pair CODE — let a person who asked for access talk to me (admins)
-/proactive [status] — what I noticed here, my threshold and cooldown for you
-/proactive off, /proactive on — stop or allow unprompted offers of help
-/proactive quiet HH:MM-HH:MM, /proactive quiet off — no offers during these hours
-Anything else is a task for Steward."""
+#: The /help answer of the built-in commands (a dispatcher's own router may hold more).
+HELP = builtin_router().help_text()
+
+#: Answer to a press of a button nothing is waiting for any more.
+INACTIVE_BUTTON = "That button is no longer active."
 
 
 #: Said when Steward stops with a task running: it is not lost (core/interrupted.py).
@@ -81,18 +77,20 @@ class Dispatcher:
     access: Access
     suggestions: Suggestions
     #: The guardian's overlay, for /policy (describe_overlay, revoke); None hides it.
-    policy: Any = None
+    policy: PolicyOverlay | None = None
     #: Sent instead of running a task when no model is configured.
     no_model_message: str = ""
     #: core/learning.Learner: credited with every task's outcome (None: no learning).
-    learner: Any = None
+    learner: LearnerHooks | None = None
     rules_commands: RulesCommands | None = None
     rules_admins_only: bool = True
     #: Proactive help (core/proactive.py); None: never offers help unprompted.
-    proactive: Any = None
+    proactive: ProactiveHooks | None = None
     #: core/interrupted.Interrupted: answers "Run it again?" about tasks a previous run
     #: left unfinished (None: no task journal).
-    interrupted: Any = None
+    interrupted: InterruptedTasks | None = None
+    #: Commands and button presses (bot/commands); register more with `router.command`.
+    router: CommandRouter[Dispatcher] = field(default_factory=builtin_router)
     last_results: dict[str, TaskResult] = field(default_factory=dict)
     undelivered: list[Undelivered] = field(default_factory=list)
     #: (channel, conversation, message id) -> arrival on the proactive clock, for
@@ -124,7 +122,7 @@ class Dispatcher:
         if isinstance(event, ButtonPress):
             await self._press(event, channel)
         elif isinstance(event, Cancel):
-            await self._cancel(channel, event.conversation)
+            await self.cancel(channel, event.conversation)
         elif isinstance(event, Retracted):
             await self._retracted(event, channel)
         elif isinstance(event, Message):
@@ -204,21 +202,18 @@ class Dispatcher:
             log.exception("dispatch.private_failed", channel=channel.name)
 
     async def _press(self, event: ButtonPress, channel: Channel) -> None:
-        if event.value.partition(":")[0] in ACTIONS:
-            answer = await self.approvals.press(event.value, event.user)
-            if not answer.decided:  # the edited request already shows a decision
-                await self._private(channel, event.conversation, event.user, answer.text)
-            return
-        if event.value.partition(":")[0] in (YES, NO, RERUN, DROP):
-            await self._suggestion(channel, event.conversation, event.user, event.value, None)
-            return
-        await self._private(
-            channel, event.conversation, event.user, "That button is no longer active."
-        )
+        handler = self.router.button_handler(event.value)
+        answer: str | None = INACTIVE_BUTTON
+        if handler is not None:
+            answer = await handler(PressContext(self, channel, event))
+        if answer is not None:
+            await self._private(channel, event.conversation, event.user, answer)
 
-    async def _suggestion(
+    async def suggestion(
         self, channel: Channel, conversation: str, user: str, value: str, thread: str | None
     ) -> None:
+        """The answer to an offer of help or to "Run it again?", pressed or typed as
+        `/suggestion VALUE`; an accepted offer becomes a task here."""
         if value.partition(":")[0] in (RERUN, DROP):
             await self._interrupted(channel, conversation, user, value)
             return
@@ -247,7 +242,7 @@ class Dispatcher:
         """[Run it again] / [Drop it] on a task a previous run left unfinished (also typed
         as `/suggestion VALUE` where the platform has no buttons)."""
         if self.interrupted is None:
-            await self._private(channel, conversation, user, "That button is no longer active.")
+            await self._private(channel, conversation, user, INACTIVE_BUTTON)
             return
         answer = await self.interrupted.answer(value, user)
         if not answer.decided:
@@ -267,96 +262,16 @@ class Dispatcher:
         """Steward itself is stopping (a task cut off now is interrupted, not cancelled)."""
         return self.interrupted is not None and self.interrupted.journal.stopping
 
-    async def _cancel(self, channel: Channel, conversation: str) -> None:
+    async def cancel(self, channel: Channel, conversation: str) -> None:
         key = self.key(channel, conversation)
         if not self.conversations.cancel(key):
             await self.say(channel, conversation, "Nothing is running here.")
 
     async def _command(self, msg: Message, channel: Channel, text: str) -> None:
-        name, _, arg = text[1:].partition(" ")
-        name, arg = name.lower(), arg.strip()
-        if name in ("help", "start"):
-            await self.say(channel, msg.conversation, HELP, msg.thread)
-        elif name == "cancel":
-            await self._cancel(channel, msg.conversation)
-        elif name == "status":
-            key = self.key(channel, msg.conversation)
-            busy = self.conversations.is_busy(key)
-            queued = self.conversations.queued(key)
-            waiting = self.approvals.pending(msg.conversation)
-            parts = ["A task is running." if busy else "Idle."]
-            if queued:
-                parts.append(f"{queued} queued.")
-            if waiting:
-                parts.append(
-                    "Waiting for approval: " + ", ".join(f"{r.id} ({r.what})" for r in waiting)
-                )
-            await self.say(channel, msg.conversation, " ".join(parts), msg.thread)
-        elif name in (APPROVE, DENY):
-            rid, _, mode = arg.partition(" ")
-            if not rid:
-                await self.say(channel, msg.conversation, f"Usage: /{name} ID", msg.thread)
-                return
-            action = {"session": SESSION, "always": ALWAYS}.get(mode.strip().lower(), name)
-            answer = await self.approvals.press(
-                f"{action if name == APPROVE else DENY}:{rid}", msg.user
-            )
-            await self.say(channel, msg.conversation, answer.text, msg.thread)
-        elif name == "pause":
-            await self.say(
-                channel,
-                msg.conversation,
-                "Nothing to pause: Steward's own work queue (perpetual mode) is not running. "
-                "Use /cancel to stop the task running here.",
-                msg.thread,
-            )
-        elif name == "suggestion":
-            await self._suggestion(channel, msg.conversation, msg.user, arg, msg.thread)
-        elif name == "proactive":
-            if self.proactive is None:
-                reply = "Proactive help is not available here."
-            else:
-                reply = await self.proactive.command(channel, msg, arg)
-            await self.say(channel, msg.conversation, reply, msg.thread)
-        elif name == "pair":
-            await self.say(
-                channel, msg.conversation, self.access.pair(channel.name, msg.user, arg), msg.thread
-            )
-        elif name == "policy":
-            await self.say(channel, msg.conversation, self._policy(channel, msg, arg), msg.thread)
-        elif name == "rules":
-            await self.say(
-                channel, msg.conversation, await self._rules(channel, msg, arg), msg.thread
-            )
-        else:
-            await self.say(
-                channel,
-                msg.conversation,
-                f"Unknown command /{name}. Send /help for the list.",
-                msg.thread,
-            )
-
-    async def _rules(self, channel: Channel, msg: Message, arg: str) -> str:
-        if self.rules_commands is None:
-            return "Rules are not available here."
-        may_change = not self.rules_admins_only or self.access.is_admin(channel.name, msg.user)
-        rich = getattr(channel, "dialect", "markdown") != "plain"
-        return await self.rules_commands.run(arg, Caller(msg.user, may_change, rich))
-
-    def _policy(self, channel: Channel, msg: Message, arg: str) -> str:
-        if self.policy is None:
-            return "The policy overlay is not available here."
-        action, _, rule = arg.partition(" ")
-        if action.lower() == "revoke":
-            if not self.access.is_admin(channel.name, msg.user):
-                return "Only an admin can change the policy."
-            if not rule.strip():
-                return "Usage: /policy revoke RULE_ID"
-            removed = self.policy.revoke(rule.strip())
-            return (
-                f"Revoked {rule.strip()}." if removed else f"No rule {rule.strip()} in the overlay."
-            )
-        return str(self.policy.describe_overlay())
+        """A `/command`: routed by name (bot/commands), its answer sent in the conversation."""
+        answer = await self.router.run(self, self.access, channel, msg, text)
+        if answer is not None:
+            await self.say(channel, msg.conversation, answer, msg.thread)
 
     async def _task(self, msg: Message, channel: Channel, text: str) -> None:
         key = self.key(channel, msg.conversation)

@@ -10,10 +10,10 @@ from __future__ import annotations
 import asyncio
 import shlex
 
+from bot.commands.rules import CHANGES, Caller, RulesCommands
 from config.settings import Settings
 from core.clock import Clock
 from core.learning import LearningConfig
-from core.rules_commands import CHANGES, Caller, RulesCommands
 from memory.lock import DataDirLocked, acquire
 from memory.rules import RuleStore
 from memory.store import DataStore

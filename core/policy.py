@@ -2,7 +2,7 @@
 
 Why a separate module: the lists people read and argue with (what is allowed, what
 asks first, what is refused, where credentials live) belong in a file they can open,
-while the engine that applies them (core/guardian.py) stays code. This module reads
+while the engine that applies them (core/guardian/) stays code. This module reads
 and validates both files, merges them under the overlay rules, and edits the
 overlay's `[[always_allow]]` rules without touching anything else a person wrote.
 
@@ -554,7 +554,7 @@ class Credential:
 
 @dataclass(frozen=True)
 class Policy:
-    """Built-in policy and overlay, merged. Read by core/guardian.py's engine."""
+    """Built-in policy and overlay, merged. Read by the core/guardian/ engine."""
 
     allow: frozenset[str]
     workspace_writers: frozenset[str]

@@ -1,20 +1,27 @@
-"""`/rules …` in every chat and `steward rules …` in a terminal: one implementation.
+"""/rules in every chat and `steward rules …` in a terminal: one implementation.
 
 Why one: a person steering the learner must get the same answer wherever they ask.
 Output is sized for chat: a short page of one line per rule, and where the channel
 renders Markdown a compact monospace table. Changing rules may be limited to admins;
-everyone allowed to talk to Steward may list and show.
+everyone allowed to talk to Steward may list and show. It lives in bot/ because it is
+chat text: the learner (core/learning.py) and the rule store (memory/rules.py) only
+hold and judge the rules, this module words them.
 """
 
 from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from bot.router import CommandContext, CommandRouter, requires
 from core.clock import Clock
 from core.learning import LearningConfig
 from memory.rules import STATUSES, Rule, RuleStore
 from memory.store import MalformedFile
+
+if TYPE_CHECKING:
+    from bot.dispatcher import Dispatcher
 
 PAGE = 10
 CHANGES = ("promote", "demote", "disable", "delete", "edit", "add")
@@ -236,3 +243,29 @@ def _first(text: str, limit: int = 80) -> str:
 
 def _int(value: str, default: int) -> int:
     return int(value) if value.isdigit() else default
+
+
+# -- the /rules chat command ---------------------------------------------------------
+
+HELP = """the rules Steward has learned
+  /rules show ID, /rules stats; admins: /rules promote|demote|disable|delete ID,
+  /rules edit ID TEXT, /rules add TEXT"""
+
+
+async def rules(ctx: CommandContext[Dispatcher]) -> str:
+    d = ctx.services
+    assert d.rules_commands is not None  # the filter
+    # Who may change is decided per action inside (listing is for everyone).
+    may_change = not d.rules_admins_only or d.access.is_admin(ctx.channel.name, ctx.user)
+    rich = getattr(ctx.channel, "dialect", "markdown") != "plain"
+    return await d.rules_commands.run(ctx.arg, Caller(ctx.user, may_change, rich))
+
+
+def register(router: CommandRouter[Dispatcher]) -> None:
+    router.command(
+        "rules",
+        rules,
+        usage="/rules [list [candidate|active|retired]]",
+        help=HELP,
+        filters=[requires(lambda d: d.rules_commands is not None, "Rules are not available here.")],
+    )

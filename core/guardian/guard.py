@@ -1,0 +1,380 @@
+"""The `Guardian`: the policy loaded and cached, tool calls judged, the overlay edited.
+
+The policy (config/policy.toml merged with the deployment's overlay) is re-read only
+when a file changed; a policy that cannot be loaded refuses every call. The overlay's
+always-allow rules are written and revoked here, and described for /policy and
+`steward policy show`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from core.guardian.analysis import _Analysis
+from core.guardian.decision import Decision, Verdict
+from core.guardian.knowledge import INTERPRETER_ALIASES, INTERPRETERS, SHELLS, WRAPPERS
+from core.guardian.programs import _HANDLERS
+from core.guardian.shell_text import _norm, _Scope, _short, _Unparseable, _Word
+from core.policy import (
+    AlwaysAllowRule,
+    Policy,
+    PolicyError,
+    builtin_path,
+    merge,
+    overlay_text_with_rule,
+    overlay_text_without_rule,
+    read_document,
+    rule_id,
+    rule_match,
+)
+from memory.atomic import atomic_write_text
+
+# ════════════════════════════════════════════════════════════════════════════════
+# The guardian.
+# ════════════════════════════════════════════════════════════════════════════════
+
+FILE_TOOLS = frozenset({"read_file", "write_file", "edit_file", "list_files", "search_files"})
+
+#: Names the engine judges by their arguments: an overlay [allow] entry cannot change them.
+ENGINE_COMMANDS = frozenset({*_HANDLERS, *INTERPRETERS, *INTERPRETER_ALIASES, *WRAPPERS, *SHELLS})
+
+_UNLOADED = object()
+
+
+def _stamp(path: Path | None) -> object:
+    """What changes when a file is edited or replaced (atomic writes change the inode)."""
+    if path is None:
+        return None
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return "missing"
+    except OSError as exc:
+        return ("unreadable", str(exc))
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+class Guardian:
+    """Judges each tool call before it runs; see the module docstring for the rules.
+
+    The policy is config/policy.toml (or `policy_path`) plus the deployment's overlay
+    at `overlay_path` (typically `<data dir>/policy.toml`; it need not exist). Both are
+    re-read when they change on disk, so a person's edit or a revoked rule applies to
+    the next call; if either cannot be loaded every call is refused with the reason.
+    """
+
+    def __init__(
+        self,
+        workspace: Path,
+        *,
+        timeout: float = 2.0,
+        overlay_path: Path | None = None,
+        policy_path: Path | None = None,
+        data_dir: Path | None = None,
+    ) -> None:
+        self.workspace = Path(workspace)
+        self.data_dir = Path(data_dir) if data_dir is not None else None
+        self.timeout = timeout
+        self.overlay_path = Path(overlay_path) if overlay_path is not None else None
+        self.policy_path = Path(policy_path) if policy_path is not None else builtin_path()
+        self._lock = threading.RLock()
+        self._stamps: object = _UNLOADED
+        self._policy: Policy | None = None
+        self._error: str | None = None
+        self._guarded_paths: frozenset[str] = frozenset()
+
+    # ── the policy ──────────────────────────────────────────────────────────────
+    def policy(self) -> Policy:
+        """The merged policy, reloaded when a file changed; raises PolicyError if unusable."""
+        stamps = (_stamp(self.policy_path), _stamp(self.overlay_path))
+        with self._lock:
+            if stamps != self._stamps:
+                self._load()
+                self._guarded_paths = self._guarded()
+                self._stamps = stamps
+            if self._policy is None:
+                raise PolicyError(self._error or "the policy is not loaded")
+            return self._policy
+
+    def _load(self) -> None:
+        try:
+            base = read_document(self.policy_path, overlay=False)
+            overlay = None
+            if self.overlay_path is not None and self.overlay_path.exists():
+                overlay = read_document(self.overlay_path, overlay=True)
+            self._policy = merge(
+                base,
+                overlay,
+                engine_commands=ENGINE_COMMANDS,
+                builtin=self.policy_path,
+                overlay_path=self.overlay_path,
+            )
+            self._error = None
+        except PolicyError as exc:
+            self._policy, self._error = None, str(exc)
+
+    def _guarded(self) -> frozenset[str]:
+        """The policy files as the engine sees paths (lexical and real; refreshed on reload)."""
+        out: set[str] = set()
+        for path in (self.policy_path, self.overlay_path):
+            if path is not None:
+                out.add(_norm(os.path.abspath(path)))
+                out.add(os.path.realpath(path))
+        return frozenset(out)
+
+    # ── checks ──────────────────────────────────────────────────────────────────
+    async def check(self, tool: str, args: dict) -> Decision:
+        """The decision for one call. Never raises: an error or a slow check is a refusal."""
+        try:
+            return await asyncio.wait_for(
+                asyncio.to_thread(self.check_sync, tool, args), self.timeout
+            )
+        except TimeoutError:
+            return Decision(
+                Verdict.FORBID,
+                f"guardian error: the check took longer than {self.timeout:g}s; refused to be safe",
+            )
+        except Exception as exc:
+            return Decision(
+                Verdict.FORBID,
+                f"guardian error: {type(exc).__name__}: {exc}; refused to be safe",
+            )
+
+    def check_sync(self, tool: str, args: dict) -> Decision:
+        """The classification itself (synchronous; `check` adds the timeout and error floor).
+
+        The built-in verdict is decided first; an always-allow rule can then lift an
+        approval to allow, but never a forbid.
+        """
+        if not isinstance(args, dict):
+            return Decision(Verdict.FORBID, "tool arguments must be a JSON object")
+        try:
+            policy = self.policy()
+        except PolicyError as exc:
+            return Decision(
+                Verdict.FORBID,
+                f"the guardian's policy could not be loaded, so every tool call is refused: {exc}",
+            )
+        decision = self._classify(policy, tool, args)
+        rule = policy.rule_for(tool, args)
+        if rule is None:
+            return decision
+        if decision.verdict == Verdict.FORBID:
+            return Decision(
+                Verdict.FORBID,
+                f"{decision.reason} (always-allow rule {rule.id} matches, but a forbidden "
+                "call is never allowed)",
+            )
+        # The person's "always allow" of this exact call keeps what it needed to work.
+        return Decision(Verdict.ALLOW, f"allowed by always-allow rule {rule.id}", decision.needs)
+
+    def _classify(self, policy: Policy, tool: str, args: dict) -> Decision:
+        if tool == "shell":
+            return self.check_shell(args.get("command"), policy)
+        if tool in FILE_TOOLS:
+            return self.check_file_tool(tool, args, policy)
+        if tool == "web_fetch":
+            return self.check_fetch(args.get("url"), policy)
+        return Decision(Verdict.FORBID, f"unknown tool `{tool}`: there is no rule that allows it")
+
+    # ── the overlay's always-allow rules ───────────────────────────────────────
+    def always_allow(self, tool: str, args: dict, *, added_by: str) -> str:
+        """Write a narrow rule allowing exactly this call from now on; returns the rule id.
+
+        Narrow means exact: the same shell command string (or the same path, or URL), not
+        a pattern. Raises ValueError for a call that is forbidden (never offered for
+        forbidden classes), for a tool no rule can name, or when there is no overlay.
+        The same call twice gives the same id and one rule.
+        """
+        if self.overlay_path is None:
+            raise ValueError(
+                "no policy overlay is configured, so there is nowhere to keep the rule"
+            )
+        match = rule_match(tool, args) if isinstance(args, dict) else None
+        if not match:
+            raise ValueError(
+                f"`{tool}` calls cannot be always-allowed (no exact argument to match)"
+            )
+        with self._lock:
+            decision = self.check_sync(tool, args)
+            if decision.verdict == Verdict.FORBID:
+                raise ValueError(f"a forbidden call cannot be always-allowed: {decision.reason}")
+            policy = self.policy()
+            existing = policy.rule_for(tool, args)
+            if existing is not None:
+                return existing.id
+            rule = AlwaysAllowRule(
+                id=rule_id(tool, match),
+                tool=tool,
+                match=match,
+                added_by=added_by,
+                added_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                reason=decision.reason,
+            )
+            path = self.overlay_path
+            text = path.read_text(encoding="utf-8") if path.exists() else ""
+            atomic_write_text(path, overlay_text_with_rule(text, rule, str(path)))
+            self._stamps = _UNLOADED
+            return rule.id
+
+    def revoke(self, rule_id: str) -> bool:
+        """Remove an always-allow rule from the overlay; False when there is no such rule."""
+        if self.overlay_path is None:
+            return False
+        with self._lock:
+            path = self.overlay_path
+            try:
+                text = path.read_text(encoding="utf-8")
+            except FileNotFoundError:
+                return False
+            new_text = overlay_text_without_rule(text, rule_id.strip(), str(path))
+            if new_text is None:
+                return False
+            atomic_write_text(path, new_text)
+            self._stamps = _UNLOADED
+            return True
+
+    def describe_overlay(self) -> str:
+        """The active overlay in a few chat-sized lines (for /policy and `steward policy show`)."""
+        try:
+            policy = self.policy()
+        except PolicyError as exc:
+            return f"Policy error: {exc}\nEvery tool call is refused until this is fixed."
+        doc = policy.overlay
+        if doc is None or doc.is_empty():
+            return "No overlay: the built-in policy applies (config/policy.toml)."
+        lines = [f"Policy overlay: {self.overlay_path}"]
+
+        def listed(label: str, items: list[str]) -> None:
+            if items:
+                lines.append(f"{label}: {', '.join(items)}")
+
+        listed("Allowed commands added", doc.allow)
+        listed("Workspace writers added", doc.workspace_writers)
+        listed("Approval added", [f"{k} ({v})" for k, v in doc.approval.items()])
+        listed("Forbidden added", [f"{k} ({v})" for k, v in doc.forbid.items()])
+        listed("Credentials added", [f"{c.shown} ({c.what})" for c in doc.credentials])
+        listed("Protected folders added", doc.protected_dirs)
+        listed("Risky variables added", doc.risky_env_vars)
+        listed("Secrets files added", doc.env_files)
+        for programs, spec in doc.subcommands.items():
+            parts = [*(f"allow {a}" for a in spec.allow)]
+            parts += [f"approval {k}" for k in spec.approval]
+            parts += [f"forbid {k}" for k in spec.forbid]
+            listed(f"Subcommands of {programs}", parts)
+        for programs, risks in doc.options.items():
+            parts = [*(f"runs {k}" for k in risks.runs)]
+            parts += [f"writes {k}" for k in risks.writes]
+            parts += [f"settings {k}" for k in risks.configs]
+            listed(f"Options of {programs}", parts)
+        if doc.max_delete_files is not None:
+            lines.append(f"max_delete_files: {policy.max_delete_files}")
+        if doc.always_allow:
+            lines.append("Always-allow rules:")
+            for r in doc.always_allow:
+                by = f" by {r.added_by}" if r.added_by else ""
+                at = f" {r.added_at[:10]}" if r.added_at else ""
+                lines.append(f"  {r.id}  {r.tool} `{_short(r.match, 60)}`{by}{at}")
+            lines.append("Revoke one with /policy revoke RULE_ID.")
+        for note in policy.notes:
+            lines.append(f"Note: {note}")
+        return "\n".join(lines)
+
+    # ── per tool ────────────────────────────────────────────────────────────────
+    def _analysis(self, policy: Policy | None) -> _Analysis:
+        root = os.path.realpath(self.workspace)
+        home = os.path.realpath(os.path.expanduser("~"))
+        policy = policy or self.policy()
+        return _Analysis(root, home, policy, self._guarded_paths, self._private_paths())
+
+    def _private_paths(self) -> frozenset[str]:
+        """Steward's data dir as the engine sees paths: the folder of the overlay policy
+        (`<data dir>/policy.toml`) unless `data_dir` was given."""
+        folder = self.data_dir
+        if folder is None and self.overlay_path is not None:
+            folder = self.overlay_path.parent
+        if folder is None:
+            return frozenset()
+        return frozenset({_norm(os.path.abspath(folder)), os.path.realpath(folder)})
+
+    def check_shell(self, command: Any, policy: Policy | None = None) -> Decision:
+        if not isinstance(command, str):
+            return Decision(Verdict.FORBID, "shell command must be a string")
+        analysis = self._analysis(policy)
+        try:
+            analysis.script(command, _Scope(cwd=analysis.root))
+        except _Unparseable as exc:
+            return Decision(
+                Verdict.FORBID,
+                f"could not parse this command safely: {exc}; use a simpler form",
+            )
+        except RecursionError:
+            return Decision(
+                Verdict.FORBID,
+                "could not parse this command safely: nested too deeply; use a simpler form",
+            )
+        return analysis.decision()
+
+    def check_file_tool(self, tool: str, args: dict, policy: Policy | None = None) -> Decision:
+        """File tools are workspace-scoped by construction; credential paths are refused, and
+        so is changing the guardian's own policy files (if the data dir is in the workspace).
+        A write or edit outside the workspace asks, granting exactly that path for that one
+        call (the same grant a shell command gets); Steward's data dir, its config and
+        credential files stay refused."""
+        path = args.get("path", ".")
+        if path is None:
+            path = "."
+        if not isinstance(path, str):
+            return Decision(Verdict.FORBID, f"{tool}: path must be a string")
+        analysis = self._analysis(policy)
+        scope = _Scope(cwd=analysis.root)
+        where = f"{tool} `{path}`"
+        analysis.check_credentials(_Word(path, path), scope, where)
+        if tool in ("write_file", "edit_file") and analysis.policy_file(analysis.path(path, scope)):
+            analysis.flag(
+                Verdict.FORBID,
+                f"{where} changes the guardian's policy file; the agent may not change its "
+                "own rules",
+            )
+        if tool in ("write_file", "edit_file"):
+            target = analysis.path(path, scope)
+            real = target.real or os.path.realpath(os.path.join(analysis.root, path))
+            if not analysis.inside(target):
+                if analysis.reads_private(target.lexical or real, real) or any(
+                    real == d for d in analysis.private
+                ):
+                    analysis.flag(
+                        Verdict.FORBID,
+                        f"{where} is in Steward's own data dir: not the agent's to change",
+                    )
+                elif os.path.basename(real) == "steward.toml":
+                    analysis.flag(Verdict.FORBID, f"{where} is Steward's configuration")
+                else:
+                    analysis.flag(
+                        Verdict.APPROVAL,
+                        f"{where} writes outside the workspace ({real})",
+                        (f"write:{real}",),
+                    )
+        decision = analysis.decision()
+        if decision.verdict == Verdict.ALLOW:
+            return Decision(Verdict.ALLOW, f"{tool} stays inside the workspace")
+        return decision
+
+    def check_fetch(self, url: Any, policy: Policy | None = None) -> Decision:
+        if not isinstance(url, str):
+            return Decision(Verdict.FORBID, "web_fetch: url must be a string")
+        scheme = urlsplit(url.strip()).scheme.lower()
+        if scheme not in ("http", "https"):
+            return Decision(
+                Verdict.FORBID, f"web_fetch only fetches http(s) URLs, not `{_short(url)}`"
+            )
+        for cred in (policy or self.policy()).credentials:
+            if cred.regex.search(url):
+                return Decision(Verdict.FORBID, f"web_fetch `{_short(url)}` reads {cred.what}")
+        return Decision(Verdict.ALLOW, "web_fetch is a read-only http(s) GET")
