@@ -16,6 +16,7 @@ import structlog
 
 from bot.channels import Outbox, wrap
 from bot.dispatcher import Dispatcher
+from bot.schedule_commands import ScheduleCommands
 from config.settings import ConfigError, Settings
 from core.access import Access
 from core.agent import Agent
@@ -41,6 +42,7 @@ from core.proactive import Proactive
 from core.rules_commands import RulesCommands
 from core.sandbox import SandboxRequired
 from core.sandbox import setup as sandbox_setup
+from core.schedules import Deps, ScheduleConfig, Scheduler
 from core.suggestions import Suggestions
 from core.tools import ALL_TOOLS
 from core.tools.base import ToolContext
@@ -49,6 +51,7 @@ from memory.episodes import EpisodeStore
 from memory.journal import TaskJournal
 from memory.lock import DataDirLocked, acquire
 from memory.rules import RuleStore
+from memory.schedules import ScheduleStore
 from memory.store import DataStore
 from memory.transcripts import TranscriptStore
 
@@ -361,6 +364,26 @@ class App:
                 self.journal, self.episodes, self.clock, after_episode=self._index_episode
             ),
         )
+        # Schedules run through the same agent and conversation queues as messages and
+        # post through the channels' Outboxes; armed once the channels have started.
+        self.schedules = Scheduler(
+            ScheduleStore(self.data_dir, self.datastore),
+            self.clock,
+            ScheduleConfig.from_settings(settings),
+            Deps(
+                agent=agent,
+                conversations=self.conversations,
+                channel_for=lambda name: next((c for c in self.channels if c.name == name), None),
+                guardian=self.guardian,
+                tool_context=agent.tool_context if agent is not None else None,
+                ask_every_shell=self.sandbox.fallback,
+                access=self.access,
+                history=self.history,
+                learner=self.learner,
+            ),
+        )
+        self.schedules.load()
+        self.dispatcher.schedules = ScheduleCommands(self.schedules)
 
     def _local_server(self, command: Callable[[int], list[str]] | None) -> ModelServer | None:
         log_path = self.data_dir / "local-model.log"
@@ -423,6 +446,7 @@ class App:
                 started.append(result)
         if errors and failures is None:
             raise errors[0]
+        await self.schedules.start()  # after the channels: a due run needs its channel
         return started
 
     async def _start_one(self, adapter: Channel) -> Outbox:
@@ -502,6 +526,7 @@ class App:
             self.lock.release()
 
     async def _stop_channels(self) -> None:
+        await self.schedules.stop()  # no new run starts; one in flight is run again later
         await self.proactive.stop()
         self.journal.stopping = True  # tasks cut off now stay in the journal
         await self.conversations.stop()

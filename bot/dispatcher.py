@@ -54,6 +54,8 @@ HELP = """Commands:
 /proactive [status] — what I noticed here, my threshold and cooldown for you
 /proactive off, /proactive on — stop or allow unprompted offers of help
 /proactive quiet HH:MM-HH:MM, /proactive quiet off — no offers during these hours
+/schedule "0 9 * * 1-5" TASK, /schedule every 1h TASK, /schedule in 20m TASK — recurring work
+  /schedule list | pause ID | resume ID | delete ID | hours HH:MM-HH:MM (see README → Schedules)
 Anything else is a task for Steward."""
 
 
@@ -93,6 +95,8 @@ class Dispatcher:
     #: core/interrupted.Interrupted: answers "Run it again?" about tasks a previous run
     #: left unfinished (None: no task journal).
     interrupted: Any = None
+    #: bot/schedule_commands.ScheduleCommands: answers /schedule (None: not available).
+    schedules: Any = None
     last_results: dict[str, TaskResult] = field(default_factory=dict)
     undelivered: list[Undelivered] = field(default_factory=list)
     #: (channel, conversation, message id) -> arrival on the proactive clock, for
@@ -324,6 +328,9 @@ class Dispatcher:
             )
         elif name == "policy":
             await self.say(channel, msg.conversation, self._policy(channel, msg, arg), msg.thread)
+        elif name == "schedule" and self.schedules is not None:
+            reply = await self.schedules.run(channel, msg, arg)
+            await self.say(channel, msg.conversation, reply, msg.thread)
         elif name == "rules":
             await self.say(
                 channel, msg.conversation, await self._rules(channel, msg, arg), msg.thread
