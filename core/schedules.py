@@ -56,7 +56,6 @@ import structlog
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
-from core.agent import TaskRequest
 from core.clock import Clock
 from memory.schedules import Schedule, ScheduleStore
 
@@ -737,6 +736,8 @@ class Scheduler:
         budget = run_cap
         if day_cap:
             budget = min(budget, day_cap - s.day_tokens) if budget else day_cap - s.day_tokens
+        from core.agent import TaskRequest  # here: `steward schedule` never needs the agent
+
         request = TaskRequest(
             channel=channel,
             conversation=s.conversation,
