@@ -662,8 +662,9 @@ class Scheduler:
             s.last_result = outcome.result
             if s.kind == "once" and outcome.result != "deferred":
                 s.done, s.next_run = True, None
-            await asyncio.shield(self.store.save(s))
-            self._arm(s)
+            if self.schedules.get(s.id) is s:  # not deleted meanwhile (that file stays gone)
+                await asyncio.shield(self.store.save(s))
+                self._arm(s)
             log.info("schedule.ran", result=outcome.result, posted=len(outcome.posted))
             self._record(s.id, outcome)
         if not follow:

@@ -311,7 +311,9 @@ async def test_pause_resume_delete_in_chat(llm: ScriptedLLM, settings_for: Calla
     assert texts[1].startswith("Scheduled s-2") and texts[2].startswith("Paused s-2")
     assert texts[3].startswith("No schedule 's-1' here")  # bob's conversation has none
     assert "s-1 · in 20m" in texts[4] and "s-2 · every 1h · paused" in texts[4]
-    assert posts(out) == ["[s-1] Reminder: rotate the API key today."]  # the reminder ran once; paused s-2 never did
+    assert posts(out) == [
+        "[s-1] Reminder: rotate the API key today."
+    ]  # the reminder ran once; paused s-2 never did
     assert texts[-2].startswith("Resumed s-2") and texts[-1].startswith("Deleted s-2")
     assert not (s.data_dir / "schedules" / "s-2.md").exists()
     [done], _ = ScheduleStore(s.data_dir).load()
@@ -418,3 +420,33 @@ def test_schedule_from_the_terminal_chat_is_kept(llm_thread: ScriptedLLM, tmp_pa
     listing = steward(["schedule", "list"], env, tmp_path).stdout
     assert "s-1 · every 2h in terminal:terminal" in listing and "only if news" in listing
     assert not llm_thread.requests  # making a schedule costs no model call
+
+
+async def test_a_scheduled_run_asks_for_approval_like_any_task(
+    llm: ScriptedLLM, settings_for: Callable, tmp_path: Path
+) -> None:
+    """At 1 h the run asks; the person approves later and it goes on. At 2 h nobody
+    answers: the approval expires, which means deny, and the command never runs."""
+    s = settings_for(llm, approval_timeout=600)
+    llm.reply_tool("shell", {"command": "echo a > ../first.txt"})
+    llm.reply_text("Wrote ../first.txt as asked.")
+    llm.reply_tool("shell", {"command": "echo b > ../second.txt"})
+    llm.reply_text("I could not write ../second.txt: the approval was not given.")
+    out = await replay(
+        s,
+        [
+            {"t": 0, "user": "alice", "text": "/schedule every 1h write the marker file"},
+            # (a press finds its button when its line is read: the line before lets the
+            # clock reach the run that asks)
+            {"t": HOUR + 299, "user": "alice", "text": "/status"},
+            {"t": HOUR + 300, "user": "alice", "press": "approve"},
+        ],
+        drain=HOUR + 900,
+    )
+    approvals = [o for o in out if o["kind"] == "approval"]
+    assert len(approvals) == 2 and all(o["conversation"] == "alice" for o in approvals)
+    assert (tmp_path / "first.txt").read_text() == "a\n"
+    assert not (tmp_path / "second.txt").exists()
+    said = posts(out)
+    assert said[0] == "[s-1] Wrote ../first.txt as asked."
+    assert said[1].startswith("[s-1] I could not write ../second.txt")
