@@ -596,6 +596,13 @@ class Scheduler:
             if s is None or s.paused or s.done or self._stopping or self.deps is None:
                 return
             now = self.now()
+            due = from_iso(s.next_run)
+            if due is not None and now < due - timedelta(seconds=1):
+                self._arm(s)  # woken early (the wall clock was set back): wait again
+                return
+            # Next times are computed after the due time itself, never before it: a timer
+            # that fires a millisecond early must not find the same due time again.
+            now = max(now, due) if due is not None else now
             channel = self.deps.channel_for(s.channel)
             if channel is None:  # not running in this process: stays due for a start that has it
                 log.info("schedule.channel_absent", schedule=sid, channel=s.channel)

@@ -21,11 +21,12 @@ import pytest
 
 from adapters.replay import ReplayChannel
 from bot.app import App
+from bot.channels import UndeliveredStore
 from bot.replay import run_replay
 from config.settings import Settings
 from core.access import Rules
 from core.clock import SimClock
-from core.events import Message
+from core.events import DeliveryError, Message
 from core.schedules import (
     NOTHING,
     ScheduleConfig,
@@ -450,3 +451,46 @@ async def test_a_scheduled_run_asks_for_approval_like_any_task(
     said = posts(out)
     assert said[0] == "[s-1] Wrote ../first.txt as asked."
     assert said[1].startswith("[s-1] I could not write ../second.txt")
+
+
+class FlakyReplay(ReplayChannel):
+    """The replay channel with a platform outage switch: sends fail while `down`."""
+
+    down = False
+
+    async def send(self, conversation: str, text: str, *, thread: str | None = None) -> Any:
+        if self.down:
+            raise DeliveryError("503 from the platform")
+        return await super().send(conversation, text, thread=thread)
+
+
+async def test_a_report_while_the_channel_is_down_is_kept_and_sent_later(
+    llm: ScriptedLLM, settings_for: Callable
+) -> None:
+    s = settings_for(llm)
+    llm.reply_text("The nightly backup failed: disk full.")
+    clock = SimClock(start=NOW.timestamp())
+    app = App(s, clock=clock, subcommand="replay")
+    app.access.rules["replay"] = Rules(open=True)
+    channel = FlakyReplay(lambda: clock.elapsed, lambda _item: None)
+    [outbox] = await app.start([channel])
+    try:
+        await app.dispatcher.handle(
+            Message("replay", "alice", "alice", "/schedule every 1h check the backup"), outbox
+        )
+        channel.down = True
+        await clock.advance_to(clock.start + HOUR + 600)
+        assert posts(channel.outbound) == [] and model_calls(llm) == 1
+        assert UndeliveredStore(s.data_dir).count() == 1  # kept, not lost
+        channel.down = False
+        # What the Outbox does by itself every 30 s while something is kept, and after any
+        # successful send (tests/test_outbox.py); awaited here so the test need not poll.
+        assert await outbox.redeliver() == 1
+        assert any("The nightly backup failed" in t for t in posts_anywhere(channel.outbound))
+        assert UndeliveredStore(s.data_dir).count() == 0
+    finally:
+        await app.stop()
+
+
+def posts_anywhere(outbound: list[dict[str, Any]]) -> list[str]:
+    return [o["text"] for o in outbound if o["kind"] == "message"]
