@@ -384,6 +384,9 @@ class App:
         )
         self.schedules.load()
         self.dispatcher.schedules = ScheduleCommands(self.schedules)
+        #: Whether `start` arms the schedules' timers. Off for `steward chat -m` and piped
+        #: chat: a one-shot exchange must not run (or print) a schedule's work.
+        self.fire_schedules = True
 
     def _local_server(self, command: Callable[[int], list[str]] | None) -> ModelServer | None:
         log_path = self.data_dir / "local-model.log"
@@ -446,7 +449,8 @@ class App:
                 started.append(result)
         if errors and failures is None:
             raise errors[0]
-        await self.schedules.start()  # after the channels: a due run needs its channel
+        if self.fire_schedules:  # after the channels: a due run needs its channel
+            await self.schedules.start()
         return started
 
     async def _start_one(self, adapter: Channel) -> Outbox:

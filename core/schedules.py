@@ -70,27 +70,15 @@ QUIET_INSTRUCTION = (
     "on what you checked; otherwise answer with the report.)"
 )
 _UNITS = {
-    "s": 1,
-    "sec": 1,
-    "secs": 1,
-    "second": 1,
-    "seconds": 1,
-    "m": 60,
-    "min": 60,
-    "mins": 60,
-    "minute": 60,
-    "minutes": 60,
-    "h": 3600,
-    "hr": 3600,
-    "hrs": 3600,
-    "hour": 3600,
-    "hours": 3600,
-    "d": 86400,
-    "day": 86400,
-    "days": 86400,
-    "w": 604800,
-    "week": 604800,
-    "weeks": 604800,
+    word: size
+    for size, words in (
+        (1, "s sec secs second seconds"),
+        (60, "m min mins minute minutes"),
+        (3600, "h hr hrs hour hours"),
+        (86400, "d day days"),
+        (604800, "w week weeks"),
+    )
+    for word in words.split()
 }
 _DUR_PART = re.compile(r"(\d+(?:\.\d+)?)\s*([a-z]+)", re.I)
 _HOURS = re.compile(r"^(\d{1,2}):(\d{2})\s*-\s*(\d{1,2}):(\d{2})$")
@@ -768,40 +756,34 @@ class Scheduler:
 
             follow.append(credit)
         if result.outcome == "failure":
-            s.failures += 1
-            outcome.result = "failure"
-            wait = min(
-                self.config.failure_backoff_max,
-                self.config.failure_backoff * 2 ** (s.failures - 1),
-            )
-            if s.kind != "once":
-                s.next_run = iso(self.next_after(s, max(now + timedelta(seconds=wait), now)))
-            if not s.failure_notice:
-                s.failure_notice = True
-                again = (
-                    "I will keep trying, less often, and say once when it works again."
-                    if s.kind != "once"
-                    else "It will not run again."
-                )
-                await self._post(
-                    s, channel, f"Schedule {s.id} failed: {result.reply}\n\n{again}", outcome
-                )
+            await self._failed(s, channel, result.reply, now, outcome)
             return
         recovered = s.failures if s.failure_notice else 0
         s.failures, s.failure_notice = 0, False
         if check_output is not None:
             s.check_hash = check_hash  # only after a good run: a failed one is tried again
         reply = result.reply.strip()
+        outcome.result = self._news(s, reply, now)
+        parts: list[str] = []
+        if recovered:
+            parts.append(f"Schedule {s.id} works again (after {recovered} failed runs).")
+        if outcome.result == "report":
+            parts.append(f"[{s.id}] {reply}")
+        if parts:
+            await self._post(s, channel, "\n\n".join(parts), outcome)
+        if outcome.result == "report" and deps.history is not None:
+            key = f"{s.channel}:{s.conversation}"
+
+            async def remember() -> None:  # a reply to the report has it in context
+                await deps.history.record(key, f"(scheduled {s.id}) {s.text}", reply)
+
+            follow.append(remember)
+
+    def _news(self, s: Schedule, reply: str, now: datetime) -> str:
+        """ "nothing" (the verdict of an "only if" task), "repeat" (the same report was
+        posted within the repeat window) or "report"."""
         if s.quiet and says_nothing(reply):
-            outcome.result = "nothing"
-            if recovered:
-                await self._post(
-                    s,
-                    channel,
-                    f"Schedule {s.id} works again (after {recovered} failed runs).",
-                    outcome,
-                )
-            return
+            return "nothing"
         window = timedelta(seconds=self.config.repeat_window)
         s.sent = {
             h: at
@@ -810,28 +792,31 @@ class Scheduler:
         }
         digest = content_hash(reply)
         if digest in s.sent:
-            outcome.result = "repeat"
-            if recovered:
-                await self._post(
-                    s,
-                    channel,
-                    f"Schedule {s.id} works again (after {recovered} failed runs).",
-                    outcome,
-                )
-            return
+            return "repeat"
         s.sent[digest] = iso(now) or ""
-        head = (
-            f"Schedule {s.id} works again (after {recovered} failed runs).\n\n" if recovered else ""
+        return "report"
+
+    async def _failed(
+        self, s: Schedule, channel: Any, reply: str, now: datetime, outcome: Outcome
+    ) -> None:
+        """Said once; the next run waits longer with each failure in a row."""
+        s.failures += 1
+        outcome.result = "failure"
+        wait = min(
+            self.config.failure_backoff_max,
+            self.config.failure_backoff * 2 ** (s.failures - 1),
         )
-        outcome.result = "report"
-        await self._post(s, channel, f"{head}[{s.id}] {reply}", outcome)
-        if deps.history is not None:
-            key = f"{s.channel}:{s.conversation}"
-
-            async def remember() -> None:
-                await deps.history.record(key, f"(scheduled {s.id}) {s.text}", reply)
-
-            follow.append(remember)
+        if s.kind != "once":
+            s.next_run = iso(self.next_after(s, now + timedelta(seconds=wait)))
+        if s.failure_notice:
+            return
+        s.failure_notice = True
+        again = (
+            "I will keep trying, less often, and say once when it works again."
+            if s.kind != "once"
+            else "It will not run again."
+        )
+        await self._post(s, channel, f"Schedule {s.id} failed: {reply}\n\n{again}", outcome)
 
     async def _check(self, s: Schedule) -> str | None:
         """Run the check command without the model when the guardian allows it as is;
