@@ -306,12 +306,10 @@ class Agent:
                     kind = "Budget"  # a ceiling someone set, not a lesson to learn
                 kind = kind or ("StepLimit" if episode.error.startswith("step limit") else "Gate")
                 episode.task_signature = signature("task", kind, episode.error)
-                episode.task_environmental = kind in (
-                    "Timeout",
-                    "LLMError",
-                    "Internal",
-                    "Budget",
-                ) or (is_environmental(kind, episode.error))
+                environmental = ("Timeout", "LLMError", "Internal", "Budget")
+                episode.task_environmental = kind in environmental or (
+                    is_environmental(kind, episode.error)
+                )
         # Shielded: the answer exists (a stream may have shown it already); a stop now
         # must not lose its episode, nor leave its journal record open to be asked about.
         path = await asyncio.shield(self._save(episode, bound))
