@@ -92,6 +92,7 @@ class ScheduleCommands:
             user=msg.user,
             thread=msg.thread,
             direct=msg.direct,
+            space=msg.space,
             via=via,
         )
         return created_text(sched, s)

@@ -689,8 +689,8 @@ class Scheduler:
         assert deps is not None
         now = self.now()
         if deps.access is not None:
-            verdict = deps.access.check(s.channel, s.user, None)
-            if not verdict.allowed:
+            # As the person who made it: still allowed here? (No pairing code is made.)
+            if not deps.access.allows(s.channel, s.user, s.space):
                 outcome.result = "no_access"
                 return
         if deps.agent is None:
@@ -850,6 +850,7 @@ class Scheduler:
         user: str,
         thread: str | None = None,
         direct: bool = True,
+        space: str | None = None,
         via: str = "/schedule",
     ) -> Schedule:
         now = self.now().replace(microsecond=0)  # whole seconds: the file shows them so
@@ -864,6 +865,7 @@ class Scheduler:
             timezone=draft.timezone,
             thread=thread,
             direct=direct,
+            space=space,
             every=draft.every,
             check=draft.check,
             quiet=draft.quiet,

@@ -50,6 +50,8 @@ class Schedule:
     timezone: str = "UTC"
     thread: str | None = None
     direct: bool = True
+    #: The platform's workspace/guild/team of the conversation (access rules may name it).
+    space: str | None = None
     #: Interval length in seconds (kind interval).
     every: float = 0.0
     #: When an interval counts from; the one time of a one-shot.

@@ -495,3 +495,23 @@ async def test_a_report_while_the_channel_is_down_is_kept_and_sent_later(
 
 def posts_anywhere(outbound: list[dict[str, Any]]) -> list[str]:
     return [o["text"] for o in outbound if o["kind"] == "message"]
+
+
+async def test_a_run_is_as_its_maker_who_may_lose_access(
+    llm: ScriptedLLM, settings_for: Callable
+) -> None:
+    s = settings_for(llm)
+    llm.default_text = "The queue holds 3 jobs."
+    out = await replay(
+        s,
+        [
+            {"t": 0, "user": "alice", "text": "/schedule every 1h report the queue"},
+            {"t": 1.5 * HOUR, "access": {"allowed_users": ["bob"], "admins": ["bob"]}},
+        ],
+        drain=2 * HOUR,
+    )
+    assert posts(out) == ["[s-1] The queue holds 3 jobs."]  # at 1 h; not at 2 h
+    assert model_calls(llm) == 1
+    assert llm.requests[0]["messages"][-1]["content"] == "report the queue"
+    [sched], _ = ScheduleStore(s.data_dir).load()
+    assert sched.last_result == "no_access"
