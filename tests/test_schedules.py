@@ -515,3 +515,24 @@ async def test_a_run_is_as_its_maker_who_may_lose_access(
     assert llm.requests[0]["messages"][-1]["content"] == "report the queue"
     [sched], _ = ScheduleStore(s.data_dir).load()
     assert sched.last_result == "no_access"
+
+
+async def test_a_run_missed_by_more_than_the_grace_is_skipped_but_a_one_shot_runs_late(
+    llm: ScriptedLLM, settings_for: Callable
+) -> None:
+    s = settings_for(llm, schedule_misfire_grace=HOUR)
+    llm.default_text = "Checked: everything is in order."
+    out = await replay(
+        s,
+        [
+            {"t": 0, "user": "alice", "text": "/schedule every 1d check the certificates"},
+            {"t": 1, "user": "alice", "text": "/schedule in 2h remind me to rotate the key"},
+            {"t": 60, "restart": True, "down": 2 * 86400},
+        ],
+        drain=60,
+    )
+    # Down for two days: the daily run (missed by a day) is skipped, not caught up; the
+    # reminder runs, late.
+    asked = [r["messages"][-1]["content"] for r in llm.requests]
+    assert asked == ["remind me to rotate the key"]
+    assert len(posts(out)) == 1
