@@ -18,6 +18,7 @@ notice, one catch-up run per schedule.
 from __future__ import annotations
 
 import asyncio
+import shutil
 import tempfile
 import time
 from collections import Counter, defaultdict
@@ -92,7 +93,6 @@ async def week() -> dict[str, Any]:
     from core.access import Rules
     from core.clock import SimClock
     from core.events import Message
-    from tests.conftest import make_env
     from tests.fakes.llm import ScriptedLLM
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-schedules-"))
@@ -103,7 +103,15 @@ async def week() -> dict[str, Any]:
     async with ScriptedLLM() as llm:
         llm.responder = model
         settings = load_settings(
-            env=make_env(tmp, llm, llm_retries=0, log_level="warning"), cwd=tmp
+            env={
+                "STEWARD_MODEL": f"openai/{llm.model_id}",
+                "STEWARD_API_BASE": llm.base_url,
+                "STEWARD_DATA_DIR": str(tmp / "data"),
+                "STEWARD_WORKSPACE": str(tmp / "ws"),
+                "STEWARD_LLM_RETRIES": "0",
+                "STEWARD_LOCAL_MODEL": "off",
+            },
+            cwd=tmp,
         )
         ws = settings.workspace
         ws.mkdir(parents=True, exist_ok=True)
@@ -148,6 +156,7 @@ async def week() -> dict[str, Any]:
         await clock.advance_to((START + timedelta(days=DAYS)).timestamp())
         await app.stop()
         wall = time.perf_counter() - t0
+    shutil.rmtree(tmp, ignore_errors=True)
     posted = [o for o in channel.outbound[made:] if o["kind"] == "message"]
     return {
         "ids": ids,
