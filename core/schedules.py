@@ -936,9 +936,8 @@ class Scheduler:
         await self.store.save_hours(
             hours, f"schedule hours for {key} set to {words[0]} by {user} via {via}"
         )
-        for s in self.schedules.values():  # deferred runs move to the new window
-            if f"{s.channel}:{s.conversation}" == key:
-                self._arm(s)
+        # Read at each due time: the next run due here follows the new hours (a run
+        # already deferred keeps the time it was deferred to).
         return (
             f"Active hours here: {window.start:%H:%M}-{window.end:%H:%M} ({tz_name}). Runs "
             "due outside them wait for the next window (or are skipped, for schedules made "
