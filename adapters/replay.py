@@ -38,6 +38,8 @@ class ScenarioLine:
     warning: str = ""
     conversation: str = ""
     restart: bool = False
+    #: With `restart`: seconds Steward stays down before it starts again (nothing runs).
+    down: float = 0.0
     access: Any = None  # core.access.Rules, built by the runner from `access_rules`
 
 
@@ -168,7 +170,11 @@ class ReplayChannel:
         except (TypeError, ValueError):
             return ScenarioLine(last_t, None, f"line {lineno}: `t` must be a number; skipped")
         if data.get("restart"):
-            return ScenarioLine(t, None, restart=True)
+            try:
+                down = max(0.0, float(data.get("down") or 0))
+            except (TypeError, ValueError):
+                return ScenarioLine(t, None, f"line {lineno}: `down` must be seconds; skipped")
+            return ScenarioLine(t, None, restart=True, down=down)
         if isinstance(data.get("access"), dict):
             return ScenarioLine(t, None, access=data["access"])
         user = str(data.get("user", "user"))

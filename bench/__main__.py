@@ -18,6 +18,7 @@ BENCHES = {
     "proactive": "bench.proactive",
     "sandbox": "bench.sandbox",
     "journal": "bench.journal",
+    "schedules": "bench.schedules",
     "local_model": "bench.local_model",  # skips, saying why, without steward[local]
 }
 

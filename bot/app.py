@@ -18,6 +18,8 @@ from bot.channels import Outbox, wrap
 from bot.commands.rules import RulesCommands
 from bot.dispatcher import Dispatcher
 from bot.model_check import NO_MODEL_MESSAGE, no_model_message
+from bot.schedule_commands import ScheduleCommands
+from bot.schedule_commands import register as register_schedule_commands
 from config.settings import ConfigError, Settings
 from core.access import Access
 from core.agent import Agent
@@ -41,6 +43,7 @@ from core.proactive import Config as ProactiveConfig
 from core.proactive import Proactive
 from core.sandbox import SandboxRequired
 from core.sandbox import setup as sandbox_setup
+from core.schedules import Deps, ScheduleConfig, Scheduler
 from core.suggestions import Suggestions
 from core.tools import ALL_TOOLS
 from core.tools.base import ToolContext
@@ -49,6 +52,7 @@ from memory.episodes import EpisodeStore
 from memory.journal import TaskJournal
 from memory.lock import DataDirLocked, acquire
 from memory.rules import RuleStore
+from memory.schedules import ScheduleStore
 from memory.store import DataStore
 from memory.transcripts import TranscriptStore
 
@@ -336,6 +340,29 @@ class App:
                 self.journal, self.episodes, self.clock, after_episode=self._index_episode
             ),
         )
+        # Schedules run through the same agent and conversation queues as messages and
+        # post through the channels' Outboxes; armed once the channels have started.
+        self.schedules = Scheduler(
+            ScheduleStore(self.data_dir, self.datastore),
+            self.clock,
+            ScheduleConfig.from_settings(settings),
+            Deps(
+                agent=agent,
+                conversations=self.conversations,
+                channel_for=lambda name: next((c for c in self.channels if c.name == name), None),
+                guardian=self.guardian,
+                tool_context=agent.tool_context if agent is not None else None,
+                ask_every_shell=self.sandbox.fallback,
+                access=self.access,
+                history=self.history,
+                learner=self.learner,
+            ),
+        )
+        self.schedules.load()
+        register_schedule_commands(self.dispatcher.router, ScheduleCommands(self.schedules))
+        #: Whether `start` arms the schedules' timers. Off for `steward chat -m` and piped
+        #: chat: a one-shot exchange must not run (or print) a schedule's work.
+        self.fire_schedules = True
 
     def _local_server(self, command: Callable[[int], list[str]] | None) -> ModelServer | None:
         log_path = self.data_dir / "local-model.log"
@@ -398,6 +425,8 @@ class App:
                 started.append(result)
         if errors and failures is None:
             raise errors[0]
+        if self.fire_schedules:  # after the channels: a due run needs its channel
+            await self.schedules.start()
         return started
 
     async def _start_one(self, adapter: Channel) -> Outbox:
@@ -477,6 +506,7 @@ class App:
             self.lock.release()
 
     async def _stop_channels(self) -> None:
+        await self.schedules.stop()  # no new run starts; one in flight is run again later
         await self.proactive.stop()
         self.journal.stopping = True  # tasks cut off now stay in the journal
         await self.conversations.stop()

@@ -108,6 +108,7 @@ async def _converse(settings: Settings, messages: AsyncIterator[str], *, quiet: 
     if app.local is not None and not quiet:
         print(f"steward: {app.notice}", file=sys.stderr)
     channel = OneShotChannel(Console(stderr=True), show_progress=not quiet)
+    app.fire_schedules = False  # /schedule works; runs wait for `steward run` or chat
     await app.start([channel])
     key = app.dispatcher.key(channel, channel.conversation)
     code = EXIT_OK

@@ -73,6 +73,10 @@ def _parser() -> argparse.ArgumentParser:
 
     add_policy_parser(sub)
 
+    from bot.schedule_cli import add_schedule_parser  # light: argparse only
+
+    add_schedule_parser(sub)
+
     login = sub.add_parser(
         "login",
         help="print the web chat's login URL (it holds this data dir's secret token)",
@@ -201,6 +205,10 @@ def _dispatch(args: argparse.Namespace, settings: Any, parser: argparse.Argument
         from bot.memory_cli import memory_command
 
         return memory_command(settings, args)
+    if args.command == "schedule":
+        from bot.schedule_cli import schedule_command
+
+        return schedule_command(settings, args)
     if args.command == "policy":
         from bot.policy_cli import policy_command
 

@@ -55,6 +55,9 @@ async def run_replay(
             if parsed.restart:
                 rules = app.access.rules["replay"]
                 await app.stop()
+                if parsed.down:  # Steward is down meanwhile: the clock moves, nothing runs
+                    last_t = t + parsed.down
+                    await clock.advance_to(clock.start + last_t)
                 app = App(settings, clock=clock, subcommand="replay")
                 app.access.rules["replay"] = rules
                 [outbox] = await app.start([channel])

@@ -120,6 +120,16 @@ class _CoreSettings(BaseModel):
     proactive_weight_correction: float = Field(ge=0)
     proactive_weight_silence: float = Field(ge=0)
 
+    schedule_timezone: str
+    schedule_max_tokens_run: int = Field(ge=0)
+    schedule_max_tokens_day: int = Field(ge=0)
+    schedule_repeat_window: float = Field(ge=0)
+    schedule_failure_backoff: float = Field(ge=0)
+    schedule_failure_backoff_max: float = Field(ge=0)
+    schedule_misfire_grace: float = Field(ge=0)
+    schedule_min_interval: float = Field(gt=0)
+    schedule_outside_hours: Literal["defer", "skip"]
+
     local_model: Literal["auto", "off"]
     local_model_path: str
     local_model_host: str
@@ -131,7 +141,7 @@ class _CoreSettings(BaseModel):
     local_model_start_timeout: float = Field(gt=0)
     local_model_mode: Literal["constrained", "native"]
 
-    @field_validator("proactive_timezone")
+    @field_validator("proactive_timezone", "schedule_timezone")
     @classmethod
     def _check_timezone(cls, value: str) -> str:
         from zoneinfo import ZoneInfo, ZoneInfoNotFoundError

@@ -63,6 +63,12 @@ class TaskRequest:
     summary: str = ""
     #: A one-to-one conversation (what is said here is private to this person).
     direct: bool = True
+    #: Tokens (in + out) the task may use; once over it, the run stops by code before
+    #: another model call (a schedule's ceiling). None: no ceiling.
+    token_budget: int | None = None
+    #: Recorded in the task journal, so a crash asks "run it again?". A scheduled run is
+    #: not: its schedule runs it again itself (core/schedules.py).
+    journaled: bool = True
 
     @property
     def streams_text(self) -> bool:
@@ -234,7 +240,7 @@ class Agent:
 
         kind = ""  # the failure's class, for the task's own error signature
         try:
-            if self.journal is not None:  # durable before any work (or effect) can happen
+            if self.journal is not None and req.journaled:  # durable before any work
                 await self.journal.open(
                     task_id,
                     channel=req.channel.name,
@@ -296,9 +302,12 @@ class Agent:
             if causes:
                 episode.task_signature = causes[-1]
             else:
+                if not kind and episode.error.startswith("token budget"):
+                    kind = "Budget"  # a ceiling someone set, not a lesson to learn
                 kind = kind or ("StepLimit" if episode.error.startswith("step limit") else "Gate")
                 episode.task_signature = signature("task", kind, episode.error)
-                episode.task_environmental = kind in ("Timeout", "LLMError", "Internal") or (
+                environmental = ("Timeout", "LLMError", "Internal", "Budget")
+                episode.task_environmental = kind in environmental or (
                     is_environmental(kind, episode.error)
                 )
         # Shielded: the answer exists (a stream may have shown it already); a stop now
@@ -355,6 +364,14 @@ class Agent:
 
         retried = False
         for step in range(self.max_steps):
+            spent = episode.tokens_in + episode.tokens_out
+            if req.token_budget and step and spent >= req.token_budget:
+                episode.outcome = "failure"
+                episode.error = f"token budget reached ({spent} of {req.token_budget} tokens)"
+                return (
+                    f"I stopped: this run used {spent} tokens, its ceiling is "
+                    f"{req.token_budget} (the schedule's max_tokens_run/max_tokens_day)."
+                )
             episode.steps += 1
             result = await self.llm.complete(
                 messages,
