@@ -128,21 +128,21 @@ def test_a_name_or_prefix_is_registered_once() -> None:
 async def test_a_command_from_another_module_reaches_chat_and_help(
     settings_for: Callable[..., Settings],
 ) -> None:
-    """What issue 22's /schedule does: one call on the dispatcher's router, after which
+    """What a plug-in such as /schedule does: one call on the dispatcher's router, after which
     the command answers in chat, obeys its filter, and is listed by /help."""
     clock = SimClock()
     app = App(settings_for(None), clock=clock, subcommand="replay")
     app.access.rules["replay"] = Rules(allowed={"ann", "bob"}, admins={"ann"})
     jobs: list[str] = []
 
-    async def schedule(ctx: CommandContext[Any]) -> str:
+    async def remind(ctx: CommandContext[Any]) -> str:
         jobs.append(ctx.arg)
         return f"Scheduled: {ctx.arg}"
 
     app.dispatcher.router.command(
-        "schedule",
-        schedule,
-        usage="/schedule WHEN TASK",
+        "remind",
+        remind,
+        usage="/remind WHEN TASK",
         help="run a task later (admins)",
         filters=[admin_only("Only an admin can schedule tasks.")],
     )
@@ -151,10 +151,10 @@ async def test_a_command_from_another_module_reaches_chat_and_help(
     [outbox] = await app.start([channel])
     try:
         for user, text in [
-            ("ann", "/schedule daily 09:00 check disk"),
-            ("bob", "/schedule hourly rm -rf /"),
+            ("ann", "/remind daily 09:00 check disk"),
+            ("bob", "/remind hourly rm -rf /"),
             ("bob", "/help"),
-            ("bob", "/shedule x"),
+            ("bob", "/remnd x"),
         ]:
             await app.dispatcher.handle(Message("replay", user, user, text), outbox)
             await clock.activity.wait_idle()
@@ -165,9 +165,9 @@ async def test_a_command_from_another_module_reaches_chat_and_help(
     texts = [m["text"] for m in sent]
     assert texts[:2] == ["Scheduled: daily 09:00 check disk", "Only an admin can schedule tasks."]
     assert jobs == ["daily 09:00 check disk"]
-    assert "/schedule WHEN TASK — run a task later (admins)" in texts[2].splitlines()
+    assert "/remind WHEN TASK — run a task later (admins)" in texts[2].splitlines()
     assert texts[2].startswith(HELP.removesuffix("\nAnything else is a task for Steward."))
-    assert texts[3].endswith("Did you mean /schedule?")
+    assert texts[3].endswith("Did you mean /remind?")
     assert texts[4] == "That button is no longer active."
 
 
