@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,7 @@ from core.tools import ALL_TOOLS
 from core.tools.base import ToolContext
 from memory.approvals import ApprovalStore
 from memory.episodes import EpisodeStore
+from memory.health import DISK_ERRNOS, health_for, reason
 from memory.journal import TaskJournal
 from memory.lock import DataDirLocked, acquire
 from memory.rules import RuleStore
@@ -138,6 +139,11 @@ def ensure_dir(path: Path, key: str) -> Path:
         probe.write_text("ok")
         probe.unlink()
     except OSError as exc:
+        if exc.errno in DISK_ERRNOS:  # a full disk is not a permissions problem
+            raise ConfigError(
+                f"`{key}` is {path}, which cannot be written: {reason(exc)} ({exc.strerror}). "
+                f"Free some space there, or set STEWARD_{key.upper()} to another folder."
+            ) from exc
         raise ConfigError(
             f"`{key}` is {path}, which is not writable ({exc.strerror}). "
             f"Fix its permissions or set STEWARD_{key.upper()}."
@@ -230,6 +236,7 @@ class App:
         self._initialized = False
         self.conversations = Conversations(self.clock)
         self.episodes = EpisodeStore(self.data_dir)
+        self.health = health_for(self.data_dir)  # failed memory writes, said out loud
         self.journal = TaskJournal(self.data_dir)
         self.datastore = DataStore(self.data_dir)
         self.rules = RuleStore(self.data_dir, self.datastore)
@@ -360,6 +367,7 @@ class App:
             interrupted=Interrupted(
                 self.journal, self.episodes, self.clock, after_episode=self._index_episode
             ),
+            write_health=self.health,
         )
 
     def _local_server(self, command: Callable[[int], list[str]] | None) -> ModelServer | None:
@@ -465,7 +473,7 @@ class App:
         if self.agent is not None:
             if self.settings.recall_limit:
                 self.agent.recall = IndexRecall(self.index)
-            self.agent.after_episode = self.index.add_episode_file
+            self.agent.after_episode = self._index_episode
         self.learner.embedder = embedder
         self.learner.counter = self.index
         self.learner.index = self.index
@@ -474,9 +482,14 @@ class App:
         self._pending = asyncio.create_task(self._retry_drafts(), name="learning:pending")
 
     async def _index_episode(self, path: Path) -> None:
-        """Index an episode written outside a task (an interrupted one), when open."""
+        """Index an episode (after a task, or an interrupted one), when the index is open;
+        a failed index write counts as a failed memory write (/healthz, doctor, the
+        person), although a rebuild can restore it: until then recall misses it."""
         if self.index is not None:
-            await self.index.add_episode_file(path)
+            index = self.index
+            await self.health.guard(
+                "index", index.sqlite_path, lambda: index.add_episode_file(path)
+            )
 
     async def _retry_drafts(self) -> None:
         try:
@@ -485,33 +498,50 @@ class App:
             structlog.get_logger("steward.app").warning("learning.retry_failed", exc_info=True)
 
     async def stop(self) -> None:
+        """Stop everything, each step bounded in time and run whatever the one before
+        raised: with a full disk, closing the index failed, the steps after it never
+        ran, and the process never exited (issue 16)."""
         try:
             await self._stop_channels()
-            if self._pending is not None:
-                # A short grace for a draft in flight; an unfinished one stays pending on disk.
-                await asyncio.wait({self._pending}, timeout=5.0)
-                self._pending.cancel()
-                await asyncio.gather(self._pending, return_exceptions=True)
+            await _bounded("drafts", self._stop_pending(), STOP_STEP_TIMEOUT)
             if self.local is not None:
-                await self.local.stop()
+                await _bounded("local model", self.local.stop(), STOP_STEP_TIMEOUT)
             if self.index is not None:
-                await self.index.close()
-                self.index = None
+                index, self.index = self.index, None
+                await _bounded("memory index", index.close(), STOP_STEP_TIMEOUT)
         finally:
-            self.datastore.close()
-            self.lock.release()
+            try:
+                self.datastore.close()
+            finally:
+                self.lock.release()
+
+    async def _stop_pending(self) -> None:
+        if self._pending is not None:
+            # A short grace for a draft in flight; an unfinished one stays pending on disk.
+            await asyncio.wait({self._pending}, timeout=2.0)
+            self._pending.cancel()
+            await asyncio.gather(self._pending, return_exceptions=True)
 
     async def _stop_channels(self) -> None:
-        await self.proactive.stop()
+        await _bounded("proactive", self.proactive.stop(), STOP_STEP_TIMEOUT)
         self.journal.stopping = True  # tasks cut off now stay in the journal
-        await self.conversations.stop()
-        for channel in reversed(self.channels):
-            try:
-                await channel.stop()
-            except Exception:  # stopping must go on for the others
-                import structlog
-
-                structlog.get_logger("steward.app").exception(
-                    "channel.stop_failed", channel=channel.name
-                )
+        await _bounded("tasks", self.conversations.stop(), STOP_STEP_TIMEOUT)
+        for channel in reversed(self.channels):  # one failing must not keep the others up
+            await _bounded(f"channel {channel.name}", channel.stop(), STOP_STEP_TIMEOUT)
         self.channels.clear()
+
+
+#: How long one step of `App.stop` may take before the next runs anyway (seconds).
+STOP_STEP_TIMEOUT = 3.0
+
+
+async def _bounded(step: str, work: Awaitable[Any], limit: float) -> None:
+    """Await one shutdown step; a failure or a step that hangs is logged, never raised,
+    so the steps after it (closing SQLite, releasing the lock) still run."""
+    try:
+        async with asyncio.timeout(limit):
+            await work
+    except TimeoutError:
+        structlog.get_logger("steward.app").warning("app.stop_timeout", step=step, after=limit)
+    except Exception:
+        structlog.get_logger("steward.app").warning("app.stop_failed", step=step, exc_info=True)

@@ -93,6 +93,8 @@ class Dispatcher:
     #: core/interrupted.Interrupted: answers "Run it again?" about tasks a previous run
     #: left unfinished (None: no task journal).
     interrupted: Any = None
+    #: memory/health.WriteHealth: failed memory writes, told once per conversation.
+    write_health: Any = None
     last_results: dict[str, TaskResult] = field(default_factory=dict)
     undelivered: list[Undelivered] = field(default_factory=list)
     #: (channel, conversation, message id) -> arrival on the proactive clock, for
@@ -477,6 +479,8 @@ class Dispatcher:
                 "proactive.failed",
                 event="task_finished",
             )
+        if self.write_health is not None and (note := self.write_health.notice(key)):
+            await _quietly(self.say(channel, msg.conversation, note, msg.thread), "dispatch.failed")
 
 
 async def _quietly(work: Awaitable[Any], failed: str, **fields: Any) -> None:
