@@ -47,6 +47,7 @@ from core.tools.base import ToolContext
 from memory.approvals import ApprovalStore
 from memory.episodes import EpisodeStore
 from memory.health import DISK_ERRNOS, health_for, reason
+from memory.history import COMMIT_EVERY, MemoryHistory
 from memory.journal import TaskJournal
 from memory.lock import DataDirLocked, acquire
 from memory.rules import RuleStore
@@ -330,6 +331,10 @@ class App:
         except DataDirLocked as exc:
             raise ConfigError(in_use_message(exc, subcommand, settings)) from None
         self.datastore.ensure_repo()  # the data dir is a git repository
+        # Episodes, conversations and proactive state reach its history in batches.
+        self.memory_history = MemoryHistory(self.datastore, self.health)
+        self._last_commit = self.clock.now()
+        self._committing: asyncio.Task[str | None] | None = None
         # Verbatim turns get what recall and the summary leave of the context budget.
         turns_share = max(
             200, settings.context_budget - settings.recall_budget - settings.summary_budget
@@ -485,11 +490,22 @@ class App:
         """Index an episode (after a task, or an interrupted one), when the index is open;
         a failed index write counts as a failed memory write (/healthz, doctor, the
         person), although a rebuild can restore it: until then recall misses it."""
+        self._commit_soon()
         if self.index is not None:
             index = self.index
             await self.health.guard(
                 "index", index.sqlite_path, lambda: index.add_episode_file(path)
             )
+
+    def _commit_soon(self) -> None:
+        """After a task: commit the memory written since the last batch, in the background,
+        when the last batch is COMMIT_EVERY seconds old (README → Memory)."""
+        if self.clock.now() - self._last_commit < COMMIT_EVERY:
+            return
+        if self._committing is not None and not self._committing.done():
+            return
+        self._last_commit = self.clock.now()
+        self._committing = asyncio.create_task(self.memory_history.flush(), name="memory:commit")
 
     async def _retry_drafts(self) -> None:
         try:
@@ -509,11 +525,18 @@ class App:
             if self.index is not None:
                 index, self.index = self.index, None
                 await _bounded("memory index", index.close(), STOP_STEP_TIMEOUT)
+            await _bounded("memory history", self._last_batch(), STOP_STEP_TIMEOUT)
         finally:
             try:
                 self.datastore.close()
             finally:
                 self.lock.release()
+
+    async def _last_batch(self) -> None:
+        """What was written since the last batch is committed before the store closes."""
+        if self._committing is not None:
+            await asyncio.gather(self._committing, return_exceptions=True)
+        await self.memory_history.flush()
 
     async def _stop_pending(self) -> None:
         if self._pending is not None:

@@ -14,6 +14,7 @@ so the stores need no extra wiring and two Stewards in one test process stay apa
 from __future__ import annotations
 
 import errno
+import os
 import sqlite3
 import threading
 from collections.abc import Awaitable, Callable
@@ -107,6 +108,9 @@ class WriteHealth:
         self._lock = threading.Lock()
         self._failing: dict[str, WriteFailure] = {}
         self._told: set[str] = set()
+        #: Files written since the last `take_written`, by kind: what memory/history.py
+        #: commits to the data dir's git in batches.
+        self._written: dict[str, set[str]] = {}
 
     @property
     def ok(self) -> bool:
@@ -164,8 +168,28 @@ class WriteHealth:
             self.failed(kind, path, exc)
             raise
         self.succeeded(kind)
+        if kind in VERSIONED_KINDS:
+            with self._lock:
+                self._written.setdefault(kind, set()).add(str(path))
         return result
 
+    def take_written(self, kinds: frozenset[str] | set[str]) -> list[str]:
+        """The files of these kinds written since the last call (and forget them)."""
+        with self._lock:
+            taken: set[str] = set()
+            for kind in kinds:
+                taken |= self._written.pop(kind, set())
+        return sorted(os.path.abspath(p) for p in taken)
+
+    def put_back(self, paths: list[str], kind: str) -> None:
+        """Files whose commit failed: taken again next time."""
+        with self._lock:
+            self._written.setdefault(kind, set()).update(paths)
+
+
+#: The kinds of files whose successful writes are kept for the data dir's git history
+#: (memory/history.py commits them in batches); others (journal, index) are not history.
+VERSIONED_KINDS = frozenset({"episode", "history", "proactive"})
 
 _registry: dict[Path, WriteHealth] = {}
 _registry_lock = threading.Lock()
