@@ -767,6 +767,9 @@ class Proactive:
         task = asyncio.create_task(run())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        # Cancelled by stop() before its first step, run() never awaited `coro`: closing
+        # it keeps "coroutine ... was never awaited" out of the log (a no-op once it ran).
+        task.add_done_callback(lambda _task: coro.close())
 
     def _at(self, name: str, when: float, make: Callable[[], Coroutine[Any, Any, None]]) -> None:
         old = self._timers.pop(name, None)
