@@ -13,6 +13,7 @@ loop, a `Backoff`.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import random
 import time
 from collections import OrderedDict
@@ -123,6 +124,10 @@ class Inflight:
         task = asyncio.get_running_loop().create_task(guarded(), name=f"{self.channel}:{what}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        if inspect.iscoroutine(work):
+            # Cancelled before it ever ran (a stop right after a spawn): close the work, or
+            # Python warns at exit that it was never awaited. A no-op once it has run.
+            task.add_done_callback(lambda _t: work.close())
         return task
 
     async def _run(self, dispatch: Dispatch, event: Inbound) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,8 @@ from core.tools import ALL_TOOLS
 from core.tools.base import ToolContext
 from memory.approvals import ApprovalStore
 from memory.episodes import EpisodeStore
+from memory.health import DISK_ERRNOS, health_for, reason
+from memory.history import COMMIT_EVERY, MemoryHistory
 from memory.journal import TaskJournal
 from memory.lock import DataDirLocked, acquire
 from memory.rules import RuleStore
@@ -117,6 +119,11 @@ def ensure_dir(path: Path, key: str) -> Path:
         probe.write_text("ok")
         probe.unlink()
     except OSError as exc:
+        if exc.errno in DISK_ERRNOS:  # a full disk is not a permissions problem
+            raise ConfigError(
+                f"`{key}` is {path}, which cannot be written: {reason(exc)} ({exc.strerror}). "
+                f"Free some space there, or set STEWARD_{key.upper()} to another folder."
+            ) from exc
         raise ConfigError(
             f"`{key}` is {path}, which is not writable ({exc.strerror}). "
             f"Fix its permissions or set STEWARD_{key.upper()}."
@@ -209,6 +216,7 @@ class App:
         self._initialized = False
         self.conversations = Conversations(self.clock)
         self.episodes = EpisodeStore(self.data_dir)
+        self.health = health_for(self.data_dir)  # failed memory writes, said out loud
         self.journal = TaskJournal(self.data_dir)
         self.datastore = DataStore(self.data_dir)
         self.rules = RuleStore(self.data_dir, self.datastore)
@@ -302,6 +310,10 @@ class App:
         except DataDirLocked as exc:
             raise ConfigError(in_use_message(exc, subcommand, settings)) from None
         self.datastore.ensure_repo()  # the data dir is a git repository
+        # Episodes, conversations and proactive state reach its history in batches.
+        self.memory_history = MemoryHistory(self.datastore, self.health)
+        self._last_commit = self.clock.now()
+        self._committing: asyncio.Task[str | None] | None = None
         # Verbatim turns get what recall and the summary leave of the context budget.
         turns_share = max(
             200, settings.context_budget - settings.recall_budget - settings.summary_budget
@@ -339,6 +351,7 @@ class App:
             interrupted=Interrupted(
                 self.journal, self.episodes, self.clock, after_episode=self._index_episode
             ),
+            write_health=self.health,
         )
         # Schedules run through the same agent and conversation queues as messages and
         # post through the channels' Outboxes; armed once the channels have started.
@@ -469,7 +482,7 @@ class App:
         if self.agent is not None:
             if self.settings.recall_limit:
                 self.agent.recall = IndexRecall(self.index)
-            self.agent.after_episode = self.index.add_episode_file
+            self.agent.after_episode = self._index_episode
         self.learner.embedder = embedder
         self.learner.counter = self.index
         self.learner.index = self.index
@@ -478,9 +491,25 @@ class App:
         self._pending = asyncio.create_task(self._retry_drafts(), name="learning:pending")
 
     async def _index_episode(self, path: Path) -> None:
-        """Index an episode written outside a task (an interrupted one), when open."""
+        """Index an episode (after a task, or an interrupted one), when the index is open;
+        a failed index write counts as a failed memory write (/healthz, doctor, the
+        person), although a rebuild can restore it: until then recall misses it."""
+        self._commit_soon()
         if self.index is not None:
-            await self.index.add_episode_file(path)
+            index = self.index
+            await self.health.guard(
+                "index", index.sqlite_path, lambda: index.add_episode_file(path)
+            )
+
+    def _commit_soon(self) -> None:
+        """After a task: commit the memory written since the last batch, in the background,
+        when the last batch is COMMIT_EVERY seconds old (README → Memory)."""
+        if self.clock.now() - self._last_commit < COMMIT_EVERY:
+            return
+        if self._committing is not None and not self._committing.done():
+            return
+        self._last_commit = self.clock.now()
+        self._committing = asyncio.create_task(self.memory_history.flush(), name="memory:commit")
 
     async def _retry_drafts(self) -> None:
         try:
@@ -489,34 +518,59 @@ class App:
             structlog.get_logger("steward.app").warning("learning.retry_failed", exc_info=True)
 
     async def stop(self) -> None:
+        """Stop everything, each step bounded in time and run whatever the one before
+        raised: with a full disk, closing the index failed, the steps after it never
+        ran, and the process never exited (issue 16)."""
         try:
             await self._stop_channels()
-            if self._pending is not None:
-                # A short grace for a draft in flight; an unfinished one stays pending on disk.
-                await asyncio.wait({self._pending}, timeout=5.0)
-                self._pending.cancel()
-                await asyncio.gather(self._pending, return_exceptions=True)
+            await _bounded("drafts", self._stop_pending(), STOP_STEP_TIMEOUT)
             if self.local is not None:
-                await self.local.stop()
+                await _bounded("local model", self.local.stop(), STOP_STEP_TIMEOUT)
             if self.index is not None:
-                await self.index.close()
-                self.index = None
+                index, self.index = self.index, None
+                await _bounded("memory index", index.close(), STOP_STEP_TIMEOUT)
+            await _bounded("memory history", self._last_batch(), STOP_STEP_TIMEOUT)
         finally:
-            self.datastore.close()
-            self.lock.release()
+            try:
+                self.datastore.close()
+            finally:
+                self.lock.release()
+
+    async def _last_batch(self) -> None:
+        """What was written since the last batch is committed before the store closes."""
+        if self._committing is not None:
+            await asyncio.gather(self._committing, return_exceptions=True)
+        await self.memory_history.flush()
+
+    async def _stop_pending(self) -> None:
+        if self._pending is not None:
+            # A short grace for a draft in flight; an unfinished one stays pending on disk.
+            await asyncio.wait({self._pending}, timeout=2.0)
+            self._pending.cancel()
+            await asyncio.gather(self._pending, return_exceptions=True)
 
     async def _stop_channels(self) -> None:
-        await self.schedules.stop()  # no new run starts; one in flight is run again later
-        await self.proactive.stop()
+        # No new scheduled run starts; one in flight is run again at the next start.
+        await _bounded("schedules", self.schedules.stop(), STOP_STEP_TIMEOUT)
+        await _bounded("proactive", self.proactive.stop(), STOP_STEP_TIMEOUT)
         self.journal.stopping = True  # tasks cut off now stay in the journal
-        await self.conversations.stop()
-        for channel in reversed(self.channels):
-            try:
-                await channel.stop()
-            except Exception:  # stopping must go on for the others
-                import structlog
-
-                structlog.get_logger("steward.app").exception(
-                    "channel.stop_failed", channel=channel.name
-                )
+        await _bounded("tasks", self.conversations.stop(), STOP_STEP_TIMEOUT)
+        for channel in reversed(self.channels):  # one failing must not keep the others up
+            await _bounded(f"channel {channel.name}", channel.stop(), STOP_STEP_TIMEOUT)
         self.channels.clear()
+
+
+#: How long one step of `App.stop` may take before the next runs anyway (seconds).
+STOP_STEP_TIMEOUT = 3.0
+
+
+async def _bounded(step: str, work: Awaitable[Any], limit: float) -> None:
+    """Await one shutdown step; a failure or a step that hangs is logged, never raised,
+    so the steps after it (closing SQLite, releasing the lock) still run."""
+    try:
+        async with asyncio.timeout(limit):
+            await work
+    except TimeoutError:
+        structlog.get_logger("steward.app").warning("app.stop_timeout", step=step, after=limit)
+    except Exception:
+        structlog.get_logger("steward.app").warning("app.stop_failed", step=step, exc_info=True)

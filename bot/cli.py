@@ -157,6 +157,20 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CONFIG
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        from memory.health import disk_error, reason
+
+        found = disk_error(exc)
+        if found is None:
+            raise
+        # A full (or read-only) disk is the machine's state, not a bug: one line that
+        # says so, not a traceback (issue 16).
+        print(
+            f"steward: cannot write the data dir {settings.data_dir}: {reason(found)} ({found}). "
+            "Free some space there, or set STEWARD_DATA_DIR to another folder.",
+            file=sys.stderr,
+        )
+        return EXIT_FAIL
 
 
 def _dispatch(args: argparse.Namespace, settings: Any, parser: argparse.ArgumentParser) -> int:

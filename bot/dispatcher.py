@@ -89,6 +89,8 @@ class Dispatcher:
     #: core/interrupted.Interrupted: answers "Run it again?" about tasks a previous run
     #: left unfinished (None: no task journal).
     interrupted: InterruptedTasks | None = None
+    #: memory/health.WriteHealth: failed memory writes, told once per conversation.
+    write_health: Any = None
     #: Commands and button presses (bot/commands); register more with `router.command`.
     router: CommandRouter[Dispatcher] = field(default_factory=builtin_router)
     last_results: dict[str, TaskResult] = field(default_factory=dict)
@@ -392,6 +394,8 @@ class Dispatcher:
                 "proactive.failed",
                 event="task_finished",
             )
+        if self.write_health is not None and (note := self.write_health.notice(key)):
+            await _quietly(self.say(channel, msg.conversation, note, msg.thread), "dispatch.failed")
 
 
 async def _quietly(work: Awaitable[Any], failed: str, **fields: Any) -> None:

@@ -324,6 +324,19 @@ async def _channels(settings: Settings) -> list[Check]:
                 warn=True,
             )
         )
+    memory = (live or {}).get("_memory")
+    if memory and not memory.get("ok", True):
+        for failure in memory.get("failing") or []:
+            checks.append(
+                Check(
+                    "memory writes",
+                    False,
+                    f"the running Steward cannot save {failure['kind']} files: "
+                    f"{failure['reason']} ({failure['count']} failed since {failure['since']}, "
+                    f"last {failure['path']})",
+                    f"free space in (or fix) {settings.data_dir}; writes resume by themselves",
+                )
+            )
     return checks
 
 
@@ -342,6 +355,7 @@ async def _live_health(settings: Settings) -> dict[str, Any] | None:
         return None
     channels = dict(data.get("channels") or {})
     channels["_undelivered"] = data.get("undelivered", 0)
+    channels["_memory"] = data.get("memory")
     return channels
 
 

@@ -86,12 +86,15 @@ def build_web_app(
         # Until the first channel is up (memory opened, adapters started) Steward is not
         # ready: a load balancer or a test must not send it work yet.
         starting = not channels
+        # Failed memory writes (a full disk): answering but not remembering is not ok.
+        memory = app.health.snapshot()
         return web.json_response(
             {
-                "ok": not bad and not starting,
+                "ok": not bad and not starting and memory["ok"],
                 "starting": starting,
                 "model": app.llm.describe() if app.llm else None,
                 "channels": channels,
+                "memory": memory,
                 "undelivered": UndeliveredStore(app.data_dir).count(),
             },
             status=503 if starting else 200,

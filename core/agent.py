@@ -360,6 +360,9 @@ class Agent:
         async def on_reset() -> None:
             await emit(Progress("reset", task_id))
 
+        async def on_slow(text: str) -> None:  # a hanging provider: said before the retries
+            await emit(Progress("status", task_id, text=text))
+
         live = req.streams_text  # stream only when someone can watch it
 
         retried = False
@@ -378,6 +381,7 @@ class Agent:
                 self._schemas,
                 on_text=on_text if live else None,
                 on_reset=on_reset if live else None,
+                on_slow=on_slow,
             )
             self._account(episode, result)
             if not result.tool_calls:

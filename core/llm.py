@@ -96,6 +96,9 @@ class LLMError(Exception):
 
 OnText = Callable[[str], Awaitable[None]]
 OnReset = Callable[[], Awaitable[None]]
+#: Told once, when an attempt timed out and another is coming: the person hears early
+#: that the model is slow instead of waiting out every attempt (issue 16).
+OnSlow = Callable[[str], Awaitable[None]]
 
 _RETRYABLE = (
     "RateLimitError",
@@ -108,7 +111,38 @@ _RETRYABLE = (
 )
 
 
+#: A provider's answer that could not be parsed (cut-off or non-JSON body, no choices),
+#: in the wordings litellm and the json module use. litellm reports these as a 500
+#: (InternalServerError) or a mid-stream failure, but a retry gets the same answer.
+_MALFORMED = re.compile(
+    r"Expecting (?:value|property name|',' delimiter|':' delimiter)"
+    r"|Unterminated string|Extra data|Invalid control character|Invalid \\escape"
+    r"|JSONDecodeError|no 'choices'|Invalid response object|is not valid JSON",
+    re.IGNORECASE,
+)
+
+
+def _is_malformed(exc: BaseException) -> bool:
+    """The provider answered, but with something that is not a response: every retry
+    would fail the same way."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, json.JSONDecodeError) or _MALFORMED.search(str(current)):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
 def _is_retryable(exc: BaseException) -> bool:
+    """Worth another attempt: rate limits, timeouts, connection and server errors, but not
+    an answer that fails the same way every time (unparsable; a 4xx other than 408/429)."""
+    if _is_malformed(exc):
+        return False
+    status = getattr(exc, "status_code", None)
+    if isinstance(status, int) and 400 <= status < 500 and status not in (408, 429):
+        return False
     return any(cls.__name__ in _RETRYABLE for cls in type(exc).__mro__)
 
 
@@ -164,6 +198,8 @@ _REQUEST_IN_ERROR = (
 
 def _kind(exc: BaseException) -> str:
     names = [cls.__name__ for cls in type(exc).__mro__]
+    if _is_malformed(exc):
+        return "malformed"
     if "BadRequestError" in names and _CONTEXT_WORDING.search(str(exc)):
         return "context_window"
     for name, kind in (
@@ -256,9 +292,13 @@ class LLMClient:
         *,
         on_text: OnText | None = None,
         on_reset: OnReset | None = None,
+        on_slow: OnSlow | None = None,
         extra: dict[str, Any] | None = None,
     ) -> LLMResult:
         """One model turn. Raises LLMError (with a person-readable message) when it gives up.
+
+        `on_slow`: called once, with a sentence for the person, when an attempt timed out
+        (after `timeout` seconds) and another is coming.
 
         `extra`: more litellm arguments for this call (e.g. a `response_format` with a
         JSON schema, which litellm passes through to OpenAI-compatible servers)."""
@@ -267,9 +307,10 @@ class LLMClient:
         kwargs = {**self._kwargs(messages, tools or []), **(extra or {})}
         attempts = 0
         emitted = False
+        told_slow = False
 
         async def before_sleep(state: RetryCallState) -> None:
-            nonlocal emitted
+            nonlocal emitted, told_slow
             exc = state.outcome.exception() if state.outcome else None
             log.warning(
                 "llm.retry",
@@ -281,6 +322,18 @@ class LLMClient:
             if emitted and on_reset:
                 await on_reset()
                 emitted = False
+            if (
+                on_slow is not None
+                and not told_slow
+                and exc is not None
+                and _kind(exc) == "timeout"
+            ):
+                told_slow = True
+                total = self.retries + 1
+                await on_slow(
+                    f"The model is slow to answer (nothing in {self.timeout:g}s); still trying "
+                    f"(attempt {state.attempt_number + 1} of {total})…"
+                )
 
         try:
             async for attempt in AsyncRetrying(
@@ -389,6 +442,11 @@ class LLMClient:
             "connection": "Check that the server is running and STEWARD_API_BASE is right.",
             "server_error": "The provider had an internal error; try again shortly.",
             "bad_request": "The provider refused the request; check STEWARD_MODEL and its options.",
+            "malformed": (
+                "Its answer could not be read (not a valid response), so it was not retried; "
+                "check that STEWARD_API_BASE is an OpenAI-compatible endpoint, and the "
+                "server's log."
+            ),
         }.get(kind, "See the log for details.")
         return LLMError(
             f"The model {where} failed{tried}: {detail}. {advice}",

@@ -36,7 +36,7 @@ from typing import Any
 import structlog
 
 from core.clock import Clock
-from core.llm import LLMClient, LLMError, LLMResult, OnReset, OnText, ToolCallRequest
+from core.llm import LLMClient, LLMError, LLMResult, OnReset, OnSlow, OnText, ToolCallRequest
 from core.local_model import MODEL_ALIAS, MODEL_LABEL, LocalModelError, ModelServer
 
 log = structlog.get_logger("steward.local_llm")
@@ -411,6 +411,7 @@ class LocalLLM:
         *,
         on_text: OnText | None = None,
         on_reset: OnReset | None = None,
+        on_slow: OnSlow | None = None,  # one attempt here: nothing to say early
     ) -> LLMResult:
         if self.mode == "native":
             result = await self._call(messages, tools)

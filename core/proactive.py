@@ -69,6 +69,7 @@ import structlog
 from core.clock import Clock
 from core.events import Channel, Message
 from memory.atomic import atomic_write_text
+from memory.health import health_for
 from memory.redact import redact
 from memory.store import MalformedFile, parse, render
 
@@ -673,6 +674,7 @@ class Proactive:
         self.config = config
         self.clock = clock
         self.root = data_dir / "proactive"
+        self.health = health_for(data_dir)
         self.suggestions = suggestions
         self.conversations = conversations
         self.llm = None
@@ -737,10 +739,13 @@ class Proactive:
             if conv["open"]:
                 conv["open"]["subject"] = redact(conv["open"]["subject"])
         text = render(data, body)
+        path = self.path(state.user)
         try:
-            await asyncio.to_thread(atomic_write_text, self.path(state.user), text)
-        except OSError:
-            log.warning("proactive.save_failed", path=str(self.path(state.user)), exc_info=True)
+            await self.health.guard(
+                "proactive", path, lambda: asyncio.to_thread(atomic_write_text, path, text)
+            )
+        except OSError:  # recorded above: /healthz, doctor and the person are told
+            log.warning("proactive.save_failed", path=str(path), exc_info=True)
 
     # -- timers on the injected clock ---------------------------------------------------
 
@@ -762,6 +767,9 @@ class Proactive:
         task = asyncio.create_task(run())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        # Cancelled by stop() before its first step, run() never awaited `coro`: closing
+        # it keeps "coroutine ... was never awaited" out of the log (a no-op once it ran).
+        task.add_done_callback(lambda _task: coro.close())
 
     def _at(self, name: str, when: float, make: Callable[[], Coroutine[Any, Any, None]]) -> None:
         old = self._timers.pop(name, None)

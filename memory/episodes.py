@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from memory.atomic import atomic_write_text
+from memory.health import health_for
 from memory.redact import redact
 from memory.store import MalformedFile, parse, render
 
@@ -142,6 +143,7 @@ class EpisodeStore:
 
     def __init__(self, data_dir: Path) -> None:
         self.root = data_dir / "episodes"
+        self.health = health_for(data_dir)  # a failed write is said out loud, not only logged
 
     def path_for(self, episode: Episode) -> Path:
         d = episode.started
@@ -150,7 +152,10 @@ class EpisodeStore:
     async def write(self, episode: Episode) -> Path:
         path = self.path_for(episode)
         # Secrets pasted in chat or printed by tools never reach the disk.
-        await asyncio.to_thread(atomic_write_text, path, redact(episode.to_markdown()))
+        text = redact(episode.to_markdown())
+        await self.health.guard(
+            "episode", path, lambda: asyncio.to_thread(atomic_write_text, path, text)
+        )
         return path
 
     def iter_files(self) -> Iterator[Path]:

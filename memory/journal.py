@@ -27,6 +27,7 @@ from typing import Any
 import structlog
 
 from memory.atomic import atomic_write_text
+from memory.health import health_for
 from memory.redact import redact
 
 log = structlog.get_logger("steward.journal")
@@ -45,6 +46,7 @@ class TaskJournal:
 
     def __init__(self, data_dir: Path) -> None:
         self.root = data_dir / "journal"
+        self.health = health_for(data_dir)
         #: Set while the process is stopping: a task cut off then is interrupted, not
         #: cancelled by its person, so its record stays open for the next start.
         self.stopping = False
@@ -58,7 +60,10 @@ class TaskJournal:
         lines = [json.dumps(head, ensure_ascii=False)]
         lines += [json.dumps(t, ensure_ascii=False) for t in record.get("tools") or []]
         text = "\n".join(lines) + "\n"
-        await asyncio.to_thread(atomic_write_text, self.path(str(record["id"])), text)
+        path = self.path(str(record["id"]))
+        await self.health.guard(
+            "journal", path, lambda: asyncio.to_thread(atomic_write_text, path, text)
+        )
 
     def _append(self, task_id: str, line: str) -> None:
         fd = os.open(self.path(task_id), os.O_WRONLY | os.O_APPEND)

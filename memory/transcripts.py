@@ -21,6 +21,7 @@ from typing import Any
 import structlog
 
 from memory.atomic import atomic_write_text
+from memory.health import health_for
 from memory.redact import redact, redact_obj
 from memory.store import parse, render
 
@@ -58,6 +59,7 @@ class TranscriptStore:
 
     def __init__(self, data_dir: Path) -> None:
         self.root = data_dir / "conversations"
+        self.health = health_for(data_dir)  # a failed write is said out loud, not only logged
 
     def path(self, key: str) -> Path:
         return self.root / f"{slug(key)}.md"
@@ -101,7 +103,10 @@ class TranscriptStore:
             return
         n = t.parts + 1
         text = render({"key": t.key, "part": n}, t.archive)
-        await asyncio.to_thread(atomic_write_text, self.part_path(t.key, n), text)
+        part = self.part_path(t.key, n)
+        await self.health.guard(
+            "history", part, lambda: asyncio.to_thread(atomic_write_text, part, text)
+        )
         t.parts, t.archive = n, ""
 
     async def save(self, t: Transcript, *, updated: datetime) -> Path:
@@ -116,7 +121,9 @@ class TranscriptStore:
         }
         text = render(meta, t.archive)
         path = self.path(t.key)
-        await asyncio.to_thread(atomic_write_text, path, text)
+        await self.health.guard(
+            "history", path, lambda: asyncio.to_thread(atomic_write_text, path, text)
+        )
         return path
 
 

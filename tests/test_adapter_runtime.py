@@ -126,3 +126,21 @@ async def test_backoff_doubles_to_the_cap_with_jitter_and_resets(seed: int) -> N
     assert await backoff.wait(at_least=30.0) == 30.0  # a server's retry-after wins
     backoff.reset()
     assert backoff.next_delay() <= 1.0
+
+
+async def test_work_cancelled_before_it_ran_is_closed_not_left_unawaited() -> None:
+    """A stop right after a spawn cancels work that never started: it is closed, so no
+    "coroutine ... was never awaited" warning reaches the person's terminal."""
+    import inspect
+
+    ran: list[int] = []
+
+    async def work() -> None:
+        ran.append(1)
+
+    inflight = Inflight("x")
+    coro = work()
+    inflight.run(coro, "never")
+    await inflight.cancel_all()  # before the loop ever ran it
+    assert ran == []
+    assert inspect.getcoroutinestate(coro) == inspect.CORO_CLOSED

@@ -377,3 +377,23 @@ async def test_no_offer_where_nobody_can_answer(tmp_path: Path) -> None:
     assert await pro.maybe_offer(channel, "owner", C, None, in_job=True) is None
     assert sugg.records() == []
     await pro.stop()
+
+
+async def test_a_timer_job_cancelled_by_stop_before_it_ran_is_closed(tmp_path: Path) -> None:
+    """A failed task (e.g. a task timeout) arms timers; stopping right after one fired left
+    its coroutine unstarted and unclosed: "coroutine ... was never awaited" at exit. Closed,
+    it can never warn (its frame is gone)."""
+    clock = SimClock(start=T0)
+    pro = Proactive(
+        Config(), clock=clock, data_dir=tmp_path, suggestions=None, conversations=_Convs()
+    )
+    ran: list[str] = []
+
+    async def job() -> None:
+        ran.append("job")
+
+    coro = job()
+    pro._spawn(coro)  # what a timer does when it fires
+    await pro.stop()  # before the spawned job had its first step
+    assert ran == []
+    assert coro.cr_frame is None  # closed: no "never awaited" warning when it is freed

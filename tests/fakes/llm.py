@@ -57,6 +57,8 @@ class Reply:
     error_headers: dict[str, str] = field(default_factory=dict)
     error_message: str = "scripted error"
     hang_seconds: float | None = None
+    #: Sent verbatim with HTTP 200 as the whole body (a provider answering garbage).
+    raw_body: str | None = None
 
     @classmethod
     def text(cls, text: str) -> Reply:
@@ -85,6 +87,11 @@ class Reply:
     ) -> Reply:
         """An HTTP error with an OpenAI-shaped JSON body."""
         return cls(error_status=status, error_headers=dict(headers or {}), error_message=message)
+
+    @classmethod
+    def malformed(cls, body: str = '{"id": "chatcmpl-1", "choices": [{"message": ') -> Reply:
+        """HTTP 200 whose body is not a chat completion (cut-off or non-JSON text)."""
+        return cls(raw_body=body)
 
     @classmethod
     def hang(cls, seconds: float) -> Reply:
@@ -332,6 +339,9 @@ class ScriptedLLM:
             return web.Response(status=499)
         if reply.error_status is not None:
             return self._error(reply)
+        if reply.raw_body is not None:
+            ctype = "text/event-stream" if body.get("stream") else "application/json"
+            return web.Response(text=reply.raw_body, content_type=ctype)
         calls = self._ids_for(reply)
         prompt = "".join(
             _content_text(m.get("content")) for m in body.get("messages", []) if isinstance(m, dict)
