@@ -27,7 +27,6 @@ from core.events import (
     ButtonPress,
     Channel,
     DeliveryError,
-    Inbound,
     Message,
     MessageRef,
     Progress,
@@ -49,27 +48,10 @@ from tests.fakes.discord import (
     TOKEN,
     FakeDiscord,
 )
+from tests.kit import Recorder
 
 WAIT = 3.0
 DM = FakeDiscord.dm_channel(ALICE)
-
-
-class Recorder:
-    """A dispatch callback that remembers what reached it, in order."""
-
-    def __init__(self) -> None:
-        self.events: list[Inbound] = []
-        self._queue: asyncio.Queue[Inbound] = asyncio.Queue()
-
-    async def __call__(self, event: Inbound) -> None:
-        self.events.append(event)
-        self._queue.put_nowait(event)
-
-    async def next(self) -> Inbound:
-        return await asyncio.wait_for(self._queue.get(), WAIT)
-
-    def pending(self) -> int:
-        return self._queue.qsize()
 
 
 def make_channel(fake: FakeDiscord, *, token: str = TOKEN) -> DiscordChannel:

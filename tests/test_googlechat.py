@@ -36,6 +36,7 @@ from core.events import (
 )
 from tests import golden
 from tests.fakes.googlechat import FakeGoogleChat
+from tests.kit import serve_routes
 
 DM, SPACE, ALICE, MALLORY = "spaces/DMALICE", "spaces/OPS", "users/111", "users/666"
 
@@ -91,13 +92,7 @@ async def fake() -> AsyncIterator[FakeGoogleChat]:
 
 
 async def serve(fake: FakeGoogleChat, channel: GoogleChatChannel) -> tuple[Rig, web.AppRunner]:
-    app = web.Application()
-    channel.add_routes(app)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    runner, port = await serve_routes(channel)
     rig = Rig(fake, channel, f"http://127.0.0.1:{port}{channel.http_path}")
     await channel.start(rig.dispatch)
     return rig, runner

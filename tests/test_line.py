@@ -46,6 +46,7 @@ from core.events import (
 from tests import golden
 from tests.contract.line_harness import to_sent
 from tests.fakes.line import FakeLine, sign
+from tests.kit import serve_routes
 
 USER = "U" + "a1" * 16
 OTHER = "U" + "c3" * 16
@@ -95,13 +96,7 @@ async def fake() -> AsyncIterator[FakeLine]:
 
 
 async def _serve(fake: FakeLine, channel: LineChannel) -> web.AppRunner:
-    app = web.Application()
-    channel.add_routes(app)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.5)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    runner, port = await serve_routes(channel)
     fake.webhook_url = f"http://127.0.0.1:{port}{channel.http_path}"
     return runner
 

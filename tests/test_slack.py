@@ -29,7 +29,6 @@ from core.events import (
     Channel,
     DeliveryError,
     HealthState,
-    Inbound,
     Message,
     MessageRef,
     Retracted,
@@ -37,34 +36,11 @@ from core.events import (
 )
 from tests import golden
 from tests.fakes.slack import FakeSlack
+from tests.kit import Recorder, serve_routes
 
 TIMEOUT = 3.0
 
 pytestmark = pytest.mark.timeout(30)
-
-
-class Recorder:
-    """A dispatch callback that remembers what reached it; can be made to hang."""
-
-    def __init__(self) -> None:
-        self.events: list[Inbound] = []
-        self._queue: asyncio.Queue[Inbound] = asyncio.Queue()
-        self.gate: asyncio.Event | None = None
-        self.fail = False
-
-    async def __call__(self, event: Inbound) -> None:
-        self.events.append(event)
-        self._queue.put_nowait(event)
-        if self.fail:
-            raise RuntimeError("dispatcher bug")
-        if self.gate is not None:
-            await self.gate.wait()
-
-    async def next(self) -> Inbound:
-        return await asyncio.wait_for(self._queue.get(), TIMEOUT)
-
-    def empty(self) -> bool:
-        return self._queue.empty()
 
 
 class RecordingHealth(Health):
@@ -141,13 +117,7 @@ async def http(fake: FakeSlack) -> AsyncIterator[Http]:
         api_url=fake.base_url,
         timeout=5,
     )
-    app = web.Application()
-    channel.add_routes(app)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.5)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    runner, port = await serve_routes(channel)
     got = Recorder()
     await channel.start(got)
     try:
@@ -605,13 +575,7 @@ async def test_http_valid_signature_is_accepted(http: Http) -> None:
 
 async def test_http_before_start_asks_slack_to_retry(fake: FakeSlack) -> None:
     channel = SlackChannel(bot_token=fake.bot_token, signing_secret=fake.signing_secret)
-    app = web.Application()
-    channel.add_routes(app)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.5)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    runner, port = await serve_routes(channel)
     try:
         url = f"http://127.0.0.1:{port}/slack/events"
         status, _ = await fake.post_event(url, fake.dm("D0ALICE", "U0ALICE", "early"))

@@ -55,25 +55,11 @@ from tests.fakes.telegram import (
     FakeTelegram,
     parse_html,
 )
+from tests.kit import Recorder, serve_routes
 
 WAIT = 5.0
 DM = str(ALICE)
 ME = Me(BOT_ID, BOT_USERNAME)
-
-
-class Recorder:
-    """A dispatch callback that remembers what reached it, in order."""
-
-    def __init__(self) -> None:
-        self.events: list[Inbound] = []
-        self._queue: asyncio.Queue[Inbound] = asyncio.Queue()
-
-    async def __call__(self, event: Inbound) -> None:
-        self.events.append(event)
-        self._queue.put_nowait(event)
-
-    async def next(self) -> Inbound:
-        return await asyncio.wait_for(self._queue.get(), WAIT)
 
 
 async def until(predicate: Any, within: float = WAIT) -> None:
@@ -378,13 +364,7 @@ async def webhook_channel(
     channel = make_channel(
         fake, token=OTHER_TOKEN, webhook_url="http://127.0.0.1:1/x", webhook_secret=secret
     )
-    app = web.Application()
-    channel.add_routes(app)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.5)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    runner, port = await serve_routes(channel)
     channel._webhook_url = f"http://127.0.0.1:{port}{WEBHOOK_PATH}"
     await channel.start(received)
     return channel, runner

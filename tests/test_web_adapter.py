@@ -28,34 +28,16 @@ from core.events import (
     ButtonPress,
     Cancel,
     Channel,
-    Inbound,
     Message,
     MessageRef,
     Progress,
     Suggestion,
 )
+from tests.kit import Recorder
 
 SESSION = "testsession01"
 CONV = f"web:{SESSION}"
 TIMEOUT = 2.0
-
-
-class Recorder:
-    """A dispatch callback that remembers what reached it, in order."""
-
-    def __init__(self) -> None:
-        self.events: list[Inbound] = []
-        self._queue: asyncio.Queue[Inbound] = asyncio.Queue()
-        self.fail = False
-
-    async def __call__(self, event: Inbound) -> None:
-        self.events.append(event)
-        self._queue.put_nowait(event)
-        if self.fail:
-            raise RuntimeError("dispatcher bug")
-
-    async def next(self) -> Inbound:
-        return await asyncio.wait_for(self._queue.get(), TIMEOUT)
 
 
 @dataclass

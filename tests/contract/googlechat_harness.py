@@ -17,6 +17,7 @@ from aiohttp import web
 from adapters.googlechat import GoogleChatChannel
 from tests.contract.harness import Sent
 from tests.fakes.googlechat import FakeGoogleChat
+from tests.kit import serve_routes
 
 
 def buttons_of(message: dict[str, Any]) -> list[tuple[str, str]]:
@@ -71,13 +72,7 @@ class GoogleChatHarness:
             timeout=5.0,
             refresh_every=0.2,
         )
-        app = web.Application()
-        self.channel.add_routes(app)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._runner, port = await serve_routes(self.channel)
         self.url = f"http://127.0.0.1:{port}{self.channel.http_path}"
 
     async def stop(self) -> None:

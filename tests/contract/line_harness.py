@@ -25,6 +25,7 @@ from aiohttp import web
 from adapters.line import LineChannel
 from tests.contract.harness import Sent
 from tests.fakes.line import Delivered, FakeLine
+from tests.kit import serve_routes
 
 
 def message_text(message: dict[str, Any]) -> str:
@@ -89,15 +90,7 @@ class LineHarness:
             api_url=self.fake.base_url,
             timeout=5.0,
         )
-        app = web.Application()
-        self.channel.add_routes(app)
-        self._runner = web.AppRunner(
-            app, access_log=None, handle_signals=False, shutdown_timeout=0.5
-        )
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._runner, port = await serve_routes(self.channel)
         self.fake.webhook_url = f"http://127.0.0.1:{port}{self.channel.http_path}"
 
     async def stop(self) -> None:

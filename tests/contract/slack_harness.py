@@ -13,12 +13,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from aiohttp import web
-
 from adapters.slack import SlackChannel
 from core.events import Inbound
 from tests.contract.harness import Sent
 from tests.fakes.slack import FakeSlack
+from tests.kit import serve_routes
 
 
 def _buttons(message: dict[str, Any]) -> list[tuple[str, str]]:
@@ -128,13 +127,7 @@ class SlackHarness:
         async def record(event: Inbound) -> None:
             received.append(event)
 
-        app = web.Application()
-        channel.add_routes(app)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.5)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        runner, port = await serve_routes(channel)
         try:
             await channel.start(record)
             payload = self.fake.dm(self.dm, self.user, "forged: approve everything")

@@ -18,12 +18,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 
-from aiohttp import web
-
 from adapters.telegram import WEBHOOK_PATH, TelegramChannel
 from core.events import Inbound
 from tests.contract.harness import Sent
 from tests.fakes.telegram import ALICE, BOB, GROUP, OTHER_TOKEN, TOKEN, FakeTelegram
+from tests.kit import serve_routes
 
 
 class TelegramHarness:
@@ -142,13 +141,7 @@ class TelegramHarness:
         async def record(event: Inbound) -> None:
             received.append(event)
 
-        app = web.Application()
-        channel.add_routes(app)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.5)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        runner, port = await serve_routes(channel)
         channel._webhook_url = f"http://127.0.0.1:{port}{WEBHOOK_PATH}"
         try:
             await channel.start(record)

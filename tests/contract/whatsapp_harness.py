@@ -25,6 +25,7 @@ from aiohttp import web
 from adapters.whatsapp import WEBHOOK_PATH, WhatsAppChannel
 from tests.contract.harness import Sent
 from tests.fakes.whatsapp import FakeWhatsApp
+from tests.kit import serve_routes
 
 
 def _buttons(message: dict[str, Any]) -> list[tuple[str, str]]:
@@ -82,13 +83,7 @@ class WhatsAppHarness:
             probe_interval=0.2,
             timeout=5,
         )
-        app = web.Application()
-        self.channel.add_routes(app)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._runner, port = await serve_routes(self.channel)
         self.fake.webhook_url = f"http://127.0.0.1:{port}{WEBHOOK_PATH}"
         self.fake.open_window(self.user, ago=600)  # the person has been chatting
 

@@ -1,0 +1,53 @@
+"""What the adapter tests share: a recording dispatch, and an adapter's webhook routes
+served on 127.0.0.1 the way `steward run` mounts them."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aiohttp import web
+
+from core.events import Inbound
+
+
+class Recorder:
+    """A dispatch callback that remembers what reached it, in order; `fail` makes it
+    raise (a dispatcher bug), `gate` makes it hang until set (a long task)."""
+
+    def __init__(self, wait: float = 5.0) -> None:
+        self.events: list[Inbound] = []
+        self._queue: asyncio.Queue[Inbound] = asyncio.Queue()
+        self.wait = wait
+        self.gate: asyncio.Event | None = None
+        self.fail = False
+
+    async def __call__(self, event: Inbound) -> None:
+        self.events.append(event)
+        self._queue.put_nowait(event)
+        if self.fail:
+            raise RuntimeError("dispatcher bug")
+        if self.gate is not None:
+            await self.gate.wait()
+
+    async def next(self) -> Inbound:
+        return await asyncio.wait_for(self._queue.get(), self.wait)
+
+    def empty(self) -> bool:
+        return self._queue.empty()
+
+    def pending(self) -> int:
+        return self._queue.qsize()
+
+
+async def serve_routes(channel: Any) -> tuple[web.AppRunner, int]:
+    """The adapter's `add_routes` on a fresh application at 127.0.0.1:<free port>;
+    clean up with `await runner.cleanup()`."""
+    app = web.Application()
+    channel.add_routes(app)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, port
