@@ -67,6 +67,7 @@ from core.events import (
     ButtonPress,
     Cancel,
     Capabilities,
+    DeliveryError,
     Dispatch,
     Inbound,
     Message,
@@ -523,24 +524,37 @@ class WebChannel:
     async def _record(self, session: str, frame: dict[str, Any]) -> None:
         """Store a message/edit frame, then show it to every open tab of the session."""
         async with self._lock(session):
-            await asyncio.to_thread(self._append, session, frame)
+            try:
+                await asyncio.to_thread(self._append, session, frame)
+            except OSError as exc:
+                # A full disk must not hide the answer from the person looking at it: the
+                # open tabs still get it; with none open it counts as not delivered (the
+                # channel layer retries, then keeps it).
+                log.warning("web.history_write_failed", session=session, error=str(exc))
+                if not await self._broadcast(session, frame):
+                    raise DeliveryError(f"web chat history not written: {exc}") from exc
+                return
             await self._broadcast(session, frame)
 
-    async def _broadcast(self, session: str, frame: dict[str, Any]) -> None:
+    async def _broadcast(self, session: str, frame: dict[str, Any]) -> int:
+        """Send a frame to every open tab of the session; how many got it."""
         tabs = self._sockets.get(session)
         if not tabs:
-            return
+            return 0
         data = _dumps(frame)
+        shown = 0
         for ws in list(tabs):
             if ws.closed:
                 tabs.discard(ws)
                 continue
             try:
                 await ws.send_str(data)
+                shown += 1
             except _ERROR_CONNECTION:
                 # A tab that vanished is not a delivery failure: the frame is stored
                 # (or is live-only progress) and the other tabs still get it.
                 tabs.discard(ws)
+        return shown
 
     async def _close_all(self) -> None:
         sockets = [ws for tabs in self._sockets.values() for ws in tabs]

@@ -28,6 +28,7 @@ from core.events import (
     ButtonPress,
     Cancel,
     Channel,
+    DeliveryError,
     Message,
     MessageRef,
     Progress,
@@ -554,3 +555,18 @@ async def test_history_keeps_the_last_messages(tmp_path: Path) -> None:
     assert len(history) == HISTORY_LIMIT
     assert history[0]["text"] == "10" and history[-1]["text"] == str(HISTORY_LIMIT + 9)
     assert len(path.read_text().splitlines()) == HISTORY_LIMIT
+
+
+async def test_a_history_that_cannot_be_written_still_shows_the_answer(server: Server) -> None:
+    """A full disk (here: the history file's path is a folder, a real OSError from the
+    real write) must not hide the answer from the tab showing it; with no tab open the
+    send fails, so the channel layer retries and keeps it."""
+    ws, _ = await server.connect()
+    server.channel._path(SESSION).unlink(missing_ok=True)
+    server.channel._path(SESSION).mkdir(parents=True)
+    await server.channel.send(CONV, "the answer")
+    frame = await recv(ws)
+    assert frame["type"] == "message" and frame["text"] == "the answer"
+    await ws.close()
+    with pytest.raises(DeliveryError, match="history not written"):
+        await server.channel.send(CONV, "nobody sees this")
