@@ -84,7 +84,7 @@ class Dispatcher:
     learner: LearnerHooks | None = None
     rules_commands: RulesCommands | None = None
     rules_admins_only: bool = True
-    #: Proactive help (core/proactive.py); None: never offers help unprompted.
+    #: Proactive help (core/proactive/); None: never offers help unprompted.
     proactive: ProactiveHooks | None = None
     #: core/interrupted.Interrupted: answers "Run it again?" about tasks a previous run
     #: left unfinished (None: no task journal).

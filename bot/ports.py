@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from core.agent import TaskResult
 from core.events import Channel, Message
 from core.interrupted import Answer as InterruptedAnswer
+from core.proactive import Status as ProactiveStatus
 
 
 class PolicyOverlay(Protocol):
@@ -33,19 +34,22 @@ class _Now(Protocol):
     def now(self) -> float: ...
 
 
-class _QuickWindow(Protocol):
+class _ProactiveSettings(Protocol):
     @property
     def quick_cancel(self) -> float: ...
 
+    @property
+    def timezone(self) -> str: ...
+
 
 class ProactiveHooks(Protocol):
-    """core/proactive.Proactive: the signals it reads and the /proactive command."""
+    """core/proactive.Proactive: the signals it reads and what /proactive reports and sets."""
 
     @property
     def clock(self) -> _Now: ...
 
     @property
-    def config(self) -> _QuickWindow: ...
+    def config(self) -> _ProactiveSettings: ...
 
     def user_key(self, channel: str, user: str) -> str: ...
 
@@ -63,7 +67,11 @@ class ProactiveHooks(Protocol):
         self, channel: Channel, msg: Message, started_at: float
     ) -> None: ...
 
-    async def command(self, channel: Channel, msg: Message, arg: str) -> str: ...
+    def status(self, channel: Channel, user: str, conversation: str) -> ProactiveStatus: ...
+
+    async def set_off(self, channel: Channel, user: str, off: bool) -> None: ...
+
+    async def set_quiet(self, channel: Channel, user: str, spec: str) -> str: ...
 
 
 class _Stopping(Protocol):

@@ -1,0 +1,338 @@
+"""The proactive engine: pure scoring, deciding and adapting, with time passed in.
+
+No I/O and no asyncio, so the benchmark can run it for 1,000 simulated users and the
+tests can drive it with plain numbers. It turns events into decayed signals per
+conversation, says whether an offer may go out (and which rule says no), adapts each
+person's threshold and cooldown to their answers, and writes the template offer and
+the task an accepted offer runs. The package docstring lists the signals and rules.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import UTC, datetime
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import structlog
+
+from core.proactive.config import KINDS, Config
+from core.proactive.state import ConvState, Decision, Failure, OpenOffer, Score, UserState
+from core.proactive.text import _norm, is_correction, parse_quiet, similar
+
+log = structlog.get_logger("steward.proactive")
+
+MAX_ERRORS_PER_TASK = 4
+RECENT_REQUESTS = 5
+
+
+class Engine:
+    """Pure scoring and adaptation; every method takes the time it happens at."""
+
+    def __init__(self, config: Config | None = None, *, adaptive: bool = True) -> None:
+        self.config = config or Config()
+        #: False: a fixed threshold and cooldown (the benchmark's baseline).
+        self.adaptive = adaptive
+        try:
+            self.tz: Any = ZoneInfo(self.config.timezone)
+        except (ZoneInfoNotFoundError, ValueError):
+            log.warning("proactive.bad_timezone", timezone=self.config.timezone)
+            self.tz = UTC
+
+    def new_user(self, user: str) -> UserState:
+        return UserState(user=user, threshold=self.config.threshold, cooldown=self.config.cooldown)
+
+    # -- signals ------------------------------------------------------------------------
+
+    def _decay(self, age: float) -> float:
+        return 0.5 ** (max(0.0, age) / self.config.half_life)
+
+    def _add(self, conv: ConvState, now: float, kind: str) -> None:
+        weight = self.config.weights.get(kind, 0.0)
+        if weight > 0:
+            conv.events.append([now, kind, weight])
+        # Events older than ten half-lives weigh < 0.1%: drop them so the state stays small.
+        horizon = now - 10 * self.config.half_life
+        if conv.events and conv.events[0][0] < horizon:
+            conv.events[:] = [e for e in conv.events if e[0] >= horizon]
+
+    def catch_up(self, state: UserState, conversation: str, now: float) -> bool:
+        """Apply a silence that became due (timers, or lazily after a restart)."""
+        conv = state.conv(conversation)
+        if conv.silence_due is not None and conv.silence_due <= now:
+            at = conv.silence_due
+            conv.silence_due = None
+            self._add(conv, at, "silence")
+            return True
+        return False
+
+    def message(self, state: UserState, conversation: str, text: str, now: float) -> list[str]:
+        """A person wrote a request; returns the signal kinds it added."""
+        conv = state.conv(conversation)
+        self.catch_up(state, conversation, now)
+        conv.silence_due = None  # they spoke: no silence after the failure
+        conv.last_message_at = now
+        added = []
+        if is_correction(text, self.config.corrections):
+            added.append("correction")
+        window = 2 * self.config.half_life
+        recent = [r for r in conv.requests if now - r[0] <= window]
+        limit = self.config.repeat_similarity
+        if any(similar(text, r[1], limit) >= limit for r in recent):
+            added.append("repeat")
+        for kind in added:
+            self._add(conv, now, kind)
+        recent.append([now, text[:500]])
+        conv.requests = recent[-RECENT_REQUESTS:]
+        self._later_helpful(state, conv, text, now)
+        return added
+
+    def _later_helpful(self, state: UserState, conv: ConvState, text: str, now: float) -> None:
+        conv.ignored = [i for i in conv.ignored if now - i[0] <= self.config.refusal_window]
+        if not conv.ignored or not self.config.help_words:
+            return
+        words = set(_norm(text).split())
+        if not words & set(self.config.help_words):
+            return
+        t_ignored, _sid = conv.ignored.pop()
+        state.stats["later_helpful"] += 1
+        # Withdraw that offer's mild refusal, then restore half as much as an acceptance.
+        for i, (t, w) in enumerate(state.refusals):
+            if t == t_ignored and w == self.config.ignored_weight:
+                del state.refusals[i]
+                break
+        self._restore(state, self.config.restore / 2)
+
+    def quick_edit(self, state: UserState, conversation: str, now: float) -> None:
+        """A message edited or deleted right after sending (where the platform reports it)."""
+        self._add(state.conv(conversation), now, "quick_cancel")
+
+    def task_finished(
+        self,
+        state: UserState,
+        conversation: str,
+        now: float,
+        *,
+        failed: bool,
+        request: str = "",
+        error: str = "",
+        signatures: list[str] | None = None,
+        episode: str = "",
+    ) -> list[tuple[str, list[str]]]:
+        """Record a finished task; returns recurring (signature, episode ids) newly seen
+        `recurring` times within `recurring_window` (for the rule learner)."""
+        conv = state.conv(conversation)
+        self.catch_up(state, conversation, now)
+        if not failed:
+            # A success ends the run of failures: they stop counting, errors stay (decaying).
+            conv.events = [e for e in conv.events if e[1] != "failure"]
+            conv.failures.clear()
+            conv.silence_due = None
+            conv.last_failure_at = None
+            return []
+        sigs = sorted(set(signatures or []))
+        self._add(conv, now, "failure")
+        for _ in sigs[:MAX_ERRORS_PER_TASK]:
+            self._add(conv, now, "error")
+        conv.failures.append(Failure(now, request[:500], error[:300], sigs[:8], episode))
+        conv.failures = conv.failures[-RECENT_REQUESTS:]
+        conv.last_failure_at = now
+        conv.silence_due = now + self.config.silence if self.config.silence > 0 else None
+        recurring = []
+        window = self.config.recurring_window
+        for sig in sigs:
+            seen = [s for s in conv.signatures.get(sig, []) if now - s[0] <= window]
+            seen.append([now, episode])
+            conv.signatures[sig] = seen
+            last = conv.reported.get(sig)
+            if len(seen) >= self.config.recurring and (last is None or now - last > window):
+                conv.reported[sig] = now
+                recurring.append((sig, [e for _, e in seen if e]))
+        for sig in list(conv.signatures):
+            if all(now - s[0] > window for s in conv.signatures[sig]):
+                del conv.signatures[sig]
+        conv.reported = {k: v for k, v in conv.reported.items() if now - v <= window}
+        return recurring
+
+    def task_cancelled(
+        self, state: UserState, conversation: str, now: float, started_at: float
+    ) -> bool:
+        """Returns True when it was a quick cancellation (a signal)."""
+        if now - started_at <= self.config.quick_cancel:
+            self._add(state.conv(conversation), now, "quick_cancel")
+            return True
+        return False
+
+    def score(self, state: UserState, conversation: str, now: float) -> Score:
+        parts = dict.fromkeys(KINDS, 0.0)
+        counts = dict.fromkeys(KINDS, 0)
+        conv = state.conversations.get(conversation)
+        for t, kind, weight in conv.events if conv else []:
+            parts[kind] = parts.get(kind, 0.0) + weight * self._decay(now - t)
+            counts[kind] = counts.get(kind, 0) + 1
+        return Score(sum(parts.values()), parts, counts)
+
+    # -- deciding -----------------------------------------------------------------------
+
+    def in_quiet(self, state: UserState, now: float) -> bool:
+        if not state.quiet:
+            return False
+        try:
+            start, end = parse_quiet(state.quiet)
+        except ValueError:
+            return False
+        local = datetime.fromtimestamp(now, tz=self.tz)
+        minute = local.hour * 60 + local.minute
+        return start <= minute < end if start < end else minute >= start or minute < end
+
+    def decide(
+        self, state: UserState, conversation: str, now: float, *, busy: bool = False
+    ) -> Decision:
+        """May an offer go out now? The reason names the first rule that says no."""
+        if not self.config.enabled:
+            return Decision(False, "proactive help is disabled for this deployment")
+        if state.off:
+            return Decision(False, "off (/proactive on to allow offers)")
+        if self.in_quiet(state, now):
+            return Decision(False, f"quiet hours {state.quiet}")
+        conv = state.conv(conversation)
+        if conv.open is not None:
+            return Decision(False, "a suggestion is already open here")
+        if busy:
+            return Decision(False, "a task is running")
+        if state.last_offer_at is not None and now - state.last_offer_at < state.cooldown:
+            return Decision(False, "cooling down")
+        score = self.score(state, conversation, now)
+        if score.total < state.threshold:
+            return Decision(False, "score below threshold")
+        if not conv.requests and not conv.failures:
+            return Decision(False, "nothing to offer help with")
+        return Decision(True, "score above threshold")
+
+    def offered(self, state: UserState, conversation: str, sid: str, now: float) -> None:
+        conv = state.conv(conversation)
+        subject = conv.failures[-1].request if conv.failures else ""
+        conv.open = OpenOffer(sid, now, subject)
+        conv.events.clear()  # the evidence is spent on this offer
+        state.last_offer_at = now
+        state.stats["offered"] += 1
+
+    # -- answers and adaptation ---------------------------------------------------------
+
+    def _close(self, state: UserState, sid: str) -> str | None:
+        for name, conv in state.conversations.items():
+            if conv.open is not None and conv.open.id == sid:
+                conv.open = None
+                return name
+        return None
+
+    def answered(self, state: UserState, sid: str, accepted: bool, now: float) -> None:
+        self._close(state, sid)
+        if accepted:
+            state.stats["accepted"] += 1
+            self._restore(state, self.config.restore)
+        else:
+            state.stats["refused"] += 1
+            self._refusal(state, now, 1.0)
+
+    def ignored(self, state: UserState, sid: str, now: float) -> bool:
+        """An offer expired unanswered: a mild refusal. False when it was not open."""
+        name = self._close(state, sid)
+        if name is None:
+            return False
+        state.stats["ignored"] += 1
+        state.conv(name).ignored.append([now, sid])
+        self._refusal(state, now, self.config.ignored_weight)
+        return True
+
+    def refusal_weight(self, state: UserState, now: float) -> float:
+        return sum(w for t, w in state.refusals if now - t <= self.config.refusal_window)
+
+    def _refusal(self, state: UserState, now: float, weight: float) -> None:
+        window = self.config.refusal_window
+        state.refusals = [r for r in state.refusals if now - r[0] <= window]
+        state.refusals.append([now, weight])
+        if not self.adaptive:
+            return
+        c = self.config
+        if c.refusal_nudge:  # every refusal counts a little, however far apart they come
+            step = 1 + c.refusal_nudge * weight
+            state.threshold = min(c.threshold_max, state.threshold * step)
+            state.cooldown = min(c.cooldown_max, state.cooldown * step)
+        if self.refusal_weight(state, now) >= c.refusals - 1e-9:
+            state.threshold = min(c.threshold_max, state.threshold * c.threshold_step)
+            state.cooldown = min(c.cooldown_max, state.cooldown * c.cooldown_step)
+            state.refusals.clear()  # spent: the next step needs as many again
+            state.stats["adapted"] += 1
+
+    def _restore(self, state: UserState, fraction: float) -> None:
+        if not self.adaptive:
+            return
+        c = self.config
+        state.threshold -= (state.threshold - c.threshold) * fraction
+        state.cooldown -= (state.cooldown - c.cooldown) * fraction
+        if abs(state.threshold - c.threshold) < 0.01:
+            state.threshold = c.threshold
+        if abs(state.cooldown - c.cooldown) < 1:
+            state.cooldown = c.cooldown
+
+    # -- what to say --------------------------------------------------------------------
+
+    @staticmethod
+    def evidence(state: UserState, conversation: str) -> list[Failure]:
+        return list(state.conv(conversation).failures)
+
+    @staticmethod
+    def offered_task(state: UserState, conversation: str) -> str:
+        conv = state.conv(conversation)
+        if conv.failures:
+            last = conv.failures[-1]
+            error = last.error or (last.signatures[0] if last.signatures else "an error")
+            return (
+                f"{OFFER_PREFIX}{_original(last.request)} — it failed with {error}; "
+                "find the cause and fix it."
+            )
+        request = _original(conv.requests[-1][1]) if conv.requests else "what I was trying to do"
+        return (
+            f"{OFFER_PREFIX}{request} — your last answers did not get it right; "
+            "find out what I need and do it."
+        )
+
+    @staticmethod
+    def template(state: UserState, conversation: str, score: Score) -> str:
+        conv = state.conv(conversation)
+        failures = conv.failures
+        if failures:
+            sigs = Counter(s for f in failures for s in f.signatures)
+            common = sigs.most_common(1)
+            n = len(failures)
+            what = "task here" if n == 1 else f"{n} tasks here"
+            if common and common[0][1] >= 2:
+                cause = f" on the same error ({common[0][0][:160]})"
+            elif failures[-1].error:
+                cause = f" ({failures[-1].error[:160]})"
+            else:
+                cause = ""
+            return (
+                f"The last {what} failed{cause}. Want me to look into the cause "
+                f"of “{failures[-1].request[:120]}” and fix it?"
+            )
+        noticed = []
+        if score.counts.get("correction"):
+            noticed.append("you corrected me")
+        if score.counts.get("repeat"):
+            noticed.append("you asked for nearly the same thing again")
+        if score.counts.get("quick_cancel"):
+            noticed.append("you stopped a task right away")
+        seen = " and ".join(noticed) or "this is not going well"
+        return f"I noticed {seen}. Want me to start over and ask what you need?"
+
+
+def _original(request: str) -> str:
+    """The person's own request inside an offered task that failed in turn (no nesting)."""
+    while request.startswith(OFFER_PREFIX):
+        request = request[len(OFFER_PREFIX) :].split(" — ")[0]
+    return request
+
+
+OFFER_PREFIX = "Help me with: "

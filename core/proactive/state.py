@@ -1,0 +1,135 @@
+"""What the engine remembers per person and conversation, and what it answers.
+
+`UserState` (with its `ConvState` per conversation) is plain data: the engine changes
+it, the async layer saves it as front matter (`to_dict`) and reads it back
+(`from_dict`, tolerant of fields older files lack). `Score`, `Decision` and `Status`
+are the engine's and the service's answers, as facts: the bot words them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from core.proactive.config import Config
+
+
+@dataclass(slots=True)
+class Failure:
+    t: float
+    request: str
+    error: str
+    signatures: list[str]
+    episode: str = ""
+
+
+@dataclass(slots=True)
+class OpenOffer:
+    id: str
+    t: float
+    subject: str = ""
+
+
+@dataclass(slots=True)
+class ConvState:
+    #: [t, kind, weight] — signals newer than the last offer.
+    events: list[list[Any]] = field(default_factory=list)
+    #: [t, text] of the last few requests (for near-identical repeats).
+    requests: list[list[Any]] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
+    #: signature -> [[t, episode id], ...] within the recurring window.
+    signatures: dict[str, list[list[Any]]] = field(default_factory=dict)
+    reported: dict[str, float] = field(default_factory=dict)
+    last_failure_at: float | None = None
+    last_message_at: float | None = None
+    #: When a silence after the last failure becomes a signal (None: none pending).
+    silence_due: float | None = None
+    open: OpenOffer | None = None
+    #: An ignored offer that may still turn out "later helpful": [t, id].
+    ignored: list[list[Any]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class UserState:
+    user: str
+    threshold: float
+    cooldown: float
+    off: bool = False
+    quiet: str = ""
+    last_offer_at: float | None = None
+    #: [t, weight] of refusals (1) and ignored offers (ignored_weight).
+    refusals: list[list[float]] = field(default_factory=list)
+    conversations: dict[str, ConvState] = field(default_factory=dict)
+    stats: dict[str, int] = field(
+        default_factory=lambda: {
+            "offered": 0,
+            "accepted": 0,
+            "refused": 0,
+            "ignored": 0,
+            "later_helpful": 0,
+            "adapted": 0,
+        }
+    )
+
+    def conv(self, conversation: str) -> ConvState:
+        return self.conversations.setdefault(conversation, ConvState())
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], config: Config) -> UserState:
+        convs = {}
+        for name, raw in (data.get("conversations") or {}).items():
+            raw = dict(raw)
+            raw["failures"] = [Failure(**f) for f in raw.get("failures") or []]
+            raw["open"] = OpenOffer(**raw["open"]) if raw.get("open") else None
+            convs[str(name)] = ConvState(**raw)
+        stats = {**UserState(user="", threshold=0, cooldown=0).stats, **(data.get("stats") or {})}
+        return cls(
+            user=str(data["user"]),
+            threshold=float(data.get("threshold", config.threshold)),
+            cooldown=float(data.get("cooldown", config.cooldown)),
+            off=bool(data.get("off", False)),
+            quiet=str(data.get("quiet") or ""),
+            last_offer_at=data.get("last_offer_at"),
+            refusals=[[float(t), float(w)] for t, w in data.get("refusals") or []],
+            conversations=convs,
+            stats=stats,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Score:
+    total: float
+    parts: dict[str, float]
+    counts: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    offer: bool
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    """What /proactive status reports for one person in one conversation, as numbers
+    (signals already caught up to `now`); bot/commands/proactive.py words it."""
+
+    config: Config
+    off: bool
+    quiet: str
+    #: Whether `now` falls inside the quiet hours (False without any).
+    in_quiet: bool
+    score: Score
+    threshold: float
+    cooldown: float
+    #: Seconds until the cooldown after the last offer ends (<= 0: it has ended or
+    #: there was no offer yet).
+    cooldown_left: float
+    refusal_weight: float
+    stats: dict[str, int]
+    #: Whether an offer could go out now, and the first rule that says no.
+    decision: Decision
