@@ -195,7 +195,10 @@ def main(argv: list[str]) -> int:
         return subprocess.call([str(BIN / "steward"), *(rest or ["run"])], env=env)
     _setup("requirements-dev.lock")
     if cmd == "test":
-        return subprocess.call([str(PY), "-m", "pytest", *rest], cwd=ROOT, env=env)
+        # The whole suite runs on every core (pytest-xdist); a run narrowed with
+        # arguments (-k, a file) stays in one process, where output and -x read plainly.
+        spread = [] if rest else ["-n", "auto"]
+        return subprocess.call([str(PY), "-m", "pytest", *spread, *rest], cwd=ROOT, env=env)
     if cmd == "lint":
         return subprocess.call([str(PY), "-m", "ruff", "check", ".", *rest], cwd=ROOT, env=env)
     return subprocess.call([str(PY), "-m", "bench", *rest], cwd=ROOT, env=env)

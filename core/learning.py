@@ -193,7 +193,7 @@ class Learner:
         self.embedder = embedder
         self.drafter = drafter
         self.counter = counter
-        #: Where rule files get re-indexed after a change (memory/index.py), if open.
+        #: Where rule files get re-indexed after a change (memory/index/), if open.
         self.index = index
         self.store: DataStore = rules.store
         self._lock = asyncio.Lock()

@@ -55,7 +55,7 @@ def render(recalled: list[Recalled], budget_tokens: int) -> tuple[str, list[str]
 
 
 class IndexRecall:
-    """`Recall` over the memory index (memory/index.py): hybrid search, episodes of the
+    """`Recall` over the memory index (memory/index/): hybrid search, episodes of the
     task's scope only. Lives in core so that memory never imports core."""
 
     def __init__(self, index: Any) -> None:

@@ -388,7 +388,7 @@ def test_hashed_embedder_is_deterministic_and_unit_length() -> None:
 async def test_keyword_budget_prefers_rare_terms_then_recent_rows(
     index: MemoryIndex, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import memory.index as index_mod
+    import memory.index.tuning as index_mod
 
     monkeypatch.setattr(index_mod, "FTS_BUDGET", 1)
     # "csv" matches one document, "deploy" three: only the rare term is ranked.
@@ -401,7 +401,7 @@ async def test_keyword_budget_prefers_rare_terms_then_recent_rows(
 async def test_rebuild_with_worker_processes_matches(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import memory.index as index_mod
+    import memory.index.tuning as index_mod
 
     await _write_all(tmp_path)
     async with await MemoryIndex.open(tmp_path) as idx:

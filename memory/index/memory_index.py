@@ -1,0 +1,646 @@
+"""`MemoryIndex`: the open index, its lifecycle and its incremental updates.
+
+It owns the shared SQLite connection and vector index and the lock that serializes
+them: opening (and deciding whether to rebuild), catching up on changed files,
+indexing one file after a write, compacting the vectors, and closing. The bulk work
+of a rebuild, the ranked lists of a search and the stats live in their own modules.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+import numpy as np
+import structlog
+
+from memory.documents import Doc, kind_of, walk
+from memory.embedder import Embedder, HashedEmbedder, embed_async, min_similarity
+from memory.index import tuning
+from memory.index.query import fts_terms, rrf, where_clause
+from memory.index.rebuild import (
+    ProgressBar,
+    RebuildReport,
+    build,
+    parse_batch,
+    want_progress,
+)
+from memory.index.schema import (
+    DOC_COLUMNS,
+    FAISS_NAME,
+    GEN_SHIFT,
+    META_COLUMNS,
+    META_NAMES,
+    SCHEMA_VERSION,
+    SQLITE_NAME,
+    connect,
+    doc_row,
+)
+from memory.index.search import Hit, keyword_ranks, vector_ranks
+from memory.index.stats import stats as index_stats
+from memory.vectors import VectorIndex, VectorIndexError
+
+log = structlog.get_logger("steward.memory")
+
+
+@dataclass(slots=True)
+class SyncReport:
+    added: int = 0
+    changed: int = 0
+    removed: int = 0
+    embedded: int = 0
+    skipped: list[str] = field(default_factory=list)
+
+    @property
+    def touched(self) -> bool:
+        return bool(self.added or self.changed or self.removed or self.embedded)
+
+
+#: Save index.faiss after this many new vectors (and always at close): a crash loses
+#: at most these, and they are re-embedded from their files at the next open.
+AUTOSAVE_EVERY = 64
+
+
+class MemoryIndex:
+    """Open with `await MemoryIndex.open(data_dir)`; close with `await index.close()`
+    (or `async with`). See the module docstring for what it guarantees."""
+
+    def __init__(self, data_dir: Path, embedder: Embedder) -> None:
+        self.data_dir = data_dir
+        self.embedder = embedder
+        self.sqlite_path = data_dir / SQLITE_NAME
+        self.faiss_path = data_dir / FAISS_NAME
+        self._db: aiosqlite.Connection | None = None
+        self._vectors = VectorIndex(embedder.dim or 1)
+        self._lock = asyncio.Lock()
+        self._rebuild_lock = asyncio.Lock()
+        self._generation = 0
+        self._next_label = 0
+        self._unsaved = 0
+        self._compaction: asyncio.Task[None] | None = None
+        #: Why the last open rebuilt or caught up (for stats and tests), "" if it didn't.
+        self.open_reason = ""
+        #: The report of the rebuild `open` did, if it did one.
+        self.last_rebuild: RebuildReport | None = None
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    @classmethod
+    async def open(
+        cls,
+        data_dir: Path,
+        embedder: Embedder | None = None,
+        *,
+        progress: bool | None = None,
+        sync: bool = True,
+        rebuild: bool = False,
+    ) -> MemoryIndex:
+        """Open the index, rebuilding it when it is missing, unreadable or built for
+        another embedder (or when `rebuild`), and catching up on changed files when
+        `sync`."""
+        embedder = embedder or HashedEmbedder()
+        if not embedder.dim:  # e.g. a litellm model whose size we learn by asking once
+            await embed_async(embedder, ["dimension probe"])
+        await asyncio.to_thread(data_dir.mkdir, parents=True, exist_ok=True)
+        self = cls(data_dir, embedder)
+        reason = "requested" if rebuild else await self._load()
+        if reason:
+            if not rebuild:
+                log.warning("memory.index.rebuild", reason=reason, data_dir=str(data_dir))
+            self.open_reason = reason
+            self.last_rebuild = await self.rebuild(progress=progress, reason=reason)
+        elif sync:
+            try:
+                report = await self.sync(progress=progress)
+            except BaseException:
+                await self.close()
+                raise
+            if report.touched:
+                self.open_reason = (
+                    f"caught up: {report.added} added, {report.changed} changed, "
+                    f"{report.removed} removed, {report.embedded} re-embedded"
+                )
+                log.info("memory.index.sync", detail=self.open_reason)
+        return self
+
+    async def __aenter__(self) -> MemoryIndex:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Save the vectors, checkpoint the WAL into the database and close it.
+
+        The connection is closed whatever fails before (a full disk makes the save and
+        the checkpoint fail): aiosqlite's thread is not a daemon, and a connection
+        left open kept the process from exiting (issue 16). The first error is raised
+        after the close."""
+        try:
+            if self._compaction is not None:
+                await self._compaction
+        finally:
+            async with self._lock:
+                try:
+                    await self._save_vectors()
+                finally:
+                    db, self._db = self._db, None
+                    if db is not None:
+                        try:
+                            await db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                        except sqlite3.Error as exc:
+                            log.warning("memory.index.checkpoint_failed", error=str(exc))
+                        finally:
+                            await db.close()
+
+    async def _save_vectors(self) -> None:
+        if self._vectors.dirty and self._db is not None:
+            await asyncio.to_thread(self._vectors.save, self.faiss_path)
+        self._unsaved = 0
+
+    async def _load(self) -> str:
+        """Open both files; the reason they must be rebuilt, or "" when usable."""
+        if not self.sqlite_path.exists():
+            return f"{SQLITE_NAME} is missing"
+        if not self.faiss_path.exists():
+            return f"{FAISS_NAME} is missing"
+        try:
+            db = await connect(self.sqlite_path)
+        except sqlite3.DatabaseError as exc:
+            return f"{SQLITE_NAME} is unreadable ({exc})"
+        try:
+            rows = await db.execute_fetchall("SELECT key, value FROM meta")
+            meta = {k: v for k, v in rows}
+            await db.execute_fetchall("SELECT count(*) FROM docs")
+            await db.execute_fetchall("SELECT count(*) FROM fts WHERE fts MATCH 'probe'")
+        except sqlite3.DatabaseError as exc:
+            await db.close()
+            return f"{SQLITE_NAME} is unreadable ({exc})"
+        problem = ""
+        if meta.get("schema") != SCHEMA_VERSION:
+            problem = f"index schema {meta.get('schema')!r} is not {SCHEMA_VERSION!r}"
+        elif meta.get("embedder") != self.embedder.name or meta.get("dim") != str(
+            self.embedder.dim
+        ):
+            problem = (
+                f"embedder changed from {meta.get('embedder')} ({meta.get('dim')} dims) to "
+                f"{self.embedder.name} ({self.embedder.dim} dims): every vector is re-embedded"
+            )
+        if problem:
+            await db.close()
+            return problem
+        try:
+            vectors = await asyncio.to_thread(VectorIndex.load, self.faiss_path, self.embedder.dim)
+        except VectorIndexError as exc:
+            await db.close()
+            return str(exc)
+        generation = int(meta.get("generation", "0"))
+        if vectors.ntotal and vectors.max_label >> GEN_SHIFT != generation:
+            await db.close()
+            return f"{FAISS_NAME} belongs to another build of {SQLITE_NAME}"
+        self._db, self._vectors, self._generation = db, vectors, generation
+        live = np.array(
+            [r[0] for r in await db.execute_fetchall("SELECT vec FROM docs WHERE vec IS NOT NULL")],
+            dtype=np.int64,
+        )
+        known = np.isin(live, vectors.labels())
+        if not known.all():
+            # Saved SQLite rows whose vectors never reached the file (a crash before the
+            # next save): forget the labels; sync re-embeds those documents.
+            lost = live[~known].tolist()
+            await db.executemany("UPDATE docs SET vec = NULL WHERE vec = ?", [(x,) for x in lost])
+            await db.commit()
+            live = live[known]
+        vectors.keep_only(live)
+        top = max(vectors.max_label, int(live.max()) if len(live) else -1)
+        self._next_label = max(top + 1, generation << GEN_SHIFT)
+        return ""
+
+    # -- full rebuild --------------------------------------------------------------
+
+    async def rebuild(
+        self, *, progress: bool | None = None, reason: str = "requested"
+    ) -> RebuildReport:
+        """Recreate index.sqlite and index.faiss from the Markdown files alone.
+
+        Built into temporary files, then swapped in: until the swap, searches use the
+        old index; a crash mid-way leaves the old one (or none) and a temp file.
+        """
+        async with self._rebuild_lock:
+            start = time.perf_counter()
+            report = RebuildReport(reason=reason)
+            files = await asyncio.to_thread(lambda: list(walk(self.data_dir)))
+            suffix = f".{os.getpid()}.{secrets.token_hex(4)}.tmp"
+            tmp_db = self.data_dir / f".{SQLITE_NAME}{suffix}"
+            tmp_faiss = self.data_dir / f".{FAISS_NAME}{suffix}"
+            generation = secrets.randbelow(2**30) + 1
+            try:
+                vectors = await build(
+                    self.data_dir, self.embedder, files, tmp_db, generation, report, progress
+                )
+                await asyncio.to_thread(vectors.save, tmp_faiss)
+                async with self._lock:
+                    if self._db is not None:
+                        await self._db.close()
+                        self._db = None
+                    # Never leave a new faiss file beside an old SQLite file: remove both
+                    # old files first, put the faiss file in, SQLite last.
+                    for stale in (
+                        self.sqlite_path,
+                        Path(f"{self.sqlite_path}-wal"),
+                        Path(f"{self.sqlite_path}-shm"),
+                        Path(f"{self.sqlite_path}-journal"),
+                        self.faiss_path,
+                    ):
+                        stale.unlink(missing_ok=True)
+                    os.replace(tmp_faiss, self.faiss_path)
+                    os.replace(tmp_db, self.sqlite_path)
+                    self._db = await connect(self.sqlite_path)
+                    self._vectors = vectors
+                    self._generation = generation
+                    self._next_label = max(vectors.max_label + 1, generation << GEN_SHIFT)
+                    self._unsaved = 0
+            finally:
+                tmp_db.unlink(missing_ok=True)
+                tmp_faiss.unlink(missing_ok=True)
+            report.seconds = time.perf_counter() - start
+            async with self._lock:
+                await self._set_meta(
+                    rebuilt_at=datetime.now(UTC).isoformat(timespec="seconds"),
+                    rebuild_seconds=f"{report.seconds:.2f}",
+                    rebuild_reason=reason,
+                )
+            for problem in report.skipped:
+                log.warning("memory.index.skipped", problem=problem)
+            log.info(
+                "memory.index.rebuilt",
+                reason=reason,
+                seconds=round(report.seconds, 2),
+                **{k: v for k, v in report.counts.items()},
+            )
+        # Files written while the rebuild ran were indexed into the old index: catch up.
+        await self.sync()
+        return report
+
+    # -- incremental updates -----------------------------------------------------
+
+    async def sync(self, *, progress: bool | None = None) -> SyncReport:
+        """Bring the index up to date with the files: index added and changed files,
+        drop removed ones, re-embed documents whose vectors were lost."""
+        report = SyncReport()
+        disk = {
+            rel: (kind, m, s)
+            for kind, rel, m, s in await asyncio.to_thread(lambda: list(walk(self.data_dir)))
+        }
+        async with self._lock:
+            db = self._require_db()  # inside the lock: a rebuild swaps the connection
+            indexed = {
+                p: (m, s, v)
+                for p, m, s, v in await db.execute_fetchall(
+                    "SELECT path, mtime_ns, size, vec FROM docs"
+                )
+            }
+            skipped = {
+                p: (m, s)
+                for p, m, s in await db.execute_fetchall("SELECT path, mtime_ns, size FROM skipped")
+            }
+        todo: list[tuple[str, str, int, int]] = []
+        for rel, (kind, m, s) in disk.items():
+            known = indexed.get(rel)
+            if skipped.get(rel) == (m, s):
+                continue
+            if known is None:
+                report.added += 1
+            elif known[:2] != (m, s):
+                report.changed += 1
+            elif known[2] is None:
+                report.embedded += 1
+            else:
+                continue
+            todo.append((kind, rel, m, s))
+        removed = [p for p in indexed if p not in disk] + [p for p in skipped if p not in disk]
+        report.removed = len([p for p in indexed if p not in disk])
+        if not todo and not removed:
+            return report
+        with ProgressBar(want_progress(progress) and len(todo) > tuning.BATCH) as bar:
+            advance = bar.stage("catching up", len(todo))
+            for start in range(0, max(len(todo), 1), tuning.BATCH):
+                batch = todo[start : start + tuning.BATCH]
+                docs, problems = await asyncio.to_thread(parse_batch, self.data_dir, batch)
+                report.skipped.extend(p[3] for p in problems)
+                await self._apply(docs, removed if start == 0 else [], problems)
+                advance(len(batch))
+        for problem in report.skipped:
+            log.warning("memory.index.skipped", problem=problem)
+        return report
+
+    async def index_file(self, path: Path) -> str | None:
+        """(Re)index one Markdown file under episodes/, rules/ or notes/ right after it
+        was written; a vanished file is dropped. Returns the document id, or None when
+        the file is gone or malformed (then logged with its path, never raised)."""
+        path = Path(path)
+        kind = kind_of(self.data_dir, path)
+        if kind is None:
+            raise ValueError(f"{path} is not a Markdown file under episodes/, rules/ or notes/")
+        rel = _relative(self.data_dir, path)
+        try:
+            st = await asyncio.to_thread(path.stat)
+        except FileNotFoundError:
+            await self._apply([], [rel], [])
+            return None
+        docs, problems = await asyncio.to_thread(
+            parse_batch, self.data_dir, [(kind, rel, st.st_mtime_ns, st.st_size)]
+        )
+        for problem in problems:
+            log.warning("memory.index.skipped", problem=problem[3])
+        await self._apply(docs, [], problems)
+        return docs[0].doc_id if docs else None
+
+    async def add_episode_file(self, path: Path) -> str | None:
+        """What the agent calls after EpisodeStore.write: index_file by another name."""
+        return await self.index_file(path)
+
+    async def remove_file(self, path: Path) -> None:
+        """Forget a file (its vector is marked stale)."""
+        await self._apply([], [_relative(self.data_dir, Path(path))], [])
+
+    async def _apply(
+        self, docs: list[Doc], removed: list[str], problems: list[tuple[str, int, int, str]]
+    ) -> None:
+        async with self._lock:
+            db = self._require_db()  # inside the lock: a rebuild swaps the connection
+            existing: dict[str, tuple[int, int | None, str]] = {}
+            paths = [d.path for d in docs] + removed
+            for start in range(0, len(paths), 500):
+                part = paths[start : start + 500]
+                rows = await db.execute_fetchall(
+                    f"SELECT path, id, vec, text_hash FROM docs WHERE path IN "
+                    f"({','.join('?' * len(part))})",
+                    part,
+                )
+                existing.update({p: (i, v, h) for p, i, v, h in rows})
+            fresh = [
+                d
+                for d in docs
+                if d.path not in existing
+                or existing[d.path][1] is None
+                or existing[d.path][2] != d.text_hash
+            ]
+            labels: dict[str, int] = {}
+            if fresh:
+                matrix = await embed_async(self.embedder, [d.embed_text for d in fresh])
+                new = np.arange(self._next_label, self._next_label + len(fresh), dtype=np.int64)
+                await asyncio.to_thread(self._vectors.add, new, matrix)
+                self._next_label += len(fresh)
+                self._unsaved += len(fresh)
+                labels = {d.path: int(x) for d, x in zip(fresh, new, strict=True)}
+            stale: list[int] = []
+            try:
+                for doc in docs:
+                    old = existing.get(doc.path)
+                    label = labels.get(doc.path, old[1] if old else None)
+                    if old is not None:
+                        doc_key = old[0]
+                        if old[1] is not None and old[1] != label:
+                            stale.append(old[1])
+                        await db.execute(
+                            f"UPDATE docs SET ({DOC_COLUMNS}) = ({','.join('?' * 17)}) "
+                            "WHERE id = ?",
+                            (*doc_row(doc, label), doc_key),
+                        )
+                        await db.execute("DELETE FROM fts WHERE rowid = ?", (doc_key,))
+                        await db.execute("DELETE FROM signatures WHERE doc = ?", (doc_key,))
+                    else:
+                        cursor = await db.execute(
+                            f"INSERT INTO docs ({DOC_COLUMNS}) VALUES ({','.join('?' * 17)})",
+                            doc_row(doc, label),
+                        )
+                        doc_key = int(cursor.lastrowid or 0)
+                    await db.execute(
+                        "INSERT INTO fts (rowid, title, error, body) VALUES (?, ?, ?, ?)",
+                        (doc_key, doc.title, doc.error, doc.body),
+                    )
+                    await db.executemany(
+                        "INSERT OR IGNORE INTO signatures VALUES (?, ?)",
+                        [(s, doc_key) for s in doc.signatures],
+                    )
+                    await db.execute("DELETE FROM skipped WHERE path = ?", (doc.path,))
+                for rel in removed:
+                    await db.execute("DELETE FROM skipped WHERE path = ?", (rel,))
+                    old = existing.get(rel)
+                    if old is None:
+                        continue
+                    if old[1] is not None:
+                        stale.append(old[1])
+                    await db.execute("DELETE FROM docs WHERE id = ?", (old[0],))
+                    await db.execute("DELETE FROM fts WHERE rowid = ?", (old[0],))
+                    await db.execute("DELETE FROM signatures WHERE doc = ?", (old[0],))
+                # A file that turned malformed keeps its last good version searchable;
+                # `skipped` stops it being re-read until it changes again.
+                await db.executemany("INSERT OR REPLACE INTO skipped VALUES (?, ?, ?, ?)", problems)
+                await db.commit()
+            except BaseException:
+                await db.rollback()
+                if labels:  # vectors no document will point to
+                    self._vectors.mark_stale(np.array(list(labels.values()), dtype=np.int64))
+                raise
+            if stale:
+                self._vectors.mark_stale(np.array(stale, dtype=np.int64))
+            if self._vectors.needs_compaction():
+                if self._compaction is None or self._compaction.done():
+                    self._compaction = asyncio.create_task(self._compact())
+            elif self._unsaved >= AUTOSAVE_EVERY:
+                await self._save_vectors()
+
+    async def _compact(self) -> None:
+        """Rebuild the HNSW graph without stale vectors, in the background.
+
+        The new graph is built from a snapshot without holding the lock (at 100k that
+        takes tens of seconds, and searches must go on); vectors added or marked stale
+        meanwhile are carried over when it is swapped in.
+        """
+        async with self._rebuild_lock:
+            old = self._vectors
+            if not old.needs_compaction():
+                return
+            fresh = await asyncio.to_thread(old.compacted)
+            async with self._lock:
+                if self._vectors is not old or self._db is None:
+                    return  # a rebuild replaced it, or the index closed
+                await asyncio.to_thread(fresh.catch_up, old)
+                self._vectors = fresh
+                log.info("memory.index.compacted", before=old.ntotal, after=fresh.ntotal)
+                await self._save_vectors()
+
+    async def flush(self) -> None:
+        """Save index.faiss now (it is also saved every AUTOSAVE_EVERY vectors and at close)."""
+        async with self._lock:
+            await self._save_vectors()
+
+    # -- search ------------------------------------------------------------------
+
+    async def episodes_with_signature(
+        self, signature: str, since: datetime | float | None = None
+    ) -> list[dict[str, Any]]:
+        """Episodes carrying an error signature (oldest first): what the rule learner
+        counts and drafts from. Exact match on the indexed signatures, no ranking."""
+        where, params = where_clause(
+            kinds="episode",
+            outcome=None,
+            user=None,
+            conversation=None,
+            channel=None,
+            scopes=None,
+            statuses=None,
+            since=since,
+            signature=signature,
+        )
+        async with self._lock:
+            db = self._require_db()
+            rows = await db.execute_fetchall(
+                f"SELECT doc_id, title, error, started, scope FROM docs WHERE {where} ORDER BY ts",
+                params,
+            )
+        return [
+            {"id": r[0], "request": r[1], "error": r[2], "started": r[3], "scope": r[4]}
+            for r in rows
+        ]
+
+    async def search(
+        self,
+        query: str,
+        *,
+        limit: int = 10,
+        kinds: str | Sequence[str] | None = None,
+        outcome: str | Sequence[str] | None = None,
+        user: str | Sequence[str] | None = None,
+        conversation: str | Sequence[str] | None = None,
+        channel: str | Sequence[str] | None = None,
+        scopes: str | Sequence[str] | None = None,
+        statuses: str | Sequence[str] | None = None,
+        since: datetime | float | None = None,
+        signature: str | None = None,
+        min_similarity: float | None = None,
+        query_vector: np.ndarray | None = None,
+        keyword: bool = True,
+        semantic: bool = True,
+    ) -> list[Hit]:
+        """Hybrid search: FTS5 bm25 and vector similarity, each filtered, fused by RRF.
+
+        `scopes` is the list of scopes the caller may see (e.g. ["person:slack:U1",
+        "workspace"]); None means no scope filter, which only operator tools should use.
+        `query_vector` skips embedding the query (benchmarks; callers that already
+        have it). Vector hits below the embedder's noise floor are dropped.
+        """
+        limit = max(1, int(limit))
+        depth = max(limit * 4, 40)
+        where, params = where_clause(
+            kinds=kinds,
+            outcome=outcome,
+            user=user,
+            conversation=conversation,
+            channel=channel,
+            scopes=scopes,
+            statuses=statuses,
+            since=since,
+            signature=signature,
+            alias="d",
+        )
+        terms = fts_terms(query) if keyword else []
+        qv: np.ndarray | None = None
+        if semantic:
+            if query_vector is not None:
+                qv = np.asarray(query_vector, dtype=np.float32).reshape(-1)
+            elif query.strip():
+                qv = (await embed_async(self.embedder, [query]))[0]
+        floor = min_similarity if min_similarity is not None else _floor(self.embedder)
+        async with self._lock:
+            db = self._require_db()  # inside the lock: a rebuild swaps the connection
+            # Both lists at once: SQLite (aiosqlite's thread) and numpy/faiss (a worker
+            # thread) release the GIL, so on 2 cores the two mostly overlap.
+            words, (near, sims) = await asyncio.gather(
+                keyword_ranks(db, terms, where, params, depth) if terms else _none(),
+                vector_ranks(db, self._vectors, qv, where, params, depth, floor)
+                if qv is not None
+                else _nothing(),
+            )
+            fused = rrf([words, near])
+            if not fused:
+                return []
+            ids = list(fused)
+            rows = await db.execute_fetchall(
+                f"SELECT {META_COLUMNS}, (SELECT group_concat(sig, char(10)) FROM signatures"
+                f" WHERE doc = docs.id) FROM docs WHERE id IN ({','.join('?' * len(ids))})",
+                ids,
+            )
+        word_rank = {d: i for i, d in enumerate(words, start=1)}
+        near_rank = {d: i for i, d in enumerate(near, start=1)}
+        hits = []
+        for *row, sig_text in rows:
+            meta = dict(zip(META_NAMES, row, strict=True))
+            key = meta.pop("id")
+            meta["request"] = meta["title"] if meta["kind"] == "episode" else ""
+            meta["signatures"] = sorted(sig_text.split("\n")) if sig_text else []
+            meta["keyword_rank"] = word_rank.get(key)
+            meta["vector_rank"] = near_rank.get(key)
+            meta["similarity"] = sims.get(key)
+            hits.append(Hit(id=meta["doc_id"], kind=meta["kind"], score=fused[key], meta=meta))
+        hits.sort(key=lambda h: (-round(h.score, 12), -h.meta["ts"], h.meta["path"]))
+        return hits[:limit]
+
+    # -- stats ---------------------------------------------------------------------
+
+    async def stats(self) -> dict[str, Any]:
+        """Counts by kind and outcome/status, skipped files, file sizes, last rebuild."""
+        return await index_stats(self)
+
+    # -- helpers -------------------------------------------------------------------
+
+    def _require_db(self) -> aiosqlite.Connection:
+        if self._db is None:
+            raise RuntimeError("the memory index is closed")
+        return self._db
+
+    async def _set_meta(self, **values: str) -> None:
+        db = self._require_db()
+        await db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", list(values.items()))
+        await db.commit()
+
+
+async def _none() -> list[int]:
+    return []
+
+
+async def _nothing() -> tuple[list[int], dict[int, float]]:
+    return [], {}
+
+
+def _relative(data_dir: Path, path: Path) -> str:
+    """The document key of a file: its path under the data dir, with forward slashes."""
+    return path.resolve().relative_to(data_dir.resolve()).as_posix()
+
+
+def _floor(embedder: Embedder) -> float:
+    return min_similarity(embedder)
+
+
+@contextlib.asynccontextmanager
+async def open_index(
+    data_dir: Path, embedder: Embedder | None = None, *, progress: bool | None = None
+) -> AsyncIterator[MemoryIndex]:
+    """`async with open_index(dir) as index:` — opened (rebuilt if needed), then closed."""
+    index = await MemoryIndex.open(data_dir, embedder, progress=progress)
+    try:
+        yield index
+    finally:
+        await index.close()

@@ -1,0 +1,145 @@
+"""The two ranked lists a hybrid search fuses: bm25 over FTS5, and vector similarity.
+
+Both run under the index lock, on the connection and vectors the caller passes in
+(a rebuild swaps them); `MemoryIndex.search` gathers them and fuses the result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+import aiosqlite
+import numpy as np
+
+from memory.index import tuning
+from memory.vectors import EXACT_MAX, VectorIndex
+
+# bm25 weights of the FTS columns: the request/title says most about a task.
+_BM25 = "bm25(fts, 4.0, 2.0, 1.0)"
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    """One search result. `meta` holds the indexed columns (path relative to the data
+    dir, outcome, started, title/request, error, signatures, scope…) and how it was
+    found (`keyword_rank`, `vector_rank`, `similarity`)."""
+
+    id: str
+    kind: str
+    score: float
+    meta: dict[str, Any]
+
+
+async def keyword_ranks(
+    db: aiosqlite.Connection, terms: list[str], where: str, params: list[Any], depth: int
+) -> list[int]:
+    """bm25-ranked ids, ranking at most FTS_BUDGET matching rows.
+
+    bm25 costs ~3–10 µs per matching row here (more with more query words), and
+    an OR of everyday words ("deploy staging command") matches a large share of
+    100k episodes (one such word: 4.5k matches, 12.7 ms to rank). So terms
+    are taken rarest first while their matches fit the budget (rare words carry
+    the ranking anyway; the vector list covers the rest of the meaning), and
+    when even the rarest matches more, only its most recent FTS_BUDGET matches
+    are ranked. Counting stops at FTS_BUDGET + 1 rows, so it stays cheap. The
+    common words dropped from the match still count in bm25.
+    """
+    cap = tuning.FTS_BUDGET + 1
+    counts = await db.execute_fetchall(
+        "SELECT "
+        + ", ".join(
+            "(SELECT count(*) FROM (SELECT 1 FROM fts WHERE fts MATCH ? LIMIT ?))" for _ in terms
+        ),
+        [x for t in terms for x in (t, cap)],
+    )
+    chosen: list[str] = []
+    total = 0
+    # Rarest first; among equal (capped) counts, longer words first: they are
+    # usually the more specific ones ("checkout" before "check").
+    ranked = sorted(zip(counts[0], terms, strict=True), key=lambda ct: (ct[0], -len(ct[1])))
+    for count, term in ranked:
+        if count == 0:
+            continue
+        if chosen and total + count > tuning.FTS_BUDGET:
+            break
+        chosen.append(term)
+        total += count
+    if not chosen:
+        return []
+    # Rows must contain a chosen (rare) term, but bm25 scores every term of the
+    # question: the dropped common words still order the rows that matched.
+    match = " OR ".join(chosen)
+    if len(chosen) < len(terms):
+        match = f"({match}) AND ({' OR '.join(terms)})"
+    recent = ""
+    args: list[Any] = [match]
+    if total > tuning.FTS_BUDGET:
+        # A range on rowid is pushed into FTS5; `rowid IN (subquery)` was not, and
+        # took 0.8 s at 100k.
+        lowest = await db.execute_fetchall(
+            "SELECT min(rowid) FROM (SELECT rowid FROM fts WHERE fts MATCH ?"
+            " ORDER BY rowid DESC LIMIT ?)",
+            [chosen[0], tuning.FTS_BUDGET],
+        )
+        recent = " AND fts.rowid >= ?"
+        args.append(lowest[0][0])
+    # Without filters, no join: looking up docs for every match doubled the cost.
+    # Ties are broken by rowid here and by path after fusion (see search).
+    sql = (
+        (
+            "SELECT d.id FROM fts JOIN docs d ON d.id = fts.rowid WHERE fts MATCH ?"
+            if where
+            else "SELECT fts.rowid FROM fts WHERE fts MATCH ?"
+        )
+        + recent
+        + (f" AND {where}" if where else "")
+        + f" ORDER BY {_BM25}, fts.rowid LIMIT ?"
+    )
+    return [r[0] for r in await db.execute_fetchall(sql, [*args, *params, depth])]
+
+
+async def vector_ranks(
+    db: aiosqlite.Connection,
+    vectors: VectorIndex,
+    qv: np.ndarray,
+    where: str,
+    params: list[Any],
+    depth: int,
+    floor: float,
+) -> tuple[list[int], dict[int, float]]:
+    """Vector-ranked ids and their similarities, at or above `floor`.
+
+    With a filter that leaves few candidates the search is exact over just those;
+    a broad one asks the graph for more neighbours and filters them in SQL after.
+    """
+    post_filter = False
+    if where:
+        rows = await db.execute_fetchall(
+            f"SELECT d.vec FROM docs d WHERE d.vec IS NOT NULL AND {where} LIMIT {EXACT_MAX + 1}",
+            params,
+        )
+        if len(rows) <= EXACT_MAX:
+            allowed = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+            labels, scores = await asyncio.to_thread(vectors.search, qv, depth, allowed)
+        else:
+            # A broad filter: ask the graph for more and filter in SQL afterwards.
+            labels, scores = await asyncio.to_thread(vectors.search, qv, min(depth * 8, 1024))
+            post_filter = True
+    else:
+        labels, scores = await asyncio.to_thread(vectors.search, qv, depth)
+    keep = scores >= floor
+    labels, scores = labels[keep], scores[keep]
+    if not len(labels):
+        return [], {}
+    by_label = {int(label): float(score) for label, score in zip(labels, scores, strict=True)}
+    marks = ",".join("?" * len(by_label))
+    sql = f"SELECT d.id, d.vec, d.path FROM docs d WHERE d.vec IN ({marks})" + (
+        f" AND {where}" if post_filter and where else ""
+    )
+    rows = await db.execute_fetchall(sql, [*by_label, *(params if post_filter else [])])
+    # Order by similarity (rounded, so float noise cannot reorder equal texts after a
+    # rebuild), then path.
+    ranked = sorted(rows, key=lambda r: (-round(by_label[r[1]], 5), r[2]))[:depth]
+    return [r[0] for r in ranked], {r[0]: by_label[r[1]] for r in ranked}

@@ -1,0 +1,12 @@
+"""Knobs that trade speed against work, shared by the search, rebuild and sync code.
+
+They are read as `tuning.NAME` at call time, never imported by value, so a test or a
+benchmark that sets one here changes it for every module of the index at once.
+"""
+
+#: At most this many FTS matches are ranked by bm25 per query (see search.keyword_ranks).
+FTS_BUDGET = 600
+#: Files parsed (and embedded, and written) together in a rebuild or a catch-up.
+BATCH = 512
+#: From this many files on, a rebuild parses them in worker processes (rebuild._parsers).
+PARALLEL_MIN = 4000
