@@ -164,8 +164,10 @@ def needs(platform: str, *pairs: tuple[str, str]) -> Callable[[PlatformConfig], 
 
     def check(cfg: PlatformConfig) -> list[str]:
         prefix = f"STEWARD_{platform.upper()}_"
+        found = BY_NAME.get(platform)  # the registry is complete by the time this runs
+        title = found.title if found else platform.title()  # "LINE", "Google Chat"
         return [
-            f"{prefix}{key.upper()} is not set: {why} (see README → {platform.title()})."
+            f"{prefix}{key.upper()} is not set: {why} (see README → {title})."
             for key, why in pairs
             if not cfg[key].strip()
         ]

@@ -130,3 +130,13 @@ def test_a_half_configured_platform_names_the_missing_key(tmp_path: Path) -> Non
     settings = load_settings(env={"STEWARD_SLACK_APP_TOKEN": "xapp-1"}, cwd=tmp_path)
     [problem] = slack.problems(settings.platform("slack"))
     assert "STEWARD_SLACK_BOT_TOKEN" in problem
+
+
+def test_a_missing_key_names_the_readme_section_by_its_title(tmp_path: Path) -> None:
+    from config.platforms import spec
+
+    line = spec("line")
+    assert line is not None
+    settings = load_settings(env={"STEWARD_LINE_CHANNEL_SECRET": "s"}, cwd=tmp_path)
+    [problem] = line.problems(settings.platform("line"))
+    assert "STEWARD_LINE_CHANNEL_TOKEN" in problem and "README → LINE" in problem
