@@ -1,11 +1,12 @@
-"""The assembled product with two platforms at once: `steward run` as a subprocess with
+"""The assembled product across restarts. First with two platforms at once: `steward run` as a subprocess with
 Telegram (long polling) and Mattermost (websocket + webhook) on their wire fakes, the
 web chat beside them, and a Telegram approval a previous run left pending on disk.
 
 What only the whole lifecycle shows: the platforms start together and both answer;
 the pending approval's message is edited to "expired" on the platform it was asked on
 once that platform is running (not when the first channel starts); the interrupted
-task is offered again in its conversation; /healthz lists every channel.
+task is offered again in its conversation; /healthz lists every channel. Then a
+SIGKILL mid-task on Telegram: the next run offers the cut-off request again there.
 """
 
 from __future__ import annotations
@@ -98,3 +99,42 @@ def test_two_platforms_and_a_pending_approval_across_a_restart(
     finally:
         telegram.stop_thread()
         mattermost.stop_thread()
+
+
+def test_kill_9_mid_task_on_telegram_is_offered_again_after_the_restart(
+    tmp_path: Path, llm_thread: ScriptedLLM
+) -> None:
+    """A deploy or an OOM kill: `steward run` dies by SIGKILL while a Telegram request
+    runs. The next run tells that conversation what was cut off and offers to run it
+    again (the task journal), over the real platform path."""
+    import signal
+
+    telegram = FakeTelegram()
+    telegram.start_in_thread()
+    try:
+        env = make_env(
+            tmp_path,
+            llm_thread,
+            port=free_port(),
+            telegram_token=TOKEN,
+            telegram_api_url=telegram.base_url,
+            telegram_allowed_users=ALICE,
+        )
+        llm_thread.reply_hang(120)  # the model "thinks" until the process is killed
+        llm_thread.reply_text("never sent")
+        with steward_run(env, tmp_path) as (server, _ready):
+            drain(server)
+            telegram.call(telegram.user_message, "summarise the build logs")
+            wait_for(lambda: llm_thread.requests, "the task reaching the model")
+            server.send_signal(signal.SIGKILL)
+            server.wait(timeout=10)
+        with steward_run(env, tmp_path) as (server, _ready):
+            drain(server)
+            offer = wait_for(
+                lambda: posted(telegram, lambda p: "restarted while working on" in p.raw_text),
+                "the re-run offer",
+            )
+            assert "summarise the build logs" in offer.raw_text
+            assert [label for label, _ in offer.buttons] == ["Run it again", "Drop it"]
+    finally:
+        telegram.stop_thread()
