@@ -1,6 +1,7 @@
-"""The assembled product across restarts. First with two platforms at once: `steward run` as a subprocess with
-Telegram (long polling) and Mattermost (websocket + webhook) on their wire fakes, the
-web chat beside them, and a Telegram approval a previous run left pending on disk.
+"""The assembled product across restarts. First two platforms at once: `steward run` as
+a subprocess with Telegram (long polling) and Mattermost (websocket + webhook) on their
+wire fakes, the web chat beside them, and a Telegram approval a previous run left
+pending on disk.
 
 What only the whole lifecycle shows: the platforms start together and both answer;
 the pending approval's message is edited to "expired" on the platform it was asked on
