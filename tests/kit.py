@@ -4,11 +4,25 @@ served on 127.0.0.1 the way `steward run` mounts them."""
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
 
 from core.events import Inbound
+
+
+async def until(pred: Callable[[], Any], within: float = 30.0, what: str = "") -> Any:
+    """Poll `pred` until it is truthy (returned) or `within` seconds pass (a failure
+    naming `what`): for effects that arrive over real sockets, not on a clock."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what or pred}")
 
 
 class Recorder:

@@ -48,7 +48,7 @@ from tests.fakes.discord import (
     TOKEN,
     FakeDiscord,
 )
-from tests.kit import Recorder
+from tests.kit import Recorder, until
 
 WAIT = 3.0
 DM = FakeDiscord.dm_channel(ALICE)
@@ -79,14 +79,6 @@ async def bot(fake: FakeDiscord) -> AsyncIterator[tuple[DiscordChannel, Recorder
         yield channel, received
     finally:
         await channel.stop()
-
-
-async def until(predicate: Any, within: float = WAIT) -> None:
-    deadline = time.monotonic() + within
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.01)
 
 
 def approval(conversation: str = GROUP, rid: str = "ap12") -> ApprovalRequest:

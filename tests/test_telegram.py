@@ -55,19 +55,11 @@ from tests.fakes.telegram import (
     FakeTelegram,
     parse_html,
 )
-from tests.kit import Recorder, serve_routes
+from tests.kit import Recorder, serve_routes, until
 
 WAIT = 5.0
 DM = str(ALICE)
 ME = Me(BOT_ID, BOT_USERNAME)
-
-
-async def until(predicate: Any, within: float = WAIT) -> None:
-    deadline = time.monotonic() + within
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.01)
 
 
 @pytest.fixture

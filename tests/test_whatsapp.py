@@ -43,18 +43,9 @@ from tests.contract.whatsapp_harness import WhatsAppHarness
 from tests.fakes.llm import Reply, ScriptedLLM
 from tests.fakes.whatsapp import FakeWhatsApp
 from tests.fakes.whatsapp import graph_error as fake_error
+from tests.kit import until
 
 ALICE = "15550001"
-
-
-async def until(pred: Callable[[], Any], limit: float = 10.0, what: str = "") -> Any:
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what or pred}")
 
 
 class Clock:

@@ -19,6 +19,7 @@ from bot.channels import Outbox
 from config.platforms import PLATFORMS as REGISTRY
 from tests.contract.harness import Harness, Sent
 from tests.fakes.llm import ScriptedLLM
+from tests.kit import until
 
 
 def harness_module(platform: str) -> str:
@@ -38,16 +39,6 @@ PLATFORMS = [p.name for p in REGISTRY if _has_harness(p.name)]
 def test_every_platform_has_a_harness() -> None:
     missing = [p.name for p in REGISTRY if not _has_harness(p.name)]
     assert not missing, f"no tests/contract/<platform>_harness.py for {missing}"
-
-
-async def until(pred: Callable[[], Any], limit: float = 30.0, what: str = "") -> Any:
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what or pred}")
 
 
 async def outcome(rig: Rig, original: Sent, marker: str) -> Sent:
