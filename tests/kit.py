@@ -10,7 +10,8 @@ from typing import Any
 
 from aiohttp import web
 
-from core.events import Inbound
+from core.approvals import approval_buttons
+from core.events import ApprovalRequest, Button, Inbound, Suggestion
 
 
 async def until(pred: Callable[[], Any], within: float = 30.0, what: str = "") -> Any:
@@ -65,3 +66,34 @@ async def serve_routes(channel: Any) -> tuple[web.AppRunner, int]:
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     return runner, port
+
+
+def sample_approval(
+    channel: str, user: str, conversation: str, rid: str = "ap12"
+) -> ApprovalRequest:
+    """The approval request the adapter tests render (their golden files pin its text)."""
+    return ApprovalRequest(
+        id=rid,
+        what="run `rm -rf build/`",
+        why="clean the build before deploying",
+        risk="deletes files inside the workspace",
+        asked_by=user,
+        conversation=conversation,
+        channel=channel,
+        expires_at=0.0,
+        buttons=approval_buttons(rid),
+    )
+
+
+def sample_suggestion(
+    channel: str, user: str, conversation: str, buttons: list[Button]
+) -> Suggestion:
+    """The offer of help the adapter tests render, with the platform test's buttons."""
+    return Suggestion(
+        id="sg7",
+        text="The last three builds failed the same way. Want me to look into it?",
+        conversation=conversation,
+        channel=channel,
+        user=user,
+        buttons=buttons,
+    )

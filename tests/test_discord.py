@@ -20,7 +20,6 @@ from structlog.testing import capture_logs
 
 import adapters.discord as discord_adapter
 from adapters.discord import INTENT_HINT, DiscordChannel, message_payload, render_buttons
-from core.approvals import approval_buttons
 from core.events import (
     ApprovalRequest,
     Button,
@@ -48,7 +47,7 @@ from tests.fakes.discord import (
     TOKEN,
     FakeDiscord,
 )
-from tests.kit import Recorder, until
+from tests.kit import Recorder, sample_approval, sample_suggestion, until
 
 WAIT = 3.0
 DM = FakeDiscord.dm_channel(ALICE)
@@ -82,27 +81,15 @@ async def bot(fake: FakeDiscord) -> AsyncIterator[tuple[DiscordChannel, Recorder
 
 
 def approval(conversation: str = GROUP, rid: str = "ap12") -> ApprovalRequest:
-    return ApprovalRequest(
-        id=rid,
-        what="run `rm -rf build/`",
-        why="clean the build before deploying",
-        risk="deletes files inside the workspace",
-        asked_by=ALICE,
-        conversation=conversation,
-        channel="discord",
-        expires_at=0.0,
-        buttons=approval_buttons(rid),
-    )
+    return sample_approval("discord", ALICE, conversation, rid)
 
 
 def suggestion(conversation: str = DM) -> Suggestion:
-    return Suggestion(
-        id="sg7",
-        text="The last three builds failed the same way. Want me to look into it?",
-        conversation=conversation,
-        channel="discord",
-        user=ALICE,
-        buttons=[Button("Yes, please", "help:sg7", "primary"), Button("No thanks", "nope:sg7")],
+    return sample_suggestion(
+        "discord",
+        ALICE,
+        conversation,
+        [Button("Yes, please", "help:sg7", "primary"), Button("No thanks", "nope:sg7")],
     )
 
 

@@ -29,7 +29,6 @@ from adapters.telegram import (
     to_plain,
 )
 from config.platforms import BY_NAME
-from core.approvals import approval_buttons
 from core.events import (
     ApprovalRequest,
     Button,
@@ -55,7 +54,7 @@ from tests.fakes.telegram import (
     FakeTelegram,
     parse_html,
 )
-from tests.kit import Recorder, serve_routes, until
+from tests.kit import Recorder, sample_approval, sample_suggestion, serve_routes, until
 
 WAIT = 5.0
 DM = str(ALICE)
@@ -99,27 +98,15 @@ def calls(fake: FakeTelegram, method: str) -> list[dict[str, Any]]:
 
 
 def approval(conversation: str = DM, rid: str = "ap12") -> ApprovalRequest:
-    return ApprovalRequest(
-        id=rid,
-        what="run `rm -rf build/`",
-        why="clean the build before deploying",
-        risk="deletes files inside the workspace",
-        asked_by=str(ALICE),
-        conversation=conversation,
-        channel="telegram",
-        expires_at=0.0,
-        buttons=approval_buttons(rid),
-    )
+    return sample_approval("telegram", str(ALICE), conversation, rid)
 
 
 def suggestion(conversation: str = DM) -> Suggestion:
-    return Suggestion(
-        id="sg7",
-        text="The last three builds failed the same way. Want me to look into it?",
-        conversation=conversation,
-        channel="telegram",
-        user=str(ALICE),
-        buttons=[Button("Yes, help", "yes:sg7", "primary"), Button("No thanks", "no:sg7")],
+    return sample_suggestion(
+        "telegram",
+        str(ALICE),
+        conversation,
+        [Button("Yes, help", "yes:sg7", "primary"), Button("No thanks", "no:sg7")],
     )
 
 
