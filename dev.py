@@ -166,6 +166,36 @@ def _setup(lock_name: str, note: str = "") -> None:
     print(f"[steward] {_elapsed(t0)}  ready.", flush=True)
 
 
+#: Where the browser tests look for Debian's Chromium (tests/browser.py says the same).
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+def _chromium() -> None:
+    """The real-browser tests (dashboard, web chat) drive Debian's Chromium: install it when
+    it is missing and this machine can (root, or sudo without a password, and apt-get).
+    Where it cannot, those tests are skipped and say why; nothing else depends on it."""
+    if CHROMIUM.exists() or os.name == "nt" or not Path("/usr/bin/apt-get").exists():
+        return
+    if os.geteuid() == 0:
+        prefix: list[str] = []
+    elif subprocess.call(["sudo", "-n", "true"], stderr=subprocess.DEVNULL) == 0:
+        prefix = ["sudo", "-n"]
+    else:
+        print(
+            "[steward] Chromium is not installed and this user cannot install it: the "
+            "browser tests will be skipped (as root: apt-get install chromium).",
+            flush=True,
+        )
+        return
+    print("[steward] installing Chromium for the browser tests (apt-get, 1-3 min) ...", flush=True)
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    install = [*prefix, "apt-get", "install", "-y", "--no-install-recommends", "chromium"]
+    if subprocess.call(install, env=env, stdout=subprocess.DEVNULL) != 0:
+        subprocess.call([*prefix, "apt-get", "update"], env=env, stdout=subprocess.DEVNULL)
+        if subprocess.call(install, env=env, stdout=subprocess.DEVNULL) != 0:
+            print("[steward] installing Chromium failed: the browser tests will be skipped.")
+
+
 def main(argv: list[str]) -> int:
     _ensure_python()
     if not argv or argv[0] not in {"run", "test", "setup", "bench", "lint"}:
@@ -195,6 +225,7 @@ def main(argv: list[str]) -> int:
         return subprocess.call([str(BIN / "steward"), *(rest or ["run"])], env=env)
     _setup("requirements-dev.lock")
     if cmd == "test":
+        _chromium()
         # The whole suite runs on every core (pytest-xdist); a run narrowed with
         # arguments (-k, a file) stays in one process, where output and -x read plainly.
         spread = [] if rest else ["-n", "auto"]

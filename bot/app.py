@@ -22,6 +22,7 @@ from bot.schedule_commands import ScheduleCommands
 from bot.schedule_commands import register as register_schedule_commands
 from config.settings import ConfigError, Settings
 from core.access import Access
+from core.activity import Activity
 from core.agent import Agent
 from core.approvals import Approvals
 from core.clock import Clock
@@ -353,6 +354,12 @@ class App:
             ),
             write_health=self.health,
         )
+        #: Running and recent tasks of every channel, from the same progress events the
+        #: chat gets (the dashboard's Now page).
+        self.activity = Activity()
+        self.dispatcher.monitor = self.activity.observe
+        #: The goal engine (core/goals.py), when wired; the dashboard shows its goals.
+        self.goals: Any = None
         # Schedules run through the same agent and conversation queues as messages and
         # post through the channels' Outboxes; armed once the channels have started.
         self.schedules = Scheduler(

@@ -91,6 +91,9 @@ class Dispatcher:
     interrupted: InterruptedTasks | None = None
     #: memory/health.WriteHealth: failed memory writes, told once per conversation.
     write_health: Any = None
+    #: Sees every task's progress whatever the channel shows (core/activity.Activity's
+    #: `observe`, the dashboard's Now page): (channel, conversation, user, request, event).
+    monitor: Callable[[str, str, str, str, Progress], None] | None = None
     #: Commands and button presses (bot/commands); register more with `router.command`.
     router: CommandRouter[Dispatcher] = field(default_factory=builtin_router)
     last_results: dict[str, TaskResult] = field(default_factory=dict)
@@ -301,9 +304,17 @@ class Dispatcher:
 
         started: list[str] = []  # the task's id, once the agent has said it began
 
+        def watch(event: Progress) -> None:
+            if self.monitor is not None:
+                try:
+                    self.monitor(channel.name, msg.conversation, msg.user, text, event)
+                except Exception:
+                    log.warning("dispatch.monitor_failed", exc_info=True)
+
         async def observe(event: Progress) -> None:
             if event.kind == "task_start":
                 started.append(event.task_id)
+            watch(event)
             if channel.capabilities.shows(event):
                 await channel.progress(msg.conversation, event)
 
@@ -311,6 +322,8 @@ class Dispatcher:
             # Once the answer (or "Stopped") went out: a page showing Stop and "working"
             # for this task must be told it is over. Sent once, however the job ends.
             ids, started[:] = list(started), []
+            for task_id in ids:
+                watch(Progress("task_end", task_id))
             if not channel.capabilities.shows_tool_status:
                 return
             for task_id in ids:

@@ -1,4 +1,4 @@
-"""`steward run`: the HTTP server (local web chat; webhooks and dashboard later) and channels."""
+"""`steward run`: the HTTP server (local web chat, dashboard, webhooks) and channels."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from adapters.web import WebChannel
 from adapters.web_login import TokenError, WebLogin, load_or_create_token, new_token, token_path
 from bot.app import App, ensure_dir
 from bot.channels import UndeliveredStore, build_adapter, configured_platforms
+from bot.dashboard import Dashboard
 from config.settings import ConfigError, Settings
 from core.clock import Clock
 from core.events import Channel
@@ -64,6 +65,7 @@ def build_web_app(
 
     server = web.Application(client_max_size=1024 * 1024, middlewares=[login.middleware(is_public)])
     web_channel.add_routes(server)
+    Dashboard(app).add_routes(server)  # behind the same login as the web chat
     private = set(server.router.resources())
     for adapter in platforms or []:
         add_routes = getattr(adapter, "add_routes", None)

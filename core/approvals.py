@@ -255,8 +255,17 @@ class Approvals:
             await self._finish(rid, decision)
             return decision
 
-    async def press(self, value: str, user: str) -> PressAnswer:
-        """Handle a button value or `/approve ID`; idempotent."""
+    def pending_records(self) -> list[dict[str, Any]]:
+        """The stored record of each request waiting now (tool, arguments, approvers): what
+        the dashboard lists, read from the same state the buttons decide."""
+        return [dict(p.record) for p in self._pending.values()]
+
+    async def press(self, value: str, user: str, *, owner: bool = False) -> PressAnswer:
+        """Handle a button value or `/approve ID`; idempotent.
+
+        `owner`: the press comes from Steward's owner (the logged-in dashboard), who may
+        decide any request; everything else (once only, the record, the edited chat
+        message) is the same as for a press in the chat."""
         action, _, rid = value.partition(":")
         if action not in ACTIONS or not rid:
             return PressAnswer("That button is not an approval.", private=True)
@@ -273,7 +282,7 @@ class Approvals:
         pending = self._pending.get(rid)
         if pending is None:
             return PressAnswer(f"No pending approval with id {rid}.", private=True)
-        if user not in pending.approvers:
+        if not owner and user not in pending.approvers:
             log.warning("approval.refused_presser", approval=rid, user=user)
             return PressAnswer("You are not an approver for this request.", private=True)
         if action == DENY:

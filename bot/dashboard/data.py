@@ -1,0 +1,383 @@
+"""What the dashboard pages show, read from the stores the chat writes: no copy of its own.
+
+Why plain functions over files: episodes, rules, offers of help and per-person
+thresholds are Markdown files in the data dir (DESIGN.md "Memory"), and the chat's
+commands read the same files. These readers run in a worker thread (they stat and
+parse files) and keep a small cache keyed by each file's mtime and size, so an
+open dashboard refreshing every few seconds does not re-parse a month of episodes.
+"""
+
+from __future__ import annotations
+
+import mimetypes
+import os
+import re
+import threading
+from collections import defaultdict
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from memory.store import MalformedFile, parse
+
+log = structlog.get_logger("steward.dashboard")
+
+#: An episode id as the agent writes it (also what keeps a URL from naming another file).
+EPISODE_ID_RE = re.compile(r"[A-Za-z0-9_.-]{1,80}")
+#: "confidence 0.30→0.42" in a rule's trial history (core/learning.py writes it).
+CONFIDENCE_RE = re.compile(r"confidence (\d+(?:\.\d+)?)→(\d+(?:\.\d+)?)")
+#: Files listed on the Artifacts page at most, and the largest one served.
+ARTIFACTS_LISTED = 300
+ARTIFACT_MAX_BYTES = 5 * 1024 * 1024
+#: Folders of the workspace that are tooling, not work for people.
+SKIPPED_DIRS = {".git", "node_modules", "__pycache__", ".venv", "venv", ".mypy_cache"}
+
+
+class FrontMatterCache:
+    """Parsed front matter per file, re-read only when the file's mtime or size changes."""
+
+    def __init__(self) -> None:
+        self._items: dict[Path, tuple[int, int, dict[str, Any], str]] = {}
+        self._lock = threading.Lock()
+
+    def read(self, path: Path, *, body: bool = False) -> tuple[dict[str, Any], str] | None:
+        try:
+            st = path.stat()
+        except OSError:
+            return None
+        with self._lock:
+            hit = self._items.get(path)
+        if hit is not None and hit[0] == st.st_mtime_ns and hit[1] == st.st_size:
+            meta, text = hit[2], hit[3]
+        else:
+            try:
+                meta, text = parse(path.read_text(encoding="utf-8"), path)
+            except (OSError, UnicodeDecodeError, MalformedFile, ValueError) as exc:
+                log.info("dashboard.unreadable", path=str(path), error=str(exc)[:200])
+                return None
+            with self._lock:
+                self._items[path] = (st.st_mtime_ns, st.st_size, meta, text)
+        return meta, (text if body else "")
+
+
+# ---------------------------------------------------------------------- episodes
+
+
+def episode_days(root: Path, days: int, now: datetime) -> list[Path]:
+    """The day folders episodes/YYYY/MM/DD of the last `days` days, newest first."""
+    out = []
+    for back in range(max(1, days)):
+        d = (now - timedelta(days=back)).date()
+        folder = root / f"{d:%Y}" / f"{d:%m}" / f"{d:%d}"
+        if folder.is_dir():
+            out.append(folder)
+    return out
+
+
+def episode_summary(meta: dict[str, Any], path: Path, data_dir: Path) -> dict[str, Any]:
+    tools = meta.get("tools") or []
+    return {
+        "id": str(meta.get("id") or path.stem),
+        "started": str(meta.get("started") or ""),
+        "channel": str(meta.get("channel") or ""),
+        "conversation": str(meta.get("conversation") or ""),
+        "user": str(meta.get("user") or ""),
+        "request": str(meta.get("request") or "")[:300],
+        "outcome": str(meta.get("outcome") or ""),
+        "model": str(meta.get("model") or ""),
+        "tools": [str(t.get("name", "")) for t in tools if isinstance(t, dict)],
+        "tokens_in": _int(meta.get("tokens_in")),
+        "tokens_out": _int(meta.get("tokens_out")),
+        "cost_usd": _float(meta.get("cost_usd")),
+        "path": _relative(path, data_dir),
+    }
+
+
+def recent_episodes(
+    cache: FrontMatterCache, data_dir: Path, *, limit: int, days: int, now: datetime
+) -> list[dict[str, Any]]:
+    """The newest episodes (by day folder, then start time), without the index."""
+    root = data_dir / "episodes"
+    out: list[dict[str, Any]] = []
+    for folder in episode_days(root, days, now):
+        found = []
+        for path in folder.glob("*.md"):
+            got = cache.read(path)
+            if got is not None:
+                found.append(episode_summary(got[0], path, data_dir))
+        found.sort(key=lambda e: e["started"], reverse=True)
+        out += found
+        if len(out) >= limit:
+            break
+    return out[:limit]
+
+
+def episodes_at(cache: FrontMatterCache, data_dir: Path, paths: list[str]) -> list[dict[str, Any]]:
+    """Summaries of the episodes at these data-dir-relative paths (search hits), in order."""
+    out = []
+    for rel in paths:
+        path = (data_dir / rel).resolve()
+        if not path.is_relative_to(data_dir.resolve() / "episodes"):
+            continue
+        got = cache.read(path)
+        if got is not None:
+            out.append(episode_summary(got[0], path, data_dir))
+    return out
+
+
+def find_episode(data_dir: Path, episode_id: str) -> Path | None:
+    if not EPISODE_ID_RE.fullmatch(episode_id) or episode_id.startswith("."):
+        return None
+    root = data_dir / "episodes"
+    return next(iter(sorted(root.glob(f"*/*/*/{episode_id}.md"))), None)
+
+
+def episode_detail(cache: FrontMatterCache, data_dir: Path, episode_id: str) -> dict | None:
+    """One episode: its front matter (tools, gates, rules, tokens, cost) and Markdown body."""
+    path = find_episode(data_dir, episode_id)
+    if path is None:
+        return None
+    got = cache.read(path, body=True)
+    if got is None:
+        return None
+    meta, body = got
+    return {
+        **episode_summary(meta, path, data_dir),
+        "request": str(meta.get("request") or ""),
+        "error": meta.get("error"),
+        "tool_calls": [t for t in meta.get("tools") or [] if isinstance(t, dict)],
+        "gates": list(meta.get("gates") or []),
+        "rules_applied": list(meta.get("rules_applied") or []),
+        "rules_trial": list(meta.get("rules_trial") or []),
+        "duration_s": _float(meta.get("duration_s")),
+        "markdown": body,
+    }
+
+
+# ---------------------------------------------------------------------- spend
+
+
+def spend(cache: FrontMatterCache, data_dir: Path, *, days: int, now: datetime) -> dict[str, Any]:
+    """Tokens and cost per day, per model and per channel, summed from the episodes."""
+    by_day: dict[str, dict[str, float]] = {}
+    by_model: dict[str, dict[str, float]] = defaultdict(_zero)
+    by_channel: dict[str, dict[str, float]] = defaultdict(_zero)
+    total = _zero()
+    for back in range(days - 1, -1, -1):  # every day present, oldest first: a chart's x axis
+        by_day[f"{(now - timedelta(days=back)).date():%Y-%m-%d}"] = _zero()
+    for folder in episode_days(data_dir / "episodes", days, now):
+        for path in folder.glob("*.md"):
+            got = cache.read(path)
+            if got is None:
+                continue
+            e = episode_summary(got[0], path, data_dir)
+            day = (
+                e["started"][:10]
+                or f"{folder.parent.parent.name}-{folder.parent.name}-{folder.name}"
+            )
+            for bucket in (
+                by_day.setdefault(day, _zero()),
+                by_model[e["model"] or "unknown"],
+                by_channel[e["channel"] or "unknown"],
+                total,
+            ):
+                bucket["tokens_in"] += e["tokens_in"]
+                bucket["tokens_out"] += e["tokens_out"]
+                bucket["cost_usd"] += e["cost_usd"] or 0.0
+                bucket["tasks"] += 1
+    return {
+        "days": [{"day": d, **v} for d, v in sorted(by_day.items())],
+        "models": _ranked(by_model, "model"),
+        "channels": _ranked(by_channel, "channel"),
+        "total": total,
+    }
+
+
+def _zero() -> dict[str, float]:
+    return {"tokens_in": 0, "tokens_out": 0, "cost_usd": 0.0, "tasks": 0}
+
+
+def _ranked(buckets: dict[str, dict[str, float]], key: str) -> list[dict[str, Any]]:
+    rows = [{key: k, **v} for k, v in buckets.items()]
+    rows.sort(key=lambda r: -(r["tokens_in"] + r["tokens_out"]))
+    return rows
+
+
+# ---------------------------------------------------------------------- rules
+
+
+def rule_json(rule: Any) -> dict[str, Any]:
+    """A rule with its confidence over time, from the trial lines of its history."""
+    series: list[list[Any]] = []
+    for h in rule.history:
+        m = CONFIDENCE_RE.search(str(h.get("detail", "")))
+        if m is None:
+            continue
+        if not series:
+            series.append([rule.created or h.get("at", ""), float(m.group(1))])
+        series.append([h.get("at", ""), float(m.group(2))])
+    series.append([rule.updated or rule.created or "", round(rule.confidence, 4)])
+    return {
+        "id": rule.id,
+        "text": rule.text,
+        "status": rule.status,
+        "confidence": round(rule.confidence, 4),
+        "pinned": rule.pinned,
+        "source": rule.source,
+        "trigger": rule.signature,
+        "applies_when": rule.applies_when,
+        "trials": rule.trials,
+        "wins": rule.wins,
+        "losses": rule.losses,
+        "created": rule.created,
+        "updated": rule.updated,
+        "series": series,
+        "history": rule.history[-10:],
+    }
+
+
+# ---------------------------------------------------------------------- proactive
+
+
+def proactive(
+    cache: FrontMatterCache, data_dir: Path, *, days: int, now: datetime
+) -> dict[str, Any]:
+    """Offers per day by answer (from suggestions/), and each person's adapted threshold."""
+    first = (now - timedelta(days=days - 1)).date()
+    per_day: dict[str, dict[str, int]] = {}
+    for back in range(days - 1, -1, -1):
+        per_day[f"{(now - timedelta(days=back)).date():%Y-%m-%d}"] = {
+            "offered": 0,
+            "accepted": 0,
+            "refused": 0,
+            "ignored": 0,
+        }
+    folder = data_dir / "suggestions"
+    for path in sorted(folder.glob("*.md")) if folder.is_dir() else []:
+        got = cache.read(path)
+        if got is None:
+            continue
+        meta = got[0]
+        at = _float(meta.get("offered_at"))
+        if at is None:
+            continue
+        day = datetime.fromtimestamp(at, UTC).date()
+        if day < first:
+            continue
+        row = per_day.setdefault(f"{day:%Y-%m-%d}", {"offered": 0})
+        row["offered"] = row.get("offered", 0) + 1
+        status = str(meta.get("status") or "")
+        if status in ("accepted", "refused", "ignored"):
+            row[status] = row.get(status, 0) + 1
+    people = []
+    folder = data_dir / "proactive"
+    for path in sorted(folder.glob("*.md")) if folder.is_dir() else []:
+        got = cache.read(path)
+        if got is None:
+            continue
+        meta = got[0]
+        people.append(
+            {
+                "user": str(meta.get("user") or path.stem),
+                "threshold": _float(meta.get("threshold")),
+                "cooldown": _float(meta.get("cooldown")),
+                "off": bool(meta.get("off", False)),
+                "quiet": str(meta.get("quiet") or ""),
+                "stats": meta.get("stats") or {},
+            }
+        )
+    return {"days": [{"day": d, **v} for d, v in sorted(per_day.items())], "people": people}
+
+
+# ---------------------------------------------------------------------- artifacts
+
+
+def artifacts(workspace: Path) -> list[dict[str, Any]]:
+    """Files in the workspace, newest first (tooling folders and hidden files left out)."""
+    found: list[tuple[float, str, int]] = []
+    for dirpath, dirnames, filenames in os.walk(workspace):
+        dirnames[:] = [d for d in dirnames if d not in SKIPPED_DIRS and not d.startswith(".")]
+        for name in filenames:
+            if name.startswith("."):
+                continue
+            path = Path(dirpath) / name
+            try:
+                st = path.lstat()
+            except OSError:
+                continue
+            if not path.is_file() or path.is_symlink():
+                continue
+            found.append((st.st_mtime, path.relative_to(workspace).as_posix(), st.st_size))
+        if len(found) > ARTIFACTS_LISTED * 10:
+            break
+    found.sort(reverse=True)
+    return [
+        {"path": rel, "modified": mtime, "size": size, "kind": artifact_kind(rel)}
+        for mtime, rel, size in found[:ARTIFACTS_LISTED]
+    ]
+
+
+def artifact_kind(name: str) -> str:
+    suffix = Path(name).suffix.lower()
+    if suffix in (".md", ".markdown"):
+        return "markdown"
+    if suffix in (".html", ".htm"):
+        return "html"
+    if suffix in (".png", ".jpg", ".jpeg", ".gif", ".webp", ".svg"):
+        return "image"
+    return "text"
+
+
+def artifact_path(workspace: Path, rel: str) -> Path | None:
+    """The workspace file `rel` names, or None when it is outside, hidden or not a file."""
+    if not rel or "\x00" in rel:
+        return None
+    root = workspace.resolve()
+    path = (root / rel).resolve()
+    if not path.is_relative_to(root) or path == root or not path.is_file():
+        return None
+    if any(part.startswith(".") for part in path.relative_to(root).parts):
+        return None
+    return path
+
+
+def artifact_type(path: Path) -> str:
+    kind = artifact_kind(path.name)
+    if kind == "markdown":
+        return "text/markdown"
+    if kind == "html":
+        return "text/html"
+    if path.suffix.lower() == ".svg":
+        return "image/svg+xml"
+    guessed = mimetypes.guess_type(path.name)[0]
+    if kind == "image" and guessed:
+        return guessed
+    return "text/plain"
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _int(value: Any) -> int:
+    try:
+        return int(value or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _float(value: Any) -> float | None:
+    if value is None or value == "":
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _relative(path: Path, root: Path) -> str:
+    try:
+        return path.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        return path.name
