@@ -13,14 +13,9 @@ tmp folder.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARGS = [
@@ -52,22 +47,17 @@ def missing() -> str | None:
     return None
 
 
-@pytest.fixture(scope="module")
-def browser_profile() -> Any:
-    folder = tempfile.mkdtemp(prefix="steward-chromium-")
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
-
-
-async def launch(profile: str) -> tuple[Any, Any]:
-    """(playwright, persistent-less browser) on Debian's Chromium with a fresh profile."""
+async def launch() -> tuple[Any, Any]:
+    """(playwright, browser) on Debian's Chromium with a fresh profile."""
     from playwright.async_api import async_playwright
 
     pw = await async_playwright().start()
     try:
         browser = await pw.chromium.launch(
             executable_path=str(CHROMIUM),
-            args=[*ARGS, f"--user-data-dir={profile}"],
+            # Playwright gives each launch a fresh, temporary user-data-dir of its own (it
+            # refuses --user-data-dir in `args`): no profile is shared between runs.
+            args=ARGS,
             timeout=TIMEOUT_MS * 2,
         )
     except BaseException:
@@ -107,12 +97,3 @@ async def eventually(check: Any, within: float = 90.0, what: str = "") -> Any:
             return last
         await asyncio.sleep(0.1)
     raise AssertionError(f"timed out waiting for {what or check} (last: {last!r})")
-
-
-async def browser_session(profile: str) -> AsyncIterator[Any]:
-    pw, browser = await launch(profile)
-    try:
-        yield browser
-    finally:
-        await browser.close()
-        await pw.stop()

@@ -153,6 +153,9 @@ class Dashboard:
         app = self.app
         activity = getattr(app, "activity", None)
         board = activity.snapshot() if activity is not None else {"running": [], "recent": []}
+        asking = {r.task_id for r in app.approvals.pending() if r.task_id}
+        for task in board["running"]:
+            task["waiting_approval"] = task["task_id"] in asking
         return _json(
             {
                 "now": time.time(),

@@ -235,7 +235,8 @@
     const cur = t.current;
     return el("li", { class: "task" + (running ? " running" : "") },
       el("p", { class: "where" }, `${t.channel} · ${t.conversation} · ${t.user}`,
-        running ? el("span", { class: "tag live" }, "running") : el("span", { class: "tag" }, ago(t.ended))),
+        running ? el("span", { class: "tag live" }, "running") : el("span", { class: "tag" }, ago(t.ended)),
+        t.waiting_approval ? el("a", { class: "tag wait", href: "#approvals" }, "waiting for approval") : null),
       el("p", { class: "req" }, t.request),
       cur ? el("p", { class: "tool now" }, "⚙ ", el("code", {}, cur.tool), " ", cur.text) : null,
       t.status ? el("p", { class: "status" }, t.status) : null,
