@@ -185,7 +185,8 @@ async def serve(
     public = settings.public_url.strip().rstrip("/")
     print(
         f"Steward is running: open {login.login_url(public or url)} (Ctrl-C to stop)\n"
-        f"  That link logs this browser in to the web chat; keep it to yourself.",
+        f"  That link logs this browser in to the web chat; keep it to yourself.\n"
+        f"  The dashboard, once logged in: {public or url}/dashboard",
         file=sys.stderr,
         flush=True,
     )

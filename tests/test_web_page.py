@@ -1,9 +1,10 @@
 """The web chat page's own logic (adapters/web_static/app.js), run in Node.
 
-Headless browsers are not part of the test setup, so tests/web_page/page.js loads the
-real app.js with a minimal DOM and a fake WebSocket and plays the frames the server
-sends (the server's side of each frame is tested over a real socket in
-test_web_adapter.py and test_web_e2e.py). Skipped where Node is not installed.
+tests/web_page/page.js loads the real app.js with a minimal DOM and a fake WebSocket and
+plays the frames the server sends: edge cases that a real browser run would be slow to
+reach (test_web_browser.py drives the page in Chromium end to end; the server's side
+of each frame is tested over a real socket in test_web_adapter.py and
+test_web_e2e.py). Skipped where Node is not installed.
 """
 
 from __future__ import annotations
