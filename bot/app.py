@@ -376,6 +376,7 @@ class App:
                 access=self.access,
                 history=self.history,
                 learner=self.learner,
+                monitor=self.activity.observe,
             ),
         )
         self.schedules.load()

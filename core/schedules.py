@@ -57,6 +57,7 @@ from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
 from core.clock import Clock
+from core.events import Progress
 from memory.schedules import Schedule, ScheduleStore
 
 log = structlog.get_logger("steward.schedules")
@@ -439,6 +440,9 @@ class Deps:
     access: Any = None
     history: Any = None
     learner: Any = None
+    #: Sees each run's progress, like the dispatcher's monitor (core/activity.Activity's
+    #: `observe`: the dashboard's Now page): (channel, conversation, user, request, event).
+    monitor: Callable[..., None] | None = None
 
 
 @dataclass(slots=True)
@@ -744,7 +748,26 @@ class Scheduler:
             token_budget=budget or None,
             journaled=False,
         )
-        result = await deps.agent.run(request)
+        started: list[str] = []
+
+        def watch(event: Any) -> None:
+            if deps.monitor is None:
+                return
+            try:
+                deps.monitor(channel.name, s.conversation, s.user, text, event)
+            except Exception:
+                log.warning("schedule.monitor_failed", exc_info=True)
+
+        async def observe(event: Any) -> None:
+            if event.kind == "task_start":
+                started.append(event.task_id)
+            watch(event)
+
+        try:
+            result = await deps.agent.run(request, observe if deps.monitor else None)
+        finally:
+            for task_id in started:
+                watch(Progress("task_end", task_id))
         episode = result.episode
         outcome.model_calls = int(getattr(episode, "steps", 0) or 0)
         s.model_runs += 1

@@ -1,0 +1,85 @@
+"""core/activity.py: the board of running tasks the dashboard's Now page shows, fed by the
+same progress events the chat gets, from chat tasks and from scheduled runs alike."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from adapters.replay import ReplayChannel
+from bot.app import App
+from core.access import Rules
+from core.activity import RECENT_KEPT, Activity
+from core.clock import SimClock
+from core.events import Message, Progress
+from tests.fakes.llm import ScriptedLLM
+
+
+def test_a_task_is_running_with_its_current_tool_then_recent() -> None:
+    board = Activity(now=lambda: 100.0)
+    changes: list[int] = []
+    unsubscribe = board.subscribe(lambda: changes.append(board.version))
+    see = lambda event: board.observe("slack", "C1", "U1", "deploy it", event)  # noqa: E731
+    see(Progress("task_start", "t1"))
+    see(Progress("tool_start", "t1", tool="shell", text="make deploy"))
+    see(Progress("text", "t1", text="Deploying"))  # streamed text is the chat's, not kept
+    [task] = board.snapshot()["running"]
+    assert task["current"] == {
+        "tool": "shell",
+        "text": "make deploy",
+        "started": 100.0,
+        "ok": None,
+        "result": "",
+    }
+    see(Progress("tool_end", "t1", tool="shell", ok=False, text="exit 2"))
+    see(Progress("tool_end", "t1", tool="read_file", ok=False, text="bad arguments"))
+    assert board.snapshot()["running"][0]["current"] is None
+    see(Progress("task_end", "t1"))
+    snap = board.snapshot()
+    assert snap["running"] == []
+    [done] = snap["recent"]
+    assert [(s["tool"], s["ok"]) for s in done["steps"]] == [
+        ("shell", False),
+        ("read_file", False),
+    ]
+    assert done["ended"] == 100.0 and done["request"] == "deploy it"
+    assert changes == [1, 2, 3, 4, 5]  # the text piece changed nothing
+    unsubscribe()
+    see(Progress("tool_start", "gone", tool="x"))  # a task the board never saw start
+    assert board.version == 5 and changes == [1, 2, 3, 4, 5]
+
+
+def test_recent_is_bounded_and_a_broken_watcher_is_harmless() -> None:
+    board = Activity()
+
+    def broken() -> None:
+        raise RuntimeError("watcher bug")
+
+    board.subscribe(broken)
+    for n in range(RECENT_KEPT + 5):
+        board.observe("web", "web:s", "owner", f"task {n}", Progress("task_start", str(n)))
+        board.observe("web", "web:s", "owner", f"task {n}", Progress("task_end", str(n)))
+    recent = board.snapshot()["recent"]
+    assert len(recent) == RECENT_KEPT and recent[0]["request"] == f"task {RECENT_KEPT + 4}"
+
+
+async def test_a_scheduled_run_shows_on_the_board(llm: ScriptedLLM, settings_for: Callable) -> None:
+    s = settings_for(llm)
+    llm.reply_tool("list_files", {"path": "."}).reply_text("The backup is fine.")
+    clock = SimClock(start=datetime(2026, 12, 1, 4, 30, tzinfo=UTC).timestamp())
+    app = App(s, clock=clock, subcommand="replay")
+    app.access.rules["replay"] = Rules(open=True)
+    channel = ReplayChannel(lambda: clock.elapsed, lambda _item: None)
+    [outbox] = await app.start([channel])
+    try:
+        await app.dispatcher.handle(
+            Message("replay", "alice", "alice", "/schedule every 1h check the backup"), outbox
+        )
+        await clock.advance_to(clock.start + 3600 + 60)
+        assert app.activity.running == {}
+        [run] = app.activity.snapshot()["recent"]
+        assert (run["channel"], run["conversation"], run["user"]) == ("replay", "alice", "alice")
+        assert "check the backup" in run["request"]
+        assert [(st["tool"], st["ok"]) for st in run["steps"]] == [("list_files", True)]
+    finally:
+        await app.stop()
