@@ -35,11 +35,16 @@ ARTIFACT_MAX_BYTES = 5 * 1024 * 1024
 SKIPPED_DIRS = {".git", "node_modules", "__pycache__", ".venv", "venv", ".mypy_cache"}
 
 
+#: One episode as Spend counts it: day, model, channel, tokens in, tokens out, cost.
+SpendRow = tuple[str, str, str, int, int, float | None]
+
+
 class FrontMatterCache:
     """Parsed front matter per file, re-read only when the file's mtime or size changes."""
 
     def __init__(self) -> None:
         self._items: dict[Path, tuple[int, int, dict[str, Any], str]] = {}
+        self._days: dict[Path, tuple[int, list[SpendRow]]] = {}
         self._lock = threading.Lock()
 
     def read(self, path: Path, *, body: bool = False) -> tuple[dict[str, Any], str] | None:
@@ -60,6 +65,41 @@ class FrontMatterCache:
             with self._lock:
                 self._items[path] = (st.st_mtime_ns, st.st_size, meta, text)
         return meta, (text if body else "")
+
+    def day_rows(self, folder: Path) -> list[SpendRow]:
+        """(day, model, channel, tokens in, tokens out, cost) of each episode in one day
+        folder, re-read only when the folder changed: episodes are written by rename
+        (memory.atomic), which changes the folder's mtime, so a month of Spend costs a
+        few stats when nothing new happened. (An old episode edited in place, without a
+        rename, is seen once its day gets another file, or after a restart.)"""
+        try:
+            stamp = folder.stat().st_mtime_ns
+        except OSError:
+            return []
+        with self._lock:
+            hit = self._days.get(folder)
+        if hit is not None and hit[0] == stamp:
+            return hit[1]
+        rows: list[SpendRow] = []
+        fallback = f"{folder.parent.parent.name}-{folder.parent.name}-{folder.name}"
+        for path in folder.glob("*.md"):
+            got = self.read(path)
+            if got is None:
+                continue
+            meta = got[0]
+            rows.append(
+                (
+                    str(meta.get("started") or "")[:10] or fallback,
+                    str(meta.get("model") or ""),
+                    str(meta.get("channel") or ""),
+                    _int(meta.get("tokens_in")),
+                    _int(meta.get("tokens_out")),
+                    _float(meta.get("cost_usd")),
+                )
+            )
+        with self._lock:
+            self._days[folder] = (stamp, rows)
+        return rows
 
 
 # ---------------------------------------------------------------------- episodes
@@ -168,24 +208,16 @@ def spend(cache: FrontMatterCache, data_dir: Path, *, days: int, now: datetime) 
     for back in range(days - 1, -1, -1):  # every day present, oldest first: a chart's x axis
         by_day[f"{(now - timedelta(days=back)).date():%Y-%m-%d}"] = _zero()
     for folder in episode_days(data_dir / "episodes", days, now):
-        for path in folder.glob("*.md"):
-            got = cache.read(path)
-            if got is None:
-                continue
-            e = episode_summary(got[0], path, data_dir)
-            day = (
-                e["started"][:10]
-                or f"{folder.parent.parent.name}-{folder.parent.name}-{folder.name}"
-            )
+        for day, model, channel, tokens_in, tokens_out, cost in cache.day_rows(folder):
             for bucket in (
                 by_day.setdefault(day, _zero()),
-                by_model[e["model"] or "unknown"],
-                by_channel[e["channel"] or "unknown"],
+                by_model[model or "unknown"],
+                by_channel[channel or "unknown"],
                 total,
             ):
-                bucket["tokens_in"] += e["tokens_in"]
-                bucket["tokens_out"] += e["tokens_out"]
-                bucket["cost_usd"] += e["cost_usd"] or 0.0
+                bucket["tokens_in"] += tokens_in
+                bucket["tokens_out"] += tokens_out
+                bucket["cost_usd"] += cost or 0.0
                 bucket["tasks"] += 1
     return {
         "days": [{"day": d, **v} for d, v in sorted(by_day.items())],
@@ -378,6 +410,9 @@ def _float(value: Any) -> float | None:
 
 def _relative(path: Path, root: Path) -> str:
     try:
-        return path.resolve().relative_to(root.resolve()).as_posix()
+        return path.relative_to(root).as_posix()  # built from root: no resolve() per file
     except ValueError:
-        return path.name
+        try:
+            return path.resolve().relative_to(root.resolve()).as_posix()
+        except ValueError:
+            return path.name
