@@ -77,7 +77,8 @@ async def test_dashboard_follows_a_task_approves_it_and_shows_its_spend(
             async def waiting_on_shell() -> dict | None:
                 status = await get(http, url + "/api/status")
                 for task in status["running"]:
-                    if (task["current"] or {}).get("tool") == "shell":
+                    # The call starts, then the guardian asks: wait for the question too.
+                    if (task["current"] or {}).get("tool") == "shell" and task["waiting_approval"]:
                         return task
                 return None
 

@@ -61,6 +61,7 @@ async def test_dashboard_pages_in_a_real_browser(
                 card = page.locator("#running .task.running", has_text="copy the report out")
                 await card.locator(".tool.now", has_text="cp notes/report.md").wait_for()
                 await card.locator(".steps li.ok", has_text="write_file").wait_for()
+                await card.locator(".tag.wait", has_text="waiting for approval").wait_for()
                 await shot(page, shots, "dashboard-now")
 
                 await page.click("nav a[data-page=approvals]")
