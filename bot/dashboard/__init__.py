@@ -92,6 +92,7 @@ class Dashboard:
     def add_routes(self, server: web.Application) -> None:
         r = server.router
         r.add_get("/dashboard", self._page)
+        r.add_get("/dashboard/", self._page)
         r.add_get("/dashboard/static/{name}", self._static)
         r.add_get("/api/status", self._status)
         r.add_get("/api/approvals", self._approvals)

@@ -269,7 +269,7 @@
       section("Goals", goals),
       section("Channels", table("Channel health", ["channel", "state", "detail", "since"],
         s.channels.map((c) => [c.name, el("span", { class: "state " + c.state }, c.state), c.detail || "",
-          c.since ? ago(c.since) : ""]))),
+          c.since ? ago(c.since) : "—"]))),
       section("Schedules", table("Schedules", ["id", "when", "what", "where", "next run"],
         s.schedules.map((x) => [x.id, x.spec, x.text, `${x.channel}:${x.conversation}`,
           x.paused ? "paused" : x.done ? "done" : when(x.next_run)]))),
