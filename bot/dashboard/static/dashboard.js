@@ -294,6 +294,7 @@
           el("p", { class: "actions" },
             el("button", { type: "button", class: "primary", onclick: () => decide(r.id, "approve") }, "Approve"),
             el("button", { type: "button", onclick: () => decide(r.id, "session") }, "Approve for this session"),
+            el("button", { type: "button", onclick: () => decide(r.id, "always") }, "Always allow"),
             el("button", { type: "button", class: "danger", onclick: () => decide(r.id, "deny") }, "Deny")))))
         : el("p", { class: "empty", id: "pending" }, "No approval is waiting.")),
       section("Decided", table("Recent decisions", ["what", "outcome", "by", "when", "where"],

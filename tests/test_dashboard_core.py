@@ -1,18 +1,24 @@
-"""core/activity.py: the board of running tasks the dashboard's Now page shows, fed by the
-same progress events the chat gets, from chat tasks and from scheduled runs alike."""
+"""What the dashboard adds to the core: core/activity.py, the board of running tasks the Now
+page shows (fed by the same progress events the chat gets, from chat tasks and scheduled
+runs alike), and the owner's press on any approval (core/approvals.py)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 
 from adapters.replay import ReplayChannel
 from bot.app import App
 from core.access import Rules
 from core.activity import RECENT_KEPT, Activity
+from core.approvals import Approvals
 from core.clock import SimClock
-from core.events import Message, Progress
+from core.events import ApprovalRequest, Capabilities, Message, MessageRef, Progress
+from memory.approvals import ApprovalStore
 from tests.fakes.llm import ScriptedLLM
+from tests.kit import until
 
 
 def test_a_task_is_running_with_its_current_tool_then_recent() -> None:
@@ -83,3 +89,51 @@ async def test_a_scheduled_run_shows_on_the_board(llm: ScriptedLLM, settings_for
         assert [(st["tool"], st["ok"]) for st in run["steps"]] == [("list_files", True)]
     finally:
         await app.stop()
+
+
+class Platform:
+    """Stands in for a started platform channel (not for Steward code): records messages."""
+
+    name = "slack"
+    capabilities = Capabilities(buttons=True, edit=True)
+
+    def __init__(self) -> None:
+        self.edits: list[str] = []
+
+    async def send_approval(self, request: ApprovalRequest, *, thread: str | None = None):
+        return MessageRef(self.name, request.conversation, "m1")
+
+    async def edit(self, ref: MessageRef, text: str, *, buttons: list | None = None) -> None:
+        self.edits.append(text)
+
+
+async def test_the_owner_may_decide_a_request_of_another_person(tmp_path: Path) -> None:
+    """The dashboard presses as the owner: any request, through the same state machine
+    (decided once, stored, its chat message edited). Anyone else stays refused."""
+    approvals = Approvals(SimClock(start=0.0), ApprovalStore(tmp_path))
+    platform = Platform()
+    asked = asyncio.create_task(
+        approvals.ask(
+            platform,  # type: ignore[arg-type]
+            tool="shell",
+            args={"command": "make deploy"},
+            what="shell: make deploy",
+            why="deploys",
+            risk="production",
+            asked_by="U1",
+            conversation="C1",
+        )
+    )
+    await until(lambda: approvals.pending_records(), what="the request")
+    [record] = approvals.pending_records()
+    assert record["approvers"] == ["U1"] and record["tool"] == "shell"
+    refused = await approvals.press(f"approve:{record['id']}", "owner")
+    assert refused.text == "You are not an approver for this request." and not refused.decided
+    answer = await approvals.press(f"approve:{record['id']}", "owner", owner=True)
+    assert answer.decided
+    decision = await asked
+    assert decision.approved and decision.by == "owner"
+    assert platform.edits and "Approved by owner" in platform.edits[-1]
+    again = await approvals.press(f"deny:{record['id']}", "owner", owner=True)
+    assert again.text == "Already approved by owner." and not again.decided
+    assert approvals.pending_records() == []
