@@ -434,7 +434,7 @@ class Agent:
         bound: Any,
     ) -> str:
         """Judge, maybe ask, run; returns what the model reads. Always records the call."""
-        record = ToolRecord(name=call.name, ok=False, arguments=call.arguments[:500])
+        record = ToolRecord(name=call.name, ok=False, raw_arguments=call.arguments)
         episode.tools.append(record)
         t0 = time.perf_counter()
 
@@ -462,15 +462,16 @@ class Agent:
             return fail(
                 "BadArguments", f"Error: the arguments are not a valid JSON object ({exc})."
             )
+        record.args, record.raw_arguments = args, ""  # kept whole; cut when written
 
         await emit(
             Progress(
                 "tool_start", task_id, tool=call.name, text=_summary(args), data={"args": args}
             )
         )
-        decision = self._sandbox_decision(
-            call.name, args, await self.guardian.check(call.name, args)
-        )
+        checked = await self.guardian.check(call.name, args)
+        record.effects = checked.effects  # what the call would do, for the answer gates
+        decision = self._sandbox_decision(call.name, args, checked)
         record.verdict = str(decision.verdict)
         if decision.verdict == Verdict.FORBID:
             msg = (

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
+from dataclasses import replace
 from typing import Any
 
 import bashlex
@@ -50,18 +52,24 @@ from core.guardian.shell_text import (
     _iter_nodes,
     _kind,
     _merge,
+    _norm,
     _rank,
     _risky_env,
     _Scope,
     _short,
     _subst_nodes,
     _taint_of,
+    _under,
     _Unparseable,
     _Word,
 )
 from core.policy import (
     Policy,
 )
+from memory.effects import Effects
+
+#: The kinds of effect a walk notes, in the order `Effects` lists them.
+_EFFECT_KINDS = ("reads", "writes", "deletes", "fetches", "runs")
 
 
 class _Analysis(_Runs, _PathChecks):
@@ -96,12 +104,18 @@ class _Analysis(_Runs, _PathChecks):
         self.written: dict[str, str | None] = {}
         #: `$((…))` expressions, replaced by placeholder variables before parsing.
         self.arith: list[str] = []
+        #: What the command reads, writes, deletes, fetches, runs (ordered, no repeats).
+        self.noted: dict[str, dict[str, None]] = {kind: {} for kind in _EFFECT_KINDS}
 
     # ── findings ────────────────────────────────────────────────────────────────
     def flag(self, verdict: Verdict, reason: str, needs: tuple[str, ...] = ()) -> None:
         self.findings.append(Decision(verdict, reason, needs))
 
     def decision(self) -> Decision:
+        """The strictest finding, carrying what the whole command would do."""
+        return replace(self._strictest(), effects=self.effects())
+
+    def _strictest(self) -> Decision:
         worst: Decision | None = None
         for finding in self.findings:
             if worst is None or _rank(finding.verdict) > _rank(worst.verdict):
@@ -115,6 +129,34 @@ class _Analysis(_Runs, _PathChecks):
                     needs.update(finding.needs or ("unsandboxed",))
             return Decision(worst.verdict, worst.reason, tuple(sorted(needs)))
         return worst
+
+    # ── effects ─────────────────────────────────────────────────────────────────
+    def note(self, kind: str, word: _Word | str, scope: _Scope | None = None) -> None:
+        """Remember one effect: a path (as `shown`), a URL or a command line."""
+        text = word if isinstance(word, str) else self.shown(word, scope)
+        if text:
+            self.noted[kind][text] = None
+
+    def shown(self, word: _Word, scope: _Scope | None) -> str:
+        """A path as the effects keep it: relative to the workspace when inside it,
+        absolute otherwise, as written when its folder or value is only known later."""
+        if word.value is None:
+            return word.raw
+        value = os.path.expanduser(word.value) if word.value.startswith("~") else word.value
+        if not value.startswith("/"):
+            if scope is None or scope.cwd is None:
+                return value
+            value = os.path.join(scope.cwd, value)
+        value = _norm(value)
+        if _under(value, self.root):
+            return os.path.relpath(value, self.root)
+        return value
+
+    def note_run(self, words: list[_Word]) -> None:
+        self.note("runs", shlex.join(w.value if w.value is not None else w.raw for w in words))
+
+    def effects(self) -> Effects:
+        return Effects(*(tuple(self.noted[kind]) for kind in _EFFECT_KINDS))
 
     # ── parsing ─────────────────────────────────────────────────────────────────
     def script(self, text: str, scope: _Scope) -> None:
@@ -431,6 +473,7 @@ class _Analysis(_Runs, _PathChecks):
             return _Flow(taint, word.value, None, True)
         self.check_credentials(word, scope, where)
         if rtype in ("<", "<&"):
+            self.note("reads", word, scope)
             return _Flow(_taint_of(_subst_nodes(word)), None, word, True)
         if rtype == "<>" or ">" in rtype:
             self.check_write(word, scope, where)
@@ -485,6 +528,7 @@ class _Analysis(_Runs, _PathChecks):
 
     def simple(self, words: list[_Word], scope: _Scope, stdin: _Flow, where: str) -> _Flow:
         """Judge a resolved simple command; returns what flows out of it."""
+        self.note_run(words)
         first = words[0]
         if first.value is None or (
             first.value not in ("[", "[[") and any(c in _GLOB_CHARS for c in first.value)
@@ -544,6 +588,10 @@ class _Analysis(_Runs, _PathChecks):
         if asks:
             self.flag(Verdict.APPROVAL, f"{where} {asks}", _needs(asks))
         out = self.dispatch(cmd, canonical, asks is not None)
+        if canonical in DOWNLOADERS and canonical not in ("curl", "wget"):
+            for word in cmd.args:
+                if "://" in word.text and not word.text.startswith("-"):
+                    self.note("fetches", word.text)
         if canonical in DECODERS:
             return _Flow("decoded")
         if canonical in DOWNLOADERS and out.taint is None:

@@ -34,6 +34,7 @@ from core.policy import (
     rule_match,
 )
 from memory.atomic import atomic_write_text
+from memory.effects import Effects
 
 # ════════════════════════════════════════════════════════════════════════════════
 # The guardian.
@@ -170,9 +171,15 @@ class Guardian:
                 Verdict.FORBID,
                 f"{decision.reason} (always-allow rule {rule.id} matches, but a forbidden "
                 "call is never allowed)",
+                effects=decision.effects,
             )
         # The person's "always allow" of this exact call keeps what it needed to work.
-        return Decision(Verdict.ALLOW, f"allowed by always-allow rule {rule.id}", decision.needs)
+        return Decision(
+            Verdict.ALLOW,
+            f"allowed by always-allow rule {rule.id}",
+            decision.needs,
+            decision.effects,
+        )
 
     def _classify(self, policy: Policy, tool: str, args: dict) -> Decision:
         if tool == "shell":
@@ -335,6 +342,8 @@ class Guardian:
         analysis = self._analysis(policy)
         scope = _Scope(cwd=analysis.root)
         where = f"{tool} `{path}`"
+        writes = tool in ("write_file", "edit_file")
+        analysis.note("writes" if writes else "reads", _Word(path, path), scope)
         analysis.check_credentials(_Word(path, path), scope, where)
         if tool in ("write_file", "edit_file") and analysis.policy_file(analysis.path(path, scope)):
             analysis.flag(
@@ -363,12 +372,15 @@ class Guardian:
                     )
         decision = analysis.decision()
         if decision.verdict == Verdict.ALLOW:
-            return Decision(Verdict.ALLOW, f"{tool} stays inside the workspace")
+            return Decision(
+                Verdict.ALLOW, f"{tool} stays inside the workspace", effects=decision.effects
+            )
         return decision
 
     def check_fetch(self, url: Any, policy: Policy | None = None) -> Decision:
         if not isinstance(url, str):
             return Decision(Verdict.FORBID, "web_fetch: url must be a string")
+        effects = Effects(fetches=(url.strip(),))
         scheme = urlsplit(url.strip()).scheme.lower()
         if scheme not in ("http", "https"):
             return Decision(
@@ -376,5 +388,7 @@ class Guardian:
             )
         for cred in (policy or self.policy()).credentials:
             if cred.regex.search(url):
-                return Decision(Verdict.FORBID, f"web_fetch `{_short(url)}` reads {cred.what}")
-        return Decision(Verdict.ALLOW, "web_fetch is a read-only http(s) GET")
+                return Decision(
+                    Verdict.FORBID, f"web_fetch `{_short(url)}` reads {cred.what}", effects=effects
+                )
+        return Decision(Verdict.ALLOW, "web_fetch is a read-only http(s) GET", effects=effects)

@@ -1,0 +1,43 @@
+"""`Effects`: what one tool call reads, writes, deletes, fetches and runs.
+
+A small value type with no dependencies, so the guardian (core/guardian), which works
+it out, and the tool log (memory/episodes.py `ToolRecord`), which keeps it, share it
+without either importing more than this.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Effects:
+    """What one tool call reads, writes, deletes, fetches and runs.
+
+    Why here: the guardian (core/guardian) works this out while judging a call (shell
+    text through bashlex, file tools from their arguments), and the tool log keeps it
+    beside the call, so the answer gates read one record of what happened instead of
+    re-reading command text. Paths inside the workspace are relative to it, others
+    absolute; a word only known at run time is kept as written (`$OUT`). `runs` holds
+    each simple command as its words joined with `shlex.join` (split it back with
+    `shlex.split`).
+    """
+
+    reads: tuple[str, ...] = ()
+    writes: tuple[str, ...] = ()
+    deletes: tuple[str, ...] = ()
+    fetches: tuple[str, ...] = ()
+    runs: tuple[str, ...] = ()
+
+    def is_empty(self) -> bool:
+        return not (self.reads or self.writes or self.deletes or self.fetches or self.runs)
+
+    def summary(self, *, limit: int = 20, width: int = 200) -> dict[str, list[str]]:
+        """The non-empty kinds, each cut to `limit` entries of `width` characters (for
+        the episode file: the record itself stays whole while the task runs)."""
+        out: dict[str, list[str]] = {}
+        for kind in ("reads", "writes", "deletes", "fetches", "runs"):
+            values = getattr(self, kind)
+            if values:
+                out[kind] = [v[:width] for v in values[:limit]]
+        return out
