@@ -7,6 +7,7 @@ without either importing more than this.
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 
 
@@ -19,25 +20,30 @@ class Effects:
     beside the call, so the answer gates read one record of what happened instead of
     re-reading command text. Paths inside the workspace are relative to it, others
     absolute; a word only known at run time is kept as written (`$OUT`). `runs` holds
-    each simple command as its words joined with `shlex.join` (split it back with
-    `shlex.split`).
+    each simple command as its words (`("pytest", "-q")`), wrappers and the command
+    they run both (`timeout 60 pytest` and `pytest`).
     """
 
     reads: tuple[str, ...] = ()
     writes: tuple[str, ...] = ()
     deletes: tuple[str, ...] = ()
     fetches: tuple[str, ...] = ()
-    runs: tuple[str, ...] = ()
+    runs: tuple[tuple[str, ...], ...] = ()
 
     def is_empty(self) -> bool:
         return not (self.reads or self.writes or self.deletes or self.fetches or self.runs)
 
     def summary(self, *, limit: int = 20, width: int = 200) -> dict[str, list[str]]:
-        """The non-empty kinds, each cut to `limit` entries of `width` characters (for
-        the episode file: the record itself stays whole while the task runs)."""
-        out: dict[str, list[str]] = {}
-        for kind in ("reads", "writes", "deletes", "fetches", "runs"):
-            values = getattr(self, kind)
-            if values:
-                out[kind] = [v[:width] for v in values[:limit]]
-        return out
+        """The non-empty kinds, each cut to `limit` entries of `width` characters, a
+        command as one shell line (for the episode file: the record itself stays whole
+        while the task runs)."""
+        kinds: dict[str, tuple[str, ...]] = {
+            "reads": self.reads,
+            "writes": self.writes,
+            "deletes": self.deletes,
+            "fetches": self.fetches,
+            "runs": tuple(shlex.join(argv) for argv in self.runs[:limit]),
+        }
+        return {
+            kind: [v[:width] for v in values[:limit]] for kind, values in kinds.items() if values
+        }

@@ -8,6 +8,7 @@ check claims against that record instead of re-reading the command text.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,11 @@ def guardian(tmp_path: Path) -> Guardian:
     return Guardian(tmp_path / "ws")
 
 
+def _cmds(*lines: str) -> tuple[tuple[str, ...], ...]:
+    """Commands as `Effects.runs` keeps them: each one's words."""
+    return tuple(tuple(shlex.split(line)) for line in lines)
+
+
 def effects(guardian: Guardian, command: str) -> Effects:
     return guardian.check_sync("shell", {"command": command}).effects
 
@@ -38,21 +44,21 @@ def effects(guardian: Guardian, command: str) -> Effects:
 @pytest.mark.parametrize(
     ("command", "expected"),
     [
-        ("cp a.md b.md", Effects(reads=("a.md",), writes=("b.md",), runs=("cp a.md b.md",))),
-        ("cp -t out a b", Effects(reads=("a", "b"), writes=("out",), runs=("cp -t out a b",))),
+        ("cp a.md b.md", Effects(reads=("a.md",), writes=("b.md",), runs=_cmds("cp a.md b.md"))),
+        ("cp -t out a b", Effects(reads=("a", "b"), writes=("out",), runs=_cmds("cp -t out a b"))),
         (
             "mv a.txt b.txt",
-            Effects(writes=("b.txt",), deletes=("a.txt",), runs=("mv a.txt b.txt",)),
+            Effects(writes=("b.txt",), deletes=("a.txt",), runs=_cmds("mv a.txt b.txt")),
         ),
-        ("rm -r build/", Effects(deletes=("build",), runs=("rm -r build/",))),
-        ("rmdir empty", Effects(deletes=("empty",), runs=("rmdir empty",))),
-        ("git rm old.py", Effects(deletes=("old.py",), runs=("git rm old.py",))),
+        ("rm -r build/", Effects(deletes=("build",), runs=_cmds("rm -r build/"))),
+        ("rmdir empty", Effects(deletes=("empty",), runs=_cmds("rmdir empty"))),
+        ("git rm old.py", Effects(deletes=("old.py",), runs=_cmds("git rm old.py"))),
         (
             "curl -sSL https://example.com/a.tgz -o a.tgz",
             Effects(
                 writes=("a.tgz",),
                 fetches=("https://example.com/a.tgz",),
-                runs=("curl -sSL https://example.com/a.tgz -o a.tgz",),  # as written
+                runs=_cmds("curl -sSL https://example.com/a.tgz -o a.tgz"),  # as written
             ),
         ),
         (
@@ -60,7 +66,7 @@ def effects(guardian: Guardian, command: str) -> Effects:
             Effects(
                 writes=("x.tgz",),
                 fetches=("https://example.com/x.tgz",),
-                runs=("wget https://example.com/x.tgz",),
+                runs=_cmds("wget https://example.com/x.tgz"),
             ),
         ),
         (
@@ -68,22 +74,27 @@ def effects(guardian: Guardian, command: str) -> Effects:
             Effects(
                 reads=("in.txt",),
                 writes=("out.txt",),
-                runs=("cat in.txt", "grep -v x", "sort"),
+                runs=_cmds("cat in.txt", "grep -v x", "sort"),
             ),
         ),
         (
             "echo dist | tee -a .gitignore",
-            Effects(writes=(".gitignore",), runs=("echo dist", "tee -a .gitignore")),
+            Effects(writes=(".gitignore",), runs=_cmds("echo dist", "tee -a .gitignore")),
         ),
-        ("sed -i 's/a/b/' c.toml", Effects(writes=("c.toml",), runs=("sed -i s/a/b/ c.toml",))),
-        ("cd sub && echo hi > n.md", Effects(writes=("sub/n.md",), runs=("cd sub", "echo hi"))),
-        ("make 2>&1 > /dev/null", Effects(runs=("make",))),
-        ("sort < in.txt", Effects(reads=("in.txt",), runs=("sort",))),
+        ("sed -i 's/a/b/' c.toml", Effects(writes=("c.toml",), runs=_cmds("sed -i s/a/b/ c.toml"))),
+        (
+            "cd sub && echo hi > n.md",
+            Effects(writes=("sub/n.md",), runs=_cmds("cd sub", "echo hi")),
+        ),
+        ("make 2>&1 > /dev/null", Effects(runs=_cmds("make"))),
+        ("sort < in.txt", Effects(reads=("in.txt",), runs=_cmds("sort"))),
         (
             "timeout 60 python -m pytest -q",
-            Effects(runs=("timeout 60 python -m pytest -q", "python -m pytest -q", "pytest -q")),
+            Effects(
+                runs=_cmds("timeout 60 python -m pytest -q", "python -m pytest -q", "pytest -q")
+            ),
         ),
-        ("sh -c 'npm test'", Effects(runs=("sh -c 'npm test'", "npm test"))),
+        ("sh -c 'npm test'", Effects(runs=_cmds("sh -c 'npm test'", "npm test"))),
     ],
 )
 def test_shell_effects(guardian: Guardian, command: str, expected: Effects) -> None:
@@ -100,7 +111,9 @@ def test_effects_come_with_every_verdict(guardian: Guardian) -> None:
     asked = guardian.check_sync("shell", {"command": "rm -f $OUT"})
     assert asked.verdict == "approval" and asked.effects.deletes == ("$OUT",)
     refused = guardian.check_sync("shell", {"command": "rm -rf ~"})
-    assert refused.verdict == "forbid" and refused.effects.runs == ("rm -rf " + str(Path.home()),)
+    assert refused.verdict == "forbid" and refused.effects.runs == (
+        ("rm", "-rf", str(Path.home())),
+    )
 
 
 def test_unparseable_text_has_no_effects(guardian: Guardian) -> None:
@@ -176,7 +189,7 @@ def test_episode_file_cuts_arguments_and_summarises_effects() -> None:
     kept = record.front_matter()
     assert len(kept["arguments"]) == 500 and kept["arguments"].startswith('{"content": "xxx')
     assert kept["effects"] == {"writes": ["notes.md"]}
-    many = Effects(runs=tuple(f"echo {i} " + "y" * 300 for i in range(30)))
+    many = Effects(runs=tuple(("echo", str(i), "y" * 300) for i in range(30)))
     summary = many.summary()
     assert len(summary["runs"]) == 20 and all(len(r) == 200 for r in summary["runs"])
     assert "effects" not in ToolRecord("list_files", ok=True).front_matter()

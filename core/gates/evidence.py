@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
@@ -76,14 +75,6 @@ _INSTALL_WORDS = frozenset({"install", "add", "get", "sync"})
 # ── one command's words ─────────────────────────────────────────────────────────
 
 
-def _argv(run: str) -> list[str]:
-    """A command line from `Effects.runs` back into its words."""
-    try:
-        return shlex.split(run)
-    except ValueError:  # not from shlex.join (a hand-made record): plain words
-        return run.split()
-
-
 def _program(word: str) -> str:
     name = os.path.basename(word)
     return "python" if re.fullmatch(r"python\d?(\.\d+)?", name) else name
@@ -135,7 +126,7 @@ def executed(record: ToolRecordLike) -> bool:
 
 
 def _runs(record: ToolRecordLike) -> list[list[str]]:
-    return [_argv(r) for r in record.effects.runs] if record.name == "shell" else []
+    return [list(argv) for argv in record.effects.runs] if record.name == "shell" else []
 
 
 def _is_test_run(record: ToolRecordLike) -> bool:

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
-from dataclasses import replace
 from typing import Any
 
 import bashlex
@@ -69,7 +67,7 @@ from core.policy import (
 from memory.effects import Effects
 
 #: The kinds of effect a walk notes, in the order `Effects` lists them.
-_EFFECT_KINDS = ("reads", "writes", "deletes", "fetches", "runs")
+_EFFECT_KINDS = ("reads", "writes", "deletes", "fetches")
 
 
 class _Analysis(_Runs, _PathChecks):
@@ -104,8 +102,9 @@ class _Analysis(_Runs, _PathChecks):
         self.written: dict[str, str | None] = {}
         #: `$((…))` expressions, replaced by placeholder variables before parsing.
         self.arith: list[str] = []
-        #: What the command reads, writes, deletes, fetches, runs (ordered, no repeats).
+        #: What the command reads, writes, deletes, fetches (ordered, no repeats) and runs.
         self.noted: dict[str, dict[str, None]] = {kind: {} for kind in _EFFECT_KINDS}
+        self.ran: dict[tuple[str, ...], None] = {}
 
     # ── findings ────────────────────────────────────────────────────────────────
     def flag(self, verdict: Verdict, reason: str, needs: tuple[str, ...] = ()) -> None:
@@ -113,22 +112,23 @@ class _Analysis(_Runs, _PathChecks):
 
     def decision(self) -> Decision:
         """The strictest finding, carrying what the whole command would do."""
-        return replace(self._strictest(), effects=self.effects())
+        verdict, reason, needs = self._strictest()
+        return Decision(verdict, reason, needs, self.effects())
 
-    def _strictest(self) -> Decision:
+    def _strictest(self) -> tuple[Verdict, str, tuple[str, ...]]:
         worst: Decision | None = None
         for finding in self.findings:
             if worst is None or _rank(finding.verdict) > _rank(worst.verdict):
                 worst = finding
         if worst is None or worst.verdict == Verdict.ALLOW:
-            return Decision(Verdict.ALLOW, "read-only or workspace-local commands only")
+            return Verdict.ALLOW, "read-only or workspace-local commands only", ()
         if worst.verdict == Verdict.APPROVAL:  # one approval covers every finding's need
             needs: set[str] = set()
             for finding in self.findings:
                 if finding.verdict == Verdict.APPROVAL:
                     needs.update(finding.needs or ("unsandboxed",))
-            return Decision(worst.verdict, worst.reason, tuple(sorted(needs)))
-        return worst
+            return worst.verdict, worst.reason, tuple(sorted(needs))
+        return worst.verdict, worst.reason, worst.needs
 
     # ── effects ─────────────────────────────────────────────────────────────────
     def note(self, kind: str, word: _Word | str, scope: _Scope | None = None) -> None:
@@ -153,10 +153,17 @@ class _Analysis(_Runs, _PathChecks):
         return value
 
     def note_run(self, words: list[_Word]) -> None:
-        self.note("runs", shlex.join(w.value if w.value is not None else w.raw for w in words))
+        self.ran[tuple(w.value if w.value is not None else w.raw for w in words)] = None
 
     def effects(self) -> Effects:
-        return Effects(*(tuple(self.noted[kind]) for kind in _EFFECT_KINDS))
+        noted = self.noted
+        return Effects(
+            tuple(noted["reads"]),
+            tuple(noted["writes"]),
+            tuple(noted["deletes"]),
+            tuple(noted["fetches"]),
+            tuple(self.ran),
+        )
 
     # ── parsing ─────────────────────────────────────────────────────────────────
     def script(self, text: str, scope: _Scope) -> None:
