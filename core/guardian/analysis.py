@@ -21,7 +21,7 @@ from typing import Any
 
 import bashlex
 
-from core.guardian.decision import Decision, Verdict
+from core.guardian.decision import CallDecision, Verdict
 from core.guardian.knowledge import (
     _ARITH,
     _DOUBLE_BRACKET_RE,
@@ -89,7 +89,7 @@ class _Analysis(_Runs, _PathChecks):
         self.guarded = guarded
         #: Steward's own data dir (lexical and real): approvals, access list, memory.
         self.private = private
-        self.findings: list[Decision] = []
+        self.findings: list[CallDecision] = []
         self.downloaded: set[str] = set()
         self.src = ""
         self.quoted_heredocs: set[str] = set()
@@ -108,15 +108,15 @@ class _Analysis(_Runs, _PathChecks):
 
     # ── findings ────────────────────────────────────────────────────────────────
     def flag(self, verdict: Verdict, reason: str, needs: tuple[str, ...] = ()) -> None:
-        self.findings.append(Decision(verdict, reason, needs))
+        self.findings.append(CallDecision(verdict, reason, needs))
 
-    def decision(self) -> Decision:
+    def decision(self) -> CallDecision:
         """The strictest finding, carrying what the whole command would do."""
         verdict, reason, needs = self._strictest()
-        return Decision(verdict, reason, needs, self.effects())
+        return CallDecision(verdict, reason, needs, self.effects())
 
     def _strictest(self) -> tuple[Verdict, str, tuple[str, ...]]:
-        worst: Decision | None = None
+        worst: CallDecision | None = None
         for finding in self.findings:
             if worst is None or _rank(finding.verdict) > _rank(worst.verdict):
                 worst = finding

@@ -23,7 +23,11 @@ _RANK = {Verdict.ALLOW: 0, Verdict.APPROVAL: 1, Verdict.FORBID: 2}
 
 
 @dataclass(frozen=True)
-class Decision:
+class CallDecision:
+    """The guardian's answer for one tool call (named apart from an approval's and a
+    proactive offer's decisions: core/approvals.py `ApprovalDecision`,
+    core/proactive/state.py `OfferDecision`)."""
+
     verdict: Verdict
     #: One line a person can judge (shown on the approval buttons and to the model).
     reason: str

@@ -13,7 +13,7 @@ import re
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from core.guardian.decision import Decision, Verdict
+from core.guardian.decision import CallDecision, Verdict
 from core.guardian.knowledge import (
     _INSTALL,
     _SPECIAL_PARAM_RE,
@@ -327,7 +327,9 @@ class _Runs:
         self.nested(head.decode("utf-8", "replace"), scope, f"`{name}`", Verdict.APPROVAL)
         for i in range(before, len(self.findings)):
             finding = self.findings[i]
-            self.findings[i] = Decision(finding.verdict, f"{name}: {finding.reason}", finding.needs)
+            self.findings[i] = CallDecision(
+                finding.verdict, f"{name}: {finding.reason}", finding.needs
+            )
 
     def stdin_code(self: _Analysis, cmd: _Cmd, *, shell: bool) -> None:
         """A shell or interpreter reading its program from stdin."""
