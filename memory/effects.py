@@ -8,7 +8,9 @@ without either importing more than this.
 from __future__ import annotations
 
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +31,24 @@ class Effects:
     deletes: tuple[str, ...] = ()
     fetches: tuple[str, ...] = ()
     runs: tuple[tuple[str, ...], ...] = ()
+
+    @classmethod
+    def from_data(cls, data: Any) -> Effects:
+        """From plain data (`dataclasses.asdict` of one, or `summary`'s lists, commands
+        as words or as one shell line); anything else is no effects."""
+        if isinstance(data, cls):
+            return data
+        if not isinstance(data, Mapping):
+            return cls()
+
+        def texts(kind: str) -> tuple[str, ...]:
+            return tuple(str(v) for v in data.get(kind) or ())
+
+        runs = tuple(
+            tuple(shlex.split(r)) if isinstance(r, str) else tuple(str(w) for w in r)
+            for r in data.get("runs") or ()
+        )
+        return cls(texts("reads"), texts("writes"), texts("deletes"), texts("fetches"), runs)
 
     def is_empty(self) -> bool:
         return not (self.reads or self.writes or self.deletes or self.fetches or self.runs)

@@ -45,6 +45,11 @@ class ToolRecord:
     #: The arguments text as sent, only when it was not a JSON object (else "").
     raw_arguments: str = ""
 
+    def __post_init__(self) -> None:
+        # A record rebuilt from plain data (a journal, `asdict`) gets its effects back typed.
+        if not isinstance(self.effects, Effects):
+            self.effects = Effects.from_data(self.effects)
+
     @property
     def arguments(self) -> str:
         """The arguments as one JSON text (what the episode file and its summary show)."""

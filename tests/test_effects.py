@@ -195,6 +195,23 @@ def test_episode_file_cuts_arguments_and_summarises_effects() -> None:
     assert "effects" not in ToolRecord("list_files", ok=True).front_matter()
 
 
+def test_effects_survive_plain_data() -> None:
+    """A tool record rebuilt from `asdict` (a journal) or an episode's summary keeps its
+    effects typed, so the gates can read it."""
+    from dataclasses import asdict
+
+    record = ToolRecord(
+        "shell",
+        ok=True,
+        args={"command": "cp a b"},
+        effects=Effects(reads=("a",), writes=("b",), runs=(("cp", "a", "b"),)),
+    )
+    again = ToolRecord(**asdict(record))
+    assert again.effects == record.effects
+    assert Effects.from_data(record.front_matter()["effects"]) == record.effects
+    assert Effects.from_data(None) == Effects()
+
+
 def test_unparsed_arguments_are_kept_as_sent() -> None:
     record = ToolRecord("shell", ok=False, raw_arguments="{not json")
     assert record.arguments == "{not json" and record.args == {}
