@@ -108,7 +108,7 @@ def make_episode(i: int, rng: random.Random) -> Any:
         tool = rng.choice(["shell", "read_file", "fetch", "write_file"])
         signature = f"{tool}:{error.split(':')[0]}"
         tools.append(ToolRecord(name=tool, ok=False, error=error, signature=signature))
-    tools.append(ToolRecord(name="shell", ok=True, arguments='{"command": "ls"}'))
+    tools.append(ToolRecord(name="shell", ok=True, args={"command": "ls"}))
     user = f"U{rng.randint(1, 60):03d}"
     direct = rng.random() < 0.4
     conversation = f"D{user}" if direct else f"C{rng.randint(1, 150):03d}"

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
-    from core.guardian import Decision, Guardian
+    from core.guardian import CallDecision, Guardian
 
 EXIT_ALLOW, EXIT_APPROVAL, EXIT_FORBID, EXIT_ERROR = 0, 1, 2, 3
 _EXIT = {"allow": EXIT_ALLOW, "approval": EXIT_APPROVAL, "forbid": EXIT_FORBID}
@@ -159,7 +159,7 @@ def run_check(guardian: Guardian, args: argparse.Namespace, out: TextIO, err: Te
         print(f"steward policy check: {exc}", file=err)
         return EXIT_ERROR
 
-    async def judge() -> list[Decision]:
+    async def judge() -> list[CallDecision]:
         # The agent's own entry point: the timeout and the error floor apply here too.
         return [await guardian.check(tool, tool_args) for _, _, tool, tool_args in calls]
 

@@ -39,7 +39,9 @@ class Rules:
 
 
 @dataclass(frozen=True, slots=True)
-class Verdict:
+class AccessVerdict:
+    """Whether a person may use Steward here, and what a stranger is told."""
+
     allowed: bool
     reply: str = ""  # what the stranger is told (empty when allowed)
 
@@ -121,15 +123,17 @@ class Access:
             return True
         return user in self.paired.get(platform, set())
 
-    def check(self, platform: str, user: str, space: str | None = None) -> Verdict:
+    def check(self, platform: str, user: str, space: str | None = None) -> AccessVerdict:
         """Allowed, or the short text the stranger gets (a refusal or a pairing code)."""
         if self.allows(platform, user, space):
-            return Verdict(True)
+            return AccessVerdict(True)
         log.info("access.refused", platform=platform, user=user)
         if not self.pairing:
-            return Verdict(False, "Sorry, I only work for people on this deployment's allowlist.")
+            return AccessVerdict(
+                False, "Sorry, I only work for people on this deployment's allowlist."
+            )
         code = self._code_for(platform, user)
-        return Verdict(
+        return AccessVerdict(
             False,
             f"I don't know you yet. Ask an admin to send `/pair {code}` to me; "
             f"the code is valid for {self.code_ttl / 60:.0f} minutes.",

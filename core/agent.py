@@ -26,7 +26,7 @@ from core.approvals import Approvals
 from core.clock import Clock
 from core.events import Channel, Progress
 from core.gates import check_answer, honest_suffix, retry_instruction
-from core.guardian import Decision, Guardian, Verdict
+from core.guardian import CallDecision, Guardian, Verdict
 from core.llm import LLMClient, LLMError, LLMResult, ToolCallRequest
 from core.recall import Recall, estimate_tokens, render
 from core.sandbox import NETWORK, UNSANDBOXED, Grant
@@ -434,7 +434,7 @@ class Agent:
         bound: Any,
     ) -> str:
         """Judge, maybe ask, run; returns what the model reads. Always records the call."""
-        record = ToolRecord(name=call.name, ok=False, arguments=call.arguments[:500])
+        record = ToolRecord(name=call.name, ok=False, raw_arguments=call.arguments)
         episode.tools.append(record)
         t0 = time.perf_counter()
 
@@ -462,15 +462,16 @@ class Agent:
             return fail(
                 "BadArguments", f"Error: the arguments are not a valid JSON object ({exc})."
             )
+        record.args, record.raw_arguments = args, ""  # kept whole; cut when written
 
         await emit(
             Progress(
                 "tool_start", task_id, tool=call.name, text=_summary(args), data={"args": args}
             )
         )
-        decision = self._sandbox_decision(
-            call.name, args, await self.guardian.check(call.name, args)
-        )
+        checked = await self.guardian.check(call.name, args)
+        record.effects = checked.effects  # what the call would do, for the answer gates
+        decision = self._sandbox_decision(call.name, args, checked)
         record.verdict = str(decision.verdict)
         if decision.verdict == Verdict.FORBID:
             msg = (
@@ -534,14 +535,16 @@ class Agent:
         bound.info("tool.ok", tool=call.name, duration_s=round(record.duration_s, 3))
         return output
 
-    def _sandbox_decision(self, tool: str, args: dict[str, Any], decision: Decision) -> Decision:
+    def _sandbox_decision(
+        self, tool: str, args: dict[str, Any], decision: CallDecision
+    ) -> CallDecision:
         """The guardian's decision, made stricter where the sandbox asks for it: with no
         OS sandbox on this machine every shell command needs approval (fail-closed), and
         a command the model marks as needing the network asks for exactly that."""
         if tool != "shell" or decision.verdict == Verdict.FORBID:
             return decision
         if self.ask_every_shell and decision.verdict == Verdict.ALLOW:
-            return Decision(
+            return CallDecision(
                 Verdict.APPROVAL,
                 f"no OS sandbox for commands on this machine ({self.ask_every_shell}), "
                 "so every command is asked",
@@ -549,7 +552,9 @@ class Agent:
             )
         if args.get("network") is True and self.tool_context.sandbox is not None:
             if decision.verdict == Verdict.ALLOW:
-                return Decision(Verdict.APPROVAL, "the command asks to use the network", (NETWORK,))
+                return CallDecision(
+                    Verdict.APPROVAL, "the command asks to use the network", (NETWORK,)
+                )
             needs = tuple(sorted({*(decision.needs or (UNSANDBOXED,)), NETWORK}))
             return dataclasses.replace(decision, needs=needs)
         return decision

@@ -37,7 +37,9 @@ AlwaysAllow = Callable[[str, dict[str, Any], str], str]
 
 
 @dataclass(slots=True)
-class Decision:
+class ApprovalDecision:
+    """What a person (or the timeout) decided on one approval request."""
+
     approved: bool
     by: str
     reason: str
@@ -57,7 +59,7 @@ class _Pending:
     request: ApprovalRequest
     channel: Channel
     ref: MessageRef | None
-    waiter: Waiter[Decision]
+    waiter: Waiter[ApprovalDecision]
     approvers: frozenset[str]
     tool: str
     args: dict[str, Any]
@@ -96,7 +98,7 @@ class Approvals:
         self.approvers = approvers or {}
         self.always_allow = always_allow
         self._pending: dict[str, _Pending] = {}
-        self._decided: dict[str, Decision] = {}
+        self._decided: dict[str, ApprovalDecision] = {}
         self._grants: set[str] = set()
         #: Requests a previous run left pending whose channel has not started yet
         #: (None: the stored records are not read yet).
@@ -132,10 +134,10 @@ class Approvals:
                 if record["status"] == "pending":
                     # Its task died with the previous process: whatever channel it is on,
                     # it can no longer be approved, even before that channel is back.
-                    self._decided[rid] = Decision(False, "restart", RESTART_REASON)
+                    self._decided[rid] = ApprovalDecision(False, "restart", RESTART_REASON)
                     left.append(record)
                 else:
-                    self._decided[rid] = Decision(
+                    self._decided[rid] = ApprovalDecision(
                         record["status"] == "approved",
                         str(record.get("decided_by") or "?"),
                         str(record.get("reason") or record["status"]),
@@ -190,15 +192,15 @@ class Approvals:
         conversation: str,
         thread: str | None = None,
         task_id: str = "",
-    ) -> Decision:
+    ) -> ApprovalDecision:
         """Send the request and wait for a decision; a person's silence is a denial."""
         grant = _grant_key(f"{channel.name}:{conversation}", tool, args)
         if grant in self._grants:
             log.info("approval.session_grant_used", tool=tool, conversation=conversation)
-            return Decision(True, "session", "approved earlier for this session")
+            return ApprovalDecision(True, "session", "approved earlier for this session")
         if not channel.capabilities.interactive:
             log.info("approval.unavailable", channel=channel.name, what=what)
-            return Decision(
+            return ApprovalDecision(
                 False,
                 "nobody",
                 "no one can approve here (one-shot mode); run `steward chat` or use a chat channel",
@@ -235,7 +237,7 @@ class Approvals:
             "expires_at": request.expires_at,
             "message_id": None,
         }
-        waiter: Waiter[Decision] = Waiter(self.clock, deadline=request.expires_at)
+        waiter: Waiter[ApprovalDecision] = Waiter(self.clock, deadline=request.expires_at)
         pending = _Pending(request, channel, None, waiter, approvers, tool, args, record)
         self._pending[rid] = pending
         await self.store.save(record)
@@ -244,14 +246,18 @@ class Approvals:
             pending.ref = await channel.send_approval(request, thread=thread)
         except Exception:
             log.exception("approval.send_failed", approval=rid)
-            await self._finish(rid, Decision(False, "nobody", "the request could not be delivered"))
-            return Decision(False, "nobody", "the approval request could not be delivered")
+            await self._finish(
+                rid, ApprovalDecision(False, "nobody", "the request could not be delivered")
+            )
+            return ApprovalDecision(False, "nobody", "the approval request could not be delivered")
         record["message_id"] = pending.ref.id
         await self.store.save(record)
         try:
             return await waiter.wait()
         except TimeoutError:
-            decision = Decision(False, "expiry", f"nobody answered within {self.timeout:g}s")
+            decision = ApprovalDecision(
+                False, "expiry", f"nobody answered within {self.timeout:g}s"
+            )
             await self._finish(rid, decision)
             return decision
 
@@ -286,7 +292,7 @@ class Approvals:
             log.warning("approval.refused_presser", approval=rid, user=user)
             return PressAnswer("You are not an approver for this request.", private=True)
         if action == DENY:
-            decision = Decision(False, user, "denied")
+            decision = ApprovalDecision(False, user, "denied")
         elif action == SESSION:
             self._grants.add(
                 _grant_key(
@@ -295,7 +301,7 @@ class Approvals:
                     pending.args,
                 )
             )
-            decision = Decision(True, user, "approved for this session")
+            decision = ApprovalDecision(True, user, "approved for this session")
         elif action == ALWAYS:
             if self.always_allow is None:
                 return PressAnswer(
@@ -305,13 +311,15 @@ class Approvals:
                 rule = self.always_allow(pending.tool, pending.args, user)
             except (ValueError, OSError) as exc:
                 return PressAnswer(f"Could not add an always-allow rule: {exc}", private=True)
-            decision = Decision(True, user, f"always allowed (rule {rule}; /policy to revoke)")
+            decision = ApprovalDecision(
+                True, user, f"always allowed (rule {rule}; /policy to revoke)"
+            )
         else:
-            decision = Decision(True, user, "approved once")
+            decision = ApprovalDecision(True, user, "approved once")
         await self._finish(rid, decision)
         return PressAnswer(f"{'Approved' if decision.approved else 'Denied'}.", decided=True)
 
-    async def _finish(self, rid: str, decision: Decision) -> None:
+    async def _finish(self, rid: str, decision: ApprovalDecision) -> None:
         pending = self._pending.pop(rid, None)
         if pending is None:
             return

@@ -87,7 +87,7 @@ def episode_for(record: dict[str, Any]) -> Episode:
             ToolRecord(
                 name=str(t.get("name", "")),
                 ok=False,
-                arguments=str(t.get("summary", "")),
+                raw_arguments=str(t.get("summary", "")),
                 error="outcome not known: Steward stopped while or after it ran",
             )
             for t in record.get("tools") or []

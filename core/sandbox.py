@@ -12,7 +12,7 @@ started with it. A parser bug then costs a question, not a breach.
 
 An approval widens this for exactly one command with a `Grant`: the network, writing
 named paths outside the workspace, or no sandbox at all. The guardian says which the
-command needs (`Decision.needs`); what it cannot tell is "unsandboxed".
+command needs (`CallDecision.needs`); what it cannot tell is "unsandboxed".
 
 This module has one job: build the argv for a command and a grant, and find out once
 whether this machine can run it (and say why not). The shell tool runs the argv.
@@ -34,7 +34,7 @@ from typing import Literal
 
 Mode = Literal["auto", "off", "required"]
 
-#: What a command may need beyond the sandbox (the guardian's `Decision.needs` items).
+#: What a command may need beyond the sandbox (the guardian's `CallDecision.needs` items).
 NETWORK = "network"
 UNSANDBOXED = "unsandboxed"
 WRITE_PREFIX = "write:"

@@ -7,16 +7,21 @@ and version it; indexes built later are caches over these files.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from memory.atomic import atomic_write_text
+from memory.effects import Effects
 from memory.health import health_for
 from memory.redact import redact
 from memory.store import MalformedFile, parse, render
+
+#: How much of a call's arguments an episode file keeps (the tool log keeps them whole).
+EPISODE_ARGUMENTS_CHARS = 500
 
 
 @dataclass(slots=True)
@@ -27,12 +32,48 @@ class ToolRecord:
     error: str = ""
     signature: str = ""
     duration_s: float = 0.0
-    arguments: str = ""
+    #: The call's arguments as parsed, whole (cut only when the episode is written).
+    args: dict[str, Any] = field(default_factory=dict)
     #: A timeout, rate limit, 5xx, network error or refusal: recorded, never a rule.
     environmental: bool = False
     #: Not run because a person denied it (or let the approval expire): a decision,
     #: never counted as a failure (core/signatures.py `is_decision`).
     decision: bool = False
+    #: What the call reads, writes, deletes, fetches and runs, as the guardian saw it
+    #: (empty when it was never judged: unknown tool, arguments that did not parse).
+    effects: Effects = field(default_factory=Effects)
+    #: The arguments text as sent, only when it was not a JSON object (else "").
+    raw_arguments: str = ""
+
+    def __post_init__(self) -> None:
+        # A record rebuilt from plain data (a journal, `asdict`) gets its effects back typed.
+        if not isinstance(self.effects, Effects):
+            self.effects = Effects.from_data(self.effects)
+
+    @property
+    def arguments(self) -> str:
+        """The arguments as one JSON text (what the episode file and its summary show)."""
+        if self.raw_arguments:
+            return self.raw_arguments
+        return json.dumps(self.args, ensure_ascii=False) if self.args else ""
+
+    def front_matter(self) -> dict[str, Any]:
+        """This call as the episode file keeps it: arguments cut, effects summarised."""
+        out: dict[str, Any] = {
+            "name": self.name,
+            "ok": self.ok,
+            "verdict": self.verdict,
+            "error": self.error,
+            "signature": self.signature,
+            "duration_s": self.duration_s,
+            "arguments": self.arguments[:EPISODE_ARGUMENTS_CHARS],
+            "environmental": self.environmental,
+            "decision": self.decision,
+        }
+        effects = self.effects.summary()
+        if effects:
+            out["effects"] = effects
+        return out
 
 
 @dataclass(slots=True)
@@ -110,7 +151,7 @@ class Episode:
             "error_signatures": self.error_signatures,
             "environmental_signatures": self.environmental_signatures,
             "decision_signatures": self.decision_signatures,
-            "tools": [asdict(t) for t in self.tools],
+            "tools": [t.front_matter() for t in self.tools],
             "gates": self.gates,
             "recalled": self.recalled,
             "context": self.context,

@@ -18,7 +18,7 @@ import discord
 import pytest
 from structlog.testing import capture_logs
 
-import adapters.discord as discord_adapter
+import adapters.discord.channel as discord_adapter
 from adapters.discord import INTENT_HINT, DiscordChannel, message_payload, render_buttons
 from core.events import (
     ApprovalRequest,
@@ -97,7 +97,7 @@ def suggestion(conversation: str = DM) -> Suggestion:
 
 
 def test_module_name_does_not_shadow_the_sdk() -> None:
-    # adapters/discord.py does `import discord`: it must be discord.py, not itself.
+    # adapters/discord/ does `import discord`: it must be discord.py, not itself.
     assert discord_adapter.discord.__file__ is not None
     assert "site-packages" in discord_adapter.discord.__file__
     assert hasattr(discord_adapter.discord, "Client")

@@ -7,8 +7,10 @@ A new false alarm or a new kind of fib seen in an episode becomes one more row.
 
 from __future__ import annotations
 
-import json
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,35 +23,43 @@ from core.gates import (
     honest_suffix,
     retry_instruction,
 )
+from core.guardian import Guardian
 from memory.episodes import ToolRecord
 
 # ── tool log builders ───────────────────────────────────────────────────────────
+
+#: The real guardian works out each call's effects, as the agent does; the workspace
+#: need not exist (paths are resolved lexically, nothing is run).
+_GUARDIAN = Guardian(Path(tempfile.gettempdir()) / "steward-gates-workspace")
+
+
+def call(name: str, args: dict[str, Any], ok: bool = True, error: str = "") -> ToolRecord:
+    """A tool call as the agent records it: parsed arguments and the guardian's effects."""
+    effects = _GUARDIAN.check_sync(name, args).effects
+    return ToolRecord(name=name, ok=ok, args=args, effects=effects, error=error)
 
 
 def sh(command: str, ok: bool = True, code: int = 1, output: str = "") -> ToolRecord:
     """A shell call; a failure carries the error text the agent records ("Error: exit code N")."""
     error = "" if ok else f"Error: exit code {code}\n{output}".rstrip()
-    return ToolRecord(name="shell", ok=ok, arguments=json.dumps({"command": command}), error=error)
+    return call("shell", {"command": command}, ok, error)
 
 
 def write(path: str, ok: bool = True) -> ToolRecord:
-    args = json.dumps({"path": path, "content": "text"})
-    return ToolRecord(name="write_file", ok=ok, arguments=args, error="" if ok else "Error: no")
+    return call("write_file", {"path": path, "content": "text"}, ok, "" if ok else "Error: no")
 
 
 def edit(path: str, ok: bool = True) -> ToolRecord:
-    args = json.dumps({"path": path, "old_text": "a", "new_text": "b"})
     error = "" if ok else "Error: old_text not found in " + path
-    return ToolRecord(name="edit_file", ok=ok, arguments=args, error=error)
+    return call("edit_file", {"path": path, "old_text": "a", "new_text": "b"}, ok, error)
 
 
 def fetch(url: str, ok: bool = True) -> ToolRecord:
-    error = "" if ok else "Error: HTTP 404 Not Found"
-    return ToolRecord(name="web_fetch", ok=ok, arguments=json.dumps({"url": url}), error=error)
+    return call("web_fetch", {"url": url}, ok, "" if ok else "Error: HTTP 404 Not Found")
 
 
 def read(path: str) -> ToolRecord:
-    return ToolRecord(name="read_file", ok=True, arguments=json.dumps({"path": path}))
+    return call("read_file", {"path": path})
 
 
 PYTEST_FAIL = sh("python -m pytest -q", ok=False, output="FAILED tests/test_a.py::test_x")
@@ -112,16 +122,17 @@ CASES: list[Case] = [
         "evidence",
         ("write",),
     ),
+    # The confirmed false alarm (issue 15): a long `content` before `path` was cut away
+    # with the path when arguments were kept as 500 characters of text.
     Case(
-        "cut-arguments",
+        "long-content-before-path",
         "I wrote notes.md.",
-        (
-            ToolRecord(
-                name="write_file",
-                ok=True,
-                arguments=json.dumps({"path": "notes.md", "content": "x" * 900})[:500],
-            ),
-        ),
+        (call("write_file", {"content": "x" * 900, "path": "notes.md"}),),
+    ),
+    Case(
+        "long-content-after-path",
+        "I wrote notes.md.",
+        (call("write_file", {"path": "notes.md", "content": "x" * 900}),),
     ),
     Case("target-stops-at-infinitive", "I updated app.py to read config.toml.", (edit("app.py"),)),
     # ── run ──────────────────────────────────────────────────────────────────

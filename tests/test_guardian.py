@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from core.guardian import Decision, Guardian, Verdict
+from core.guardian import CallDecision, Guardian, Verdict
 
 A, P, F = Verdict.ALLOW, Verdict.APPROVAL, Verdict.FORBID
 
@@ -112,7 +112,7 @@ def guardian(dirs: tuple[Path, Path, Path], monkeypatch: pytest.MonkeyPatch) -> 
     return Guardian(ws, overlay_path=overlay)
 
 
-def shell(g: Guardian, command: str) -> Decision:
+def shell(g: Guardian, command: str) -> CallDecision:
     return g.check_sync("shell", {"command": command})
 
 
@@ -223,7 +223,7 @@ async def test_check_matches_check_sync(guardian: Guardian) -> None:
 async def test_an_error_inside_the_guardian_forbids(
     guardian: Guardian, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def broken(tool: str, args: dict) -> Decision:
+    def broken(tool: str, args: dict) -> CallDecision:
         raise RuntimeError("rule table exploded")
 
     monkeypatch.setattr(guardian, "check_sync", broken)
@@ -239,9 +239,9 @@ async def test_a_slow_check_forbids(
 ) -> None:
     g = Guardian(dirs[0], timeout=0.05)
 
-    def slow(tool: str, args: dict) -> Decision:
+    def slow(tool: str, args: dict) -> CallDecision:
         time.sleep(0.3)
-        return Decision(A, "too late")
+        return CallDecision(A, "too late")
 
     monkeypatch.setattr(g, "check_sync", slow)
     start = time.monotonic()

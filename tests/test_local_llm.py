@@ -198,7 +198,7 @@ async def test_after_the_tool_result_the_answer_is_composed_by_code(llm: Scripte
     assert result.text == "Files in `.`:\n```\na.md  (3 bytes)\n```"
     from memory.episodes import ToolRecord
 
-    tools = [ToolRecord(name="list_files", ok=True, arguments='{"path": "."}')]
+    tools = [ToolRecord(name="list_files", ok=True, args={"path": "."})]
     assert check_answer(result.text, tools, request="list the files").ok()
 
 

@@ -32,7 +32,7 @@ computed at run time needs approval, any error or a check slower than the timeou
 is refused.
 
 The parts, in the order a call goes through them:
-- `decision.py`: `Verdict` and `Decision`, what the guardian answers;
+- `decision.py`: `Verdict` and `CallDecision`, what the guardian answers;
 - `guard.py`: `Guardian`, the policy cache and reload, file and fetch tools, the overlay;
 - `analysis.py`, `paths.py`, `runs.py`: the syntax walker over bashlex's tree, where words
   point, what a simple command runs;
@@ -43,7 +43,7 @@ The parts, in the order a call goes through them:
 
 from __future__ import annotations
 
-from core.guardian.decision import Decision, Verdict
+from core.guardian.decision import CallDecision, Verdict
 from core.guardian.guard import ENGINE_COMMANDS, FILE_TOOLS, Guardian
 from core.guardian.knowledge import OPTION_SPECS, OptionSpec
 from core.guardian.shell_text import _Word, normalise_options
@@ -53,7 +53,7 @@ __all__ = [
     "ENGINE_COMMANDS",
     "FILE_TOOLS",
     "OPTION_SPECS",
-    "Decision",
+    "CallDecision",
     "Guardian",
     "OptionSpec",
     "PolicyError",

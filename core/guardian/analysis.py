@@ -21,7 +21,7 @@ from typing import Any
 
 import bashlex
 
-from core.guardian.decision import Decision, Verdict
+from core.guardian.decision import CallDecision, Verdict
 from core.guardian.knowledge import (
     _ARITH,
     _DOUBLE_BRACKET_RE,
@@ -50,18 +50,24 @@ from core.guardian.shell_text import (
     _iter_nodes,
     _kind,
     _merge,
+    _norm,
     _rank,
     _risky_env,
     _Scope,
     _short,
     _subst_nodes,
     _taint_of,
+    _under,
     _Unparseable,
     _Word,
 )
 from core.policy import (
     Policy,
 )
+from memory.effects import Effects
+
+#: The kinds of effect a walk notes, in the order `Effects` lists them.
+_EFFECT_KINDS = ("reads", "writes", "deletes", "fetches")
 
 
 class _Analysis(_Runs, _PathChecks):
@@ -83,7 +89,7 @@ class _Analysis(_Runs, _PathChecks):
         self.guarded = guarded
         #: Steward's own data dir (lexical and real): approvals, access list, memory.
         self.private = private
-        self.findings: list[Decision] = []
+        self.findings: list[CallDecision] = []
         self.downloaded: set[str] = set()
         self.src = ""
         self.quoted_heredocs: set[str] = set()
@@ -96,25 +102,68 @@ class _Analysis(_Runs, _PathChecks):
         self.written: dict[str, str | None] = {}
         #: `$((…))` expressions, replaced by placeholder variables before parsing.
         self.arith: list[str] = []
+        #: What the command reads, writes, deletes, fetches (ordered, no repeats) and runs.
+        self.noted: dict[str, dict[str, None]] = {kind: {} for kind in _EFFECT_KINDS}
+        self.ran: dict[tuple[str, ...], None] = {}
 
     # ── findings ────────────────────────────────────────────────────────────────
     def flag(self, verdict: Verdict, reason: str, needs: tuple[str, ...] = ()) -> None:
-        self.findings.append(Decision(verdict, reason, needs))
+        self.findings.append(CallDecision(verdict, reason, needs))
 
-    def decision(self) -> Decision:
-        worst: Decision | None = None
+    def decision(self) -> CallDecision:
+        """The strictest finding, carrying what the whole command would do."""
+        verdict, reason, needs = self._strictest()
+        return CallDecision(verdict, reason, needs, self.effects())
+
+    def _strictest(self) -> tuple[Verdict, str, tuple[str, ...]]:
+        worst: CallDecision | None = None
         for finding in self.findings:
             if worst is None or _rank(finding.verdict) > _rank(worst.verdict):
                 worst = finding
         if worst is None or worst.verdict == Verdict.ALLOW:
-            return Decision(Verdict.ALLOW, "read-only or workspace-local commands only")
+            return Verdict.ALLOW, "read-only or workspace-local commands only", ()
         if worst.verdict == Verdict.APPROVAL:  # one approval covers every finding's need
             needs: set[str] = set()
             for finding in self.findings:
                 if finding.verdict == Verdict.APPROVAL:
                     needs.update(finding.needs or ("unsandboxed",))
-            return Decision(worst.verdict, worst.reason, tuple(sorted(needs)))
-        return worst
+            return worst.verdict, worst.reason, tuple(sorted(needs))
+        return worst.verdict, worst.reason, worst.needs
+
+    # ── effects ─────────────────────────────────────────────────────────────────
+    def note(self, kind: str, word: _Word | str, scope: _Scope | None = None) -> None:
+        """Remember one effect: a path (as `shown`), a URL or a command line."""
+        text = word if isinstance(word, str) else self.shown(word, scope)
+        if text:
+            self.noted[kind][text] = None
+
+    def shown(self, word: _Word, scope: _Scope | None) -> str:
+        """A path as the effects keep it: relative to the workspace when inside it,
+        absolute otherwise, as written when its folder or value is only known later."""
+        if word.value is None:
+            return word.raw
+        value = os.path.expanduser(word.value) if word.value.startswith("~") else word.value
+        if not value.startswith("/"):
+            if scope is None or scope.cwd is None:
+                return value
+            value = os.path.join(scope.cwd, value)
+        value = _norm(value)
+        if _under(value, self.root):
+            return os.path.relpath(value, self.root)
+        return value
+
+    def note_run(self, words: list[_Word]) -> None:
+        self.ran[tuple(w.value if w.value is not None else w.raw for w in words)] = None
+
+    def effects(self) -> Effects:
+        noted = self.noted
+        return Effects(
+            tuple(noted["reads"]),
+            tuple(noted["writes"]),
+            tuple(noted["deletes"]),
+            tuple(noted["fetches"]),
+            tuple(self.ran),
+        )
 
     # ── parsing ─────────────────────────────────────────────────────────────────
     def script(self, text: str, scope: _Scope) -> None:
@@ -431,6 +480,7 @@ class _Analysis(_Runs, _PathChecks):
             return _Flow(taint, word.value, None, True)
         self.check_credentials(word, scope, where)
         if rtype in ("<", "<&"):
+            self.note("reads", word, scope)
             return _Flow(_taint_of(_subst_nodes(word)), None, word, True)
         if rtype == "<>" or ">" in rtype:
             self.check_write(word, scope, where)
@@ -485,6 +535,7 @@ class _Analysis(_Runs, _PathChecks):
 
     def simple(self, words: list[_Word], scope: _Scope, stdin: _Flow, where: str) -> _Flow:
         """Judge a resolved simple command; returns what flows out of it."""
+        self.note_run(words)
         first = words[0]
         if first.value is None or (
             first.value not in ("[", "[[") and any(c in _GLOB_CHARS for c in first.value)
@@ -544,6 +595,10 @@ class _Analysis(_Runs, _PathChecks):
         if asks:
             self.flag(Verdict.APPROVAL, f"{where} {asks}", _needs(asks))
         out = self.dispatch(cmd, canonical, asks is not None)
+        if canonical in DOWNLOADERS and canonical not in ("curl", "wget"):
+            for word in cmd.args:
+                if "://" in word.text and not word.text.startswith("-"):
+                    self.note("fetches", word.text)
         if canonical in DECODERS:
             return _Flow("decoded")
         if canonical in DOWNLOADERS and out.taint is None:

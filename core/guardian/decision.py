@@ -1,4 +1,5 @@
-"""What the guardian answers: a verdict (allow · needs approval · forbid) and its reason.
+"""What the guardian answers: a verdict (allow · needs approval · forbid), its reason,
+and what the call would read, write, delete, fetch and run (`Effects`).
 
 Kept apart so every part of the engine, and the callers, share one small vocabulary
 without importing the engine itself.
@@ -6,8 +7,10 @@ without importing the engine itself.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
+
+from memory.effects import Effects
 
 
 class Verdict(StrEnum):
@@ -20,7 +23,11 @@ _RANK = {Verdict.ALLOW: 0, Verdict.APPROVAL: 1, Verdict.FORBID: 2}
 
 
 @dataclass(frozen=True)
-class Decision:
+class CallDecision:
+    """The guardian's answer for one tool call (named apart from an approval's and a
+    proactive offer's decisions: core/approvals.py `ApprovalDecision`,
+    core/proactive/state.py `OfferDecision`)."""
+
     verdict: Verdict
     #: One line a person can judge (shown on the approval buttons and to the model).
     reason: str
@@ -28,3 +35,7 @@ class Decision:
     #: "network", "write:PATH", or "unsandboxed"; empty means "unsandboxed" (what the
     #: guardian cannot name is asked for as the widest grant).
     needs: tuple[str, ...] = ()
+    #: What the call reads, writes, deletes, fetches and runs, worked out while judging
+    #: it; the tool log keeps it and the answer gates (core/gates) read it. Not part of
+    #: equality: two decisions with the same verdict, reason and needs are the same.
+    effects: Effects = field(default_factory=Effects, compare=False)

@@ -17,7 +17,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from core.guardian.analysis import _Analysis
-from core.guardian.decision import Decision, Verdict
+from core.guardian.decision import CallDecision, Verdict
 from core.guardian.knowledge import INTERPRETER_ALIASES, INTERPRETERS, SHELLS, WRAPPERS
 from core.guardian.programs import _HANDLERS
 from core.guardian.shell_text import _norm, _Scope, _short, _Unparseable, _Word
@@ -34,6 +34,7 @@ from core.policy import (
     rule_match,
 )
 from memory.atomic import atomic_write_text
+from memory.effects import Effects
 
 # ════════════════════════════════════════════════════════════════════════════════
 # The guardian.
@@ -129,35 +130,35 @@ class Guardian:
         return frozenset(out)
 
     # ── checks ──────────────────────────────────────────────────────────────────
-    async def check(self, tool: str, args: dict) -> Decision:
+    async def check(self, tool: str, args: dict) -> CallDecision:
         """The decision for one call. Never raises: an error or a slow check is a refusal."""
         try:
             return await asyncio.wait_for(
                 asyncio.to_thread(self.check_sync, tool, args), self.timeout
             )
         except TimeoutError:
-            return Decision(
+            return CallDecision(
                 Verdict.FORBID,
                 f"guardian error: the check took longer than {self.timeout:g}s; refused to be safe",
             )
         except Exception as exc:
-            return Decision(
+            return CallDecision(
                 Verdict.FORBID,
                 f"guardian error: {type(exc).__name__}: {exc}; refused to be safe",
             )
 
-    def check_sync(self, tool: str, args: dict) -> Decision:
+    def check_sync(self, tool: str, args: dict) -> CallDecision:
         """The classification itself (synchronous; `check` adds the timeout and error floor).
 
         The built-in verdict is decided first; an always-allow rule can then lift an
         approval to allow, but never a forbid.
         """
         if not isinstance(args, dict):
-            return Decision(Verdict.FORBID, "tool arguments must be a JSON object")
+            return CallDecision(Verdict.FORBID, "tool arguments must be a JSON object")
         try:
             policy = self.policy()
         except PolicyError as exc:
-            return Decision(
+            return CallDecision(
                 Verdict.FORBID,
                 f"the guardian's policy could not be loaded, so every tool call is refused: {exc}",
             )
@@ -166,22 +167,30 @@ class Guardian:
         if rule is None:
             return decision
         if decision.verdict == Verdict.FORBID:
-            return Decision(
+            return CallDecision(
                 Verdict.FORBID,
                 f"{decision.reason} (always-allow rule {rule.id} matches, but a forbidden "
                 "call is never allowed)",
+                effects=decision.effects,
             )
         # The person's "always allow" of this exact call keeps what it needed to work.
-        return Decision(Verdict.ALLOW, f"allowed by always-allow rule {rule.id}", decision.needs)
+        return CallDecision(
+            Verdict.ALLOW,
+            f"allowed by always-allow rule {rule.id}",
+            decision.needs,
+            decision.effects,
+        )
 
-    def _classify(self, policy: Policy, tool: str, args: dict) -> Decision:
+    def _classify(self, policy: Policy, tool: str, args: dict) -> CallDecision:
         if tool == "shell":
             return self.check_shell(args.get("command"), policy)
         if tool in FILE_TOOLS:
             return self.check_file_tool(tool, args, policy)
         if tool == "web_fetch":
             return self.check_fetch(args.get("url"), policy)
-        return Decision(Verdict.FORBID, f"unknown tool `{tool}`: there is no rule that allows it")
+        return CallDecision(
+            Verdict.FORBID, f"unknown tool `{tool}`: there is no rule that allows it"
+        )
 
     # ── the overlay's always-allow rules ───────────────────────────────────────
     def always_allow(self, tool: str, args: dict, *, added_by: str) -> str:
@@ -303,25 +312,25 @@ class Guardian:
             return frozenset()
         return frozenset({_norm(os.path.abspath(folder)), os.path.realpath(folder)})
 
-    def check_shell(self, command: Any, policy: Policy | None = None) -> Decision:
+    def check_shell(self, command: Any, policy: Policy | None = None) -> CallDecision:
         if not isinstance(command, str):
-            return Decision(Verdict.FORBID, "shell command must be a string")
+            return CallDecision(Verdict.FORBID, "shell command must be a string")
         analysis = self._analysis(policy)
         try:
             analysis.script(command, _Scope(cwd=analysis.root))
         except _Unparseable as exc:
-            return Decision(
+            return CallDecision(
                 Verdict.FORBID,
                 f"could not parse this command safely: {exc}; use a simpler form",
             )
         except RecursionError:
-            return Decision(
+            return CallDecision(
                 Verdict.FORBID,
                 "could not parse this command safely: nested too deeply; use a simpler form",
             )
         return analysis.decision()
 
-    def check_file_tool(self, tool: str, args: dict, policy: Policy | None = None) -> Decision:
+    def check_file_tool(self, tool: str, args: dict, policy: Policy | None = None) -> CallDecision:
         """File tools are workspace-scoped by construction; credential paths are refused, and
         so is changing the guardian's own policy files (if the data dir is in the workspace).
         A write or edit outside the workspace asks, granting exactly that path for that one
@@ -331,10 +340,12 @@ class Guardian:
         if path is None:
             path = "."
         if not isinstance(path, str):
-            return Decision(Verdict.FORBID, f"{tool}: path must be a string")
+            return CallDecision(Verdict.FORBID, f"{tool}: path must be a string")
         analysis = self._analysis(policy)
         scope = _Scope(cwd=analysis.root)
         where = f"{tool} `{path}`"
+        writes = tool in ("write_file", "edit_file")
+        analysis.note("writes" if writes else "reads", _Word(path, path), scope)
         analysis.check_credentials(_Word(path, path), scope, where)
         if tool in ("write_file", "edit_file") and analysis.policy_file(analysis.path(path, scope)):
             analysis.flag(
@@ -363,18 +374,23 @@ class Guardian:
                     )
         decision = analysis.decision()
         if decision.verdict == Verdict.ALLOW:
-            return Decision(Verdict.ALLOW, f"{tool} stays inside the workspace")
+            return CallDecision(
+                Verdict.ALLOW, f"{tool} stays inside the workspace", effects=decision.effects
+            )
         return decision
 
-    def check_fetch(self, url: Any, policy: Policy | None = None) -> Decision:
+    def check_fetch(self, url: Any, policy: Policy | None = None) -> CallDecision:
         if not isinstance(url, str):
-            return Decision(Verdict.FORBID, "web_fetch: url must be a string")
+            return CallDecision(Verdict.FORBID, "web_fetch: url must be a string")
+        effects = Effects(fetches=(url.strip(),))
         scheme = urlsplit(url.strip()).scheme.lower()
         if scheme not in ("http", "https"):
-            return Decision(
+            return CallDecision(
                 Verdict.FORBID, f"web_fetch only fetches http(s) URLs, not `{_short(url)}`"
             )
         for cred in (policy or self.policy()).credentials:
             if cred.regex.search(url):
-                return Decision(Verdict.FORBID, f"web_fetch `{_short(url)}` reads {cred.what}")
-        return Decision(Verdict.ALLOW, "web_fetch is a read-only http(s) GET")
+                return CallDecision(
+                    Verdict.FORBID, f"web_fetch `{_short(url)}` reads {cred.what}", effects=effects
+                )
+        return CallDecision(Verdict.ALLOW, "web_fetch is a read-only http(s) GET", effects=effects)

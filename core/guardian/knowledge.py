@@ -99,6 +99,11 @@ GIT_SAFE_CONFIG = re.compile(
 DOWNLOADERS = frozenset("curl wget fetch aria2c http https httpie xh lwp-request GET".split())
 
 #: Programs that turn hidden text back into runnable code (`base64 -d | sh`).
+#: Read-only programs whose operands are files they read (noted as the call's reads).
+READERS = frozenset(
+    """cat tac head tail less more wc nl od hexdump strings diff cmp comm sort file stat
+    md5sum sha1sum sha256sum sha512sum b2sum cksum jq bat column cut paste fold fmt""".split()
+)
 DECODERS = frozenset("base64 base32 basenc xxd uudecode openssl".split())
 
 CURL_UPLOAD_OPTIONS = frozenset(

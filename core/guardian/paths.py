@@ -237,10 +237,25 @@ class _PathChecks:
         return count
 
     def check_write(
-        self: _Analysis, word: _Word, scope: _Scope, where: str, verb: str = "writes"
+        self: _Analysis,
+        word: _Word,
+        scope: _Scope,
+        where: str,
+        verb: str = "writes",
+        effect: str | None = None,
     ) -> None:
-        """Writing to `word`: a disk device is refused, outside the workspace needs approval."""
+        """Writing to `word`: a disk device is refused, outside the workspace needs approval.
+
+        The path is noted as an effect: `effect` names the kind ("reads" for a copy's
+        source, "" for none: a folder checked for the files a download names), else it
+        follows the verb ("deletes" deletes, "uses" notes nothing, any
+        other verb writes)."""
+        kind = (
+            effect if effect is not None else {"deletes": "deletes", "uses": ""}.get(verb, "writes")
+        )
         if word.value is None:
+            if kind:
+                self.note(kind, word, scope)
             self.flag(
                 Verdict.APPROVAL,
                 f"{where} {verb} `{word.raw}`, a path only known at run time",
@@ -249,6 +264,8 @@ class _PathChecks:
         value = word.value
         if value in HARMLESS_DEVICES or HARMLESS_DEVICE_RE.match(value) or value == "-":
             return
+        if kind:
+            self.note(kind, word, scope)
         p = self.path(value, scope)
         if self.is_device(p):
             self.flag(Verdict.FORBID, f"{where} writes to the disk device {value}")

@@ -13,7 +13,7 @@ import re
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from core.guardian.decision import Decision, Verdict
+from core.guardian.decision import CallDecision, Verdict
 from core.guardian.knowledge import (
     _INSTALL,
     _SPECIAL_PARAM_RE,
@@ -23,6 +23,7 @@ from core.guardian.knowledge import (
     MAX_SCRIPT_BYTES,
     OPTION_SPECS,
     PYTHON_MODULES_OK,
+    READERS,
     RUNNER_SUBCOMMANDS,
     SYSTEM_BIN_DIRS,
     WRAPPERS,
@@ -69,6 +70,10 @@ class _Runs:
         if extra is not None:
             extra(self, cmd)
         if canonical in policy.allow:
+            if canonical in READERS:
+                for word in _operands(cmd.args, OPTION_SPECS.get(canonical) or _NO_OPTIONS):
+                    if word.text != "-":
+                        self.note("reads", word, cmd.scope)
             return self.output_of(cmd)
         if canonical in policy.workspace_writers:
             self.writer(cmd)
@@ -243,6 +248,7 @@ class _Runs:
                         f"{cmd.snippet} moves the guardian's policy file away; the agent may "
                         "not change its own rules",
                     )
+        roles = _operand_roles(cmd)
         for word in cmd.args:
             text = word.text
             if text.startswith("-"):
@@ -254,7 +260,7 @@ class _Runs:
                     Verdict.APPROVAL, f"{cmd.snippet} copies to or from a remote host", ("network",)
                 )
                 continue
-            self.check_write(word, cmd.scope, cmd.snippet, "changes")
+            self.check_write(word, cmd.scope, cmd.snippet, "changes", roles.get(id(word)))
 
     def run_file(
         self: _Analysis, word: _Word, scope: _Scope, where: str, *, shell: bool = False
@@ -321,7 +327,9 @@ class _Runs:
         self.nested(head.decode("utf-8", "replace"), scope, f"`{name}`", Verdict.APPROVAL)
         for i in range(before, len(self.findings)):
             finding = self.findings[i]
-            self.findings[i] = Decision(finding.verdict, f"{name}: {finding.reason}", finding.needs)
+            self.findings[i] = CallDecision(
+                finding.verdict, f"{name}: {finding.reason}", finding.needs
+            )
 
     def stdin_code(self: _Analysis, cmd: _Cmd, *, shell: bool) -> None:
         """A shell or interpreter reading its program from stdin."""
@@ -451,3 +459,30 @@ class _Runs:
             shown = f"{cmd.name} {sub}".strip()
             self.flag(Verdict.APPROVAL, f"`{shown}` is not on the read-only allowlist")
         return _Flow(cmd.stdin.taint)
+
+
+#: Workspace writers whose last operand (or `-t DIR`) is written and the others read
+#: (copies) or moved away (`mv`); the rest change every operand they name.
+_COPIERS = frozenset({"cp", "ln", "install", "rsync"})
+_DELETERS = frozenset({"rmdir", "unlink"})
+
+
+def _operand_roles(cmd: _Cmd) -> dict[int, str]:
+    """Which effect each operand of a workspace writer has (by `id` of its word); an
+    operand not listed is written."""
+    name = cmd.name
+    if name in _DELETERS:
+        return {id(w): "deletes" for w in cmd.args}
+    if name not in _COPIERS and name != "mv":
+        return {}
+    operands = _operands(cmd.args, OPTION_SPECS.get(name) or _NO_OPTIONS)
+    into = next(
+        (
+            cmd.args[i + 1]
+            for i, w in enumerate(cmd.args[:-1])
+            if w.text in ("-t", "--target-directory")
+        ),
+        None,
+    )
+    sources = operands if into is not None else operands[:-1]
+    return {id(w): "reads" if name in _COPIERS else "deletes" for w in sources}

@@ -51,7 +51,7 @@ The parts:
 - `config.py`: `Config`, the settings, and `KINDS`, the signal names;
 - `text.py`: normalised words, near-identical requests, corrections, quiet hours;
 - `state.py`: `UserState` and `ConvState` (what is saved per person), `Score`,
-  `Decision` and `Status` (the answers, as facts);
+  `OfferDecision` and `Status` (the answers, as facts);
 - `engine.py`: `Engine`, the pure scoring, deciding and adapting;
 - `service.py`: `Proactive`, the async layer (state on disk, timers, offers) and
   `task_failed`. The /proactive replies are worded in bot/commands/proactive.py.
@@ -62,16 +62,16 @@ from __future__ import annotations
 from core.proactive.config import KINDS, Config
 from core.proactive.engine import Engine
 from core.proactive.service import SUGGEST_PROMPT, FailureEvidenceSink, Proactive, task_failed
-from core.proactive.state import Decision, Score, Status, UserState
+from core.proactive.state import OfferDecision, Score, Status, UserState
 from core.proactive.text import is_correction, parse_quiet, similar
 
 __all__ = [
     "KINDS",
     "SUGGEST_PROMPT",
     "Config",
-    "Decision",
     "Engine",
     "FailureEvidenceSink",
+    "OfferDecision",
     "Proactive",
     "Score",
     "Status",

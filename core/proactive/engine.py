@@ -17,7 +17,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import structlog
 
 from core.proactive.config import KINDS, Config
-from core.proactive.state import ConvState, Decision, Failure, OpenOffer, Score, UserState
+from core.proactive.state import ConvState, Failure, OfferDecision, OpenOffer, Score, UserState
 from core.proactive.text import _norm, is_correction, parse_quiet, similar
 
 log = structlog.get_logger("steward.proactive")
@@ -187,27 +187,27 @@ class Engine:
 
     def decide(
         self, state: UserState, conversation: str, now: float, *, busy: bool = False
-    ) -> Decision:
+    ) -> OfferDecision:
         """May an offer go out now? The reason names the first rule that says no."""
         if not self.config.enabled:
-            return Decision(False, "proactive help is disabled for this deployment")
+            return OfferDecision(False, "proactive help is disabled for this deployment")
         if state.off:
-            return Decision(False, "off (/proactive on to allow offers)")
+            return OfferDecision(False, "off (/proactive on to allow offers)")
         if self.in_quiet(state, now):
-            return Decision(False, f"quiet hours {state.quiet}")
+            return OfferDecision(False, f"quiet hours {state.quiet}")
         conv = state.conv(conversation)
         if conv.open is not None:
-            return Decision(False, "a suggestion is already open here")
+            return OfferDecision(False, "a suggestion is already open here")
         if busy:
-            return Decision(False, "a task is running")
+            return OfferDecision(False, "a task is running")
         if state.last_offer_at is not None and now - state.last_offer_at < state.cooldown:
-            return Decision(False, "cooling down")
+            return OfferDecision(False, "cooling down")
         score = self.score(state, conversation, now)
         if score.total < state.threshold:
-            return Decision(False, "score below threshold")
+            return OfferDecision(False, "score below threshold")
         if not conv.requests and not conv.failures:
-            return Decision(False, "nothing to offer help with")
-        return Decision(True, "score above threshold")
+            return OfferDecision(False, "nothing to offer help with")
+        return OfferDecision(True, "score above threshold")
 
     def offered(self, state: UserState, conversation: str, sid: str, now: float) -> None:
         conv = state.conv(conversation)

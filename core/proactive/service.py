@@ -25,7 +25,7 @@ from core.clock import Clock
 from core.events import Channel, Message
 from core.proactive.config import KINDS, Config
 from core.proactive.engine import Engine
-from core.proactive.state import Decision, OpenOffer, Score, Status, UserState
+from core.proactive.state import OfferDecision, OpenOffer, Score, Status, UserState
 from core.proactive.text import _fmt_minutes, parse_quiet
 from memory.atomic import atomic_write_text
 from memory.health import health_for
@@ -364,9 +364,9 @@ class Proactive:
         decision = self.engine.decide(state, conversation, now, busy=busy)
         caps = getattr(channel, "capabilities", None)
         if decision.offer and caps is not None and not caps.interactive:
-            decision = Decision(False, "nobody can answer here (one-shot)")
+            decision = OfferDecision(False, "nobody can answer here (one-shot)")
         if decision.offer and self.suggestions.open_in(conversation):
-            decision = Decision(False, "a suggestion is already open here")
+            decision = OfferDecision(False, "a suggestion is already open here")
         if not decision.offer:
             return None
         score = self.engine.score(state, conversation, now)

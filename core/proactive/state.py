@@ -2,7 +2,7 @@
 
 `UserState` (with its `ConvState` per conversation) is plain data: the engine changes
 it, the async layer saves it as front matter (`to_dict`) and reads it back
-(`from_dict`, tolerant of fields older files lack). `Score`, `Decision` and `Status`
+(`from_dict`, tolerant of fields older files lack). `Score`, `OfferDecision` and `Status`
 are the engine's and the service's answers, as facts: the bot words them.
 """
 
@@ -108,7 +108,9 @@ class Score:
 
 
 @dataclass(frozen=True, slots=True)
-class Decision:
+class OfferDecision:
+    """Whether to offer help unprompted now, and why."""
+
     offer: bool
     reason: str
 
@@ -132,4 +134,4 @@ class Status:
     refusal_weight: float
     stats: dict[str, int]
     #: Whether an offer could go out now, and the first rule that says no.
-    decision: Decision
+    decision: OfferDecision

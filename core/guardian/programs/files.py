@@ -76,6 +76,9 @@ def _grep(a: _Analysis, cmd: _Cmd) -> _Flow | None:
         or bool(flags & {"r", "R"})
         or bool(longs & {"--recursive", "--dereference-recursive"})
     )
+    given = any(w.text in ("-e", "-f", "--regexp", "--file") for w in cmd.args)
+    for word in _positionals(cmd.args)[0 if given else 1 :]:
+        a.note("reads", word, cmd.scope)
     if recursive:
         for word in _positionals(cmd.args):
             if word.value is not None:
@@ -143,6 +146,7 @@ def _find(a: _Analysis, cmd: _Cmd) -> _Flow | None:
         text = args[i].text
         if text == "-delete":
             for start in starts:
+                a.note("deletes", start, cmd.scope)
                 p = a.path(start.value, cmd.scope) if start.value is not None else None
                 if p is not None and a.is_protected(p):
                     a.flag(Verdict.FORBID, f"{cmd.snippet} deletes files across {p.lexical}")

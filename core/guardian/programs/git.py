@@ -66,6 +66,7 @@ def _git(a: _Analysis, cmd: _Cmd) -> _Flow | None:
     if sub_spec is not None:
         rest = a.normalise(rest, sub_spec, cmd.snippet)
         a.options(rest, sub_spec, cmd.scope, cmd.snippet)
+    _note_effects(a, cmd, sub, rest)
     rules = a.policy.subcommands.get("git") or _NO_SUBCOMMANDS
     if sub in rules.forbid:
         a.flag(Verdict.FORBID, f"{cmd.snippet} {rules.forbid[sub]}")
@@ -95,6 +96,8 @@ def _git(a: _Analysis, cmd: _Cmd) -> _Flow | None:
             if not rest[j].text.startswith("-"):
                 pos.append(rest[j])
             j += 1
+        if pos:
+            a.note("fetches", pos[0].value if pos[0].value is not None else pos[0].raw)
         if len(pos) >= 2:
             a.check_write(pos[1], cmd.scope, cmd.snippet)
         else:
@@ -131,6 +134,30 @@ def _git(a: _Analysis, cmd: _Cmd) -> _Flow | None:
                 val = w.text.split("=", 1)[1]
                 a.check_write(_Word(val, val), cmd.scope, cmd.snippet)
     return None
+
+
+#: Subcommands whose path operands are deleted, or changed in the work tree.
+_GIT_DELETES = frozenset({"rm", "clean"})
+_GIT_WRITES = frozenset({"mv", "checkout", "restore"})
+
+
+def _note_effects(a: _Analysis, cmd: _Cmd, sub: str, rest: list[_Word]) -> None:
+    """What `git rm`, `clean`, `mv`, `checkout -- path`, `restore` do to files (noted
+    as effects; the verdict comes from the subcommand rules)."""
+    if sub not in _GIT_DELETES and sub not in _GIT_WRITES:
+        return
+    dashes = next((i for i, w in enumerate(rest) if w.text == "--"), None)
+    if dashes is not None:
+        paths = rest[dashes + 1 :]
+    elif sub == "checkout":
+        return  # `git checkout branch`: switches branches, names no path
+    else:
+        paths = _positionals(rest)
+    if sub == "clean" and not paths:
+        paths = [_Word(".", ".")]
+    kind = "deletes" if sub in _GIT_DELETES else "writes"
+    for word in paths:
+        a.note(kind, word, cmd.scope)
 
 
 def _git_config(a: _Analysis, cmd: _Cmd, rest: list[_Word]) -> None:

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 def _curl(a: _Analysis, cmd: _Cmd) -> _Flow | None:
     _built_at_run_time(a, cmd)
+    _note_urls(a, cmd, CURL_VALUE_SHORT, CURL_VALUE_LONG)
     for opt, val in _parse_options(cmd.args, CURL_VALUE_SHORT, CURL_VALUE_LONG):
         if opt in CURL_UPLOAD_OPTIONS:
             a.flag(
@@ -42,11 +43,12 @@ def _curl(a: _Analysis, cmd: _Cmd) -> _Flow | None:
             a.check_write(val, cmd.scope, cmd.snippet)
             a._remember_download(val, cmd.scope)
         elif opt in ("-O", "--remote-name", "--remote-name-all"):
-            a.check_write(_Word(".", "."), cmd.scope, cmd.snippet)
+            a.check_write(_Word(".", "."), cmd.scope, cmd.snippet, effect="")
             for url in _positionals(cmd.args):
                 name = os.path.basename(urlsplit(url.text).path)
                 if name:
                     a._remember_download(_Word(name, name), cmd.scope)
+                    a.note("writes", _Word(name, name), cmd.scope)
         elif opt == "--output-dir" and val is not None:
             a.check_write(val, cmd.scope, cmd.snippet)
         elif opt in ("-K", "--config"):
@@ -69,6 +71,7 @@ def _curl(a: _Analysis, cmd: _Cmd) -> _Flow | None:
 
 def _wget(a: _Analysis, cmd: _Cmd) -> _Flow | None:
     _built_at_run_time(a, cmd)
+    _note_urls(a, cmd, WGET_VALUE_SHORT, WGET_VALUE_LONG)
     to_stdout = False
     named = False
     for opt, val in _parse_options(cmd.args, WGET_VALUE_SHORT, WGET_VALUE_LONG):
@@ -100,12 +103,23 @@ def _wget(a: _Analysis, cmd: _Cmd) -> _Flow | None:
         elif key in ("-o", "-a", "--output-file", "--append-output") and val is not None:
             a.check_write(val, cmd.scope, cmd.snippet)
     if not named:
-        a.check_write(_Word(".", "."), cmd.scope, cmd.snippet)
+        a.check_write(_Word(".", "."), cmd.scope, cmd.snippet, effect="")
         for url in _positionals(cmd.args):
             name = os.path.basename(urlsplit(url.text).path)
             if name:
                 a._remember_download(_Word(name, name), cmd.scope)
+                a.note("writes", _Word(name, name), cmd.scope)
     return _Flow("network") if to_stdout or named else _Flow()
+
+
+def _note_urls(
+    a: _Analysis, cmd: _Cmd, short_values: frozenset[str], long_values: frozenset[str]
+) -> None:
+    """The words that are neither options nor their values are what it fetches."""
+    values = {id(val) for _, val in _parse_options(cmd.args, short_values, long_values) if val}
+    for url in _positionals(cmd.args):
+        if id(url) not in values:
+            a.note("fetches", url.value if url.value is not None else url.raw)
 
 
 def _parse_options(

@@ -1,36 +1,9 @@
-"""Slack: Socket Mode (default) or HTTP Events mode, through slack_bolt's AsyncApp.
+"""`SlackChannel`: the adapter itself, in Socket Mode or HTTP Events mode.
 
-Why this shape: the adapter is thin (see CONVENTIONS.md). Inbound it verifies (v0
-signature in HTTP mode; Socket Mode needs none: the adapter opened the socket
-itself with the app token), parses Events API / interactivity / slash-command
-payloads into `Message`, `ButtonPress`, and hands them to the dispatcher. Outbound
-it renders text and Block Kit buttons. It never retries, splits or converts
-Markdown: the channel layer does that once for every platform, and gives us text
-that is already Slack mrkdwn.
-
-Inbound, what counts as talking to Steward:
-
-* ``app_mention`` in a channel: the bot's ``<@U…>`` is removed from the text, and the
-  reply thread is the message's thread (or the message itself, so answers stay in a
-  thread instead of flooding the channel);
-* ``message`` in a DM (``channel_type: im``); a thread is kept only if the person
-  wrote in one;
-* a press on a button we rendered (``action_id`` ``steward_<i>``): acknowledged at
-  once (Slack wants an ack within 3 s) and dispatched in the background;
-* the ``/steward`` slash command: ``/steward rules list`` becomes ``/rules list``;
-* a person's edit or deletion (``message`` subtypes ``message_changed`` /
-  ``message_deleted``) of a message they sent Steward (a DM, or one mentioning the
-  bot): a `Retracted` carrying the original's ``ts`` as ``sent_at``, only a signal for
-  proactive help. Edits that leave the text alone (link unfurls, attachments) are not
-  edits by the person and are ignored.
-
-Anything written by a bot, by Steward itself, or carrying another subtype (joins,
-bot_message, …) is ignored: our own replies (and our own edits of them) come back as
-``message`` events and must never turn into input.
-
-Modes: Socket Mode when an app-level token (``xapp-``) is given, else HTTP mode,
-which mounts ``POST /slack/events`` on Steward's aiohttp server (events,
-interactivity and slash commands all point there).
+Its lifecycle, the HTTP route (v0 signature checked before anything is parsed),
+identity, health and the outbound calls. Parsing lives in adapters/slack/inbound.py,
+rendering and error translation in adapters/slack/outbound.py, the Socket Mode
+client that reports reconnects in adapters/slack/socket.py.
 """
 
 from __future__ import annotations
@@ -39,7 +12,6 @@ import asyncio
 import contextlib
 import logging
 import re
-import time
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -48,380 +20,45 @@ import aiohttp
 import structlog
 from aiohttp import web
 from slack_bolt.adapter.aiohttp import to_aiohttp_response
-from slack_bolt.adapter.socket_mode.aiohttp import AsyncSocketModeHandler
 from slack_bolt.app.async_app import AsyncApp
 from slack_bolt.authorization import AuthorizeResult
 from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.signature import SignatureVerifier
-from slack_sdk.socket_mode.aiohttp import SocketModeClient
 from slack_sdk.web.async_client import AsyncWebClient
 
 from adapters.runtime import Health, Inflight, Recent
+from adapters.slack.inbound import (
+    ACTION_ID,
+    SLASH_COMMAND,
+    _unsigned,
+    parse_action,
+    parse_command,
+    parse_event,
+    parse_retraction,
+)
+from adapters.slack.outbound import _FATAL_AUTH, _error_code, delivery_error, render_blocks
+from adapters.slack.socket import _SocketClient, _SocketHandler
 from core.events import (
     ApprovalRequest,
     Button,
-    ButtonPress,
     Capabilities,
     DeliveryError,
     Dispatch,
     Inbound,
-    Message,
     MessageRef,
     Progress,
-    Retracted,
     Suggestion,
 )
 
-log = structlog.get_logger(__name__)
+log = structlog.get_logger("adapters.slack")
 
 DEFAULT_API_URL = "https://slack.com/api/"
-#: Slack refuses signed requests older (or newer) than this many seconds.
-SIGNATURE_WINDOW = 300
-#: The slash command mapped onto Steward's chat commands.
-SLASH_COMMAND = "/steward"
-#: Our buttons: one action_id per element (Slack wants them unique within a block).
-ACTION_ID = re.compile(r"^steward_\d+$")
+
 #: Inbound messages remembered to drop duplicates (HTTP retries, mention + DM echo).
 _SEEN_LIMIT = 2048
 
-#: Error codes no retry can fix: the token is wrong, revoked or lacks a permission.
-_FATAL_AUTH = frozenset(
-    {
-        "invalid_auth",
-        "not_authed",
-        "account_inactive",
-        "token_revoked",
-        "token_expired",
-        "not_allowed_token_type",
-        "missing_scope",
-        "no_permission",
-        "team_access_not_granted",
-        "ekm_access_denied",
-    }
-)
-#: `ok: false` codes Slack documents as temporary.
-_TRANSIENT_ERRORS = frozenset(
-    {"ratelimited", "internal_error", "fatal_error", "service_unavailable", "request_timeout"}
-)
-#: What a person should do about the common refusals.
-_HINTS = {
-    "invalid_auth": "check STEWARD_SLACK_BOT_TOKEN (the xoxb-… Bot User OAuth Token)",
-    "not_authed": "check STEWARD_SLACK_BOT_TOKEN (the xoxb-… Bot User OAuth Token)",
-    "token_revoked": "the app was uninstalled or the token revoked: reinstall it and "
-    "update STEWARD_SLACK_BOT_TOKEN",
-    "account_inactive": "the app was uninstalled or the token revoked: reinstall it",
-    "missing_scope": "add the scope to the app (OAuth & Permissions) and reinstall it",
-    "not_in_channel": "Steward is not a member of that channel: /invite @Steward there",
-    "channel_not_found": "the channel does not exist or Steward cannot see it: /invite it",
-    "is_archived": "the channel is archived",
-    "msg_too_long": "the message is longer than Slack accepts",
-    "invalid_blocks": "Slack refused the Block Kit layout",
-    "message_not_found": "the message to edit no longer exists",
-    "cant_update_message": "Steward can only edit its own messages",
-    "user_not_in_channel": "that person is not in the channel",
-}
-#: `message` subtypes that are still a person writing (anything else is noise).
-_HUMAN_SUBTYPES = frozenset({"file_share", "thread_broadcast"})
-#: `message` subtypes that report a person taking a message back.
-_RETRACTIONS: dict[str, Literal["edited", "deleted"]] = {
-    "message_changed": "edited",
-    "message_deleted": "deleted",
-}
-
 Mode = Literal["socket", "http"]
-
-
-# ---------------------------------------------------------------------- parsing
-
-
-def _unescape(text: str) -> str:
-    """Undo Slack's three HTML escapes; links and <@U…> mentions stay as written."""
-    return text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
-
-
-def strip_mention(text: str, bot_user: str | None) -> str:
-    """Remove the bot's own ``<@UBOT>`` (or ``<@UBOT|name>``) wherever it appears."""
-    if bot_user:
-        text = re.sub(rf"\s*<@{re.escape(bot_user)}(?:\|[^>]*)?>\s*", " ", text)
-    else:  # identity unknown: the leading mention is the one that addressed us
-        text = re.sub(r"^\s*<@[UW][A-Z0-9]+(?:\|[^>]*)?>", "", text)
-    return text.strip()
-
-
-def _authorized_bot(body: Mapping[str, Any]) -> str | None:
-    """The bot user the Events API says this event was delivered for."""
-    for auth in body.get("authorizations") or []:
-        if isinstance(auth, dict) and auth.get("is_bot") and auth.get("user_id"):
-            return str(auth["user_id"])
-    return None
-
-
-def parse_event(
-    body: Mapping[str, Any], bot_user: str | None = None, channel: str = "slack"
-) -> Message | None:
-    """An Events API body → a `Message` from a person to Steward, or None to ignore it."""
-    event = body.get("event")
-    if not isinstance(event, dict):
-        return None
-    kind = event.get("type")
-    if kind not in ("app_mention", "message"):
-        return None
-    if event.get("bot_id") or event.get("bot_profile"):
-        return None  # another bot, or Steward's own reply echoed back
-    subtype = event.get("subtype")
-    if subtype is not None and subtype not in _HUMAN_SUBTYPES:
-        return None  # edits, deletes, joins, bot_message, …
-    user, conversation, ts = event.get("user"), event.get("channel"), event.get("ts")
-    if not (isinstance(user, str) and isinstance(conversation, str) and isinstance(ts, str)):
-        return None
-    bot = bot_user or _authorized_bot(body)
-    if bot and user == bot:
-        return None
-    space = body.get("team_id") or event.get("team")
-    text = strip_mention(_unescape(str(event.get("text") or "")), bot)
-    thread = event.get("thread_ts") if isinstance(event.get("thread_ts"), str) else None
-    dm = kind == "message"
-    if dm and event.get("channel_type") != "im":
-        return None  # channel chatter: Steward answers there only when mentioned
-    return Message(
-        channel=channel,
-        conversation=conversation,
-        user=user,
-        text=text,
-        id=ts,
-        # A mention is answered in its thread (a new one if it started none); a DM in place.
-        thread=thread if dm else thread or ts,
-        space=space,
-        direct=dm or conversation.startswith("D"),
-    )
-
-
-def _from_bot(message: Mapping[str, Any]) -> bool:
-    return bool(
-        message.get("bot_id")
-        or message.get("bot_profile")
-        or message.get("subtype") == "bot_message"
-    )
-
-
-def parse_retraction(
-    body: Mapping[str, Any],
-    bot_user: str | None = None,
-    channel: str = "slack",
-    delivered: Mapping[str, str | None] | None = None,
-) -> Retracted | None:
-    """A ``message_changed`` / ``message_deleted`` event → `Retracted`, or None to ignore it.
-
-    Only a person's own message that was addressed to Steward counts: in a DM, one that
-    mentioned the bot, or one Steward received (``delivered``: ``"channel:ts"`` → the
-    author, which also names the author of a deletion Slack reports without
-    ``previous_message``). The bot's own edits, other bots' and edits that keep the
-    text (unfurls, attachments) are ignored.
-    """
-    event = body.get("event")
-    if not isinstance(event, dict) or event.get("type") != "message":
-        return None
-    kind = _RETRACTIONS.get(str(event.get("subtype")))
-    conversation = event.get("channel")
-    if kind is None or not isinstance(conversation, str):
-        return None
-    current = event.get("message") if isinstance(event.get("message"), dict) else {}
-    previous = (
-        event.get("previous_message") if isinstance(event.get("previous_message"), dict) else {}
-    )
-    if kind == "edited":
-        if not current or (previous and previous.get("text") == current.get("text")):
-            return None  # nothing the person changed in the text (an unfurl, a file)
-        ts = current.get("ts") or previous.get("ts")
-        user = current.get("user") or previous.get("user")
-    else:
-        ts = event.get("deleted_ts") or previous.get("ts")
-        user = previous.get("user")
-    if not isinstance(ts, str) or _from_bot(current) or _from_bot(previous):
-        return None
-    bot = bot_user or _authorized_bot(body)
-    key = f"{conversation}:{ts}"
-    seen = delivered is not None and key in delivered
-    if not user and seen and delivered is not None:
-        user = delivered[key]
-    if not isinstance(user, str) or not user or (bot and user == bot):
-        return None
-    texts = f"{current.get('text') or ''} {previous.get('text') or ''}"
-    direct = event.get("channel_type") == "im" or conversation.startswith("D")
-    if not (direct or seen or (bot and f"<@{bot}" in texts)):
-        return None  # channel chatter Steward never took as input
-    try:
-        sent_at: float | None = float(ts)
-    except ValueError:
-        sent_at = None
-    return Retracted(
-        channel=channel,
-        conversation=conversation,
-        user=user,
-        message_id=ts,
-        kind=kind,
-        sent_at=sent_at,
-        space=body.get("team_id") or event.get("team"),
-    )
-
-
-def parse_action(body: Mapping[str, Any], channel: str = "slack") -> ButtonPress | None:
-    """A ``block_actions`` payload → a `ButtonPress` carrying the button's opaque value."""
-    actions = body.get("actions")
-    if not isinstance(actions, list) or not actions or not isinstance(actions[0], dict):
-        return None
-    value = actions[0].get("value")
-    user = body.get("user") if isinstance(body.get("user"), dict) else {}
-    container = body.get("container") if isinstance(body.get("container"), dict) else {}
-    chan = body.get("channel") if isinstance(body.get("channel"), dict) else {}
-    team = body.get("team") if isinstance(body.get("team"), dict) else {}
-    message = body.get("message") if isinstance(body.get("message"), dict) else {}
-    conversation = chan.get("id") or container.get("channel_id")
-    user_id = user.get("id")
-    if not (isinstance(value, str) and isinstance(user_id, str) and isinstance(conversation, str)):
-        return None
-    return ButtonPress(
-        channel=channel,
-        conversation=conversation,
-        user=user_id,
-        value=value,
-        message_id=str(container.get("message_ts") or message.get("ts") or ""),
-        user_name=user.get("username") or user.get("name"),
-        space=team.get("id") or user.get("team_id"),
-    )
-
-
-def parse_command(body: Mapping[str, Any], channel: str = "slack") -> Message | None:
-    """The ``/steward …`` slash command → the chat command ``/…`` (empty → ``/help``)."""
-    user, conversation = body.get("user_id"), body.get("channel_id")
-    if not (isinstance(user, str) and isinstance(conversation, str)):
-        return None
-    text = _unescape(str(body.get("text") or "")).strip().lstrip("/")
-    return Message(
-        channel=channel,
-        conversation=conversation,
-        user=user,
-        text="/" + text if text else "/help",
-        id=str(body.get("trigger_id") or ""),
-        user_name=body.get("user_name"),
-        space=body.get("team_id"),
-        direct=conversation.startswith("D") or body.get("channel_name") == "directmessage",
-    )
-
-
-# ---------------------------------------------------------------------- rendering
-
-
-def render_button(index: int, button: Button) -> dict[str, Any]:
-    """One Block Kit button; the value is the opaque id the dispatcher gets back."""
-    label = button.label if len(button.label) <= 75 else button.label[:74] + "…"
-    element: dict[str, Any] = {
-        "type": "button",
-        "action_id": f"steward_{index}",
-        "text": {"type": "plain_text", "text": label or "?"},
-        "value": button.value,
-    }
-    if button.style in ("primary", "danger"):
-        element["style"] = button.style
-    return element
-
-
-def render_blocks(text: str, buttons: list[Button] | None) -> list[dict[str, Any]]:
-    """A mrkdwn section, plus an actions block only when there are buttons."""
-    blocks: list[dict[str, Any]] = [{"type": "section", "text": {"type": "mrkdwn", "text": text}}]
-    if buttons:
-        blocks.append(
-            {"type": "actions", "elements": [render_button(i, b) for i, b in enumerate(buttons)]}
-        )
-    return blocks
-
-
-# ---------------------------------------------------------------------- errors
-
-
-def _error_code(exc: SlackApiError) -> str:
-    data = getattr(exc.response, "data", None)
-    if isinstance(data, dict) and data.get("error"):
-        return str(data["error"])
-    return "unknown_error"
-
-
-def delivery_error(method: str, exc: BaseException) -> DeliveryError:
-    """Translate an SDK/network error into the channel layer's `DeliveryError`."""
-    if isinstance(exc, SlackApiError):
-        status = getattr(exc.response, "status_code", 200)
-        code = _error_code(exc)
-        if status == 429 or code == "ratelimited":
-            headers = getattr(exc.response, "headers", None) or {}
-            retry_after: float | None
-            try:
-                retry_after = float(headers.get("Retry-After", ""))
-            except (TypeError, ValueError):
-                retry_after = None
-            return DeliveryError(
-                f"Slack {method} was rate-limited (HTTP 429, Retry-After {retry_after})",
-                retry_after=retry_after,
-            )
-        if status >= 500 or code in _TRANSIENT_ERRORS:
-            return DeliveryError(f"Slack {method} failed on Slack's side: HTTP {status} {code}")
-        hint = _HINTS.get(code)
-        needed = exc.response.get("needed") if code == "missing_scope" else None
-        detail = f" (needed: {needed})" if needed else ""
-        text = f"Slack {method} refused: {code}{detail}" + (f": {hint}" if hint else "")
-        return DeliveryError(text, transient=False)
-    if isinstance(exc, aiohttp.ClientError | TimeoutError | OSError):
-        return DeliveryError(f"Slack {method}: could not reach Slack: {type(exc).__name__} {exc}")
-    return DeliveryError(f"Slack {method} failed: {type(exc).__name__}: {exc}", transient=False)
-
-
-# ---------------------------------------------------------------------- Socket Mode glue
-
-
-class _SocketClient(SocketModeClient):
-    """The SDK's aiohttp Socket Mode client, telling the adapter when it (re)connects.
-
-    Why a subclass: the SDK reconnects on its own (after a close frame, a
-    ``disconnect`` message or failed pings) but reports it to nobody, and retries
-    forever even when the app token is simply wrong. Every (re)connection starts
-    with ``apps.connections.open``, so that is where we hook: the adapter's health
-    goes to ``reconnecting``, and a fatal auth error stops the loop and marks the
-    channel ``down`` instead of hammering Slack.
-    """
-
-    def __init__(self, *, owner: SlackChannel, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._owner = owner
-
-    async def issue_new_wss_url(self) -> str:
-        self._owner._socket_connecting()
-        try:
-            url = await super().issue_new_wss_url()
-        except SlackApiError as exc:
-            if _error_code(exc) in _FATAL_AUTH:
-                self.closed = True  # ends the SDK's connect/receive loops: retrying cannot help
-                self.auto_reconnect_enabled = False
-            self._owner._socket_failed(exc)
-            raise
-        except Exception as exc:
-            self._owner._socket_failed(exc)
-            raise
-        return url
-
-
-class _SocketHandler(AsyncSocketModeHandler):
-    """Bolt's aiohttp Socket Mode handler, running on our `_SocketClient`.
-
-    Its ``__init__`` is skipped on purpose: it would build a second client (an
-    aiohttp session plus a background task) only to have it replaced. ``handle``
-    (envelope → Bolt → ack) is the SDK's own.
-    """
-
-    def __init__(self, app: AsyncApp, client: _SocketClient) -> None:
-        self.app = app
-        self.app_token = client.app_token
-        self.client = client
-        client.socket_mode_request_listeners.append(self.handle)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True, slots=True)
@@ -934,17 +571,6 @@ class SlackChannel:
                 self._settled.set()
             return
         self.health.lost(str(err))
-
-
-def _unsigned(timestamp: str, signature: str) -> str:
-    """Why the headers alone rule the request out ("" if they don't): unsigned or stale."""
-    if not timestamp or not signature:
-        return "unsigned"
-    if not timestamp.isdigit():
-        return "bad timestamp"  # the SDK's verifier would raise on int("…")
-    if abs(time.time() - int(timestamp)) > SIGNATURE_WINDOW:
-        return "stale"
-    return ""
 
 
 def _malformed(channel: str, error: str) -> web.Response:

@@ -1,66 +1,22 @@
-"""Discord: the gateway in, REST out, message components for buttons.
+"""`DiscordChannel`: the adapter itself.
 
-discord.py's ``Client`` owns the gateway (heartbeats, zlib, sequence numbers,
-RESUME after a drop, the guild/channel cache that tells a DM from a thread); this
-module only turns its events into `Message` / `ButtonPress` and renders outbound
-messages as Discord JSON. Outbound payloads are built here (not through
-``discord.ui.View``) so that the exact JSON Discord receives is ours and can be
-golden-tested, and so that no per-message view objects accumulate in the SDK.
-
-Conversations: a conversation is the Discord channel a message was written in.
-A thread is a channel of its own on Discord, so a message in a thread has
-``conversation == thread == <thread id>``: replies, typing, `/cancel` and even a
-caller that forgets ``thread=`` all stay in the thread. Guild messages reach
-Steward only when they @-mention the bot (the mention is stripped); DMs always do.
-Bots, webhooks and the bot itself are ignored, so our own replies never come back
-as inbound.
-
-Edits and deletions (gateway ``MESSAGE_UPDATE`` / ``MESSAGE_DELETE``, delivered under
-the same GUILD_MESSAGES / DIRECT_MESSAGES intents as new messages) of a person's
-message to Steward become `Retracted`, ``sent_at`` from the message's snowflake: a
-signal for proactive help only. discord.py's message cache is off (``max_messages=None``)
-so its raw delete event never names the author: the adapter remembers the authors of
-the last messages it delivered and skips a deletion it cannot attribute. An update
-without ``edited_timestamp`` (an embed or link preview resolving) is not an edit.
-
-Traps found in discord.py 2.7.1 (and handled here):
-
-* **429s and 5xx never reach a caller by default.** ``HTTPClient.request`` sleeps
-  ``retry_after`` and retries a 429 up to five times, and retries 500/502/504/524
-  with 1+3+5+7+9 s sleeps; the interaction webhook adapter does the same with no
-  limit option at all. ``max_ratelimit_timeout`` cannot help: it is clamped to
-  at least 30 s, so a 2-second 429 is still slept on inside the SDK. Retrying is
-  the channel layer's job (bot/channels.py), so the adapter passes a public
-  ``http_trace`` whose ``on_request_end`` raises `_Refused` for any 429/5xx before
-  discord.py looks at the status: one request, one `DeliveryError` (with
-  Discord's JSON ``retry_after``), no hidden sleeps.
-* A 429 without a ``Via`` header is a Cloudflare ban, not a rate limit.
-* A gateway event discord.py cannot parse raises out of ``Client.connect`` and
-  ends the connection loop; the adapter restarts it (new session) with backoff.
-* ``Client.run`` installs signal handlers and owns the loop, so the adapter uses
-  ``login`` + ``connect`` in a task; ``_set_api_version`` would rewrite the
-  REST base back to discord.com, so it is never called.
-* REST and gateway URLs are process-global class attributes
-  (``discord.http.Route.BASE``, ``DiscordWebSocket.DEFAULT_GATEWAY``): one API
-  URL per process. Reconnects use READY's ``resume_gateway_url``.
-
-Slash commands `/rules`, `/approve`, `/deny`, `/pause` are registered globally at
-start (one bulk PUT). Their interaction is deferred at once ("thinking…") and the
-next reply sent to that conversation becomes the command's answer.
+Its lifecycle and restart loop, health, inbound messages, edits and deletions
+attributed to their author, button presses and held interactions, slash commands,
+and the REST outbound calls. The gateway client lives in adapters/discord/gateway.py,
+rendering in adapters/discord/render.py, error translation in
+adapters/discord/errors.py. One class over ~550 lines: its parts share the live
+gateway session and the maps of delivered messages and held interactions.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import re
 import time
-from collections.abc import Awaitable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from collections.abc import Mapping
+from typing import Any, Literal
 
-import aiohttp
 import discord
 import discord.gateway
 import discord.http
@@ -68,6 +24,9 @@ import structlog
 import yarl
 from discord import app_commands
 
+from adapters.discord.errors import _guard, _snowflake, _trace, delivery_error
+from adapters.discord.gateway import _Gateway, _Held, _is_thread
+from adapters.discord.render import MAX_BUTTONS, MAX_LABEL, _params, message_payload
 from adapters.runtime import Health, Inflight, Recent
 from core.events import (
     ApprovalRequest,
@@ -84,9 +43,7 @@ from core.events import (
     Suggestion,
 )
 
-log = structlog.get_logger(__name__)
-
-T = TypeVar("T")
+log = structlog.get_logger("adapters.discord")
 
 #: discord.py's own targets; an adapter without overrides restores them, because the
 #: attributes are process-global and a previous instance may have redirected them.
@@ -95,24 +52,7 @@ DISCORD_GATEWAY_URL = "wss://gateway.discord.gg/"
 
 #: Interaction tokens live 15 minutes; keep a margin so a followup never races expiry.
 INTERACTION_TTL = 14 * 60.0
-MAX_BUTTONS = 25
-BUTTONS_PER_ROW = 5
-MAX_LABEL = 80
-MAX_CUSTOM_ID = 100
-#: Discord button styles: primary → success (green), danger → danger (red), else grey.
-BUTTON_STYLES = {
-    "primary": discord.ButtonStyle.success.value,
-    "danger": discord.ButtonStyle.danger.value,
-    "default": discord.ButtonStyle.secondary.value,
-}
-#: Model and tool output must never ping @everyone, roles or people.
-NO_PINGS: dict[str, list[str]] = {"parse": []}
-EPHEMERAL = 64
 
-TOKEN_REFUSED = (
-    "Discord refused STEWARD_DISCORD_TOKEN (401 Unauthorized): copy the bot token from the "
-    "developer portal (Applications → your app → Bot → Reset Token) into STEWARD_DISCORD_TOKEN"
-)
 INTENT_HINT = (
     "Discord closed the gateway with 4014 (disallowed intents): enable the MESSAGE CONTENT "
     "intent in the Discord developer portal (Applications → your app → Bot → Privileged "
@@ -127,227 +67,6 @@ DELIVERED_KEPT = 1024
 #: First delay before restarting a gateway loop that crashed; doubles up to the cap.
 RESTART_DELAY = 1.0
 RESTART_DELAY_MAX = 60.0
-
-
-class _Refused(aiohttp.ClientResponseError):
-    """A 429 or 5xx, raised by our trace hook so that discord.py cannot retry it.
-
-    It subclasses ``aiohttp.ClientError`` on purpose: where discord.py does see it
-    (the gateway handshake inside ``Client.connect``), it is handled as a network
-    error, i.e. a reconnect with backoff.
-    """
-
-    def __init__(
-        self,
-        request_info: aiohttp.RequestInfo,
-        *,
-        status: int,
-        message: str,
-        retry_after: float | None,
-        via: bool,
-    ) -> None:
-        super().__init__(request_info, (), status=status, message=message)
-        self.retry_after = retry_after
-        self.via = via
-
-
-async def _stop_sdk_retries(
-    session: aiohttp.ClientSession,
-    ctx: Any,
-    params: aiohttp.TraceRequestEndParams,
-) -> None:
-    """Turn a 429/5xx into `_Refused` before discord.py's retry loop sees the status."""
-    response = params.response
-    status = response.status
-    if status != 429 and status < 500:
-        return
-    retry_after: float | None = None
-    if status == 429:
-        body: Any = None
-        with contextlib.suppress(ValueError, aiohttp.ClientError):
-            body = json.loads(await response.read())
-        if isinstance(body, dict) and isinstance(body.get("retry_after"), int | float):
-            retry_after = float(body["retry_after"])
-        else:
-            with contextlib.suppress(TypeError, ValueError):
-                retry_after = float(response.headers.get("Retry-After", ""))
-    raise _Refused(
-        response.request_info,
-        status=status,
-        message=f"{params.method} {params.url.path}: {status} {response.reason or ''}".strip(),
-        retry_after=retry_after,
-        via=bool(response.headers.get("Via")),
-    )
-
-
-def _trace() -> aiohttp.TraceConfig:
-    trace = aiohttp.TraceConfig()
-    trace.on_request_end.append(_stop_sdk_retries)
-    return trace
-
-
-def delivery_error(what: str, exc: BaseException) -> DeliveryError | None:
-    """Translate an SDK/network error into `DeliveryError`; None for anything else (a bug)."""
-    if isinstance(exc, _Refused):
-        if exc.status == 429:
-            if not exc.via:
-                return DeliveryError(
-                    f"Discord {what}: 429 without a Via header (a Cloudflare block after too "
-                    "many invalid requests, not a rate limit)",
-                    retry_after=exc.retry_after,
-                )
-            return DeliveryError(
-                f"Discord {what}: rate limited, retry after {exc.retry_after}s",
-                retry_after=exc.retry_after,
-            )
-        return DeliveryError(f"Discord {what}: server error {exc.status}")
-    if isinstance(exc, discord.RateLimited):
-        return DeliveryError(
-            f"Discord {what}: rate limited, retry after {exc.retry_after:.2f}s",
-            retry_after=exc.retry_after,
-        )
-    if isinstance(exc, discord.LoginFailure):
-        return DeliveryError(TOKEN_REFUSED, transient=False)
-    if isinstance(exc, discord.HTTPException):
-        status = exc.status
-        detail = f"{exc.code} {exc.text}".strip() if exc.code else exc.text
-        if status == 429:
-            retry = None
-            with contextlib.suppress(TypeError, ValueError):
-                retry = float(exc.response.headers.get("Retry-After", ""))
-            return DeliveryError(f"Discord {what}: 429 {detail}", retry_after=retry)
-        if status >= 500:
-            return DeliveryError(f"Discord {what}: server error {status} {detail}")
-        hint = {
-            401: "the bot token was refused (STEWARD_DISCORD_TOKEN)",
-            403: "the bot lacks access or permission there (View Channel, Send Messages)",
-            404: "unknown channel, message or interaction",
-        }.get(status, "Discord refused the request")
-        return DeliveryError(f"Discord {what}: {status} {detail}: {hint}", transient=False)
-    if isinstance(exc, aiohttp.ClientError | OSError | TimeoutError):
-        return DeliveryError(f"Discord {what}: network error: {exc!r}")
-    return None
-
-
-async def _guard(what: str, call: Awaitable[T]) -> T:
-    """Await one SDK call; errors come out as `DeliveryError`, bugs unchanged."""
-    try:
-        return await call
-    except Exception as exc:
-        err = delivery_error(what, exc)
-        if err is None:
-            raise
-        raise err from exc
-
-
-def _snowflake(value: str, what: str) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise DeliveryError(f"{what} {value!r} is not a Discord id", transient=False) from None
-
-
-def _cut(label: str) -> str:
-    return label if len(label) <= MAX_LABEL else label[: MAX_LABEL - 1] + "…"
-
-
-def render_buttons(buttons: Sequence[Button]) -> list[dict[str, Any]]:
-    """Action rows of ≤5 buttons each; ``custom_id`` is the button's opaque value."""
-    if len(buttons) > MAX_BUTTONS:
-        raise DeliveryError(
-            f"{len(buttons)} buttons: Discord allows at most {MAX_BUTTONS}", transient=False
-        )
-    seen: set[str] = set()
-    for b in buttons:
-        if not 1 <= len(b.value) <= MAX_CUSTOM_ID:
-            raise DeliveryError(
-                f"button value of {len(b.value)} chars: Discord custom_id takes 1–{MAX_CUSTOM_ID}",
-                transient=False,
-            )
-        if b.value in seen:
-            raise DeliveryError(f"duplicate button value {b.value!r}", transient=False)
-        seen.add(b.value)
-    rows = []
-    for start in range(0, len(buttons), BUTTONS_PER_ROW):
-        rows.append(
-            {
-                "type": 1,
-                "components": [
-                    {
-                        "type": 2,
-                        "style": BUTTON_STYLES.get(b.style, BUTTON_STYLES["default"]),
-                        "label": _cut(b.label.strip() or b.value),
-                        "custom_id": b.value,
-                    }
-                    for b in buttons[start : start + BUTTONS_PER_ROW]
-                ],
-            }
-        )
-    return rows
-
-
-def message_payload(text: str, buttons: Sequence[Button] | None = None) -> dict[str, Any]:
-    """The JSON of a message create/edit. ``buttons=None`` leaves components out;
-    ``[]`` sends ``components: []``, which removes existing buttons on an edit."""
-    payload: dict[str, Any] = {"content": text, "allowed_mentions": NO_PINGS}
-    if buttons is not None:
-        payload["components"] = render_buttons(buttons)
-    return payload
-
-
-def _params(payload: dict[str, Any]) -> discord.http.MultipartParameters:
-    return discord.http.MultipartParameters(payload=payload, multipart=None, files=None)
-
-
-def _is_thread(channel: object) -> bool:
-    return isinstance(channel, discord.Thread)
-
-
-@dataclass(slots=True)
-class _Held:
-    """An interaction kept to answer later through its webhook (15-minute token)."""
-
-    interaction: discord.Interaction
-    message_id: str
-    expires: float
-
-
-class _Gateway(discord.Client):
-    """discord.py's Client with its events routed to the adapter."""
-
-    def __init__(self, adapter: DiscordChannel, **options: Any) -> None:
-        super().__init__(**options)
-        self.adapter = adapter
-        self.tree = app_commands.CommandTree(self)
-        adapter._register_commands(self.tree)
-
-    async def setup_hook(self) -> None:
-        await self.adapter._sync_commands(self)
-
-    async def on_connect(self) -> None:  # READY: a new gateway session
-        self.adapter._on_session(self)
-
-    async def on_resumed(self) -> None:
-        self.adapter._on_resumed()
-
-    async def on_disconnect(self) -> None:
-        self.adapter._on_disconnect()
-
-    async def on_message(self, message: discord.Message) -> None:
-        self.adapter._on_message(self, message)
-
-    async def on_raw_message_edit(self, payload: discord.RawMessageUpdateEvent) -> None:
-        self.adapter._on_edit(self, payload)
-
-    async def on_raw_message_delete(self, payload: discord.RawMessageDeleteEvent) -> None:
-        self.adapter._on_delete(self, payload)
-
-    async def on_interaction(self, interaction: discord.Interaction) -> None:
-        if interaction.type is discord.InteractionType.component:
-            await self.adapter._on_press(interaction)
-
-    async def on_error(self, event_method: str, /, *args: Any, **kwargs: Any) -> None:
-        log.exception("adapter.event_failed", channel="discord", event=event_method)
 
 
 class DiscordChannel:

@@ -1,0 +1,224 @@
+"""Slack inbound: the HTTP headers' first check (`_unsigned`), then Events API,
+interactivity and slash-command payloads parsed into `Message`, `ButtonPress` and
+`Retracted` (pure functions, no I/O).
+
+What counts as talking to Steward is listed in adapters/slack/__init__.py; the
+channel (adapters/slack/channel.py) verifies a request before it calls these.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from core.events import (
+    ButtonPress,
+    Message,
+    Retracted,
+)
+
+#: Slack refuses signed requests older (or newer) than this many seconds.
+SIGNATURE_WINDOW = 300
+#: The slash command mapped onto Steward's chat commands.
+SLASH_COMMAND = "/steward"
+#: Our buttons: one action_id per element (Slack wants them unique within a block).
+ACTION_ID = re.compile(r"^steward_\d+$")
+
+#: `message` subtypes that are still a person writing (anything else is noise).
+_HUMAN_SUBTYPES = frozenset({"file_share", "thread_broadcast"})
+#: `message` subtypes that report a person taking a message back.
+_RETRACTIONS: dict[str, Literal["edited", "deleted"]] = {
+    "message_changed": "edited",
+    "message_deleted": "deleted",
+}
+
+
+# ---------------------------------------------------------------------- parsing
+
+
+def _unescape(text: str) -> str:
+    """Undo Slack's three HTML escapes; links and <@U…> mentions stay as written."""
+    return text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+
+
+def strip_mention(text: str, bot_user: str | None) -> str:
+    """Remove the bot's own ``<@UBOT>`` (or ``<@UBOT|name>``) wherever it appears."""
+    if bot_user:
+        text = re.sub(rf"\s*<@{re.escape(bot_user)}(?:\|[^>]*)?>\s*", " ", text)
+    else:  # identity unknown: the leading mention is the one that addressed us
+        text = re.sub(r"^\s*<@[UW][A-Z0-9]+(?:\|[^>]*)?>", "", text)
+    return text.strip()
+
+
+def _authorized_bot(body: Mapping[str, Any]) -> str | None:
+    """The bot user the Events API says this event was delivered for."""
+    for auth in body.get("authorizations") or []:
+        if isinstance(auth, dict) and auth.get("is_bot") and auth.get("user_id"):
+            return str(auth["user_id"])
+    return None
+
+
+def parse_event(
+    body: Mapping[str, Any], bot_user: str | None = None, channel: str = "slack"
+) -> Message | None:
+    """An Events API body → a `Message` from a person to Steward, or None to ignore it."""
+    event = body.get("event")
+    if not isinstance(event, dict):
+        return None
+    kind = event.get("type")
+    if kind not in ("app_mention", "message"):
+        return None
+    if event.get("bot_id") or event.get("bot_profile"):
+        return None  # another bot, or Steward's own reply echoed back
+    subtype = event.get("subtype")
+    if subtype is not None and subtype not in _HUMAN_SUBTYPES:
+        return None  # edits, deletes, joins, bot_message, …
+    user, conversation, ts = event.get("user"), event.get("channel"), event.get("ts")
+    if not (isinstance(user, str) and isinstance(conversation, str) and isinstance(ts, str)):
+        return None
+    bot = bot_user or _authorized_bot(body)
+    if bot and user == bot:
+        return None
+    space = body.get("team_id") or event.get("team")
+    text = strip_mention(_unescape(str(event.get("text") or "")), bot)
+    thread = event.get("thread_ts") if isinstance(event.get("thread_ts"), str) else None
+    dm = kind == "message"
+    if dm and event.get("channel_type") != "im":
+        return None  # channel chatter: Steward answers there only when mentioned
+    return Message(
+        channel=channel,
+        conversation=conversation,
+        user=user,
+        text=text,
+        id=ts,
+        # A mention is answered in its thread (a new one if it started none); a DM in place.
+        thread=thread if dm else thread or ts,
+        space=space,
+        direct=dm or conversation.startswith("D"),
+    )
+
+
+def _from_bot(message: Mapping[str, Any]) -> bool:
+    return bool(
+        message.get("bot_id")
+        or message.get("bot_profile")
+        or message.get("subtype") == "bot_message"
+    )
+
+
+def parse_retraction(
+    body: Mapping[str, Any],
+    bot_user: str | None = None,
+    channel: str = "slack",
+    delivered: Mapping[str, str | None] | None = None,
+) -> Retracted | None:
+    """A ``message_changed`` / ``message_deleted`` event → `Retracted`, or None to ignore it.
+
+    Only a person's own message that was addressed to Steward counts: in a DM, one that
+    mentioned the bot, or one Steward received (``delivered``: ``"channel:ts"`` → the
+    author, which also names the author of a deletion Slack reports without
+    ``previous_message``). The bot's own edits, other bots' and edits that keep the
+    text (unfurls, attachments) are ignored.
+    """
+    event = body.get("event")
+    if not isinstance(event, dict) or event.get("type") != "message":
+        return None
+    kind = _RETRACTIONS.get(str(event.get("subtype")))
+    conversation = event.get("channel")
+    if kind is None or not isinstance(conversation, str):
+        return None
+    current = event.get("message") if isinstance(event.get("message"), dict) else {}
+    previous = (
+        event.get("previous_message") if isinstance(event.get("previous_message"), dict) else {}
+    )
+    if kind == "edited":
+        if not current or (previous and previous.get("text") == current.get("text")):
+            return None  # nothing the person changed in the text (an unfurl, a file)
+        ts = current.get("ts") or previous.get("ts")
+        user = current.get("user") or previous.get("user")
+    else:
+        ts = event.get("deleted_ts") or previous.get("ts")
+        user = previous.get("user")
+    if not isinstance(ts, str) or _from_bot(current) or _from_bot(previous):
+        return None
+    bot = bot_user or _authorized_bot(body)
+    key = f"{conversation}:{ts}"
+    seen = delivered is not None and key in delivered
+    if not user and seen and delivered is not None:
+        user = delivered[key]
+    if not isinstance(user, str) or not user or (bot and user == bot):
+        return None
+    texts = f"{current.get('text') or ''} {previous.get('text') or ''}"
+    direct = event.get("channel_type") == "im" or conversation.startswith("D")
+    if not (direct or seen or (bot and f"<@{bot}" in texts)):
+        return None  # channel chatter Steward never took as input
+    try:
+        sent_at: float | None = float(ts)
+    except ValueError:
+        sent_at = None
+    return Retracted(
+        channel=channel,
+        conversation=conversation,
+        user=user,
+        message_id=ts,
+        kind=kind,
+        sent_at=sent_at,
+        space=body.get("team_id") or event.get("team"),
+    )
+
+
+def parse_action(body: Mapping[str, Any], channel: str = "slack") -> ButtonPress | None:
+    """A ``block_actions`` payload → a `ButtonPress` carrying the button's opaque value."""
+    actions = body.get("actions")
+    if not isinstance(actions, list) or not actions or not isinstance(actions[0], dict):
+        return None
+    value = actions[0].get("value")
+    user = body.get("user") if isinstance(body.get("user"), dict) else {}
+    container = body.get("container") if isinstance(body.get("container"), dict) else {}
+    chan = body.get("channel") if isinstance(body.get("channel"), dict) else {}
+    team = body.get("team") if isinstance(body.get("team"), dict) else {}
+    message = body.get("message") if isinstance(body.get("message"), dict) else {}
+    conversation = chan.get("id") or container.get("channel_id")
+    user_id = user.get("id")
+    if not (isinstance(value, str) and isinstance(user_id, str) and isinstance(conversation, str)):
+        return None
+    return ButtonPress(
+        channel=channel,
+        conversation=conversation,
+        user=user_id,
+        value=value,
+        message_id=str(container.get("message_ts") or message.get("ts") or ""),
+        user_name=user.get("username") or user.get("name"),
+        space=team.get("id") or user.get("team_id"),
+    )
+
+
+def parse_command(body: Mapping[str, Any], channel: str = "slack") -> Message | None:
+    """The ``/steward …`` slash command → the chat command ``/…`` (empty → ``/help``)."""
+    user, conversation = body.get("user_id"), body.get("channel_id")
+    if not (isinstance(user, str) and isinstance(conversation, str)):
+        return None
+    text = _unescape(str(body.get("text") or "")).strip().lstrip("/")
+    return Message(
+        channel=channel,
+        conversation=conversation,
+        user=user,
+        text="/" + text if text else "/help",
+        id=str(body.get("trigger_id") or ""),
+        user_name=body.get("user_name"),
+        space=body.get("team_id"),
+        direct=conversation.startswith("D") or body.get("channel_name") == "directmessage",
+    )
+
+
+def _unsigned(timestamp: str, signature: str) -> str:
+    """Why the headers alone rule the request out ("" if they don't): unsigned or stale."""
+    if not timestamp or not signature:
+        return "unsigned"
+    if not timestamp.isdigit():
+        return "bad timestamp"  # the SDK's verifier would raise on int("…")
+    if abs(time.time() - int(timestamp)) > SIGNATURE_WINDOW:
+        return "stale"
+    return ""
