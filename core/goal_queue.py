@@ -23,8 +23,10 @@ model's 1-10 estimates for the task and the cost is its estimated tokens in thou
 the engine re-reads the goal and asks for fresh values (core/goals.py).
 
 The drift guard's near-duplicate test (`similarity`) is the larger of the word-set
-Jaccard index and difflib's ratio of the normalised titles (lower case, punctuation and
+Jaccard index and difflib's ratio of the normalised texts (lower case, punctuation and
 filler words removed): "Write the intro section" and "write intro section." match.
+Numbers must agree for the difflib part to count ("section 2" does not repeat
+"section 3"; then only the Jaccard index counts).
 """
 
 from __future__ import annotations
@@ -207,7 +209,12 @@ def similarity(a: str, b: str) -> float:
         return 0.0
     sa, sb = set(na.split()), set(nb.split())
     jaccard = len(sa & sb) / len(sa | sb)
+    if {w for w in sa if _ANCHOR.search(w)} != {w for w in sb if _ANCHOR.search(w)}:
+        return jaccard  # "section 2" is not "section 3": numbers must agree for a repeat
     return max(jaccard, difflib.SequenceMatcher(None, na, nb).ratio())
+
+
+_ANCHOR = re.compile(r"\d")
 
 
 def _fields(cls: Any, meta: dict[str, Any]) -> dict[str, Any]:

@@ -326,6 +326,8 @@ class GoalEngine:
         self._running: dict[str, GoalTask | None] = {}
         #: The agent's task id of a goal's running task (for its pending approvals).
         self._agent_task: dict[str, str] = {}
+        #: The asyncio task of a goal's running step (what /stop cancels).
+        self._step_task: dict[str, asyncio.Task[Any] | None] = {}
         self._velocity: dict[str, deque[tuple[float, int]]] = {}
         self._subscribers: list[Callable[[GoalView], None]] = []
         self._progress_timer: Callable[[], None] | None = None
@@ -576,6 +578,7 @@ class GoalEngine:
         if channel is None:
             return None
         self._running[gid] = None
+        self._step_task[gid] = asyncio.current_task()
         with structlog.contextvars.bound_contextvars(goal=gid):
             try:
                 if deps.access is not None and not deps.access.allows(g.channel, g.owner, g.space):
@@ -598,6 +601,7 @@ class GoalEngine:
                 await self._breakers(g)
             finally:
                 self._running.pop(gid, None)
+                self._step_task.pop(gid, None)
                 self._agent_task.pop(gid, None)
         return self._again(gid)
 
@@ -629,8 +633,11 @@ class GoalEngine:
         self._changed(g)
 
     def _cancel_running(self, g: Goal) -> None:
-        if g.id in self._running and self.deps is not None:
-            self.deps.conversations.cancel(g.key)
+        """Cancel the goal's running step, unless this is that step deciding to end."""
+        step = self._step_task.get(g.id)
+        if step is None or step is asyncio.current_task() or self.deps is None:
+            return
+        self.deps.conversations.cancel(g.key)
 
     async def _advance(self, g: Goal, channel: Any) -> None:
         cfg = self.config
