@@ -1003,8 +1003,7 @@ class GoalEngine:
     async def _applied(self, applied: list[tuple[str, str, str]]) -> None:
         for gid, action, by in applied:
             g = self.queue.goals[gid]
-            g.state = ACTIVE if g.state == STOPPED else g.state  # _finish sets it again
-            if action == "stop":
+            if action == "stop":  # once: the step that was refused may have ended it
                 await self._finish(g, STOPPED, f"stopped by {by}")
             else:
                 await self.queue.save_goal(g, f"goal {g.id} paused by {by}")

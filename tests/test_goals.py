@@ -173,7 +173,8 @@ async def test_stop_halts_within_one_model_call(llm: ScriptedLLM, settings_for: 
         assert len(llm.requests) == calls  # not one model call after /stop
         g = run.app.goals.queue.goals["g1"]
         assert g.state == "stopped" and g.ended_reason == "stopped by alice (/stop)"
-        assert any(p.startswith("Goal g1 ended — stopped") for p in run.posts())
+        reports = [p for p in run.posts() if p.startswith("Goal g1 ended")]
+        assert len(reports) == 1 and reports[0].startswith("Goal g1 ended — stopped")
         t2 = run.app.goals.queue.tasks["g1-t2"]
         assert t2.state == "dropped"
 
