@@ -594,11 +594,19 @@ class GoalEngine:
                     raise  # shutdown: the task keeps its running mark
                 await asyncio.shield(self._cancelled(g))
                 raise
-            except Exception:
-                log.exception("goal.step_crashed")
+            except Exception as exc:
+                # The model unreachable for a plan or a judgement (LLMError), or a bug: a
+                # failed step, counted by the consecutive-failure breaker.
+                if type(exc).__name__ == "LLMError":
+                    log.warning("goal.model_failed", error=str(exc)[:300])
+                else:
+                    log.exception("goal.step_crashed")
                 g.failures_in_row += 1
                 await self.queue.save_goal(g)
-                await self._breakers(g)
+                try:
+                    await self._breakers(g)
+                except _Halt as halt:
+                    await self._finish(g, halt.state, halt.reason)
             finally:
                 self._running.pop(gid, None)
                 self._step_task.pop(gid, None)

@@ -17,7 +17,7 @@ from bot.app import App
 from core.access import Rules
 from core.clock import SimClock
 from core.events import Message
-from core.goal_queue import GoalQueue, GoalTask, rank, score, similarity
+from core.goal_queue import Goal, GoalQueue, GoalTask, rank, score, similarity
 from core.goals import GoalError, parse_goal
 from memory.store import DataStore
 from tests.fakes.goal_model import GoalModel
@@ -217,3 +217,129 @@ async def test_a_persons_message_goes_before_goal_work(
         assert kinds[:first_person] == ["g1-t1", "g1-t1", "judge"]
         assert kinds[first_person + 1] == "g1-t2"
         assert run.app.goals.queue.goals["g1"].state == "done"
+
+
+async def test_breakers_pause_a_goal_and_a_person_resumes_it(
+    llm: ScriptedLLM, settings_for: Callable
+) -> None:
+    """No progress: the judge never accepts (three tasks in a row); then, resumed, the
+    runs themselves fail (the model errors) and the failure breaker trips."""
+    model = GoalModel(sections=10, reject_once=frozenset(range(1, 11)))
+    llm.responder = model
+    s = settings_for(llm, goal_breaker_no_progress=3, goal_task_retries=0)
+    async with Running(s) as run:
+        await run.say("/goal write a ten-section guide")
+        await run.idle()
+        g = run.app.goals.queue.goals["g1"]
+        assert g.state == "paused" and "3 tasks in a row without an accepted" in (
+            g.ended_reason or ""
+        )
+        assert model.calls["judge"] == 3
+        paused = [p for p in run.posts() if p.startswith("Goal g1 paused")]
+        assert len(paused) == 1 and "/goal resume g1" in paused[0]
+        calls = len(llm.requests)
+        await run.clock.advance_to(run.clock.now() + DAY)  # paused: nothing runs
+        await run.idle()
+        assert len(llm.requests) == calls
+        # Resumed, every agent call now errors: three failed runs in a row.
+        llm.responder = None
+        for _ in range(60):
+            llm.reply_error(400, message="bad request")
+        await run.say("/goal resume g1")
+        await run.idle()
+        assert g.state == "paused" and "3 failed runs in a row" in (g.ended_reason or "")
+        assert "Failed:" in run.posts()[-1]
+
+
+async def test_velocity_breaker_money_budget_and_deadline(
+    llm: ScriptedLLM, settings_for: Callable
+) -> None:
+    model = GoalModel(sections=30)
+    llm.responder = model
+    s = settings_for(llm, goal_breaker_velocity_tokens=3000, goal_usd_per_mtok=1000)
+    async with Running(s) as run:
+        await run.say("/goal write a long guide budget 1m tokens budget $100")
+        await run.idle()
+        g = run.app.goals.queue.goals["g1"]
+        assert g.state == "paused" and "circuit breaker: " in (g.ended_reason or "")
+        assert "tokens in the last 600s" in (g.ended_reason or "")
+        # Priced at goal_usd_per_mtok when litellm does not know the model's price.
+        assert g.usd_spent == pytest.approx(g.tokens_spent * 1000 / 1e6)
+        await run.say("/goal a second one budget $0.5")
+        await run.idle()
+        g2 = run.app.goals.queue.goals["g2"]
+        assert g2.state == "budget" and "$0.50" in (g2.ended_reason or "")
+        # A paused goal whose deadline passes ends at its next step, before any call.
+        g3 = Goal(
+            "g3",
+            "third",
+            "alice",
+            "replay",
+            "alice",
+            state="paused",
+            until=f"{NOW:%F}T05:00:00+00:00",
+        )
+        await run.app.goals.queue.save_goal(g3)
+        await run.clock.advance_to(NOW.timestamp() + 3600)
+        calls = len(llm.requests)
+        await run.app.goals.resume("g3", "alice")
+        await run.idle()
+        assert len(llm.requests) == calls
+        assert g3.state == "stopped" and "deadline passed" in (g3.ended_reason or "")
+
+
+async def test_the_dashboard_contract_and_the_change_feed(
+    llm: ScriptedLLM, settings_for: Callable
+) -> None:
+    model = GoalModel(sections=2, drift_every=0, repeat_every=0)
+    llm.responder = model
+    s = settings_for(llm)
+    seen: list[Any] = []
+    async with Running(s) as run:
+        engine = run.app.goals
+        unsubscribe = engine.subscribe(seen.append)
+        await run.say("/goal write a short guide budget 90k tokens")
+        await run.idle()
+        unsubscribe()
+        [v] = await engine.views(include_ended=True)
+        assert await engine.views() == []  # ended goals only when asked for
+        assert v == await engine.view("g1")
+        assert (v.state, v.tasks_done, v.tasks_failed, v.tasks_queued) == ("done", 2, 0, 0)
+        assert v.tokens_budget == 90_000 and v.tokens_spent > 0 and v.running is None
+        data = v.to_json()
+        assert data["id"] == "g1" and data["owner"] == "alice" and data["channel"] == "replay"
+        assert {x.state for x in seen} == {"active", "done"} and seen[-1].state == "done"
+        assert any(x.running == "Write section 1 of the guide" for x in seen)
+        with pytest.raises(GoalError, match="already ended"):
+            await engine.stop("g1", "alice")
+        assert "g1 · done" in (await _answer(run, "/goal list"))
+        assert "[done] Write section 2" in (await _answer(run, "/goal show g1"))
+        assert (await _answer(run, "/goal show g9")).startswith("No goal 'g9' here")
+        assert (await _answer(run, "/stop")).startswith("Nothing here to stop")
+
+
+async def _answer(run: Running, text: str) -> str:
+    before = len(run.posts())
+    await run.say(text)
+    await run.idle()
+    return run.posts()[before]
+
+
+async def test_a_cut_off_task_runs_again_only_when_it_changed_nothing(tmp_path: Any) -> None:
+    """Restart without the model: the engine settles the running tasks from their logs."""
+    from core.clock import Clock
+    from core.goals import GoalConfig, GoalEngine
+
+    q = GoalQueue(tmp_path)
+    g = Goal("g1", "guide", "alice", "replay", "alice", planned=True, next_task=3)
+    await q.save_goal(g)
+    read = GoalTask("g1-t1", "g1", "look", state="running", attempts=1, tools=["read_file: a"])
+    wrote = GoalTask("g1-t2", "g1", "write", state="running", attempts=1, tools=["shell: rm x"])
+    await q.save_task(read)
+    await q.save_task(wrote)
+    engine = GoalEngine(GoalQueue(tmp_path), Clock(), GoalConfig())
+    await engine.start()
+    await engine.shutdown()
+    q.load()
+    assert q.tasks["g1-t1"].state == "queued" and "run again" in q.tasks["g1-t1"].reason
+    assert q.tasks["g1-t2"].state == "failed" and "shell: rm x" in q.tasks["g1-t2"].reason

@@ -23,7 +23,7 @@ from typing import Any
 
 from tests.fakes.llm import Reply
 
-_TASK = re.compile(r"This task \((g\d+-t\d+)\): Write section (\d+)")
+_TASK = re.compile(r"This task \((g\d+-t\d+)\): Write section (\d+)", re.I)
 
 
 def _text(msg: dict[str, Any]) -> str:
@@ -85,7 +85,7 @@ class GoalModel:
 
     def _judge(self, user: str) -> Reply:
         self.calls["judge"] += 1
-        m = re.search(r"The task just run \(g\d+-t\d+\): Write section (\d+)", user)
+        m = re.search(r"The task just run \(g\d+-t\d+\): Write section (\d+)", user, re.I)
         k = int(m.group(1)) if m else 0
         if k in self.reject_once:
             self.reject_once.discard(k)
