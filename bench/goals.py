@@ -275,6 +275,9 @@ async def run_idle_paused() -> int:
 
 
 def main() -> None:
+    from bot.logs import configure_logging
+
+    configure_logging("warning", "console")
     guarded = asyncio.run(run_goal(guard=True))
     naive = asyncio.run(run_goal(guard=False))
     small = asyncio.run(run_goal(guard=True, budget="budget 20k tokens"))

@@ -343,3 +343,41 @@ async def test_a_cut_off_task_runs_again_only_when_it_changed_nothing(tmp_path: 
     q.load()
     assert q.tasks["g1-t1"].state == "queued" and "run again" in q.tasks["g1-t1"].reason
     assert q.tasks["g1-t2"].state == "failed" and "shell: rm x" in q.tasks["g1-t2"].reason
+
+
+async def test_a_task_waiting_for_approval_shows_in_progress_and_a_denial_fails_it(
+    llm: ScriptedLLM, settings_for: Callable, tmp_path: Any
+) -> None:
+    """The goal's task goes through the guardian and approvals as its owner: writing
+    outside the workspace asks; the progress note says it is blocked; expiry denies."""
+    model = GoalModel(sections=1)
+
+    def responder(body: dict[str, Any]) -> Any:
+        messages = body["messages"]
+        if messages[0]["content"].startswith("You are Steward"):
+            if messages[-1]["role"] == "tool":
+                return Reply.text("I could not write ../outside.txt: it was not approved.")
+            return Reply.tool("shell", {"command": "echo a > ../outside.txt"})
+        return model(body)
+
+    llm.responder = responder
+    s = settings_for(llm, approval_timeout=1800, goal_progress_every=600)
+    async with Running(s) as run:
+        await run.say("/goal write a one-section guide")
+        await run.idle()
+        [asked] = [o for o in run.channel.outbound if o["kind"] == "approval"]
+        assert asked["conversation"] == "alice"
+        [v] = await run.app.goals.views()
+        assert v.waiting_approval and v.running == "Write section 1 of the guide"
+        await run.clock.advance_to(run.clock.now() + 601)
+        await run.idle()
+        assert "blocked: waiting for approval" in run.posts()[-1]
+        assert run.app.goals.queue.tasks["g1-t1"].state == "waiting-approval"
+        await run.clock.advance_to(run.clock.now() + 1800)  # expiry means deny
+        await run.idle()
+        assert not (tmp_path / "outside.txt").exists()
+        t1 = run.app.goals.queue.tasks["g1-t1"]
+        assert t1.state == "failed" and t1.reason.startswith("denied by a person")
+        g = run.app.goals.queue.goals["g1"]
+        assert g.state == "failed"
+        assert "denied by a person" in run.posts()[-1]
