@@ -381,3 +381,33 @@ async def test_a_task_waiting_for_approval_shows_in_progress_and_a_denial_fails_
         g = run.app.goals.queue.goals["g1"]
         assert g.state == "failed"
         assert "denied by a person" in run.posts()[-1]
+
+
+async def test_cancel_pauses_the_goal_and_resume_goes_on(
+    llm: ScriptedLLM, settings_for: Callable
+) -> None:
+    model = GoalModel(sections=3, drift_every=0, repeat_every=0)
+    gate, reached = asyncio.Event(), asyncio.Event()
+
+    async def responder(body: dict[str, Any]) -> Any:
+        if "This task (g1-t2)" in json.dumps(body["messages"][-1]) and not gate.is_set():
+            reached.set()
+            await gate.wait()
+        return model(body)
+
+    llm.responder = responder
+    s = settings_for(llm)
+    async with Running(s) as run:
+        await run.say("/goal write a three-section guide")
+        await asyncio.wait_for(reached.wait(), 60)
+        await run.say("/cancel")
+        gate.set()
+        await run.idle()
+        g = run.app.goals.queue.goals["g1"]
+        assert g.state == "paused" and "cancelled" in (g.ended_reason or "")
+        t2 = run.app.goals.queue.tasks["g1-t2"]
+        assert t2.state == "failed" and t2.reason == "cancelled by a person (/cancel)"
+        assert (await _answer(run, "/goal resume g1")) == "Resumed g1."
+        await run.idle()
+        assert g.state == "done"  # section 3 closes the guide; section 2 stays failed
+        assert "1 failed" in run.posts()[-1]
