@@ -649,7 +649,11 @@ class GoalEngine:
 
     async def _advance(self, g: Goal, channel: Any) -> None:
         cfg = self.config
-        self._check(g)
+        try:
+            self._check(g)  # before the step's first model call
+        except _Halt:
+            self.stats.refused_calls += 1
+            raise
         if not g.planned:
             proposals = await self._ask_plan(g)
             g.planned = True
