@@ -20,6 +20,7 @@ BENCHES = {
     "journal": "bench.journal",
     "schedules": "bench.schedules",
     "dashboard": "bench.dashboard",
+    "goals": "bench.goals",
     "local_model": "bench.local_model",  # skips, saying why, without steward[local]
 }
 

@@ -17,6 +17,8 @@ import structlog
 from bot.channels import Outbox, wrap
 from bot.commands.rules import RulesCommands
 from bot.dispatcher import Dispatcher
+from bot.goal_commands import GoalCommands
+from bot.goal_commands import register as register_goal_commands
 from bot.model_check import NO_MODEL_MESSAGE, no_model_message
 from bot.schedule_commands import ScheduleCommands
 from bot.schedule_commands import register as register_schedule_commands
@@ -28,6 +30,9 @@ from core.approvals import Approvals
 from core.clock import Clock
 from core.conversations import Conversations
 from core.events import Channel
+from core.goal_queue import GoalQueue
+from core.goals import Deps as GoalDeps
+from core.goals import GoalConfig, GoalEngine
 from core.guardian import Guardian
 from core.history import History, model_summarizer
 from core.interrupted import Interrupted
@@ -381,6 +386,23 @@ class App:
         )
         self.schedules.load()
         register_schedule_commands(self.dispatcher.router, ScheduleCommands(self.schedules))
+        # Goals: steps are jobs of the same conversation queues, as the goal's owner.
+        self.goals = GoalEngine(
+            GoalQueue(self.data_dir, self.datastore),
+            self.clock,
+            GoalConfig.from_settings(settings),
+            GoalDeps(
+                agent=agent,
+                llm=self.llm,
+                conversations=self.conversations,
+                channel_for=lambda name: next((c for c in self.channels if c.name == name), None),
+                approvals=self.approvals,
+                access=self.access,
+                learner=self.learner,
+            ),
+        )
+        self.goals.load()
+        register_goal_commands(self.dispatcher.router, GoalCommands(self.goals))
         #: Whether `start` arms the schedules' timers. Off for `steward chat -m` and piped
         #: chat: a one-shot exchange must not run (or print) a schedule's work.
         self.fire_schedules = True
@@ -448,6 +470,7 @@ class App:
             raise errors[0]
         if self.fire_schedules:  # after the channels: a due run needs its channel
             await self.schedules.start()
+            await self.goals.start()
         return started
 
     async def _start_one(self, adapter: Channel) -> Outbox:
@@ -560,6 +583,7 @@ class App:
     async def _stop_channels(self) -> None:
         # No new scheduled run starts; one in flight is run again at the next start.
         await _bounded("schedules", self.schedules.stop(), STOP_STEP_TIMEOUT)
+        await _bounded("goals", self.goals.shutdown(), STOP_STEP_TIMEOUT)
         await _bounded("proactive", self.proactive.stop(), STOP_STEP_TIMEOUT)
         self.journal.stopping = True  # tasks cut off now stay in the journal
         await _bounded("tasks", self.conversations.stop(), STOP_STEP_TIMEOUT)

@@ -130,6 +130,24 @@ class _CoreSettings(BaseModel):
     schedule_min_interval: float = Field(gt=0)
     schedule_outside_hours: Literal["defer", "skip"]
 
+    goal_max_tokens: int = Field(ge=0)
+    goal_max_usd: float = Field(ge=0)
+    goal_day_max_tokens: int = Field(ge=0)
+    goal_day_max_usd: float = Field(ge=0)
+    goal_usd_per_mtok: float = Field(ge=0)
+    goal_max_tasks: int = Field(ge=1)
+    goal_task_retries: int = Field(ge=0)
+    goal_task_cost: int = Field(ge=1)
+    goal_max_proposals: int = Field(ge=0)
+    goal_min_why_words: int = Field(ge=0)
+    goal_duplicate_similarity: float = Field(gt=0, le=1)
+    goal_review_every: int = Field(ge=0)
+    goal_breaker_no_progress: int = Field(ge=0)
+    goal_breaker_failures: int = Field(ge=0)
+    goal_breaker_velocity_tokens: int = Field(ge=0)
+    goal_breaker_velocity_window: float = Field(gt=0)
+    goal_progress_every: float = Field(ge=0)
+
     local_model: Literal["auto", "off"]
     local_model_path: str
     local_model_host: str

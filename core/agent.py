@@ -69,6 +69,10 @@ class TaskRequest:
     #: Recorded in the task journal, so a crash asks "run it again?". A scheduled run is
     #: not: its schedule runs it again itself (core/schedules.py).
     journaled: bool = True
+    #: Called before every model call and again after each call is counted, with the
+    #: task's episode so far; an answer (the reason) stops the task by code before the
+    #: next call or tool runs. A goal's budgets and stop live here (core/goals.py).
+    spend: Callable[[Episode], Awaitable[str | None]] | None = None
 
     @property
     def streams_text(self) -> bool:
@@ -302,7 +306,7 @@ class Agent:
             if causes:
                 episode.task_signature = causes[-1]
             else:
-                if not kind and episode.error.startswith("token budget"):
+                if not kind and episode.error.startswith(("token budget", "stopped by code")):
                     kind = "Budget"  # a ceiling someone set, not a lesson to learn
                 kind = kind or ("StepLimit" if episode.error.startswith("step limit") else "Gate")
                 episode.task_signature = signature("task", kind, episode.error)
@@ -375,6 +379,10 @@ class Agent:
                     f"I stopped: this run used {spent} tokens, its ceiling is "
                     f"{req.token_budget} (the schedule's max_tokens_run/max_tokens_day)."
                 )
+            if req.spend is not None and (stop := await req.spend(episode)):
+                episode.outcome = "failure"
+                episode.error = f"stopped by code: {stop}"
+                return f"I stopped: {stop}."
             episode.steps += 1
             result = await self.llm.complete(
                 messages,
@@ -384,6 +392,12 @@ class Agent:
                 on_slow=on_slow,
             )
             self._account(episode, result)
+            # Counted at once (a kill -9 during the tools keeps it); stops before tools run.
+            stop = await req.spend(episode) if req.spend is not None else None
+            if stop and result.tool_calls:
+                episode.outcome = "failure"
+                episode.error = f"stopped by code: {stop}"
+                return f"I stopped: {stop}."
             if not result.tool_calls:
                 text = result.text.strip() or EMPTY_ANSWER
                 verdict = check_answer(text, episode.tools, request=req.text)
