@@ -399,6 +399,7 @@ class App:
                 approvals=self.approvals,
                 access=self.access,
                 learner=self.learner,
+                monitor=self.activity.observe,
             ),
         )
         self.goals.load()

@@ -58,6 +58,7 @@ from typing import Any
 import structlog
 
 from core.clock import Clock
+from core.events import Progress
 from core.goal_queue import (
     ACTIVE,
     BUDGET,
@@ -241,6 +242,9 @@ class Deps:
     approvals: Any = None
     access: Any = None
     learner: Any = None
+    #: Sees each step's progress like the dispatcher's monitor (core/activity.Activity's
+    #: `observe`), so a goal's running task and its tool calls show on the dashboard.
+    monitor: Callable[..., None] | None = None
 
 
 class _Halt(Exception):
@@ -709,8 +713,20 @@ class GoalEngine:
                 return halt.reason
             return None
 
+        started: list[str] = []
+
+        def watch(event: Any) -> None:
+            if deps.monitor is None:
+                return
+            try:
+                deps.monitor(channel.name, g.conversation, g.owner, task.title, event)
+            except Exception:
+                log.warning("goal.monitor_failed", exc_info=True)
+
         async def observe(event: Any) -> None:
+            watch(event)
             if event.kind == "task_start":
+                started.append(event.task_id)
                 self._agent_task[g.id] = event.task_id
             elif event.kind == "tool_start":  # before it runs: a restart knows
                 task.tools.append(f"{event.tool}: {event.text}"[:300])
@@ -726,7 +742,11 @@ class GoalEngine:
             journaled=False,
             spend=spend,
         )
-        result = await deps.agent.run(request, observe)
+        try:
+            result = await deps.agent.run(request, observe)
+        finally:
+            for task_id in started:
+                watch(Progress("task_end", task_id))
         episode = result.episode
         self._produced(task, episode, result.reply)
         if deps.learner is not None:

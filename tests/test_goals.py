@@ -118,6 +118,12 @@ async def test_a_goal_runs_to_completion_with_the_drift_guard(
         assert report.startswith("Goal g1 ended — done: the goal is met.")
         assert "guide/section-6.md" in report and "6 done" in report
         assert (s.workspace / "guide" / "section-6.md").read_text() == "# Section 6\n"
+        # Its steps were on the dashboard's board like any task, with their tool calls,
+        # and none is left shown as running.
+        board = run.app.activity.snapshot()
+        assert board["running"] == []
+        seen = [t for t in board["recent"] if t["request"].startswith("Write section")]
+        assert seen and any(step["tool"] for t in seen for step in t["steps"])
         # The queue is Markdown in the data dir, in its git history.
         files = sorted(p.name for p in (s.data_dir / "tasks").glob("*.md"))
         assert "g1-t1.md" in files
