@@ -75,6 +75,7 @@ from core.events import (
     Progress,
     Suggestion,
 )
+from memory.atomic import atomic_write_bytes
 
 log = structlog.get_logger(__name__)
 
@@ -617,9 +618,8 @@ class WebChannel:
                 dirty = True
         items = list(messages.values())[-HISTORY_LIMIT:]
         if dirty or lines > len(items):
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_bytes(b"".join(_dumps(item).encode() + b"\n" for item in items))
-            os.replace(tmp, path)
+            # Temp file, fsync, rename, fsync of the folder: a crash keeps the old history.
+            atomic_write_bytes(path, b"".join(_dumps(item).encode() + b"\n" for item in items))
         return items
 
 

@@ -1,4 +1,9 @@
-"""The data dir as a versioned store: the one place that writes Markdown memory files.
+"""The data dir as a versioned store: the Markdown files a person curates, under git.
+
+Rules, notes and schedules are written here (with commits); the records Steward
+writes while it runs (approvals, suggestions, proactive state, episodes,
+transcripts) go through `memory.records.RecordStore`, which uses the same
+`render`/`parse` and the same atomic write and redaction.
 
 DESIGN.md "Memory": Markdown is the truth, a person can read, edit and `git`-version
 every file, and each change the agent makes to rules is a commit. This module owns
