@@ -519,7 +519,7 @@ class WebChannel:
             lock = self._locks[session] = asyncio.Lock()
         return lock
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, object]) -> None:
         self._inflight.run(coro, "dispatch")
 
     async def _record(self, session: str, frame: dict[str, Any]) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from bot.router import CommandContext, CommandRouter, admin_only, requires
+from bot.router import CommandContext, CommandRouter, Filter, admin_only, requires
 from core.policy import OverlayView
 
 if TYPE_CHECKING:
@@ -16,7 +16,9 @@ if TYPE_CHECKING:
 
 Ctx = CommandContext["Dispatcher"]
 
-_OVERLAY = requires(lambda d: d.policy is not None, "The policy overlay is not available here.")
+_OVERLAY: Filter[Dispatcher] = requires(
+    lambda d: d.policy is not None, "The policy overlay is not available here."
+)
 
 
 def describe(view: OverlayView) -> str:

@@ -243,8 +243,8 @@ def merge(
 
     credentials: list[Credential] = []
     examples: list[str] = []
-    for spec in [*base.credentials, *ov.credentials]:
-        cred, ex = _compile_credential(spec)
+    for cred_spec in [*base.credentials, *ov.credentials]:
+        cred, ex = _compile_credential(cred_spec)
         credentials.append(cred)
         examples.extend(e for e in ex if e not in examples)
 

@@ -94,9 +94,9 @@ def render_document(doc: PolicyDoc, header: str = "") -> str:
         if doc.workspace_writers:
             allow.add("workspace_writers", list(doc.workspace_writers))
         out.add("allow", allow)
-    for section, entries in (("approval", doc.approval), ("forbid", doc.forbid)):
-        if entries:
-            out.add(section, _reasons_table(entries))
+    for section, reasons in (("approval", doc.approval), ("forbid", doc.forbid)):
+        if reasons:
+            out.add(section, _reasons_table(reasons))
     for section, key, items in (
         ("protected", "dirs", doc.protected_dirs),
         ("environment", "risky", doc.risky_env_vars),

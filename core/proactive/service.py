@@ -38,7 +38,7 @@ log = structlog.get_logger("steward.proactive")
 class FailureEvidenceSink(Protocol):
     """Where a recurring failure pattern goes (the rule learner, core/learning.py)."""
 
-    async def evidence(self, signature: str, episode_ids: list[str], source: str) -> None: ...
+    async def evidence(self, signature: str, episode_ids: list[str], source: str) -> object: ...
 
 
 SUGGEST_PROMPT = (
