@@ -917,9 +917,8 @@ class GoogleChatChannel:
         self._press_answers.setdefault(press.message_id, []).append(waiter)
         task = self._inflight.spawn(dispatch, press)
         try:
-            await asyncio.wait(
-                {waiter, task}, timeout=self.press_window, return_when=asyncio.FIRST_COMPLETED
-            )
+            both: set[asyncio.Future[Any]] = {waiter, task}
+            await asyncio.wait(both, timeout=self.press_window, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:  # Chat hung up: the edit must still be made
             if waiter.done() and not waiter.cancelled():
                 self._inflight.run(self._patch(press.message_id, waiter.result()), "edit")

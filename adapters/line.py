@@ -81,7 +81,7 @@ from linebot.v3.messaging import (
 )
 from linebot.v3.webhook import SignatureValidator
 
-from adapters.runtime import Health, Inflight, Recent
+from adapters.runtime import Health, Inflight, Recent, json_object
 from core.events import (
     ApprovalRequest,
     Button,
@@ -186,7 +186,7 @@ def _strip_self_mention(message: Mapping[str, Any]) -> tuple[str, bool]:
     LINE gives each mention's ``index``/``length`` in UTF-16 code units; the text is cut
     in those units so that emoji before the mention don't shift it."""
     text = str(message.get("text") or "")
-    mention = message.get("mention") if isinstance(message.get("mention"), dict) else {}
+    mention = json_object(message.get("mention"))
     spans = []
     for m in mention.get("mentionees") or []:
         if isinstance(m, dict) and m.get("isSelf") is True:

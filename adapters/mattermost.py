@@ -81,7 +81,7 @@ import aiohttp
 import structlog
 from aiohttp import web
 
-from adapters.runtime import Backoff, Health, Inflight, Recent
+from adapters.runtime import Backoff, Health, Inflight, Recent, json_object
 from core.events import (
     ApprovalRequest,
     Button,
@@ -159,7 +159,7 @@ def _person_post(post: Any, bot_id: str) -> bool:
     """A normal post by a person: not a system message, not a bot, not a webhook."""
     if not isinstance(post, dict) or not isinstance(post.get("id"), str):
         return False
-    props = post.get("props") if isinstance(post.get("props"), dict) else {}
+    props = json_object(post.get("props"))
     return (
         not post.get("type")  # system_join_channel, …
         and isinstance(post.get("user_id"), str)
@@ -175,7 +175,7 @@ def parse_posted(
     """A ``posted`` websocket event → a `Message` to Steward, or None to ignore it."""
     if event.get("event") != "posted":
         return None
-    data = event.get("data") if isinstance(event.get("data"), dict) else {}
+    data = json_object(event.get("data"))
     post = _loads(data.get("post"))
     if not _person_post(post, bot_id):
         return None
@@ -228,7 +228,7 @@ def parse_retraction(
     kind = kinds.get(str(event.get("event")))
     if kind is None:
         return None
-    data = event.get("data") if isinstance(event.get("data"), dict) else {}
+    data = json_object(event.get("data"))
     post = _loads(data.get("post"))
     if not _person_post(post, bot_id):
         return None
@@ -239,7 +239,7 @@ def parse_retraction(
     text = str(post.get("message") or "")
     if kind == "edited" and seen is not None and seen[1] == text:
         return None
-    broadcast = event.get("broadcast") if isinstance(event.get("broadcast"), dict) else {}
+    broadcast = json_object(event.get("broadcast"))
     direct = data.get("channel_type") == "D"
     if not (seen or direct or _mentioned(text, bot_username)):
         return None
@@ -363,7 +363,7 @@ def verify_press(body: Any, key: bytes) -> str | None:
 def parse_press(body: Mapping[str, Any], channel: str = NAME) -> ButtonPress | None:
     """A verified press request → `ButtonPress` (None when the person is missing)."""
     user, conversation = body.get("user_id"), body.get("channel_id")
-    context = body.get("context") if isinstance(body.get("context"), dict) else {}
+    context = json_object(body.get("context"))
     if not (isinstance(user, str) and user and isinstance(conversation, str)):
         return None
     return ButtonPress(
@@ -884,7 +884,7 @@ class MattermostChannel:
 
     def _on_posted(self, frame: Mapping[str, Any]) -> bool:
         """A ``posted`` event (live or caught up); True when it was dispatched."""
-        data = frame.get("data") if isinstance(frame.get("data"), dict) else {}
+        data = json_object(frame.get("data"))
         where = (frame.get("broadcast") or {}).get("channel_id")
         if isinstance(where, str) and where:
             if data.get("team_id"):
@@ -916,7 +916,7 @@ class MattermostChannel:
             except DeliveryError as exc:
                 log.warning("mattermost.catch_up_failed", channel=NAME, error=str(exc))
                 continue
-            posts = data.get("posts") if isinstance(data.get("posts"), dict) else {}
+            posts = json_object(data.get("posts"))
             missed = sorted(
                 (
                     p

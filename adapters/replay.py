@@ -180,7 +180,7 @@ class ReplayChannel:
         user = str(data.get("user", "user"))
         conversation = str(data.get("conversation") or user)
         if "text" in data:
-            event: Inbound = Message(
+            message = Message(
                 self.name,
                 conversation,
                 user,
@@ -188,7 +188,8 @@ class ReplayChannel:
                 id=f"in{lineno}",
                 space=data.get("space"),
             )
-            self._last_message[(conversation, user)] = event.id
+            self._last_message[(conversation, user)] = message.id
+            event: Inbound = message
         elif "press" in data:
             found = self.find_button(conversation, str(data["press"]))
             if found is None:

@@ -18,7 +18,7 @@ import random
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import structlog
 
@@ -110,7 +110,7 @@ class Inflight:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    def run(self, work: Awaitable[None], what: str) -> asyncio.Task[None]:
+    def run(self, work: Awaitable[object], what: str) -> asyncio.Task[None]:
         """Any other background job of the adapter (a reply to a webhook, a sync)."""
 
         async def guarded() -> None:
@@ -235,3 +235,12 @@ class Backoff:
 
     def reset(self) -> None:
         self.attempt = 0
+
+
+def json_object(value: object) -> dict[str, Any]:
+    """`value` when it is a JSON object, else an empty one (missing, null, a list, a string).
+
+    Platform payloads are read defensively: a field of the wrong shape must not raise
+    in the middle of parsing an event, and the type checker sees a dict either way.
+    """
+    return value if isinstance(value, dict) else {}

@@ -680,7 +680,8 @@ class TelegramChannel:
             try:
                 updates = await bot.get_updates(
                     offset=self._offset or None,
-                    timeout=0 if first else self._poll_timeout,
+                    # PTB sends the seconds as given; its hint says int, tests poll faster.
+                    timeout=0 if first else self._poll_timeout,  # type: ignore[arg-type]
                     allowed_updates=ALLOWED_UPDATES,
                 )
             except asyncio.CancelledError:

@@ -75,6 +75,7 @@ from core.events import (
     Progress,
     Suggestion,
 )
+from memory.atomic import atomic_write_bytes
 
 log = structlog.get_logger(__name__)
 
@@ -518,7 +519,7 @@ class WebChannel:
             lock = self._locks[session] = asyncio.Lock()
         return lock
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, object]) -> None:
         self._inflight.run(coro, "dispatch")
 
     async def _record(self, session: str, frame: dict[str, Any]) -> None:
@@ -617,9 +618,8 @@ class WebChannel:
                 dirty = True
         items = list(messages.values())[-HISTORY_LIMIT:]
         if dirty or lines > len(items):
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_bytes(b"".join(_dumps(item).encode() + b"\n" for item in items))
-            os.replace(tmp, path)
+            # Temp file, fsync, rename, fsync of the folder: a crash keeps the old history.
+            atomic_write_bytes(path, b"".join(_dumps(item).encode() + b"\n" for item in items))
         return items
 
 

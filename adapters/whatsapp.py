@@ -118,7 +118,8 @@ def graph_error(status: int, body: Any, headers: Mapping[str, str]) -> GraphErro
     everything else (bad token, bad parameter) is reported at once."""
     err = body.get("error") if isinstance(body, dict) else None
     err = err if isinstance(err, dict) else {}
-    code = err.get("code") if isinstance(err.get("code"), int) else 0
+    raw_code = err.get("code")
+    code = raw_code if isinstance(raw_code, int) else 0
     message = str(err.get("message") or f"HTTP {status}")
     data = err.get("error_data")
     details = data.get("details") if isinstance(data, dict) else None

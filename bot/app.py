@@ -217,7 +217,7 @@ class App:
             applog.warning("sandbox.unavailable", reason=self.sandbox.fallback)
         else:
             applog.info("sandbox.ready", mode=settings.sandbox, sandbox=self.sandbox.describe())
-        self.channels: list[Channel] = []
+        self.channels: list[Outbox] = []
         self._recovering = asyncio.Lock()
         self._initialized = False
         self.conversations = Conversations(self.clock)
@@ -482,7 +482,8 @@ class App:
         async with self._recovering:  # one channel's recovery at a time: they share records
             await self.approvals.recover(mine)
             await self.proactive.recover(await self.suggestions.recover(mine))
-            await self.dispatcher.interrupted.recover(mine)
+            if self.dispatcher.interrupted is not None:  # always wired here; typed optional
+                await self.dispatcher.interrupted.recover(mine)
         try:  # what a previous run could not deliver on this channel goes out now
             await outbox.redeliver()
         except Exception:  # never worth failing a start for: kept, tried again later

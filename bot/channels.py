@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import importlib
 import json
 import random
@@ -421,7 +422,7 @@ class Outbox:
         for piece in pieces:
             ref = await self._deliver(
                 "send",
-                lambda piece=piece: self.adapter.send(conversation, piece, thread=thread),
+                functools.partial(self.adapter.send, conversation, piece, thread=thread),
                 {"conversation": conversation, "text": piece, "thread": thread},
             )
         assert ref is not None

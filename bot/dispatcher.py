@@ -76,7 +76,7 @@ class Dispatcher:
     agent: Agent | None
     access: Access
     suggestions: Suggestions
-    #: The guardian's overlay, for /policy (describe_overlay, revoke); None hides it.
+    #: The guardian's overlay, for /policy (overlay_view, revoke); None hides it.
     policy: PolicyOverlay | None = None
     #: Sent instead of running a task when no model is configured.
     no_model_message: str = ""

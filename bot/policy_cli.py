@@ -76,11 +76,12 @@ def overlay_path(data_dir: Path) -> Path:
 
 def policy_command(settings: Any, args: argparse.Namespace) -> int:
     """Run `steward policy ACTION` with the deployment's settings."""
+    from bot.commands.policy import describe
     from core.guardian import Guardian, PolicyError
 
     guardian = Guardian(settings.workspace, overlay_path=overlay_path(settings.data_dir))
     if args.policy_command == "show":
-        print(guardian.describe_overlay())
+        print(describe(guardian.overlay_view()))
         try:
             guardian.policy()
         except PolicyError:

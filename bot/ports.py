@@ -13,13 +13,14 @@ from typing import Any, Protocol
 from core.agent import TaskResult
 from core.events import Channel, Message
 from core.interrupted import Answer as InterruptedAnswer
+from core.policy import OverlayView
 from core.proactive import Status as ProactiveStatus
 
 
 class PolicyOverlay(Protocol):
     """The guardian's always-allow overlay, for /policy."""
 
-    def describe_overlay(self) -> str: ...
+    def overlay_view(self) -> OverlayView: ...
 
     def revoke(self, rule_id: str) -> bool: ...
 

@@ -170,11 +170,11 @@ async def serve(
     # Concurrently: one platform down (or slow) must not keep the others (or web) down.
     for outbox in await app.start(platforms, failures=failures):
         log.info("channel.started", channel=outbox.name)
-    for name, exc in failures.items():
-        log.error("channel.start_failed", channel=name, error=str(exc)[:300], exc_info=exc)
-        print(f"steward: {name} did not start: {exc}", file=sys.stderr, flush=True)
+    for name, failure in failures.items():
+        log.error("channel.start_failed", channel=name, error=str(failure)[:300], exc_info=failure)
+        print(f"steward: {name} did not start: {failure}", file=sys.stderr, flush=True)
     app.warm_up()
-    port = site._server.sockets[0].getsockname()[1] if site._server else settings.port  # type: ignore[union-attr]
+    port = site._server.sockets[0].getsockname()[1] if site._server else settings.port  # type: ignore[attr-defined]
     url = f"http://{settings.host}:{port}"
     app.lock.describe(url)  # so a refused `steward chat` can point at the web chat
     log.info("server.started", url=url, model=app.llm.describe() if app.llm else None)

@@ -37,7 +37,8 @@ class PlatformConfig(Mapping[str, str]):
     """One platform's settings, by their short names (`cfg.bot_token`)."""
 
     platform: str
-    values: Mapping[str, str]
+    # Shadows Mapping.values(): `cfg.values` is the raw mapping (iterate `cfg.values.values()`).
+    values: Mapping[str, str]  # type: ignore[assignment]
 
     def __getitem__(self, key: str) -> str:
         return self.values[key]

@@ -16,7 +16,7 @@ import tomllib
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
@@ -216,8 +216,16 @@ def _platform_fields() -> dict[str, Any]:
     }
 
 
-#: The settings model: the core fields above plus every platform's, from the registry.
-Settings = create_model("Settings", __base__=_CoreSettings, **_platform_fields())
+if TYPE_CHECKING:
+
+    class Settings(_CoreSettings):
+        """What the type checker sees: the core fields, and a string per platform key."""
+
+        def __getattr__(self, name: str) -> str: ...
+
+else:
+    #: The settings model: the core fields above plus every platform's, from the registry.
+    Settings = create_model("Settings", __base__=_CoreSettings, **_platform_fields())
 
 
 _EXPECTED = {

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 import structlog
 
@@ -26,14 +27,14 @@ log = structlog.get_logger("steward.conversations")
 
 #: The work after a job's answer went out; see the module docstring.
 FollowUp = Callable[[], Awaitable[None]]
-Job = Callable[[], Awaitable[FollowUp | None]]
+Job = Callable[[], Coroutine[Any, Any, FollowUp | None]]
 
 
 @dataclass(slots=True)
 class _Conversation:
     queue: deque[Job] = field(default_factory=deque)
     worker: asyncio.Task[None] | None = None
-    current: asyncio.Task[None] | None = None
+    current: asyncio.Task[FollowUp | None] | None = None
 
 
 class Conversations:
@@ -91,7 +92,8 @@ class Conversations:
         try:
             return await conv.current
         except asyncio.CancelledError:
-            if asyncio.current_task() is not None and asyncio.current_task().cancelling():
+            me = asyncio.current_task()
+            if me is not None and me.cancelling():
                 raise  # the worker itself is being stopped
             log.info("conversation.job_cancelled", conversation=key)
         except Exception:

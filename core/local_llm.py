@@ -277,7 +277,7 @@ def parse_call(
     if name not in allowed or not isinstance(args, dict):
         return None
     spec = [a for a in _ARG_SPECS.get(str(name), {}) if a not in given]
-    if any(not isinstance(args.get(a), str) or not args.get(a).strip() for a in spec):
+    if any(not isinstance(v := args.get(a), str) or not v.strip() for a in spec):
         return None
     return str(name), {**{a: args[a] for a in spec}, **given}
 
@@ -433,9 +433,9 @@ class LocalLLM:
         if r.kind == "capabilities":
             return await self._say(CAPABILITIES.format(label=self.label), on_text)
         if r.kind == "tool" and r.tool in offered:
-            result = await self.tool_call(request, r)
-            if result is not None:
-                return result
+            called = await self.tool_call(request, r)
+            if called is not None:
+                return called
         return await self.chat(messages, start, on_text=on_text, on_reset=on_reset)
 
     async def tool_call(self, request: str, r: Route) -> LLMResult | None:

@@ -227,8 +227,8 @@ class Sandbox:
         # itself inside a hidden path (the person approved exactly that path).
         args += ["--bind", ws, ws]
         granted = [p for p in grant.write if os.path.exists(p)]
-        for path in granted:
-            args += ["--bind", path, path]
+        for grant_path in granted:
+            args += ["--bind", grant_path, grant_path]
         for git, protected in self._git_protected():
             # The repository folder itself becomes a mount point, so it cannot be renamed
             # away and replaced by one with writable hooks; config and hooks read-only.
@@ -236,10 +236,10 @@ class Sandbox:
             for path in protected:
                 args += ["--ro-bind", path, path]
         masked = []
-        for path in self.hidden:
-            mask = self._mask(path, granted)
+        for hidden in self.hidden:
+            mask = self._mask(hidden, granted)
             if mask:
-                masked.append(os.path.realpath(path))
+                masked.append(os.path.realpath(hidden))
                 args += mask
         for path in granted:
             if any(_within(path, m) for m in masked):

@@ -44,6 +44,7 @@ is written before the run starts, so a restart never runs one due time twice.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import re
 from collections.abc import Awaitable, Callable
@@ -544,7 +545,9 @@ class Scheduler:
         due = from_iso(s.next_run)
         if not self._started or s.paused or s.done or due is None:
             return
-        self._timers[s.id] = self.clock.call_at(due.timestamp(), lambda sid=s.id: self._fire(sid))
+        self._timers[s.id] = self.clock.call_at(
+            due.timestamp(), functools.partial(self._fire, s.id)
+        )
 
     def _fire(self, sid: str) -> None:
         self._timers.pop(sid, None)

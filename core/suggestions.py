@@ -18,9 +18,7 @@ import structlog
 
 from core.clock import Clock
 from core.events import Button, Channel, MessageRef, Suggestion
-from memory.atomic import atomic_write_text
-from memory.redact import redact
-from memory.store import parse, render
+from memory.records import RecordStore
 
 log = structlog.get_logger("steward.suggestions")
 
@@ -39,24 +37,24 @@ class Answer:
 class Suggestions:
     def __init__(self, clock: Clock, data_dir: Path) -> None:
         self.clock = clock
-        self.root = data_dir / "suggestions"
+        self.store = RecordStore(data_dir / "suggestions", "suggestion")
+        self.root = self.store.root
         self._open: dict[str, tuple[dict[str, Any], Channel, MessageRef | None]] = {}
         #: Offers a previous run left open whose channel has not started yet (None: unread).
         self._left_open: list[dict[str, Any]] | None = None
 
     def _path(self, sid: str) -> Path:
-        return self.root / f"{sid}.md"
+        return self.store.path(sid)
 
     async def _save(self, record: dict[str, Any]) -> None:
-        text = redact(render(record, f"{record['text']}\n"))
-        await asyncio.to_thread(atomic_write_text, self._path(record["id"]), text)
+        await self.store.save(self._path(record["id"]), record, f"{record['text']}\n")
 
     def _load(self, sid: str) -> dict[str, Any] | None:
         path = self._path(sid)
         if not path.is_file():
             return None
         try:
-            return parse(path.read_text(encoding="utf-8"), path)[0]
+            return self.store.read(path)[0]
         except (OSError, ValueError):
             log.warning("suggestions.malformed", path=str(path))
             return None
@@ -180,7 +178,7 @@ class Suggestions:
         """Every stored suggestion with its answer (for the proactive engine and tests)."""
         out = []
         if self.root.is_dir():
-            for path in sorted(self.root.glob("*.md")):
+            for path in self.store.paths():
                 record = self._load(path.stem)
                 if record is not None:
                     out.append(record)

@@ -1,46 +1,40 @@
 """Approvals on disk: <data dir>/approvals/<id>.md, so none is lost or approved by a restart.
 
 Each request is written when it is asked and again when it is decided; the file is
-the record a person can audit ("who approved `git push` on Tuesday?").
+the record a person can audit ("who approved `git push` on Tuesday?"). Written and
+read through the one record store (`memory.records`): redacted, atomic, cached.
 """
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
 import structlog
 
-from memory.atomic import atomic_write_text
-from memory.redact import redact
-from memory.store import parse, render
+from memory.records import RecordStore
 
 log = structlog.get_logger("steward.approvals.store")
 
 
 class ApprovalStore:
     def __init__(self, data_dir: Path) -> None:
-        self.root = data_dir / "approvals"
+        self.records = RecordStore(data_dir / "approvals", "approval")
+        self.root = self.records.root
 
     def path(self, approval_id: str) -> Path:
-        return self.root / f"{approval_id}.md"
-
-    def _render(self, record: dict[str, Any]) -> str:
-        body = f"{record.get('what', '')}\n\nWhy: {record.get('why', '')}\n"
-        return redact(render(record, body))
+        return self.records.path(approval_id)
 
     async def save(self, record: dict[str, Any]) -> None:
-        await asyncio.to_thread(atomic_write_text, self.path(record["id"]), self._render(record))
+        body = f"{record.get('what', '')}\n\nWhy: {record.get('why', '')}\n"
+        await self.records.save(self.path(record["id"]), record, body)
 
     def load_all(self) -> list[dict[str, Any]]:
         """Every readable record; a malformed file is logged with its path and left alone."""
         records = []
-        if not self.root.is_dir():
-            return records
-        for path in sorted(self.root.glob("*.md")):
+        for path in self.records.paths():
             try:
-                meta, _body = parse(path.read_text(encoding="utf-8"), path)
+                meta, _body = self.records.read(path)
                 if not meta.get("id") or not meta.get("status"):
                     raise ValueError("missing id or status")
                 records.append(meta)

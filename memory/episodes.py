@@ -6,7 +6,6 @@ and version it; indexes built later are caches over these files.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -14,11 +13,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from memory.atomic import atomic_write_text
 from memory.effects import Effects
 from memory.health import health_for
-from memory.redact import redact
-from memory.store import MalformedFile, parse, render
+from memory.records import RecordStore, read_record
+from memory.store import MalformedFile, render
 
 #: How much of a call's arguments an episode file keeps (the tool log keeps them whole).
 EPISODE_ARGUMENTS_CHARS = 500
@@ -166,6 +164,11 @@ class Episode:
         }
 
     def to_markdown(self) -> str:
+        """The whole file as written, before redaction (front matter + `body`)."""
+        return render(self.front_matter(), self.body())
+
+    def body(self) -> str:
+        """The readable part: request, tools with their outcome, outcome, reply."""
         lines = ["## Request", "", self.request.strip(), ""]
         if self.tools:
             lines += ["## Tools", ""]
@@ -176,7 +179,7 @@ class Episode:
         lines += ["## Outcome", "", f"{self.outcome}" + (f": {self.error}" if self.error else "")]
         if self.reply.strip():
             lines += ["", "## Reply", "", self.reply.strip()]
-        return render(self.front_matter(), "\n".join(lines))
+        return "\n".join(lines)
 
 
 class EpisodeStore:
@@ -185,19 +188,16 @@ class EpisodeStore:
     def __init__(self, data_dir: Path) -> None:
         self.root = data_dir / "episodes"
         self.health = health_for(data_dir)  # a failed write is said out loud, not only logged
+        # No read cache: a rebuild reads each episode once, and 100k cached would only hold memory.
+        self.store = RecordStore(self.root, "episode", health=self.health, cache_size=0)
 
     def path_for(self, episode: Episode) -> Path:
         d = episode.started
         return self.root / f"{d:%Y}" / f"{d:%m}" / f"{d:%d}" / f"{episode.id}.md"
 
     async def write(self, episode: Episode) -> Path:
-        path = self.path_for(episode)
-        # Secrets pasted in chat or printed by tools never reach the disk.
-        text = redact(episode.to_markdown())
-        await self.health.guard(
-            "episode", path, lambda: asyncio.to_thread(atomic_write_text, path, text)
-        )
-        return path
+        # Secrets pasted in chat or printed by tools never reach the disk (the store redacts).
+        return await self.store.save(self.path_for(episode), episode.front_matter(), episode.body())
 
     def iter_files(self) -> Iterator[Path]:
         if self.root.is_dir():
@@ -206,7 +206,7 @@ class EpisodeStore:
     @staticmethod
     def read_front_matter(path: Path) -> dict[str, Any]:
         """Parse one episode's front matter; raises ValueError naming the file when malformed."""
-        meta, _body = parse(path.read_text(encoding="utf-8"), path)
+        meta, _body = read_record(path)
         if not meta:
             raise MalformedFile(path, "front matter is empty")
         return meta

@@ -146,7 +146,7 @@ class TaskJournal:
 
     def load(self) -> list[dict[str, Any]]:
         """Every record on disk, oldest first (blocking: call it in a thread)."""
-        out = []
+        out: list[dict[str, Any]] = []
         if not self.root.is_dir():
             return out
         for path in sorted(self.root.glob("*.jsonl")):

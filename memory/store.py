@@ -1,4 +1,9 @@
-"""The data dir as a versioned store: the one place that writes Markdown memory files.
+"""The data dir as a versioned store: the Markdown files a person curates, under git.
+
+Rules, notes and schedules are written here (with commits); the records Steward
+writes while it runs (approvals, suggestions, proactive state, episodes,
+transcripts) go through `memory.records.RecordStore`, which uses the same
+`render`/`parse` and the same atomic write and redaction.
 
 DESIGN.md "Memory": Markdown is the truth, a person can read, edit and `git`-version
 every file, and each change the agent makes to rules is a commit. This module owns
@@ -58,7 +63,8 @@ from dulwich.errors import NotGitRepository, NotTreeError
 from dulwich.file import FileLocked
 from dulwich.index import index_entry_from_stat
 from dulwich.object_store import commit_tree_changes
-from dulwich.objects import Blob, Commit, Tree
+from dulwich.objects import Blob, Commit, ObjectID, Tree
+from dulwich.refs import HEADREF
 from dulwich.repo import Repo
 
 from memory.atomic import atomic_write_bytes
@@ -387,7 +393,7 @@ class DataStore:
         repo = self._repo
         assert repo is not None
         store = repo.object_store
-        changes: list[tuple[bytes, int | None, bytes | None]] = []
+        changes: list[tuple[bytes, int | None, ObjectID | None]] = []
         for rel, data in sorted(entries.items()):
             if data is None:
                 changes.append((rel.encode(), None, None))
@@ -397,10 +403,10 @@ class DataStore:
                 changes.append((rel.encode(), _FILE_MODE, blob.id))
         for _attempt in range(_CAS_ATTEMPTS):
             try:
-                old = repo.refs[b"HEAD"]
+                old = repo.refs[HEADREF]
             except KeyError:
                 old = None
-            base: Tree | bytes
+            base: Tree | ObjectID
             if old is None:
                 base = Tree()
                 store.add_object(base)
@@ -427,9 +433,9 @@ class DataStore:
             store.add_object(c)
             reflog = b"commit: " + message.splitlines()[0].encode("utf-8")
             if old is None:
-                ok = repo.refs.add_if_new(b"HEAD", c.id, message=reflog, committer=AUTHOR)
+                ok = repo.refs.add_if_new(HEADREF, c.id, message=reflog, committer=AUTHOR)
             else:
-                ok = repo.refs.set_if_equals(b"HEAD", old, c.id, message=reflog, committer=AUTHOR)
+                ok = repo.refs.set_if_equals(HEADREF, old, c.id, message=reflog, committer=AUTHOR)
             if ok:
                 self._sync_index(entries)
                 sha = c.id.decode()
@@ -539,7 +545,7 @@ class DataStore:
                 return []
             repo = self.repo()
             try:
-                repo.refs[b"HEAD"]
+                repo.refs[HEADREF]
             except KeyError:
                 return []
             out: list[Revision] = []
@@ -616,10 +622,12 @@ class DataStore:
 _ZERO_STAT = os.stat_result((_FILE_MODE, 0, 0, 0, 0, 0, 0, 0, 0, 0))
 
 
-def _in_tree(repo: Repo, tree: Tree | bytes, path: bytes) -> bool:
+def _in_tree(repo: Repo, tree: Tree | ObjectID, path: bytes) -> bool:
     t = tree if isinstance(tree, Tree) else repo[tree]
+    if not isinstance(t, Tree):
+        return False
     try:
-        t.lookup_path(repo.object_store.__getitem__, path)  # type: ignore[union-attr]
+        t.lookup_path(repo.object_store.__getitem__, path)
     except (KeyError, NotTreeError):
         return False
     return True

@@ -20,10 +20,9 @@ from typing import Any
 
 import structlog
 
-from memory.atomic import atomic_write_text
 from memory.health import health_for
+from memory.records import RecordStore
 from memory.redact import redact, redact_obj
-from memory.store import parse, render
 
 log = structlog.get_logger("steward.transcripts")
 
@@ -60,6 +59,9 @@ class TranscriptStore:
     def __init__(self, data_dir: Path) -> None:
         self.root = data_dir / "conversations"
         self.health = health_for(data_dir)  # a failed write is said out loud, not only logged
+        self.store = RecordStore(
+            self.root, "history", redactor=_redact_transcript, health=self.health, cache_size=64
+        )
 
     def path(self, key: str) -> Path:
         return self.root / f"{slug(key)}.md"
@@ -69,7 +71,7 @@ class TranscriptStore:
         if not path.is_file():
             return Transcript(key)
         try:
-            meta, body = parse(path.read_text(encoding="utf-8"), path)
+            meta, body = self.store.read(path)
             recent = [
                 {"role": str(t["role"]), "content": str(t["content"])}
                 for t in meta.get("recent") or []
@@ -86,6 +88,7 @@ class TranscriptStore:
         except (OSError, ValueError, TypeError, KeyError) as exc:
             # Never overwrite what a person may want to repair: start a new file beside it.
             log.warning("transcript.malformed", path=str(path), error=str(exc))
+            self.store.forget(path)
             path.rename(path.with_suffix(".malformed"))
             return Transcript(key)
 
@@ -102,11 +105,7 @@ class TranscriptStore:
         if len(t.archive) <= self.part_size:
             return
         n = t.parts + 1
-        text = render({"key": t.key, "part": n}, t.archive)
-        part = self.part_path(t.key, n)
-        await self.health.guard(
-            "history", part, lambda: asyncio.to_thread(atomic_write_text, part, text)
-        )
+        await self.store.save(self.part_path(t.key, n), {"key": t.key, "part": n}, t.archive)
         t.parts, t.archive = n, ""
 
     async def save(self, t: Transcript, *, updated: datetime) -> Path:
@@ -115,16 +114,25 @@ class TranscriptStore:
             "key": t.key,
             "updated": updated.isoformat(),
             "summarized": t.summarized,
-            "summary": redact(t.summary),
-            "recent": redact_obj(t.recent),
+            "summary": t.summary,
+            "recent": [dict(turn) for turn in t.recent],  # the thread gets its own copy
             "parts": t.parts,
         }
-        text = render(meta, t.archive)
-        path = self.path(t.key)
-        await self.health.guard(
-            "history", path, lambda: asyncio.to_thread(atomic_write_text, path, text)
-        )
-        return path
+        return await self.store.save(self.path(t.key), meta, t.archive)
+
+
+def _redact_transcript(meta: dict[str, Any], archive: str) -> tuple[dict[str, Any], str]:
+    """Redact what the front matter carries; the archive was redacted once, when appended.
+
+    Re-redacting a 200 kB archive on every save is what made saves slow; the turns
+    in it never change after `append`, so once is enough.
+    """
+    clean = dict(meta)
+    if "summary" in clean:
+        clean["summary"] = redact(clean["summary"])
+    if "recent" in clean:
+        clean["recent"] = redact_obj(clean["recent"])
+    return clean, archive
 
 
 def archive_lines(turns: list[dict[str, str]], when: datetime) -> str:

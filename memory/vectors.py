@@ -43,6 +43,7 @@ import os
 import tempfile
 import threading
 from pathlib import Path
+from typing import Any, cast
 
 import faiss
 import numpy as np
@@ -73,8 +74,9 @@ class VectorIndex:
             hnsw.hnsw.efConstruction = EF_CONSTRUCTION
             index = faiss.IndexIDMap2(hnsw)
         self._index = index
-        self._hnsw = faiss.downcast_index(index.index)
-        self._storage = faiss.downcast_index(self._hnsw.storage)
+        # faiss is SWIG-generated: its typing knows the base Index, not what downcast returns.
+        self._hnsw: Any = cast(Any, faiss.downcast_index(index.index))
+        self._storage: Any = faiss.downcast_index(self._hnsw.storage)
         self._lock = threading.Lock()
         self._labels = faiss.vector_to_array(index.id_map).astype(np.int64)
         self._stale = np.zeros(len(self._labels), dtype=bool)
@@ -253,7 +255,7 @@ class VectorIndex:
                 self._stale_batch = faiss.IDSelectorBatch(self._labels[self._stale])
                 self._stale_sel = faiss.IDSelectorNot(self._stale_batch)
             selector = self._stale_sel
-        params = faiss.SearchParametersHNSW(efSearch=max(EF_SEARCH, k))
+        params = faiss.SearchParametersHNSW(efSearch=max(EF_SEARCH, k))  # type: ignore[attr-defined]
         if selector is not None:
             params.sel = selector
         scores, labels = self._index.search(q.reshape(1, -1), k, params=params)

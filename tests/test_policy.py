@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from bot.commands.policy import describe
 from bot.policy_cli import run_check
 from core.guardian import Guardian, Verdict
 from core.policy import (
@@ -26,6 +27,7 @@ from core.policy import (
     CredentialSpec,
     OptionRisks,
     PolicyDoc,
+    PolicyError,
     SubcommandSpec,
     builtin_path,
     overlay_text_with_rule,
@@ -129,7 +131,7 @@ def test_a_malformed_overlay_forbids_everything_with_a_clear_reason(
         assert decision.reason.startswith("the guardian's policy could not be loaded")
         assert str(overlay) in decision.reason and problem in decision.reason
         assert fix in decision.reason
-    assert g.describe_overlay().startswith("Policy error:")
+    assert describe(g.overlay_view()).startswith("Policy error:")
     with pytest.raises(ValueError, match="could not be loaded"):
         g.always_allow("shell", {"command": "docker ps"}, added_by="u1")
 
@@ -229,7 +231,7 @@ def test_overlay_can_never_allow_a_forbidden_command(ws: Path, overlay: Path) ->
     assert verdict(g, "mkfs.ext4 /dev/sdb1") == F
     assert verdict(g, "git credential fill") == F
     assert verdict(g, "rm -rf /") == F
-    text = g.describe_overlay()
+    text = describe(g.overlay_view())
     assert "`mkfs.ext4` stays forbidden (formats a filesystem)" in text
     assert "`git credential` stays forbidden" in text
     assert "`rm` is judged by its arguments" in text
@@ -291,7 +293,7 @@ def test_always_allow_allows_exactly_that_command(ws: Path, overlay: Path) -> No
     # Idempotent: the same call again is the same rule.
     assert g.always_allow("shell", call, added_by="U999") == rule
     assert len(read_document(overlay, overlay=True).always_allow) == 1
-    text = g.describe_overlay()
+    text = describe(g.overlay_view())
     assert str(overlay) in text and rule in text and "git push origin main" in text
 
 
@@ -339,13 +341,13 @@ def test_revoke_removes_only_that_rule_and_keeps_what_a_person_wrote(
     assert g.revoke("nosuchid") is False
     assert g.revoke(second) is True
     assert overlay.read_text().strip() == written.strip()
-    assert g.describe_overlay().splitlines()[1] == "Allowed commands added: docker"
+    assert describe(g.overlay_view()).splitlines()[1] == "Allowed commands added: docker"
 
 
 def test_describe_overlay_when_there_is_none(ws: Path, overlay: Path) -> None:
     expected = "No overlay: the built-in policy applies (config/policy.toml)."
-    assert guardian_with(ws, overlay).describe_overlay() == expected
-    assert guardian_with(ws, overlay, "# nothing yet\n").describe_overlay() == expected
+    assert describe(guardian_with(ws, overlay).overlay_view()) == expected
+    assert describe(guardian_with(ws, overlay, "# nothing yet\n").overlay_view()) == expected
 
 
 # ── the agent may not change its own rules ──────────────────────────────────────────
@@ -576,7 +578,7 @@ def test_option_risks_come_from_the_policy_and_an_overlay_can_add_some(
     assert decision.verdict == P and "runs a program to find the host name" in decision.reason
     assert verdict(g, "make --out /tmp/x") == P
     assert verdict(g, "make --ev='x: ; id' x") == P  # the built-in entry is still there
-    assert "Options of rg: runs --hostname-bin" in g.describe_overlay()
+    assert "Options of rg: runs --hostname-bin" in describe(g.overlay_view())
 
 
 def test_an_option_entry_that_is_not_an_option_is_refused_with_the_fix(
@@ -585,3 +587,42 @@ def test_an_option_entry_that_is_not_an_option_is_refused_with_the_fix(
     g = guardian_with(ws, overlay, '[options.tar]\nwrites = ["output"]\n')
     reason = g.check_sync("shell", {"command": "ls"}).reason
     assert "'output' is not an option" in reason and '"--output"' in reason
+
+
+# ── the schema's wording and comment-preserving edits (core/policy/) ─────────────────
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "[[credentials]]\npath = 'x'\nwhat = 'w'\nexampels = []",
+            "`credentials[1].exampels`: unknown key. Did you mean `examples`?",
+        ),
+        (
+            "[[always_allow]]\ntool = 'shell'\nmatch = 'ls'\n"
+            "[[always_allow]]\ntool = 'shell'\nmatch = 'ls'",
+            "`always_allow[2].id`: ",
+        ),
+        ("[subcommands.git]\nallow = 'push'", "`subcommands.git.allow`: must be a list"),
+        ("[options.tar]\nwrites = ['f']", "`options.tar`: 'f' is not an option"),
+    ],
+)
+def test_schema_errors_name_the_key_as_written(text: str, message: str) -> None:
+    with pytest.raises(PolicyError) as info:
+        parse_text(text, "overlay.toml", overlay=True)
+    assert str(info.value).startswith("overlay.toml: ") and message in str(info.value)
+
+
+def test_rule_edits_keep_comments_between_and_inside_rules() -> None:
+    text = (
+        "# ours\n[[always_allow]]\nid = 'a1'  # the deploy\ntool = 'shell'\nmatch = 'make deploy'\n"
+        "\n# keep this note\n[forbid]\nterraform = 'changes cloud infrastructure'  # no\n"
+    )
+    added = overlay_text_with_rule(text, AlwaysAllowRule("b2", "shell", "docker ps"), "t")
+    assert "id = 'a1'  # the deploy" in added and "# keep this note" in added
+    assert "terraform = 'changes cloud infrastructure'  # no" in added
+    assert [r.id for r in parse_text(added, "t", overlay=True).always_allow] == ["a1", "b2"]
+    removed = overlay_text_without_rule(added, "b2", "t")
+    assert removed is not None and "id = 'a1'  # the deploy" in removed
+    assert "# keep this note" in removed and "docker ps" not in removed

@@ -13,6 +13,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, Literal
 
+from adapters.runtime import Recent, json_object
 from core.events import (
     ButtonPress,
     Message,
@@ -112,7 +113,7 @@ def parse_retraction(
     body: Mapping[str, Any],
     bot_user: str | None = None,
     channel: str = "slack",
-    delivered: Mapping[str, str | None] | None = None,
+    delivered: Recent[str, str | None] | Mapping[str, str | None] | None = None,
 ) -> Retracted | None:
     """A ``message_changed`` / ``message_deleted`` event → `Retracted`, or None to ignore it.
 
@@ -129,10 +130,8 @@ def parse_retraction(
     conversation = event.get("channel")
     if kind is None or not isinstance(conversation, str):
         return None
-    current = event.get("message") if isinstance(event.get("message"), dict) else {}
-    previous = (
-        event.get("previous_message") if isinstance(event.get("previous_message"), dict) else {}
-    )
+    current = json_object(event.get("message"))
+    previous = json_object(event.get("previous_message"))
     if kind == "edited":
         if not current or (previous and previous.get("text") == current.get("text")):
             return None  # nothing the person changed in the text (an unfurl, a file)
@@ -175,11 +174,11 @@ def parse_action(body: Mapping[str, Any], channel: str = "slack") -> ButtonPress
     if not isinstance(actions, list) or not actions or not isinstance(actions[0], dict):
         return None
     value = actions[0].get("value")
-    user = body.get("user") if isinstance(body.get("user"), dict) else {}
-    container = body.get("container") if isinstance(body.get("container"), dict) else {}
-    chan = body.get("channel") if isinstance(body.get("channel"), dict) else {}
-    team = body.get("team") if isinstance(body.get("team"), dict) else {}
-    message = body.get("message") if isinstance(body.get("message"), dict) else {}
+    user = json_object(body.get("user"))
+    container = json_object(body.get("container"))
+    chan = json_object(body.get("channel"))
+    team = json_object(body.get("team"))
+    message = json_object(body.get("message"))
     conversation = chan.get("id") or container.get("channel_id")
     user_id = user.get("id")
     if not (isinstance(value, str) and isinstance(user_id, str) and isinstance(conversation, str)):

@@ -10,6 +10,7 @@ hold and judge the rules, this module words them.
 
 from __future__ import annotations
 
+import builtins
 import shlex
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -179,13 +180,13 @@ class RulesCommands:
 
     # changing ----------------------------------------------------------------------------
 
-    async def change(self, action: str, words: list[str], user: str, raw: str) -> str:
+    async def change(self, action: str, words: builtins.list[str], user: str, raw: str) -> str:
         now = self.clock.utcnow()
         if action == "add":
             text = raw.strip()[len("add") :].strip()
             if not text:
                 raise Refused("Usage: /rules add TEXT")
-            rule = Rule(
+            added = Rule(
                 id=self.rules.next_id(),
                 text=text,
                 status="active",
@@ -194,9 +195,9 @@ class RulesCommands:
                 source="person",
                 created=now.isoformat(timespec="seconds"),
             )
-            rule.note(now, "added", f"by {user}")
-            await self.rules.save(rule, f"rule {rule.id} added by {user} (active, pinned)")
-            return f"Added {rule.id} (active, pinned; still scored on every task)."
+            added.note(now, "added", f"by {user}")
+            await self.rules.save(added, f"rule {added.id} added by {user} (active, pinned)")
+            return f"Added {added.id} (active, pinned; still scored on every task)."
         if not words:
             raise Refused(f"Usage: /rules {action} ID")
         rule = self.rules.get(words[0])

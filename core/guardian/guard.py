@@ -2,7 +2,7 @@
 
 The policy (config/policy.toml merged with the deployment's overlay) is re-read only
 when a file changed; a policy that cannot be loaded refuses every call. The overlay's
-always-allow rules are written and revoked here, and described for /policy and
+always-allow rules are written and revoked here, and handed as data to /policy and
 `steward policy show`.
 """
 
@@ -23,6 +23,7 @@ from core.guardian.programs import _HANDLERS
 from core.guardian.shell_text import _norm, _Scope, _short, _Unparseable, _Word
 from core.policy import (
     AlwaysAllowRule,
+    OverlayView,
     Policy,
     PolicyError,
     builtin_path,
@@ -249,51 +250,18 @@ class Guardian:
             self._stamps = _UNLOADED
             return True
 
-    def describe_overlay(self) -> str:
-        """The active overlay in a few chat-sized lines (for /policy and `steward policy show`)."""
+    def overlay_view(self) -> OverlayView:
+        """The active overlay as data, for /policy and `steward policy show` to render."""
         try:
             policy = self.policy()
         except PolicyError as exc:
-            return f"Policy error: {exc}\nEvery tool call is refused until this is fixed."
-        doc = policy.overlay
-        if doc is None or doc.is_empty():
-            return "No overlay: the built-in policy applies (config/policy.toml)."
-        lines = [f"Policy overlay: {self.overlay_path}"]
-
-        def listed(label: str, items: list[str]) -> None:
-            if items:
-                lines.append(f"{label}: {', '.join(items)}")
-
-        listed("Allowed commands added", doc.allow)
-        listed("Workspace writers added", doc.workspace_writers)
-        listed("Approval added", [f"{k} ({v})" for k, v in doc.approval.items()])
-        listed("Forbidden added", [f"{k} ({v})" for k, v in doc.forbid.items()])
-        listed("Credentials added", [f"{c.shown} ({c.what})" for c in doc.credentials])
-        listed("Protected folders added", doc.protected_dirs)
-        listed("Risky variables added", doc.risky_env_vars)
-        listed("Secrets files added", doc.env_files)
-        for programs, spec in doc.subcommands.items():
-            parts = [*(f"allow {a}" for a in spec.allow)]
-            parts += [f"approval {k}" for k in spec.approval]
-            parts += [f"forbid {k}" for k in spec.forbid]
-            listed(f"Subcommands of {programs}", parts)
-        for programs, risks in doc.options.items():
-            parts = [*(f"runs {k}" for k in risks.runs)]
-            parts += [f"writes {k}" for k in risks.writes]
-            parts += [f"settings {k}" for k in risks.configs]
-            listed(f"Options of {programs}", parts)
-        if doc.max_delete_files is not None:
-            lines.append(f"max_delete_files: {policy.max_delete_files}")
-        if doc.always_allow:
-            lines.append("Always-allow rules:")
-            for r in doc.always_allow:
-                by = f" by {r.added_by}" if r.added_by else ""
-                at = f" {r.added_at[:10]}" if r.added_at else ""
-                lines.append(f"  {r.id}  {r.tool} `{_short(r.match, 60)}`{by}{at}")
-            lines.append("Revoke one with /policy revoke RULE_ID.")
-        for note in policy.notes:
-            lines.append(f"Note: {note}")
-        return "\n".join(lines)
+            return OverlayView(error=str(exc))
+        return OverlayView(
+            path=self.overlay_path,
+            doc=policy.overlay,
+            max_delete_files=policy.max_delete_files,
+            notes=policy.notes,
+        )
 
     # ── per tool ────────────────────────────────────────────────────────────────
     def _analysis(self, policy: Policy | None) -> _Analysis:

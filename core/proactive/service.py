@@ -27,10 +27,10 @@ from core.proactive.config import KINDS, Config
 from core.proactive.engine import Engine
 from core.proactive.state import OfferDecision, OpenOffer, Score, Status, UserState
 from core.proactive.text import _fmt_minutes, parse_quiet
-from memory.atomic import atomic_write_text
 from memory.health import health_for
+from memory.records import RecordStore
 from memory.redact import redact
-from memory.store import MalformedFile, parse, render
+from memory.store import MalformedFile
 
 log = structlog.get_logger("steward.proactive")
 
@@ -38,7 +38,7 @@ log = structlog.get_logger("steward.proactive")
 class FailureEvidenceSink(Protocol):
     """Where a recurring failure pattern goes (the rule learner, core/learning.py)."""
 
-    async def evidence(self, signature: str, episode_ids: list[str], source: str) -> None: ...
+    async def evidence(self, signature: str, episode_ids: list[str], source: str) -> object: ...
 
 
 SUGGEST_PROMPT = (
@@ -72,8 +72,11 @@ class Proactive:
         self.engine = Engine(config)
         self.config = config
         self.clock = clock
-        self.root = data_dir / "proactive"
         self.health = health_for(data_dir)
+        self.store = RecordStore(
+            data_dir / "proactive", "proactive", redactor=_redact_state, health=self.health
+        )
+        self.root = self.store.root
         self.suggestions = suggestions
         self.conversations = conversations
         self.llm = None
@@ -107,7 +110,7 @@ class Proactive:
         state = None
         if path.is_file():
             try:
-                data, _ = parse(path.read_text(encoding="utf-8"), path)
+                data, _ = self.store.read(path)
                 state = UserState.from_dict(data, self.config)
                 state.user = user_key
             except (OSError, MalformedFile, KeyError, TypeError, ValueError) as exc:
@@ -126,24 +129,10 @@ class Proactive:
             "Proactive help state for this person: threshold and cooldown adapt to their "
             "answers; events are the decayed frustration signals per conversation.\n"
         )
-        data = state.to_dict()
-        # Free text (requests, errors) is redacted; ids and keys stay as they are.
-        for conv in data["conversations"].values():
-            conv["requests"] = [[t, redact(x)] for t, x in conv["requests"]]
-            for f in conv["failures"]:
-                f["request"], f["error"] = redact(f["request"]), redact(f["error"])
-                f["signatures"] = [redact(x) for x in f["signatures"]]
-            conv["signatures"] = {redact(k): v for k, v in conv["signatures"].items()}
-            conv["reported"] = {redact(k): v for k, v in conv["reported"].items()}
-            if conv["open"]:
-                conv["open"]["subject"] = redact(conv["open"]["subject"])
-        text = render(data, body)
         path = self.path(state.user)
         try:
-            await self.health.guard(
-                "proactive", path, lambda: asyncio.to_thread(atomic_write_text, path, text)
-            )
-        except OSError:  # recorded above: /healthz, doctor and the person are told
+            await self.store.save(path, state.to_dict(), body)
+        except OSError:  # recorded in WriteHealth: /healthz, doctor and the person are told
             log.warning("proactive.save_failed", path=str(path), exc_info=True)
 
     # -- timers on the injected clock ---------------------------------------------------
@@ -488,3 +477,21 @@ def task_failed(episode: Any) -> bool:
         return False
     last = episode.tools[-1]
     return not last.ok and not getattr(last, "decision", False)
+
+
+def _redact_state(data: dict[str, Any], body: str) -> tuple[dict[str, Any], str]:
+    """Redact the free text of a user's state (requests, errors); ids and keys stay as they are.
+
+    Not the whole rendered text: user keys and conversation ids are the state's own
+    addresses and must read back exactly as written.
+    """
+    for conv in data["conversations"].values():
+        conv["requests"] = [[t, redact(x)] for t, x in conv["requests"]]
+        for f in conv["failures"]:
+            f["request"], f["error"] = redact(f["request"]), redact(f["error"])
+            f["signatures"] = [redact(x) for x in f["signatures"]]
+        conv["signatures"] = {redact(k): v for k, v in conv["signatures"].items()}
+        conv["reported"] = {redact(k): v for k, v in conv["reported"].items()}
+        if conv["open"]:
+            conv["open"]["subject"] = redact(conv["open"]["subject"])
+    return data, body

@@ -199,7 +199,9 @@ async def build(
                     vecs = await embed_async(embedder, [d.embed_text for d in docs])
                     matrix[counter : counter + len(docs)] = vecs
                 clock = report.lap("embed", clock)
-                rows, fts, sigs = [], [], []
+                rows: list[Any] = []
+                fts: list[Any] = []
+                sigs: list[Any] = []
                 for doc in docs:
                     counter += 1
                     label = (generation << GEN_SHIFT) | counter

@@ -47,12 +47,15 @@ async def keyword_ranks(
     common words dropped from the match still count in bm25.
     """
     cap = tuning.FTS_BUDGET + 1
-    counts = await db.execute_fetchall(
-        "SELECT "
-        + ", ".join(
-            "(SELECT count(*) FROM (SELECT 1 FROM fts WHERE fts MATCH ? LIMIT ?))" for _ in terms
-        ),
-        [x for t in terms for x in (t, cap)],
+    counts = list(
+        await db.execute_fetchall(
+            "SELECT "
+            + ", ".join(
+                "(SELECT count(*) FROM (SELECT 1 FROM fts WHERE fts MATCH ? LIMIT ?))"
+                for _ in terms
+            ),
+            [x for t in terms for x in (t, cap)],
+        )
     )
     chosen: list[str] = []
     total = 0
@@ -78,10 +81,12 @@ async def keyword_ranks(
     if total > tuning.FTS_BUDGET:
         # A range on rowid is pushed into FTS5; `rowid IN (subquery)` was not, and
         # took 0.8 s at 100k.
-        lowest = await db.execute_fetchall(
-            "SELECT min(rowid) FROM (SELECT rowid FROM fts WHERE fts MATCH ?"
-            " ORDER BY rowid DESC LIMIT ?)",
-            [chosen[0], tuning.FTS_BUDGET],
+        lowest = list(
+            await db.execute_fetchall(
+                "SELECT min(rowid) FROM (SELECT rowid FROM fts WHERE fts MATCH ?"
+                " ORDER BY rowid DESC LIMIT ?)",
+                [chosen[0], tuning.FTS_BUDGET],
+            )
         )
         recent = " AND fts.rowid >= ?"
         args.append(lowest[0][0])
@@ -116,9 +121,12 @@ async def vector_ranks(
     """
     post_filter = False
     if where:
-        rows = await db.execute_fetchall(
-            f"SELECT d.vec FROM docs d WHERE d.vec IS NOT NULL AND {where} LIMIT {EXACT_MAX + 1}",
-            params,
+        rows = list(
+            await db.execute_fetchall(
+                "SELECT d.vec FROM docs d WHERE d.vec IS NOT NULL"
+                f" AND {where} LIMIT {EXACT_MAX + 1}",
+                params,
+            )
         )
         if len(rows) <= EXACT_MAX:
             allowed = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
@@ -138,7 +146,7 @@ async def vector_ranks(
     sql = f"SELECT d.id, d.vec, d.path FROM docs d WHERE d.vec IN ({marks})" + (
         f" AND {where}" if post_filter and where else ""
     )
-    rows = await db.execute_fetchall(sql, [*by_label, *(params if post_filter else [])])
+    rows = list(await db.execute_fetchall(sql, [*by_label, *(params if post_filter else [])]))
     # Order by similarity (rounded, so float noise cannot reorder equal texts after a
     # rebuild), then path.
     ranked = sorted(rows, key=lambda r: (-round(by_label[r[1]], 5), r[2]))[:depth]

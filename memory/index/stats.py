@@ -20,7 +20,9 @@ async def stats(index: MemoryIndex) -> dict[str, Any]:
             "SELECT kind, outcome, status, count(*) FROM docs GROUP BY 1, 2, 3"
         )
         skipped = await db.execute_fetchall("SELECT path, error FROM skipped ORDER BY path")
-        meta = dict(await db.execute_fetchall("SELECT key, value FROM meta"))
+        meta: dict[str, Any] = {
+            str(k): v for k, v in await db.execute_fetchall("SELECT key, value FROM meta")
+        }
     counts: dict[str, int] = dict.fromkeys(KINDS, 0)
     outcomes: dict[str, int] = {}
     statuses: dict[str, int] = {}
