@@ -130,6 +130,13 @@ class _CoreSettings(BaseModel):
     schedule_min_interval: float = Field(gt=0)
     schedule_outside_hours: Literal["defer", "skip"]
 
+    snapshots: bool
+    snapshot_keep_days: float = Field(gt=0)
+    snapshot_keep_count: int = Field(ge=1)
+    snapshot_skip: str
+    snapshot_max_file_bytes: int = Field(ge=0)
+    undoable_deletes: Literal["auto", "on", "off"]
+
     local_model: Literal["auto", "off"]
     local_model_path: str
     local_model_host: str

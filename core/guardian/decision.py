@@ -28,3 +28,6 @@ class Decision:
     #: "network", "write:PATH", or "unsandboxed"; empty means "unsandboxed" (what the
     #: guardian cannot name is asked for as the widest grant).
     needs: tuple[str, ...] = ()
+    #: The finding only deletes or resets files inside the workspace, which a snapshot
+    #: can put back (core/snapshots): with `undoable_deletes` on it needs no approval.
+    undoable: bool = False
