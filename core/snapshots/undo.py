@@ -262,7 +262,11 @@ class Undo:
         """At start: finish a restore a crash cut short, then close the records of tasks
         that never finished. Returns what was done, for the log."""
         async with self._lock:
-            return await asyncio.to_thread(self._recover)
+            try:
+                return await asyncio.to_thread(self._recover)
+            except Exception:  # a damaged store must not keep Steward from starting
+                log.exception("undo.recover_failed")
+                return []
 
     def _recover(self) -> list[str]:
         done: list[str] = []
@@ -284,7 +288,11 @@ class Undo:
 
     # ── /undo ───────────────────────────────────────────────────────────────────
     def _mine(self, conversation: str) -> list[dict[str, Any]]:
-        return [r for r in self.load() if r.get("conversation") == conversation]
+        """One conversation's records ("": every conversation's, for `steward undo`)."""
+        records = self.load()
+        if not conversation:
+            return records
+        return [r for r in records if r.get("conversation") == conversation]
 
     async def undo(self, conversation: str, record_id: str = "") -> str:
         """Undo the last task of `conversation` that changed files (or `record_id`)."""
