@@ -252,7 +252,9 @@ class Undo:
         touched = [p for p, (b, _a) in files.items() if b is not None]
         if not touched and not outside:
             return ""
-        names = [*files, *outside]
+        # What was there before first (edited, then removed), then what is new.
+        rank = {p: (b is None, a is None and b is not None) for p, (b, a) in files.items()}
+        names = [*outside, *sorted(files, key=lambda p: (rank[p], p))]
         shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
         n = len(names)
         return f"\n\n(Changed {n} file{'s' if n != 1 else ''}: {shown} — /undo to revert.)"
@@ -429,6 +431,7 @@ class Undo:
         for r in reversed(mine[-limit:]):
             state = f" — undone by {r['undone_by']}" if r.get("undone_by") else ""
             stat = r.get("diffstat") or [f"? {p}" for p in r.get("files", {})]
+            stat = sorted(stat, key=lambda line: ("MDA".find(line[:1]), line))
             shown = ", ".join(stat[:4]) + (f" and {len(stat) - 4} more" if len(stat) > 4 else "")
             label = r.get("request", "")[:60]
             lines.append(f"{r['id']}  “{label}”: {shown or 'in progress'}{state}")
