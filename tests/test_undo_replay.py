@@ -158,7 +158,7 @@ async def test_an_approved_write_outside_the_workspace_is_undone(
         ],
     )
     assert outside.read_bytes() == b"[main]\nvalue = 2\n"
-    answer = [t for t in said(out) if "Set value" in t][0]
+    answer = next(t for t in said(out) if "Set value" in t)
     assert "/undo to revert" in answer and str(outside) in answer
     out = await replay(s, [{"t": 0, "user": "dave", "text": "/undo"}])
     [told] = said(out)
