@@ -19,6 +19,7 @@ BENCHES = {
     "sandbox": "bench.sandbox",
     "journal": "bench.journal",
     "schedules": "bench.schedules",
+    "snapshots": "bench.snapshots",
     "local_model": "bench.local_model",  # skips, saying why, without steward[local]
 }
 

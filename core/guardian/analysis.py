@@ -114,8 +114,10 @@ class _Analysis(_Runs, _PathChecks):
                 worst = finding
         if worst is None or worst.verdict == Verdict.ALLOW:
             return Decision(Verdict.ALLOW, "read-only or workspace-local commands only")
-        if worst.verdict == Verdict.APPROVAL and self.undoable is not None and all(
-            f.undoable for f in self.findings if f.verdict == Verdict.APPROVAL
+        if (
+            worst.verdict == Verdict.APPROVAL
+            and self.undoable is not None
+            and all(f.undoable for f in self.findings if f.verdict == Verdict.APPROVAL)
         ):
             return Decision(
                 Verdict.ALLOW, f"{worst.reason}, inside the workspace: /undo can put it back"
