@@ -12,9 +12,11 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from bot.doctor import _snapshots as doctor_snapshots
 from core.guardian import Guardian, Verdict
 from core.snapshots import SnapshotStore, Undo, store_report
 from core.snapshots.store import TEMP_SUFFIX
@@ -177,6 +179,11 @@ async def test_undo_records_conflicts_redo_and_retention(tmp_path: Path, ws: Pat
     await undo.prune(grace=0)
     assert len(undo.load()) == 2
     assert store_report(tmp_path / "data").endswith(f"2 task records ({undo.store.root})")
+    settings = SimpleNamespace(
+        snapshots=True, data_dir=tmp_path / "data", snapshot_keep_days=14, snapshot_keep_count=2
+    )
+    check = doctor_snapshots(settings)  # type: ignore[arg-type]
+    assert check.ok and "2 task records" in check.detail and "at most 2 tasks" in check.detail
     for rec in undo.load():
         for tree in (rec["before"], rec["after"]):
             undo.store.flatten(tree)  # every object still there
