@@ -42,6 +42,9 @@ READ_ONLY_TOOLS = frozenset({"read_file", "list_files", "search_files", "web_fet
 #: Largest outside-workspace file whose original is kept before an approved change.
 OUTSIDE_MAX_BYTES = 50_000_000
 
+#: Seconds between two background prunes of old records and the objects only they use.
+PRUNE_EVERY = 600.0
+
 Entry = list[Any] | None  # [mode, blob id] or None (absent)
 
 
@@ -78,7 +81,9 @@ class Undo:
         self._now = now or (lambda: datetime.now(UTC))
         self._inflight: dict[str, _InFlight] = {}
         self._lock = asyncio.Lock()
-        self._last_prune = 0.0
+        #: Retention runs in the background after a task, at most every PRUNE_EVERY
+        #: seconds (the first one PRUNE_EVERY after start: a start is busy enough).
+        self._last_prune = time.monotonic()
         self._pruning: asyncio.Task[int] | None = None
 
     # ── records ─────────────────────────────────────────────────────────────────
@@ -449,7 +454,7 @@ class Undo:
 
     # ── retention ──────────────────────────────────────────────────────────────
     def _maybe_prune(self) -> None:
-        if time.monotonic() - self._last_prune < 600 or (
+        if time.monotonic() - self._last_prune < PRUNE_EVERY or (
             self._pruning is not None and not self._pruning.done()
         ):
             return
