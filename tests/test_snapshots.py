@@ -18,7 +18,7 @@ import pytest
 
 from bot.doctor import _snapshots as doctor_snapshots
 from core.guardian import Guardian, Verdict
-from core.snapshots import SnapshotStore, Undo, store_report
+from core.snapshots import SnapshotStore, Undo, store_report, undoable_deletes
 from core.snapshots.store import TEMP_SUFFIX
 from tests.kit import until
 
@@ -125,6 +125,31 @@ def test_skipped_ignored_and_big_files_are_left_alone(tmp_path: Path, ws: Path) 
     assert "src/a.py" not in store.flatten(store.snapshot())
 
 
+def test_undoable_deletes_follows_snapshots_unless_set(tmp_path: Path, ws: Path) -> None:
+    undo = Undo(store_for(tmp_path, ws))
+    for mode, on, expected in [("auto", True, True), ("on", True, True), ("off", True, False)]:
+        settings = SimpleNamespace(undoable_deletes=mode)
+        assert undoable_deletes(settings, undo if on else None) is expected
+    assert not undoable_deletes(SimpleNamespace(undoable_deletes="auto"), None)
+
+
+def test_a_removal_never_follows_a_link_out_of_the_workspace(tmp_path: Path, ws: Path) -> None:
+    store = store_for(tmp_path, ws)
+    a = store.snapshot()
+    (ws / "gen").mkdir()
+    (ws / "gen" / "out.txt").write_text("made by the task")
+    b = store.snapshot()
+    # Later, gen/ became a link to a folder outside holding a file of the same name.
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "out.txt").write_text("not the workspace's")
+    (ws / "gen" / "out.txt").unlink()
+    (ws / "gen").rmdir()
+    (ws / "gen").symlink_to(outside)
+    store.restore({c.path: c.before for c in store.diff(a, b)})
+    assert (outside / "out.txt").read_text() == "not the workspace's"
+
+
 def test_the_data_dir_inside_the_workspace_is_never_snapshotted(tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     data = ws / ".steward"
@@ -219,6 +244,9 @@ def test_guardian_lets_undoable_workspace_deletions_run(tmp_path: Path, ws: Path
     ok = undoable.check_sync("shell", {"command": "rm -r build"})
     assert ok.verdict == Verdict.ALLOW and "/undo" in ok.reason
     assert undoable.check_sync("shell", {"command": "rm -rf build/*"}).verdict == Verdict.ALLOW
+    find = {"command": "find build -name '*' -delete"}
+    assert undoable.check_sync("shell", find).verdict == Verdict.ALLOW
+    assert plain.check_sync("shell", find).verdict == Verdict.APPROVAL
     for cmd in ("rm -r node_modules", f"rm -r {outside}", "rm -r build " + str(outside)):
         assert undoable.check_sync("shell", {"command": cmd}).verdict == Verdict.APPROVAL, cmd
     assert undoable.check_sync("shell", {"command": "rm -rf ."}).verdict == Verdict.APPROVAL

@@ -457,6 +457,8 @@ class SnapshotStore:
         jobs += [(Path(p), p, t) for p, t in outside.items()]
         # Removals first, deepest first: a file may come back where a folder was.
         for path, shown, want in sorted(jobs, key=lambda j: -len(j[0].parts)):
+            if want is None and not self._through_workspace(path, shown):
+                continue  # a folder on the way is now a link out of the workspace: not ours
             if want is None and (path.is_symlink() or path.exists()):
                 if path.is_dir() and not path.is_symlink():
                     shutil.rmtree(path)
@@ -478,6 +480,16 @@ class SnapshotStore:
             lst.sort()
         self._forget_stats(target)
         return done
+
+    def _through_workspace(self, path: Path, shown: str) -> bool:
+        """A workspace path whose folders still lie inside the workspace (a link a later
+        command put on the way must not lead a removal outside). Outside paths (absolute
+        in `outside`) are taken as approved."""
+        if Path(shown).is_absolute():
+            return True
+        real = os.path.realpath(path.parent)
+        root = str(self.workspace)
+        return real == root or real.startswith(root + os.sep)
 
     def _current(self, path: Path) -> tuple[int, str] | None:
         try:
