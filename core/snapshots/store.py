@@ -25,6 +25,7 @@ files nor a half-restored workspace once Steward starts again.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import pickle
@@ -161,7 +162,15 @@ class SnapshotStore:
             seen: dict[str, _Cached] = {}
             self.too_big = {}
             self._ignores_seen = {}
-            tree = self._tree_of(str(self.workspace), "", [], seen)
+            # Tens of thousands of small tuples, none cyclic: collecting during the walk
+            # would only rescan the stat cache again and again.
+            was_enabled = gc.isenabled()
+            gc.disable()
+            try:
+                tree = self._tree_of(str(self.workspace), "", [], seen)
+            finally:
+                if was_enabled:
+                    gc.enable()
             self._ignores = self._ignores_seen
             if seen.keys() != self._stat.keys():
                 self._stat_dirty = True
