@@ -486,6 +486,7 @@ class App:
             self._initialized = True
             if self.undo is not None:  # an undo a crash cut short is finished first
                 await self.undo.recover()
+                self.undo.warm()
             await self.approvals.recover({})  # loads the records; recovers no channel yet
 
     async def open_memory(self) -> None:

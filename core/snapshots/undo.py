@@ -85,6 +85,7 @@ class Undo:
         #: seconds (the first one PRUNE_EVERY after start: a start is busy enough).
         self._last_prune = time.monotonic()
         self._pruning: asyncio.Task[int] | None = None
+        self._warming: asyncio.Task[None] | None = None
 
     # ── records ─────────────────────────────────────────────────────────────────
     def _path(self, record_id: str) -> Path:
@@ -284,6 +285,19 @@ class Undo:
             except Exception:  # a damaged store must not keep Steward from starting
                 log.exception("undo.recover_failed")
                 return []
+
+    def warm(self) -> None:
+        """Take a first snapshot in the background (after a start), so the first task
+        does not pay for hashing the whole workspace; it also fills the stat cache."""
+        if self._warming is None:
+            self._warming = asyncio.get_running_loop().create_task(self._warm(), name="undo:warm")
+
+    async def _warm(self) -> None:
+        try:
+            await asyncio.to_thread(self.store.snapshot)
+            await asyncio.to_thread(self.store.save_stat_cache)
+        except Exception:  # the first task will take it, and say so if it fails
+            log.warning("snapshot.warm_failed", exc_info=True)
 
     def _recover(self) -> list[str]:
         done: list[str] = []
