@@ -21,6 +21,7 @@ BENCHES = {
     "schedules": "bench.schedules",
     "dashboard": "bench.dashboard",
     "goals": "bench.goals",
+    "snapshots": "bench.snapshots",
     "local_model": "bench.local_model",  # skips, saying why, without steward[local]
 }
 

@@ -22,6 +22,7 @@ from bot.goal_commands import register as register_goal_commands
 from bot.model_check import NO_MODEL_MESSAGE, no_model_message
 from bot.schedule_commands import ScheduleCommands
 from bot.schedule_commands import register as register_schedule_commands
+from bot.undo_commands import register as register_undo_commands
 from config.settings import ConfigError, Settings
 from core.access import Access
 from core.activity import Activity
@@ -50,6 +51,8 @@ from core.proactive import Proactive
 from core.sandbox import SandboxRequired
 from core.sandbox import setup as sandbox_setup
 from core.schedules import Deps, ScheduleConfig, Scheduler
+from core.snapshots import from_settings as undo_from_settings
+from core.snapshots import undoable_deletes
 from core.suggestions import Suggestions
 from core.tools import ALL_TOOLS
 from core.tools.base import ToolContext
@@ -227,7 +230,18 @@ class App:
         self.datastore = DataStore(self.data_dir)
         self.rules = RuleStore(self.data_dir, self.datastore)
         self.learning = LearningConfig.from_settings(settings)
-        self.guardian = Guardian(self.workspace, overlay_path=self.data_dir / "policy.toml")
+        # Snapshots before a task's changes (core/snapshots): /undo, and deletions inside
+        # the workspace that a snapshot covers need no approval (`undoable_deletes`).
+        self.undo = undo_from_settings(settings, self.workspace, self.data_dir)
+        self.guardian = Guardian(
+            self.workspace,
+            overlay_path=self.data_dir / "policy.toml",
+            undoable=(
+                self.undo.store.covers
+                if self.undo is not None and undoable_deletes(settings, self.undo)
+                else None
+            ),
+        )
         self.access = Access.from_settings(settings, data_dir=self.data_dir, clock=self.clock)
         self.suggestions = Suggestions(self.clock, self.data_dir)
         self.approvals = Approvals(
@@ -301,6 +315,7 @@ class App:
                 recall_budget=settings.recall_budget,
                 context_budget=settings.context_budget,
                 journal=self.journal,
+                undo=self.undo,
             )
         # Summaries, rule drafts and offers of help need a model that can follow such an
         # instruction; the tiny local model cannot, so with it summaries are extractive,
@@ -404,6 +419,8 @@ class App:
         )
         self.goals.load()
         register_goal_commands(self.dispatcher.router, GoalCommands(self.goals))
+        if self.undo is not None:
+            register_undo_commands(self.dispatcher.router, self.undo)
         #: Whether `start` arms the schedules' timers. Off for `steward chat -m` and piped
         #: chat: a one-shot exchange must not run (or print) a schedule's work.
         self.fire_schedules = True
@@ -500,6 +517,9 @@ class App:
         await self.open_memory()
         if not self._initialized:
             self._initialized = True
+            if self.undo is not None:  # an undo a crash cut short is finished first
+                await self.undo.recover()
+                self.undo.warm()
             await self.approvals.recover({})  # loads the records; recovers no channel yet
 
     async def open_memory(self) -> None:

@@ -81,6 +81,10 @@ def _parser() -> argparse.ArgumentParser:
 
     add_goal_parser(sub)
 
+    from bot.undo_cli import add_undo_parser  # light: argparse only
+
+    add_undo_parser(sub)
+
     login = sub.add_parser(
         "login",
         help="print the web chat's login URL (it holds this data dir's secret token)",
@@ -231,6 +235,10 @@ def _dispatch(args: argparse.Namespace, settings: Any, parser: argparse.Argument
         from bot.goal_cli import goal_command
 
         return goal_command(settings, args)
+    if args.command == "undo":
+        from bot.undo_cli import undo_command
+
+        return undo_command(settings, args)
     if args.command == "policy":
         from bot.policy_cli import policy_command
 

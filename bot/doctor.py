@@ -359,6 +359,20 @@ async def _live_health(settings: Settings) -> dict[str, Any] | None:
     return channels
 
 
+def _snapshots(settings: Settings) -> Check:
+    """Workspace snapshots (/undo): on or off, and how much disk the store uses."""
+    if not settings.snapshots:
+        return Check("snapshots", True, "off: tasks cannot be undone (snapshots = false)")
+    from core.snapshots import store_report
+
+    return Check(
+        "snapshots",
+        True,
+        f"{store_report(settings.data_dir)}; kept {settings.snapshot_keep_days:g} days, "
+        f"at most {settings.snapshot_keep_count} tasks",
+    )
+
+
 async def run_doctor(settings: Settings) -> int:
     checks: list[Check] = [Check("config", True, _config_summary(settings))]
     checks += _dirs(settings)
@@ -367,6 +381,7 @@ async def run_doctor(settings: Settings) -> int:
     checks.append(_sandbox(settings))
     checks += await _model(settings)
     checks += await _channels(settings)
+    checks.append(_snapshots(settings))
     failed = 0
     for c in checks:
         mark = "!" if c.warn else ("✓" if c.ok else "✗")

@@ -147,6 +147,12 @@ class _CoreSettings(BaseModel):
     goal_breaker_velocity_tokens: int = Field(ge=0)
     goal_breaker_velocity_window: float = Field(gt=0)
     goal_progress_every: float = Field(ge=0)
+    snapshots: bool
+    snapshot_keep_days: float = Field(gt=0)
+    snapshot_keep_count: int = Field(ge=1)
+    snapshot_skip: str
+    snapshot_max_file_bytes: int = Field(ge=0)
+    undoable_deletes: Literal["auto", "on", "off"]
 
     local_model: Literal["auto", "off"]
     local_model_path: str

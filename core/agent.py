@@ -125,6 +125,7 @@ class Agent:
         after_episode: Callable[[Path], Awaitable[None]] | None = None,
         ask_every_shell: str = "",
         journal: TaskJournal | None = None,
+        undo: Any = None,
     ) -> None:
         """`ask_every_shell`: why shell commands cannot be sandboxed on this machine
         (core/sandbox.Setup.fallback); when set, every shell command needs approval.
@@ -147,6 +148,8 @@ class Agent:
         self.after_episode = after_episode
         self.ask_every_shell = ask_every_shell
         self.journal = journal
+        #: core/snapshots.Undo: snapshots before changes, so every task can be undone.
+        self.undo = undo
         self._schemas = [t.schema() for t in tools.values()]
 
     async def _messages(self, req: TaskRequest, episode: Episode) -> list[dict[str, Any]]:
@@ -266,6 +269,8 @@ class Agent:
                 raise
             episode.outcome = "cancelled"
             episode.error = "cancelled by the person"
+            if self.undo is not None:  # a cancelled task's changes can be undone too
+                await asyncio.shield(self._undo_after(task_id, episode, bound))
             episode.duration_s = time.perf_counter() - t0
             await asyncio.shield(self._save(episode, bound))
             bound.info("task.cancelled")
@@ -292,6 +297,8 @@ class Agent:
                 f"Something went wrong inside Steward ({type(exc).__name__}); "
                 f"it is logged under task {task_id}."
             )
+        if self.undo is not None:  # what the task changed, and "/undo to revert"
+            reply += await asyncio.shield(self._undo_after(task_id, episode, bound))
         episode.reply = reply
         episode.duration_s = time.perf_counter() - t0
         if episode.outcome == "success" and episode.tools and episode.tools[-1].decision:
@@ -327,6 +334,13 @@ class Agent:
             duration_s=round(episode.duration_s, 3),
         )
         return TaskResult(task_id, episode.outcome, reply, episode, str(path or ""))
+
+    async def _undo_after(self, task_id: str, episode: Episode, bound: Any) -> str:
+        try:
+            return str(await self.undo.after_task(task_id, episode))
+        except Exception:  # undo is a safety net, never a reason to fail the task
+            bound.exception("snapshot.after_failed")
+            return ""
 
     async def _save(self, episode: Episode, bound: Any) -> Any:
         """Write the episode, then close the task's journal record: the task has ended
@@ -530,6 +544,22 @@ class Agent:
             bound.info("sandbox.grant", tool=call.name, grant=grant.describe())
         if self.journal is not None:  # before it runs: a crash during it still lists it
             await self.journal.tool(task_id, call.name, _summary(args))
+        if self.undo is not None:  # snapshot first: whatever it changes can be undone
+            try:
+                await self.undo.before_tool(
+                    task_id,
+                    conversation=f"{req.channel.name}:{req.conversation}",
+                    request=req.text,
+                    tool=call.name,
+                    outside=grant.write if grant is not None else (),
+                )
+            except Exception as exc:  # no way back: the call does not run
+                bound.exception("snapshot.failed", tool=call.name)
+                return fail(
+                    "SnapshotFailed",
+                    f"Error: the workspace snapshot failed ({type(exc).__name__}: {exc}), "
+                    "so the call did not run (it could not be undone).",
+                )
         try:
             output = await tool.run(context, args)
         except ToolError as exc:

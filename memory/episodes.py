@@ -109,6 +109,10 @@ class Episode:
     #: Rules injected into the prompt (active ones and trials), and which were trials.
     rules_applied: list[str] = field(default_factory=list)
     rules_trial: list[str] = field(default_factory=list)
+    #: The workspace snapshot taken before the task's first change (core/snapshots), and
+    #: what it changed ("M notes.md (+3 -1)", "D build/out.bin"): `/undo` reverts it.
+    snapshot: str = ""
+    changes: list[str] = field(default_factory=list)
 
     @property
     def error_signatures(self) -> list[str]:
@@ -161,6 +165,7 @@ class Episode:
             "tokens_out": self.tokens_out,
             "cost_usd": self.cost_usd,
             "duration_s": round(self.duration_s, 3),
+            **({"snapshot": self.snapshot, "changes": self.changes} if self.snapshot else {}),
         }
 
     def to_markdown(self) -> str:

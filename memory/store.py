@@ -86,6 +86,7 @@ GITIGNORE = (
     "*.tmp",
     "*.log",
     "secrets/",
+    "snapshots/",  # the undo store (core/snapshots): its own object store, not history
 )
 _FILE_MODE = 0o100644
 _CAS_ATTEMPTS = 5  # HEAD moved under us (a person committed): rebuild and retry

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from typing import Any
 
 import bashlex
@@ -105,10 +106,15 @@ class _Analysis(_Runs, _PathChecks):
         #: What the command reads, writes, deletes, fetches (ordered, no repeats) and runs.
         self.noted: dict[str, dict[str, None]] = {kind: {} for kind in _EFFECT_KINDS}
         self.ran: dict[tuple[str, ...], None] = {}
+        #: Whether deleting a real path can be undone (Guardian.undoable); findings marked
+        #: undoable need no approval then. None: undo is off, they are asked.
+        self.undoable: Callable[[str], bool] | None = None
 
     # ── findings ────────────────────────────────────────────────────────────────
-    def flag(self, verdict: Verdict, reason: str, needs: tuple[str, ...] = ()) -> None:
-        self.findings.append(CallDecision(verdict, reason, needs))
+    def flag(
+        self, verdict: Verdict, reason: str, needs: tuple[str, ...] = (), *, undoable: bool = False
+    ) -> None:
+        self.findings.append(CallDecision(verdict, reason, needs, undoable=undoable))
 
     def decision(self) -> CallDecision:
         """The strictest finding, carrying what the whole command would do."""
@@ -122,6 +128,16 @@ class _Analysis(_Runs, _PathChecks):
                 worst = finding
         if worst is None or worst.verdict == Verdict.ALLOW:
             return Verdict.ALLOW, "read-only or workspace-local commands only", ()
+        if (
+            worst.verdict == Verdict.APPROVAL
+            and self.undoable is not None
+            and all(f.undoable for f in self.findings if f.verdict == Verdict.APPROVAL)
+        ):
+            return (
+                Verdict.ALLOW,
+                f"{worst.reason}, inside the workspace: /undo can put it back",
+                (),
+            )
         if worst.verdict == Verdict.APPROVAL:  # one approval covers every finding's need
             needs: set[str] = set()
             for finding in self.findings:

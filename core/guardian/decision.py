@@ -39,3 +39,6 @@ class CallDecision:
     #: it; the tool log keeps it and the answer gates (core/gates) read it. Not part of
     #: equality: two decisions with the same verdict, reason and needs are the same.
     effects: Effects = field(default_factory=Effects, compare=False)
+    #: The finding only deletes or resets files inside the workspace, which a snapshot
+    #: can put back (core/snapshots): with `undoable_deletes` on it needs no approval.
+    undoable: bool = False

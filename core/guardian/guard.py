@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -79,8 +80,13 @@ class Guardian:
         overlay_path: Path | None = None,
         policy_path: Path | None = None,
         data_dir: Path | None = None,
+        undoable: Callable[[str], bool] | None = None,
     ) -> None:
         self.workspace = Path(workspace)
+        #: With workspace snapshots (core/snapshots) and `undoable_deletes` on: whether a
+        #: real path's deletion can be undone (covered by the snapshots). Deletions it
+        #: covers need no approval. None: every such deletion is asked as before.
+        self.undoable = undoable
         self.data_dir = Path(data_dir) if data_dir is not None else None
         self.timeout = timeout
         self.overlay_path = Path(overlay_path) if overlay_path is not None else None
@@ -268,7 +274,9 @@ class Guardian:
         root = os.path.realpath(self.workspace)
         home = os.path.realpath(os.path.expanduser("~"))
         policy = policy or self.policy()
-        return _Analysis(root, home, policy, self._guarded_paths, self._private_paths())
+        analysis = _Analysis(root, home, policy, self._guarded_paths, self._private_paths())
+        analysis.undoable = self.undoable
+        return analysis
 
     def _private_paths(self) -> frozenset[str]:
         """Steward's data dir as the engine sees paths: the folder of the overlay policy

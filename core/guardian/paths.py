@@ -64,6 +64,16 @@ class _PathChecks:
     def inside(self: _Analysis, p: _Path) -> bool:
         return p.real is not None and _under(p.real, self.root)
 
+    def can_undo(self: _Analysis, p: _Path) -> bool:
+        """Deleting `p` can be undone: it is in the workspace and the snapshots cover all
+        of it (nothing skipped or .gitignore'd under it; for a glob, its folder)."""
+        if self.undoable is None or p.real is None or not self.inside(p):
+            return False
+        try:
+            return self.undoable(p.real)
+        except Exception:  # fail-closed: it is asked
+            return False
+
     def is_protected(self: _Analysis, p: _Path) -> bool:
         return any(x is not None and x in self.protected for x in (p.lexical, p.real))
 

@@ -37,9 +37,12 @@ def _rm(a: _Analysis, cmd: _Cmd) -> _Flow | None:
         a.flag(Verdict.FORBID, f"{cmd.snippet} disables rm's protection of / (--no-preserve-root)")
     limit = a.policy.max_delete_files
     count = 0  # files this rm deletes, counted up to limit + 1
+    inside = True  # every target is in the workspace (a snapshot can put it back)
     for target in _positionals(cmd.args):
+        inside = inside and target.value is not None
         if target.value is not None:
             p = a.path(target.value, cmd.scope)
+            inside = inside and a.can_undo(p)
             if (recursive or force) and a.is_protected(p):
                 shown = os.path.join(p.lexical or "", "*") if p.glob else p.lexical
                 a.flag(Verdict.FORBID, f"{cmd.snippet} deletes {shown}, a system or home folder")
@@ -63,6 +66,7 @@ def _rm(a: _Analysis, cmd: _Cmd) -> _Flow | None:
         a.flag(
             Verdict.APPROVAL,
             f"{cmd.snippet} deletes more than {limit} files at once (max_delete_files)",
+            undoable=inside,
         )
     return None
 
@@ -160,6 +164,7 @@ def _find(a: _Analysis, cmd: _Cmd) -> _Flow | None:
                     a.flag(
                         Verdict.APPROVAL,
                         f"{cmd.snippet} deletes every file it matches (find -delete)",
+                        undoable=p is not None and a.can_undo(p),
                     )
         elif text in ("-exec", "-execdir", "-ok", "-okdir"):
             j = i + 1

@@ -1,0 +1,67 @@
+"""`steward undo [TASK_ID|list]`: `/undo` for the owner at a terminal (core/snapshots).
+
+Without --conversation it works across every conversation: `steward undo` puts back
+the last task that changed the workspace, whoever asked for it. It takes the data dir's
+lock like `steward schedule`, so it never restores files under a running Steward's
+feet; while Steward runs, use /undo in a chat instead. `list` only reads.
+
+Kept light at import: argparse only; the store loads when the command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+EXIT_OK, EXIT_FAIL = 0, 1
+
+
+def add_undo_parser(sub: Any) -> None:
+    """The `undo` subcommand of `steward` (bot/cli.py builds the parser)."""
+    p = sub.add_parser(
+        "undo",
+        help="put back what the last task changed in the workspace (same as /undo in chat)",
+        description="undo [TASK_ID] | undo list. TASK_ID is shown by `steward undo list`; an "
+        "undo is itself a task record, so undoing it brings the changes back.",
+    )
+    p.add_argument(
+        "--conversation",
+        default="",
+        help="only this conversation's tasks, as CHANNEL:ID (default: every conversation)",
+    )
+    p.add_argument("target", nargs="?", default="", metavar="TASK_ID|list")
+
+
+def undo_command(settings: Any, args: argparse.Namespace) -> int:
+    import asyncio
+
+    from core.snapshots import from_settings
+    from memory.lock import DataDirLocked, acquire
+
+    if not settings.snapshots:
+        print("steward: snapshots are off (snapshots = false), so there is nothing to undo.")
+        return EXIT_FAIL
+    listing = args.target.strip().lower() == "list"
+    lock = None
+    if not listing:
+        try:
+            lock = acquire(settings.data_dir, "undo")
+        except DataDirLocked as exc:
+            print(f"steward: {exc}\nWhile it runs, use /undo in a chat.")
+            return EXIT_FAIL
+    try:
+        workspace = settings.workspace.resolve()
+        undo = from_settings(settings, workspace, settings.data_dir)
+        assert undo is not None
+
+        async def run() -> str:
+            if listing:
+                return await undo.list_text(args.conversation)
+            await undo.recover()
+            return await undo.undo(args.conversation, args.target)
+
+        print(asyncio.run(run()))
+        return EXIT_OK
+    finally:
+        if lock is not None:
+            lock.release()

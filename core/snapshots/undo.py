@@ -1,0 +1,510 @@
+"""Every task can be undone: the agent's hook before a tool call and after a task, the
+task records, `/undo`, `/undo list`, `/undo TASK_ID`, recovery and retention.
+
+One record per task that changed something, `<data dir>/snapshots/tasks/<id>.json`:
+its conversation, the snapshot before it (a tree id), the snapshot after it, and for
+each changed path its (mode, blob) before and after; files outside the workspace that
+a person approved changing are in `outside` with their originals kept in the store.
+
+Undoing a task puts back exactly the files it changed, and only if each is still what
+the task left (otherwise the later task that changed it is named, or "changed outside
+Steward"): a whole-workspace restore would also throw away what happened since. An undo
+is a record too (kind "undo"), so undoing it brings the task's changes back.
+
+A record is written when the task's first snapshot is taken (with no "after" yet), so
+a task cut off by a crash can still be undone: the next start settles it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+import json
+import os
+import stat as stat_mod
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from core.snapshots.store import EXEC, FILE, Change, Restored, SnapshotStore
+from memory.atomic import atomic_write_text
+
+log = structlog.get_logger("steward.undo")
+
+#: Tools that only read: no snapshot before them.
+READ_ONLY_TOOLS = frozenset({"read_file", "list_files", "search_files", "web_fetch"})
+
+#: Largest outside-workspace file whose original is kept before an approved change.
+OUTSIDE_MAX_BYTES = 50_000_000
+
+#: Seconds between two background prunes of old records and the objects only they use.
+PRUNE_EVERY = 600.0
+
+Entry = list[Any] | None  # [mode, blob id] or None (absent)
+
+
+@dataclass(slots=True)
+class _InFlight:
+    record: dict[str, Any]
+    outside_seen: set[str] = field(default_factory=set)
+
+
+def _entry(value: tuple[int, str] | None) -> Entry:
+    return [value[0], value[1]] if value is not None else None
+
+
+def _key(value: Any) -> tuple[int, str] | None:
+    return (int(value[0]), str(value[1])) if value else None
+
+
+class Undo:
+    """The undo service of one workspace (see the module docstring)."""
+
+    def __init__(
+        self,
+        store: SnapshotStore,
+        *,
+        keep_days: float = 14.0,
+        keep_count: int = 200,
+        now: Any = None,
+    ) -> None:
+        self.store = store
+        self.keep_days = keep_days
+        self.keep_count = keep_count
+        self.records = store.root / "tasks"
+        self.records.mkdir(parents=True, exist_ok=True)
+        self._now = now or (lambda: datetime.now(UTC))
+        self._inflight: dict[str, _InFlight] = {}
+        self._lock = asyncio.Lock()
+        #: Retention runs in the background after a task, at most every PRUNE_EVERY
+        #: seconds (the first one PRUNE_EVERY after start: a start is busy enough).
+        self._last_prune = time.monotonic()
+        self._pruning: asyncio.Task[int] | None = None
+        self._warming: asyncio.Task[None] | None = None
+
+    # ── records ─────────────────────────────────────────────────────────────────
+    def _path(self, record_id: str) -> Path:
+        return self.records / f"{record_id}.json"
+
+    def _write(self, record: dict[str, Any], *, durable: bool = True) -> None:
+        """Whole or not at all (temp file + rename). `durable=False` skips the fsyncs: for
+        the record opened before a task's first change, which a killed process keeps
+        anyway and which a task that changes nothing deletes again at once."""
+        path = self._path(record["id"])
+        if durable:
+            atomic_write_text(path, json.dumps(record, indent=1))
+            return
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(record), encoding="utf-8")
+        os.replace(tmp, path)
+
+    def load(self) -> list[dict[str, Any]]:
+        """Every record, oldest first."""
+        out = []
+        for path in self.records.glob("*.json"):
+            try:
+                rec = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                log.warning("undo.record_unreadable", path=str(path))
+                continue
+            if isinstance(rec, dict) and "id" in rec:
+                out.append(rec)
+        return sorted(out, key=lambda r: (r.get("started", ""), r["id"]))
+
+    def _get(self, record_id: str) -> dict[str, Any] | None:
+        try:
+            return json.loads(self._path(record_id).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+
+    # ── the agent's hooks ───────────────────────────────────────────────────────
+    async def before_tool(
+        self,
+        task_id: str,
+        *,
+        conversation: str,
+        request: str,
+        tool: str,
+        outside: tuple[str, ...] = (),
+    ) -> None:
+        """Before a call that may change the workspace: the task's snapshot, once; and the
+        original of each file outside the workspace it was approved to change."""
+        if tool in READ_ONLY_TOOLS:
+            return
+        flight = self._inflight.get(task_id)
+        if flight is None:
+            t0 = time.perf_counter()
+            before = await asyncio.to_thread(self.store.snapshot)
+            record = {
+                "id": task_id,
+                "kind": "task",
+                "conversation": conversation,
+                "request": request[:200],
+                "started": self._now().isoformat(),
+                "before": before,
+                "after": None,
+                "files": {},
+                "outside": {},
+                "undone_by": None,
+                "undoes": None,
+            }
+            await asyncio.to_thread(partial(self._write, record, durable=False))
+            flight = self._inflight[task_id] = _InFlight(record)
+            log.info("snapshot.taken", tree=before, ms=round((time.perf_counter() - t0) * 1e3, 1))
+        for path in outside:
+            if path not in flight.outside_seen:
+                flight.outside_seen.add(path)
+                original = await asyncio.to_thread(self._keep_outside, path)
+                if original is not False:
+                    flight.record["outside"][path] = [original, None]
+                    await asyncio.to_thread(self._write, flight.record)
+
+    def _keep_outside(self, path: str) -> Entry | bool:
+        """The original of an outside file (None: it did not exist); False: not a file we
+        can keep (a folder, or too big), so it is not promised back."""
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return None
+        except OSError:
+            return False
+        if not stat_mod.S_ISREG(st.st_mode) or st.st_size > OUTSIDE_MAX_BYTES:
+            return False
+        mode = EXEC if st.st_mode & 0o111 else FILE
+        return [mode, self.store.store_bytes(Path(path).read_bytes())]
+
+    def _current_outside(self, path: str) -> Entry:
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return None
+        if not stat_mod.S_ISREG(st.st_mode):
+            return None
+        mode = EXEC if st.st_mode & 0o111 else FILE
+        return [mode, self.store.store_bytes(Path(path).read_bytes())]
+
+    async def after_task(self, task_id: str, episode: Any = None) -> str:
+        """Close the task's record: the snapshot after it and what changed. Returns the
+        line for the final answer ("" when it changed nothing worth saying)."""
+        flight = self._inflight.pop(task_id, None)
+        if flight is None:
+            return ""
+        record = await asyncio.to_thread(self._close, flight.record)
+        self._maybe_prune()
+        if record is None:
+            return ""
+        if episode is not None:
+            episode.snapshot = record["before"]
+            episode.changes = record.get("diffstat", [])
+        return self.summary(record)
+
+    def _close(self, record: dict[str, Any]) -> dict[str, Any] | None:
+        after = self.store.snapshot()
+        changes = self.store.diff(record["before"], after)
+        record["after"] = after
+        record["files"] = {c.path: [_entry(c.before), _entry(c.after)] for c in changes}
+        for path, (orig, _none) in list(record["outside"].items()):
+            now = self._current_outside(path)
+            if now == orig:
+                del record["outside"][path]
+            else:
+                record["outside"][path] = [orig, now]
+        record["diffstat"] = self._diffstat(changes, record["outside"])
+        self.store.save_stat_cache()
+        if not record["files"] and not record["outside"]:
+            self._path(record["id"]).unlink(missing_ok=True)  # changed nothing: no record
+            return None
+        self._write(record)
+        log.info("snapshot.changes", task=record["id"], files=len(record["files"]))
+        return record
+
+    def _diffstat(self, changes: list[Change], outside: dict[str, Any]) -> list[str]:
+        lines = []
+        for c in changes:
+            letter = {"added": "A", "removed": "D", "modified": "M"}[c.kind]
+            lines.append(f"{letter} {c.path}{self._lines(c.before, c.after)}")
+        for path, (orig, now) in outside.items():
+            letter = "A" if orig is None else ("D" if now is None else "M")
+            lines.append(f"{letter} {path} (outside the workspace)")
+        return lines
+
+    def _lines(self, before: tuple[int, str] | None, after: tuple[int, str] | None) -> str:
+        """ " (+3 -1)" for text files of reasonable size; "" otherwise."""
+
+        def text(entry: tuple[int, str] | None) -> list[str] | None:
+            if entry is None:
+                return []
+            data = self.store.blob(entry[1])
+            if len(data) > 200_000 or b"\0" in data[:8000]:
+                return None
+            try:
+                return data.decode("utf-8").splitlines()
+            except UnicodeDecodeError:
+                return None
+
+        a, b = text(before), text(after)
+        if a is None or b is None:
+            return ""
+        plus = minus = 0
+        matcher = difflib.SequenceMatcher(None, a, b, autojunk=False)
+        for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+            if tag in ("replace", "delete"):
+                minus += i2 - i1
+            if tag in ("replace", "insert"):
+                plus += j2 - j1
+        return f" (+{plus} -{minus})"
+
+    @staticmethod
+    def summary(record: dict[str, Any]) -> str:
+        """The final answer's line. Only when it helps: a task that only added files
+        needs no reminder; one that changed or removed something gets one."""
+        files = record.get("files", {})
+        outside = record.get("outside", {})
+        touched = [p for p, (b, _a) in files.items() if b is not None]
+        if not touched and not outside:
+            return ""
+        # What was there before first (edited, then removed), then what is new.
+        rank = {p: (b is None, a is None and b is not None) for p, (b, a) in files.items()}
+        names = [*outside, *sorted(files, key=lambda p: (rank[p], p))]
+        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        n = len(names)
+        return f"\n\n(Changed {n} file{'s' if n != 1 else ''}: {shown} — /undo to revert.)"
+
+    # ── settling and recovery ──────────────────────────────────────────────────
+    async def recover(self) -> list[str]:
+        """At start: finish a restore a crash cut short, then close the records of tasks
+        that never finished. Returns what was done, for the log."""
+        async with self._lock:
+            try:
+                return await asyncio.to_thread(self._recover)
+            except Exception:  # a damaged store must not keep Steward from starting
+                log.exception("undo.recover_failed")
+                return []
+
+    def warm(self) -> None:
+        """Take a first snapshot in the background (after a start), so the first task
+        does not pay for hashing the whole workspace; it also fills the stat cache."""
+        if self._warming is None:
+            self._warming = asyncio.get_running_loop().create_task(self._warm(), name="undo:warm")
+
+    async def _warm(self) -> None:
+        try:
+            await asyncio.to_thread(self.store.snapshot)
+            await asyncio.to_thread(self.store.save_stat_cache)
+        except Exception:  # the first task will take it, and say so if it fails
+            log.warning("snapshot.warm_failed", exc_info=True)
+
+    def _recover(self) -> list[str]:
+        done: list[str] = []
+        if self.store.clean_locks():
+            done.append("removed stale object locks")
+        pending = self.store.redo_pending()
+        if pending is not None:
+            intent, restored = pending
+            self._record_undo(intent.get("note", {}), restored)
+            self.store.finish_restore()
+            done.append(f"finished undo {intent.get('note', {}).get('undo_id', '?')}")
+        for rec in self.load():
+            if rec.get("after") is None and rec["id"] not in self._inflight:
+                self._close(rec)
+                done.append(f"closed task {rec['id']}")
+        if done:
+            log.info("undo.recovered", done=done)
+        return done
+
+    # ── /undo ───────────────────────────────────────────────────────────────────
+    def _mine(self, conversation: str) -> list[dict[str, Any]]:
+        """One conversation's records ("": every conversation's, for `steward undo`)."""
+        records = self.load()
+        if not conversation:
+            return records
+        return [r for r in records if r.get("conversation") == conversation]
+
+    async def undo(self, conversation: str, record_id: str = "") -> str:
+        """Undo the last task of `conversation` that changed files (or `record_id`)."""
+        async with self._lock:
+            return await asyncio.to_thread(self._undo, conversation, record_id.strip())
+
+    def _undo(self, conversation: str, record_id: str) -> str:
+        self._recover_quietly()
+        mine = self._mine(conversation)
+        if record_id:
+            found = [r for r in mine if r["id"] == record_id]
+            if not found:
+                ids = ", ".join(r["id"] for r in mine[-5:]) or "none"
+                return f"There is no task {record_id} to undo in this conversation (recent: {ids})."
+            rec = found[0]
+            if rec.get("undone_by"):
+                return (
+                    f"Task {rec['id']} was already undone by {rec['undone_by']}; "
+                    f"/undo {rec['undone_by']} brings its changes back."
+                )
+        else:
+            open_tasks = [r for r in mine if r.get("kind") == "task" and not r.get("undone_by")]
+            if not open_tasks:
+                return "Nothing to undo: no task in this conversation changed files."
+            rec = open_tasks[-1]
+        now = self.store.snapshot()
+        flat = self.store.flatten(now)
+        order = (rec.get("started", ""), rec["id"])
+        later = [r for r in self.load() if (r.get("started", ""), r["id"]) > order]
+        in_way: list[str] = []
+        for path, (_before, after) in rec.get("files", {}).items():
+            if _key(flat.get(path)) != _key(after):
+                in_way.append(self._blocker(path, later))
+        for path, (_before, after) in rec.get("outside", {}).items():
+            if _key(self._current_outside(path)) != _key(after):
+                in_way.append(self._blocker(path, later, outside=True))
+        if in_way:
+            return f"I did not undo {rec['id']}: " + "; ".join(sorted(set(in_way))) + "."
+        undo_id = self._new_id(rec["id"])
+        target = {p: _key(b) for p, (b, _a) in rec.get("files", {}).items()}
+        outside = {p: _key(b) for p, (b, _a) in rec.get("outside", {}).items()}
+        note = {
+            "undo_id": undo_id,
+            "record": rec["id"],
+            "before": now,
+            "conversation": conversation,
+            "started": self._now().isoformat(),
+        }
+        restored = self.store.restore(target, outside, note=note)
+        self._record_undo(note, restored)
+        self.store.finish_restore()
+        return self._told(rec, undo_id, restored)
+
+    def _recover_quietly(self) -> None:
+        try:
+            self._recover()
+        except Exception:
+            log.exception("undo.recover_failed")
+
+    def _new_id(self, record_id: str) -> str:
+        base = f"undo-{record_id}"
+        n, candidate = 1, base
+        while self._path(candidate).exists():
+            n += 1
+            candidate = f"{base}-{n}"
+        return candidate
+
+    def _blocker(self, path: str, later: list[dict[str, Any]], *, outside: bool = False) -> str:
+        key = "outside" if outside else "files"
+        for r in reversed(later):
+            if path in r.get(key, {}) and not r.get("undone_by"):
+                what = "undo" if r.get("kind") == "undo" else "task"
+                req = f" (“{r.get('request', '')[:60]}”)" if r.get("request") else ""
+                return f"{path} was changed later by {what} {r['id']}{req}; undo that first"
+        return f"{path} was changed since, outside Steward's tasks"
+
+    def _record_undo(self, note: dict[str, Any], restored: Restored) -> None:
+        """The undo as a record of its own (so it can be undone), and the undone task
+        marked. Safe to run twice (recovery after a crash right after it)."""
+        undo_id = note.get("undo_id")
+        rec = self._get(str(note.get("record", "")))
+        if not undo_id or rec is None:
+            return
+        after = self.store.snapshot()
+        changes = self.store.diff(note["before"], after)
+        outside = {
+            p: [a, b] for p, (b, a) in rec.get("outside", {}).items()
+        }  # the reverse of the undone task's outside changes
+        record = {
+            "id": undo_id,
+            "kind": "undo",
+            "conversation": note.get("conversation", rec.get("conversation")),
+            "request": f"undo {rec['id']}",
+            "started": note.get("started", self._now().isoformat()),
+            "before": note["before"],
+            "after": after,
+            "files": {c.path: [_entry(c.before), _entry(c.after)] for c in changes},
+            "outside": outside,
+            "undone_by": None,
+            "undoes": rec["id"],
+            "diffstat": self._diffstat(changes, outside),
+        }
+        self._write(record)
+        rec["undone_by"] = undo_id
+        self._write(rec)
+        if rec.get("kind") == "undo" and rec.get("undoes"):
+            first = self._get(rec["undoes"])
+            if first is not None and first.get("undone_by") == rec["id"]:
+                first["undone_by"] = None  # its changes are back: it can be undone again
+                self._write(first)
+        self.store.save_stat_cache()
+
+    @staticmethod
+    def _told(rec: dict[str, Any], undo_id: str, done: Restored) -> str:
+        what = "the undo" if rec.get("kind") == "undo" else "task"
+        head = f"Undid {what} {rec['id']}"
+        if rec.get("request") and rec.get("kind") != "undo":
+            head += f" (“{rec['request'][:80]}”)"
+        parts = []
+        if done.restored:
+            parts.append("restored " + ", ".join(done.restored))
+        if done.recreated:
+            parts.append("re-created " + ", ".join(done.recreated))
+        if done.removed:
+            parts.append("removed " + ", ".join(done.removed))
+        body = "; ".join(parts) if parts else "the files were already as before it"
+        return f"{head}: {body}.\nThis undo can be undone too: /undo {undo_id}"
+
+    async def list_text(self, conversation: str, limit: int = 10) -> str:
+        mine = await asyncio.to_thread(self._mine, conversation)
+        if not mine:
+            return "No task in this conversation has changed files yet."
+        lines = ["Tasks that changed files (newest first; /undo TASK_ID undoes one):"]
+        for r in reversed(mine[-limit:]):
+            state = f" — undone by {r['undone_by']}" if r.get("undone_by") else ""
+            stat = r.get("diffstat") or [f"? {p}" for p in r.get("files", {})]
+            stat = sorted(stat, key=lambda line: ("MDA".find(line[:1]), line))
+            shown = ", ".join(stat[:4]) + (f" and {len(stat) - 4} more" if len(stat) > 4 else "")
+            label = r.get("request", "")[:60]
+            lines.append(f"{r['id']}  “{label}”: {shown or 'in progress'}{state}")
+        return "\n".join(lines)
+
+    # ── retention ──────────────────────────────────────────────────────────────
+    def _maybe_prune(self) -> None:
+        if time.monotonic() - self._last_prune < PRUNE_EVERY or (
+            self._pruning is not None and not self._pruning.done()
+        ):
+            return
+        self._last_prune = time.monotonic()
+        self._pruning = asyncio.get_running_loop().create_task(self.prune(), name="undo:prune")
+
+    async def prune(self, *, grace: float = 3600.0) -> int:
+        """Drop records past `keep_days` or beyond the newest `keep_count`, then the
+        objects only they reached. Returns how many objects were deleted."""
+        async with self._lock:
+            try:
+                return await asyncio.to_thread(self._prune, grace)
+            except Exception:
+                log.exception("undo.prune_failed")
+                return 0
+
+    def _prune(self, grace: float) -> int:
+        records = self.load()
+        cutoff = (self._now() - timedelta(days=self.keep_days)).isoformat()
+        keep = records[-self.keep_count :] if self.keep_count else []
+        keep = [r for r in keep if r.get("started", "") >= cutoff or r["id"] in self._inflight]
+        kept = {r["id"] for r in keep}
+        for r in records:
+            if r["id"] not in kept and r["id"] not in self._inflight:
+                self._path(r["id"]).unlink(missing_ok=True)
+        roots: list[str] = []
+        for r in [*keep, *(f.record for f in self._inflight.values())]:
+            roots += [r.get("before") or "", r.get("after") or ""]
+            for pair in r.get("outside", {}).values():
+                roots += [e[1] for e in pair if e]
+        removed = self.store.prune(roots, grace=grace)
+        log.info("snapshot.pruned", records=len(records) - len(kept), objects=removed)
+        return removed
+
+    def describe_size(self) -> str:
+        total, count = self.store.size()
+        records = len(list(self.records.glob("*.json")))
+        where = self.store.root
+        return f"{total / 1e6:.1f} MB in {count} objects, {records} task records ({where})"
