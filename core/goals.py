@@ -173,17 +173,17 @@ def parse_goal(words: str, now: datetime) -> Draft:
             )
             draft.tokens = int(n)
     text = _BUDGET.sub("", text)
-    m = _UNTIL.search(text)
-    if m:
+    found = _UNTIL.search(text)
+    if found:
         try:
-            day = datetime.fromisoformat(m.group("date")).date()
-            if m.group("time"):
-                hh, mm = (int(x) for x in m.group("time").split(":"))
+            day = datetime.fromisoformat(found.group("date")).date()
+            if found.group("time"):
+                hh, mm = (int(x) for x in found.group("time").split(":"))
                 until = datetime.combine(day, time(hh, mm), UTC)
             else:
                 until = datetime.combine(day, time(23, 59, 59), UTC)
         except ValueError as exc:
-            raise GoalError(f"Not a date: {m.group(0)!r} ({exc}).") from None
+            raise GoalError(f"Not a date: {found.group(0)!r} ({exc}).") from None
         if until <= now:
             raise GoalError(f"{until:%Y-%m-%d %H:%M} UTC is in the past.")
         draft.until = until
@@ -690,15 +690,15 @@ class GoalEngine:
         await self.queue.save_task(task)
         self._running[g.id] = task
         self._changed(g)
-        seen = [0, 0.0]
+        seen: list[float] = [0, 0.0]
         halted: list[_Halt] = []
 
         async def spend(episode: Any) -> str | None:
             tokens = int(episode.tokens_in or 0) + int(episode.tokens_out or 0)
             cost = episode.cost_usd
-            dt = tokens - seen[0]
+            dt = tokens - int(seen[0])
             du = (float(cost) - seen[1]) if cost is not None else self._price(dt)
-            seen[0], seen[1] = tokens, (float(cost) if cost is not None else seen[1] + du)
+            seen[0], seen[1] = float(tokens), (float(cost) if cost is not None else seen[1] + du)
             if dt or du:
                 self._charge(g, dt, du, calls=1)
                 task.tokens += dt
@@ -916,8 +916,8 @@ class GoalEngine:
         except ValueError as exc:
             log.info("goal.review_unreadable", error=str(exc))
             return
-        ranks = data.get("tasks") if isinstance(data.get("tasks"), dict) else {}
-        drops = data.get("drop") if isinstance(data.get("drop"), dict) else {}
+        ranks: dict[str, Any] = data["tasks"] if isinstance(data.get("tasks"), dict) else {}
+        drops: dict[str, Any] = data["drop"] if isinstance(data.get("drop"), dict) else {}
         changed = []
         for t in queued:
             r = ranks.get(t.id)

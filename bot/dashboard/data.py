@@ -232,7 +232,7 @@ def _zero() -> dict[str, float]:
 
 
 def _ranked(buckets: dict[str, dict[str, float]], key: str) -> list[dict[str, Any]]:
-    rows = [{key: k, **v} for k, v in buckets.items()]
+    rows: list[dict[str, Any]] = [{key: k, **v} for k, v in buckets.items()]
     rows.sort(key=lambda r: -(r["tokens_in"] + r["tokens_out"]))
     return rows
 

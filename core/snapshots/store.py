@@ -39,7 +39,7 @@ from pathlib import Path
 
 from dulwich.ignore import IgnoreFilter, read_ignore_patterns
 from dulwich.object_store import DiskObjectStore
-from dulwich.objects import Blob, Tree
+from dulwich.objects import Blob, ObjectID, Tree
 
 from memory.atomic import atomic_write_bytes, atomic_write_text
 
@@ -330,7 +330,7 @@ class SnapshotStore:
             return cached_tree[1]
         tree = Tree()
         for name_b, mode, sha in frozen:
-            tree.add(name_b, mode, sha)
+            tree.add(name_b, mode, ObjectID(sha))
         self.objects.add_object(tree)
         self._trees[rel] = (frozen, tree.id)
         return tree.id
@@ -349,8 +349,14 @@ class SnapshotStore:
             self._flat[tree_id] = out
             return out
 
+    def _tree(self, sha: bytes) -> Tree:
+        obj = self.objects[ObjectID(sha)]
+        if not isinstance(obj, Tree):  # only ever a tree id here; a blob means a broken store
+            raise KeyError(f"snapshot object {sha!r} is not a tree")
+        return obj
+
     def _flatten(self, sha: bytes, prefix: str, out: dict[str, tuple[int, str]]) -> None:
-        tree = self.objects[sha]
+        tree = self._tree(sha)
         for item in tree.items():
             name = item.path.decode("utf-8", "surrogateescape")
             if item.mode == DIR:
@@ -373,7 +379,7 @@ class SnapshotStore:
             return {}
         return {
             i.path.decode("utf-8", "surrogateescape"): (i.mode, i.sha)
-            for i in self.objects[sha].items()
+            for i in self._tree(sha).items()
         }
 
     def _diff(self, a: bytes | None, b: bytes | None, prefix: str, out: list[Change]) -> None:
@@ -404,10 +410,10 @@ class SnapshotStore:
 
     def blob(self, sha: str) -> bytes:
         with self.lock:
-            return self.objects[sha.encode()].as_raw_string()
+            return self.objects[ObjectID(sha.encode())].as_raw_string()
 
     def has(self, sha: str) -> bool:
-        return sha.encode() in self.objects
+        return ObjectID(sha.encode()) in self.objects
 
     def store_bytes(self, data: bytes) -> str:
         """Keep a file's bytes (an original outside the workspace); returns its blob id."""
@@ -584,7 +590,7 @@ class SnapshotStore:
             if sha in out:
                 continue
             try:
-                obj = self.objects[sha]
+                obj = self.objects[ObjectID(sha)]
             except KeyError:
                 continue
             out.add(sha)
@@ -602,7 +608,7 @@ class SnapshotStore:
             for sha in list(self._loose()):
                 if sha in keep:
                     continue
-                path = Path(self.objects._get_shafile_path(sha))
+                path = Path(self.objects._get_shafile_path(ObjectID(sha)))
                 try:
                     if path.stat().st_mtime > cutoff:
                         continue

@@ -140,7 +140,7 @@ class Undo:
         if flight is None:
             t0 = time.perf_counter()
             before = await asyncio.to_thread(self.store.snapshot)
-            record = {
+            record: dict[str, Any] = {
                 "id": task_id,
                 "kind": "task",
                 "conversation": conversation,
