@@ -14,7 +14,6 @@ import asyncio
 import base64
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ from adapters.web import WebChannel
 from adapters.web_login import WebLogin, load_or_create_token
 from bot.app import App
 from bot.server import build_web_app
+from core.goal_queue import Goal, GoalQueue
 from memory.store import render
 from tests.fakes.llm import ScriptedLLM, ToolCall, _tokens
 from tests.kit import until
@@ -130,7 +130,7 @@ async def test_dashboard_follows_a_task_approves_it_and_shows_its_spend(
         assert [s["tool"] for s in status["recent"][0]["steps"]] == ["write_file", "shell"]
         assert [c["name"] for c in status["channels"]] == ["web"]
         assert status["channels"][0]["state"] == "connected"
-        assert status["goals"] == {"enabled": False, "text": "Goals are not enabled", "items": []}
+        assert status["goals"]["enabled"] and status["goals"]["items"] == []
 
         decided = (await get(http, url + "/api/approvals"))["decided"]
         assert decided[0]["id"] == pending["id"] and decided[0]["status"] == "approved"
@@ -155,7 +155,7 @@ async def test_dashboard_follows_a_task_approves_it_and_shows_its_spend(
         assert spend["days"][-1]["tokens_out"] == scripted_tokens_out()
         assert [m["model"] for m in spend["models"]] == [detail["model"]]
         assert [c["channel"] for c in spend["channels"]] == ["web"]
-        assert spend["goals"] is None
+        assert spend["goals"] == []  # goals are on; none was set
 
         artifacts = await get(http, url + "/api/artifacts")
         report = next(a for a in artifacts["items"] if a["path"] == "notes/report.md")
@@ -206,76 +206,17 @@ async def test_dashboard_needs_the_login_and_refuses_other_sites(settings_for: C
             assert r.status == 415
 
 
-@dataclass(frozen=True)
-class GoalView:
-    """The contract's GoalView (core/goals.py), as the dashboard reads it."""
-
-    id: str
-    text: str
-    state: str = "active"
-    owner: str = "owner"
-    channel: str = "web"
-    conversation: str = f"web:{SESSION}"
-    tokens_budget: int | None = 10_000
-    tokens_spent: int = 2_500
-    usd_budget: float | None = None
-    usd_spent: float = 0.01
-    tasks_done: int = 2
-    tasks_failed: int = 0
-    tasks_queued: int = 1
-    running: str | None = "check the build"
-    waiting_approval: bool = False
-    created: str = "2026-12-01T06:00:00+00:00"
-    until: str | None = None
-    ended_reason: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-class Goals:
-    """A goal engine with the contract's methods, holding its goals in memory."""
-
-    def __init__(self, *views: GoalView) -> None:
-        self.goals = {v.id: v for v in views}
-        self.calls: list[tuple[str, str, str]] = []
-        self._subscribers: list[Callable[[GoalView], None]] = []
-
-    async def views(self, include_ended: bool = False) -> list[GoalView]:
-        return [v for v in self.goals.values() if include_ended or v.state in ("active", "paused")]
-
-    async def view(self, goal_id: str) -> GoalView | None:
-        return self.goals.get(goal_id)
-
-    async def _set(self, goal_id: str, state: str, by: str) -> GoalView:
-        self.calls.append((state, goal_id, by))
-        view = self.goals[goal_id] = replace(self.goals[goal_id], state=state)
-        for callback in self._subscribers:
-            callback(view)
-        return view
-
-    async def pause(self, goal_id: str, by: str) -> GoalView:
-        return await self._set(goal_id, "paused", by)
-
-    async def resume(self, goal_id: str, by: str) -> GoalView:
-        return await self._set(goal_id, "active", by)
-
-    async def stop(self, goal_id: str, by: str) -> GoalView:
-        return await self._set(goal_id, "stopped", by)
-
-    async def stop_all(self, by: str) -> list[GoalView]:
-        return [await self._set(g, "stopped", by) for g in list(self.goals)]
-
-    def subscribe(self, callback: Callable[[GoalView], None]) -> Callable[[], None]:
-        self._subscribers.append(callback)
-        return lambda: self._subscribers.remove(callback)
-
-
 async def test_goals_controls_live_events_and_proactive(settings_for: Callable) -> None:
     s = settings_for(None)
+    # Two paused goals in the data dir, as /goal and a pause leave them: the engine the
+    # app builds reads them (paused, so nothing calls a model).
+    queue = GoalQueue(s.data_dir)
+    for gid, text in (("g1", "keep the build green"), ("g2", "tidy the docs")):
+        await queue.save_goal(
+            Goal(gid, text, "owner", "web", f"web:{SESSION}", state="paused",
+                 tokens_budget=10_000, tokens_spent=2_500, usd_spent=0.01, planned=True)
+        )  # fmt: skip
     app = App(s, subcommand="run")
-    goals = Goals(GoalView("g1", "keep the build green"), GoalView("g2", "tidy the docs"))
-    app.goals = goals  # what the wiring does once core/goals.py exists
     offered = 1_764_570_000.0  # 2025-12-01: outside a 14-day window of today
     now = app.clock.now()
     for sid, status, at in (
@@ -317,16 +258,19 @@ async def test_goals_controls_live_events_and_proactive(settings_for: Callable) 
                 reader = asyncio.create_task(read())
                 await until(lambda: "status" in topics, what="the first snapshot")
                 topics.clear()
-                code, paused = await post(http, url + "/api/goals/g1", {"action": "pause"}, url)
-                assert code == 200 and paused["goal"]["state"] == "paused"
+                code, stopped = await post(http, url + "/api/goals/g1", {"action": "stop"}, url)
+                assert code == 200 and stopped["goal"]["state"] == "stopped"
                 await until(lambda: "goals" in topics, what="a goals change event")
                 reader.cancel()
-            assert goals.calls == [("paused", "g1", "owner")]
+            # The same store /goal reads: the goal file says who stopped it.
+            queue.load()
+            assert queue.goals["g1"].state == "stopped"
+            assert "owner" in (queue.goals["g1"].ended_reason or "")
             code, _ = await post(http, url + "/api/goals/nope", {"action": "stop"}, url)
             assert code == 404
             code, stopped = await post(http, url + "/api/stop", {}, url)
-            assert code == 200 and stopped["goals_stopped"] == ["g1", "g2"]
-            assert {g.state for g in goals.goals.values()} == {"stopped"}
+            assert code == 200 and stopped["goals_stopped"] == ["g2"]
+            assert {g.state for g in app.goals.queue.goals.values()} == {"stopped"}
 
             spend = await get(http, url + "/api/spend")
             assert [(g["id"], g["tokens_spent"]) for g in spend["goals"]] == [

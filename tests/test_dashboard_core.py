@@ -137,3 +137,47 @@ async def test_the_owner_may_decide_a_request_of_another_person(tmp_path: Path) 
     again = await approvals.press(f"deny:{record['id']}", "owner", owner=True)
     assert again.text == "Already approved by owner." and not again.decided
     assert approvals.pending_records() == []
+
+
+async def test_spend_after_a_restart_reads_only_the_day_folders_that_changed(
+    tmp_path: Path,
+) -> None:
+    from bot.dashboard import data
+    from memory.episodes import Episode, EpisodeStore
+
+    store = EpisodeStore(tmp_path)
+    now = datetime(2026, 11, 20, 12, tzinfo=UTC)
+
+    def episode(n: int, day: int, tokens: int) -> Episode:
+        return Episode(
+            id=f"e{n}",
+            started=datetime(2026, 11, day, 9, tzinfo=UTC),
+            channel="slack",
+            conversation="C1",
+            user="U1",
+            request="count",
+            outcome="success",
+            model="m1",
+            tokens_in=tokens,
+            tokens_out=1,
+        )
+
+    for n, (day, tokens) in enumerate([(18, 100), (18, 50), (19, 7)]):
+        await store.write(episode(n, day, tokens))
+    kept = tmp_path / "web" / "spend-days.json"
+    first = data.FrontMatterCache(kept)
+    before = data.spend(first, tmp_path, days=7, now=now)
+    assert before["total"]["tokens_in"] == 157 and kept.exists()
+
+    # A restart: the kept rows answer, and no episode file is parsed for them.
+    second = data.FrontMatterCache(kept)
+    assert data.spend(second, tmp_path, days=7, now=now) == before
+    assert second._items == {}
+    # A day that got a new episode since is read again (only that one).
+    await store.write(episode(9, 19, 1000))
+    after = data.spend(second, tmp_path, days=7, now=now)
+    assert after["total"]["tokens_in"] == 1157
+    assert {p.parent.name for p in second._items} == {"19"}
+    # A damaged cache file is only a slower start, never a wrong or failed page.
+    kept.write_text("{not json")
+    assert data.spend(data.FrontMatterCache(kept), tmp_path, days=7, now=now) == after

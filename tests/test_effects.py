@@ -161,6 +161,10 @@ def _shell(guardian: Guardian, command: str, ok: bool = True) -> ToolRecord:
         ("All tests pass.", "cat pytest.ini", False),  # mentions pytest, runs no tests
         ("I committed the change.", "git add -A && git commit -m x", True),
         ("I committed the change.", "echo git commit", False),
+        # Outside the workspace the effects keep the path absolute; the answer says it
+        # as the command did.
+        ("Wrote ../first.txt as asked.", "echo a > ../first.txt", True),
+        ("Wrote ../first.txt as asked.", "echo a > ../second.txt", False),
     ],
 )
 def test_gates_read_shell_effects(

@@ -54,7 +54,10 @@ async def test_a_task_cut_off_by_a_restart_is_asked_about_and_run_again_on_a_pre
     later = [o for o in out if o["t"] == 10]
     assert later[0]["kind"] == "edit" and later[0]["id"] == asked["id"]
     assert later[0]["text"].endswith("Running it again.") and later[0]["buttons"] == []
-    assert later[-1]["kind"] == "message" and later[-1]["text"] == "Wrote notes/a.txt."
+    # The run again changed what the cut-off attempt wrote: the answer says /undo can revert it.
+    assert later[-1]["kind"] == "message" and later[-1]["text"] == (
+        "Wrote notes/a.txt.\n\n(Changed 1 file: notes/a.txt — /undo to revert.)"
+    )
     # The re-run is a new task with the same request.
     assert llm.requests[-1]["messages"][-3]["content"] == REQUEST
     assert (tmp_path / "ws" / "notes" / "a.txt").read_text() == "hi again\n"

@@ -76,7 +76,7 @@ class Dashboard:
     def __init__(self, app: Any, *, goals: GoalsLike | None = None) -> None:
         self.app = app
         self._engine = goals
-        self._cache = data.FrontMatterCache()
+        self._cache = data.FrontMatterCache(Path(app.data_dir) / "web" / "spend-days.json")
         self._wakers: set[asyncio.Event] = set()
         self._closing = False
         self._unsubscribe: list[Callable[[], None]] = []

@@ -9,6 +9,7 @@ open dashboard refreshing every few seconds does not re-parse a month of episode
 
 from __future__ import annotations
 
+import json
 import mimetypes
 import os
 import re
@@ -20,6 +21,7 @@ from typing import Any
 
 import structlog
 
+from memory.atomic import atomic_write_text
 from memory.store import MalformedFile, parse
 
 log = structlog.get_logger("steward.dashboard")
@@ -40,12 +42,50 @@ SpendRow = tuple[str, str, str, int, int, float | None]
 
 
 class FrontMatterCache:
-    """Parsed front matter per file, re-read only when the file's mtime or size changes."""
+    """Parsed front matter per file, re-read only when the file's mtime or size changes.
 
-    def __init__(self) -> None:
+    The per-day Spend rows are also kept in `days_file` (a cache under the data dir's
+    ignored `web/` folder): without it the first Spend view after a start parsed every
+    episode of the window (seconds for a few thousand); with it, a start reads one small
+    file and re-reads only the day folders that changed since.
+    """
+
+    def __init__(self, days_file: Path | None = None) -> None:
         self._items: dict[Path, tuple[int, int, dict[str, Any], str]] = {}
         self._days: dict[Path, tuple[int, list[SpendRow]]] = {}
         self._lock = threading.Lock()
+        self.days_file = days_file
+        self._days_loaded = days_file is None
+        self._days_dirty = False
+
+    def _load_days(self) -> None:
+        """The day rows kept by an earlier run; anything unreadable is just recomputed."""
+        self._days_loaded = True
+        assert self.days_file is not None
+        try:
+            kept = json.loads(self.days_file.read_text(encoding="utf-8"))
+            for folder, (stamp, rows) in kept.items():
+                self._days[Path(folder)] = (
+                    int(stamp),
+                    [(str(a), str(b), str(c), int(d), int(e), f) for a, b, c, d, e, f in rows],
+                )
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError, TypeError) as exc:
+            log.info("dashboard.spend_cache_unreadable", error=str(exc)[:200])
+            self._days.clear()
+
+    def save_days(self) -> None:
+        """Keep the day rows for the next start (only when something changed)."""
+        if self.days_file is None or not self._days_dirty:
+            return
+        with self._lock:
+            kept = {str(k): [stamp, rows] for k, (stamp, rows) in self._days.items()}
+            self._days_dirty = False
+        try:
+            atomic_write_text(self.days_file, json.dumps(kept, separators=(",", ":")))
+        except OSError as exc:  # a cache: the next start recomputes
+            log.info("dashboard.spend_cache_unwritable", error=str(exc)[:200])
 
     def read(self, path: Path, *, body: bool = False) -> tuple[dict[str, Any], str] | None:
         try:
@@ -77,6 +117,8 @@ class FrontMatterCache:
         except OSError:
             return []
         with self._lock:
+            if not self._days_loaded:
+                self._load_days()
             hit = self._days.get(folder)
         if hit is not None and hit[0] == stamp:
             return hit[1]
@@ -99,6 +141,7 @@ class FrontMatterCache:
             )
         with self._lock:
             self._days[folder] = (stamp, rows)
+            self._days_dirty = True
         return rows
 
 
@@ -219,6 +262,7 @@ def spend(cache: FrontMatterCache, data_dir: Path, *, days: int, now: datetime) 
                 bucket["tokens_out"] += tokens_out
                 bucket["cost_usd"] += cost or 0.0
                 bucket["tasks"] += 1
+    cache.save_days()
     return {
         "days": [{"day": d, **v} for d, v in sorted(by_day.items())],
         "models": _ranked(by_model, "model"),

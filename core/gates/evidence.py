@@ -155,6 +155,10 @@ def _deletes(record: ToolRecordLike, target: str) -> bool:
 def _same_path(path: str, target: str) -> bool:
     a = path.strip().removeprefix("./").rstrip("/")
     b = target.strip().removeprefix("./")
+    # The effects keep a path outside the workspace absolute; an answer names it as the
+    # call did ("../notes.txt"): what follows the parent steps is what must match.
+    while b.startswith("../"):
+        b = b[3:]
     if not a or not b:
         return False
     if b.endswith("/"):
