@@ -92,6 +92,9 @@ class TaskResult:
     reply: str
     episode: Episode
     episode_path: str = ""
+    #: With a background writer (core/persist.py): done once the episode file is written
+    #: (its path, or None when that failed). None: it was written before `run` returned.
+    saved: asyncio.Future[Path | None] | None = None
 
 
 def new_task_id(clock: Clock) -> str:
@@ -143,6 +146,8 @@ class Agent:
         self.after_episode = after_episode
         self.ask_every_shell = ask_every_shell
         self.journal = journal
+        #: core/persist.EpisodeWriter: when set, episodes are written after the reply.
+        self.persist: Any = None
         self._schemas = [t.schema() for t in tools.values()]
 
     async def _messages(self, req: TaskRequest, episode: Episode) -> list[dict[str, Any]]:
@@ -312,7 +317,12 @@ class Agent:
                 )
         # Shielded: the answer exists (a stream may have shown it already); a stop now
         # must not lose its episode, nor leave its journal record open to be asked about.
-        path = await asyncio.shield(self._save(episode, bound))
+        saved: asyncio.Future[Path | None] | None = None
+        if self.persist is not None:  # journaled now, written after the reply (core/persist)
+            saved = await asyncio.shield(self.persist.submit(episode))
+            path: Path | None = self.episodes.path_for(episode)
+        else:
+            path = await asyncio.shield(self._save(episode, bound))
         bound.info(
             "task.finished",
             outcome=episode.outcome,
@@ -322,7 +332,7 @@ class Agent:
             cost_usd=episode.cost_usd,
             duration_s=round(episode.duration_s, 3),
         )
-        return TaskResult(task_id, episode.outcome, reply, episode, str(path or ""))
+        return TaskResult(task_id, episode.outcome, reply, episode, str(path or ""), saved)
 
     async def _save(self, episode: Episode, bound: Any) -> Any:
         """Write the episode, then close the task's journal record: the task has ended

@@ -124,6 +124,27 @@ class Episode:
             "duration_s": round(self.duration_s, 3),
         }
 
+    def to_record(self) -> dict[str, Any]:
+        """Every field as plain JSON data: what the task journal keeps of a finished task
+        until its episode file is written (core/persist.py), so a crash in between loses
+        nothing."""
+        data = asdict(self)
+        data["started"] = self.started.isoformat()
+        return data
+
+    @classmethod
+    def from_record(cls, data: dict[str, Any]) -> Episode:
+        """The inverse of `to_record`; unknown keys (a newer version's) are ignored."""
+        names = set(cls.__dataclass_fields__)
+        kept = {k: v for k, v in data.items() if k in names}
+        kept["started"] = datetime.fromisoformat(str(kept["started"]))
+        tool_names = set(ToolRecord.__dataclass_fields__)
+        kept["tools"] = [
+            ToolRecord(**{k: v for k, v in t.items() if k in tool_names})
+            for t in kept.get("tools") or []
+        ]
+        return cls(**kept)
+
     def to_markdown(self) -> str:
         lines = ["## Request", "", self.request.strip(), ""]
         if self.tools:
@@ -151,10 +172,11 @@ class EpisodeStore:
 
     async def write(self, episode: Episode) -> Path:
         path = self.path_for(episode)
-        # Secrets pasted in chat or printed by tools never reach the disk.
-        text = redact(episode.to_markdown())
+        # Rendered and redacted in the thread too: the YAML dump and the secret scan are
+        # milliseconds of CPU the event loop (other conversations' replies) need not wait
+        # for. The episode is finished: nothing mutates it any more.
         await self.health.guard(
-            "episode", path, lambda: asyncio.to_thread(atomic_write_text, path, text)
+            "episode", path, lambda: asyncio.to_thread(_write_episode, path, episode)
         )
         return path
 
@@ -169,3 +191,8 @@ class EpisodeStore:
         if not meta:
             raise MalformedFile(path, "front matter is empty")
         return meta
+
+
+def _write_episode(path: Path, episode: Episode) -> None:
+    # Secrets pasted in chat or printed by tools never reach the disk.
+    atomic_write_text(path, redact(episode.to_markdown()))
