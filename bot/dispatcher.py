@@ -394,6 +394,9 @@ class Dispatcher:
                 "proactive.failed",
                 event="task_finished",
             )
+        if result.saved is not None:  # written after the reply (core/persist.py): the
+            # next task of this conversation, and the notice below, come after it
+            await _quietly(asyncio.shield(result.saved), "episode.write_failed")
         if self.write_health is not None and (note := self.write_health.notice(key)):
             await _quietly(self.say(channel, msg.conversation, note, msg.thread), "dispatch.failed")
 

@@ -245,17 +245,6 @@ class Agent:
 
         kind = ""  # the failure's class, for the task's own error signature
         try:
-            if self.journal is not None and req.journaled:  # durable before any work
-                await self.journal.open(
-                    task_id,
-                    channel=req.channel.name,
-                    conversation=req.conversation,
-                    user=req.user,
-                    request=req.text,
-                    started=started_wall,
-                    thread=req.thread,
-                    direct=req.direct,
-                )
             async with asyncio.timeout(self.task_timeout):
                 reply = await self._loop(req, task_id, episode, emit, bound)
         except asyncio.CancelledError:
@@ -354,6 +343,19 @@ class Agent:
                 bound.warning("episode.index_failed", episode=episode.id, exc_info=True)
         return path
 
+    async def _open_journal(self, req: TaskRequest, task_id: str, episode: Episode) -> None:
+        if self.journal is not None and req.journaled:
+            await self.journal.open(
+                task_id,
+                channel=req.channel.name,
+                conversation=req.conversation,
+                user=req.user,
+                request=req.text,
+                started=episode.started,
+                thread=req.thread,
+                direct=req.direct,
+            )
+
     async def _loop(
         self,
         req: TaskRequest,
@@ -362,7 +364,11 @@ class Agent:
         emit: Observer,
         bound: Any,
     ) -> str:
-        messages = await self._messages(req, episode)
+        # The journal record is durable before the model is asked anything (so before any
+        # tool runs); its fsync and the recall search overlap instead of adding up.
+        messages, _ = await asyncio.gather(
+            self._messages(req, episode), self._open_journal(req, task_id, episode)
+        )
 
         async def on_text(delta: str) -> None:
             await emit(Progress("text", task_id, text=delta))

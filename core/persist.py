@@ -68,7 +68,8 @@ class EpisodeWriter:
 
     async def submit(self, episode: Episode) -> asyncio.Future[Path | None]:
         """Record the finished episode in its journal record, queue its write; returns a
-        future of its path (None when the write failed). Call before sending the reply."""
+        future of its path (None when the write failed), done once it is written and
+        indexed. Call before sending the reply."""
         if self.journal is not None:
             self.journal.finished(episode.id, episode.to_record())
         done: asyncio.Future[Path | None] = asyncio.get_running_loop().create_future()
@@ -90,6 +91,7 @@ class EpisodeWriter:
 
     async def _write(self, items: list[tuple[Episode, asyncio.Future[Path | None]]]) -> None:
         written: list[Path] = []
+        results: list[tuple[asyncio.Future[Path | None], Path | None]] = []
         for episode, done in items:
             path: Path | None = None
             try:
@@ -103,13 +105,17 @@ class EpisodeWriter:
             if path is not None:
                 written.append(path)
                 self.written += 1
-            if not done.done():
-                done.set_result(path)
+            results.append((done, path))
         if written and self.index is not None:
             try:
                 await self.index(written)
             except Exception:  # the files are the truth; an index can be rebuilt from them
                 log.warning("episode.index_failed", episodes=len(written), exc_info=True)
+        # Done once indexed too: whoever waits (the conversation's follow-up) may then
+        # recall this task, and a failed write has been counted by the health record.
+        for done, path in results:
+            if not done.done():
+                done.set_result(path)
 
     async def drain(self) -> None:
         """Wait until everything submitted so far is written and indexed."""

@@ -128,8 +128,15 @@ class Episode:
         """Every field as plain JSON data: what the task journal keeps of a finished task
         until its episode file is written (core/persist.py), so a crash in between loses
         nothing."""
-        data = asdict(self)
+        # Field by field, not dataclasses.asdict: its deep copy is most of the cost, and
+        # this runs on the reply path (every value here is a str, number, list or dict
+        # that the finished task no longer changes).
+        data = {name: getattr(self, name) for name in self.__dataclass_fields__}
         data["started"] = self.started.isoformat()
+        data["tools"] = [
+            {name: getattr(t, name) for name in ToolRecord.__dataclass_fields__}
+            for t in self.tools
+        ]
         return data
 
     @classmethod
