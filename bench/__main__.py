@@ -13,6 +13,7 @@ BENCHES = {
     "cli_startup": "bench.cli_startup",
     "agent_overhead": "bench.agent_overhead",
     "concurrent": "bench.concurrent",
+    "tokens": "bench.tokens",
     "guardian_corpus": "bench.guardian_corpus",
     "memory": "bench.memory",
     "learning": "bench.learning",
