@@ -87,9 +87,22 @@ async def _run() -> None:
         to_reply: list[float] = []
         persisted: list[float] = []
         agent_cpu: list[float] = []
+        inline_reply: list[float] = []  # the same, with the episode written before the reply
         try:
             # Paired: a bare call, then a message, alternately, so both see the same load.
             for i in range(N + 5):
+                # And a message with the episode saved inline (as before core/persist.py),
+                # so the writer's gain is measured under the same load too.
+                app.agent.persist = None
+                key = f"replay:i{i}"
+                t0 = time.perf_counter()
+                await app.dispatcher.handle(
+                    Message("replay", f"i{i}", "bench", f"message {i}"), channel
+                )
+                await app.conversations.wait_idle(key)
+                if i >= 5:
+                    inline_reply.append(replied[f"i{i}"] - t0)
+                app.agent.persist = app.persist
                 c0, t0 = time.process_time(), time.perf_counter()
                 await bare_call()
                 t_bare, c_bare = time.perf_counter() - t0, time.process_time() - c0
@@ -115,7 +128,7 @@ async def _run() -> None:
             await app.stop()
         assert all(o["text"] == "Noted, nothing to do for that." for o in sink), sink[:1]
         episodes = list((tmp / "data" / "episodes").rglob("*.md"))
-        assert len(episodes) == N + 5, f"{len(episodes)} episodes written for {N + 5} messages"
+        assert len(episodes) == 2 * (N + 5), f"{len(episodes)} episodes for {2 * (N + 5)} messages"
     med = statistics.median
     m_raw, m_bare, m_agent, m_reply = (med(x) for x in (raw, bare, agent, to_reply))
     print(f"raw HTTP POST          {_ms(raw)}   (baseline 1)")
@@ -126,6 +139,10 @@ async def _run() -> None:
     )
     print(f"until the reply is sent {_ms(to_reply)}   {m_reply / m_bare:.2f}x bare litellm")
     print(f"until episode written+indexed {_ms(persisted)}   (background, core/persist.py)")
+    print(
+        f"until the reply, episode written first (inline, as before) {_ms(inline_reply)}: "
+        f"the background writer saves {(med(inline_reply) - m_reply) * 1000:.2f} ms per reply"
+    )
     added_cpu = med(agent_cpu) - med(bare_cpu)
     print(
         f"CPU per call: bare litellm {med(bare_cpu) * 1000:.2f} ms, one message "

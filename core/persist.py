@@ -98,14 +98,14 @@ class EpisodeWriter:
                 path = await self.episodes.write(episode)
             except Exception:
                 log.exception("episode.write_failed", episode=episode.id)
-            # The task has ended even when its file could not be written: the person has
-            # their answer, and "run it again?" after a restart would repeat finished work.
-            if self.journal is not None:
-                await self.journal.close(episode.id)
             if path is not None:
                 written.append(path)
                 self.written += 1
             results.append((done, path))
+        # The tasks have ended even where a file could not be written: the person has
+        # their answer, and "run it again?" after a restart would repeat finished work.
+        if self.journal is not None:
+            await self.journal.close_many([episode.id for episode, _ in items])
         if written and self.index is not None:
             try:
                 await self.index(written)

@@ -134,8 +134,7 @@ class Episode:
         data = {name: getattr(self, name) for name in self.__dataclass_fields__}
         data["started"] = self.started.isoformat()
         data["tools"] = [
-            {name: getattr(t, name) for name in ToolRecord.__dataclass_fields__}
-            for t in self.tools
+            {name: getattr(t, name) for name in ToolRecord.__dataclass_fields__} for t in self.tools
         ]
         return data
 
