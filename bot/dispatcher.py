@@ -380,6 +380,10 @@ class Dispatcher:
         help never interrupts a running task (a queued one goes first). Each is a help: a
         failure is logged (the episode on disk is the evidence) and never stops the others.
         """
+        if result.saved is not None:  # written after the reply (core/persist.py): what
+            # follows counts on it being on disk and indexed (the learner, proactive help,
+            # the write-failure notice, the next task of this conversation)
+            await _quietly(asyncio.shield(result.saved), "episode.write_failed")
         recorded = self.history.record(key, text, result.reply)
         await _quietly(recorded, "history.record_failed", conversation=key)
         if self.learner is not None:
@@ -394,9 +398,6 @@ class Dispatcher:
                 "proactive.failed",
                 event="task_finished",
             )
-        if result.saved is not None:  # written after the reply (core/persist.py): the
-            # next task of this conversation, and the notice below, come after it
-            await _quietly(asyncio.shield(result.saved), "episode.write_failed")
         if self.write_health is not None and (note := self.write_health.notice(key)):
             await _quietly(self.say(channel, msg.conversation, note, msg.thread), "dispatch.failed")
 
