@@ -92,12 +92,13 @@ class EpisodeWriter:
     async def _write(self, items: list[tuple[Episode, asyncio.Future[Path | None]]]) -> None:
         written: list[Path] = []
         results: list[tuple[asyncio.Future[Path | None], Path | None]] = []
-        for episode, done in items:
-            path: Path | None = None
-            try:
-                path = await self.episodes.write(episode)
-            except Exception:
-                log.exception("episode.write_failed", episode=episode.id)
+        episodes = [episode for episode, _ in items]
+        try:
+            paths = await self.episodes.write_many(episodes)
+        except Exception:  # a bug, not a full disk (that is counted per file): logged
+            log.exception("episode.write_failed", episodes=[e.id for e in episodes])
+            paths = [None] * len(items)
+        for (_, done), path in zip(items, paths, strict=True):
             if path is not None:
                 written.append(path)
                 self.written += 1

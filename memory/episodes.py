@@ -186,6 +186,27 @@ class EpisodeStore:
         )
         return path
 
+    async def write_many(self, episodes: list[Episode]) -> list[Path | None]:
+        """Write a batch in one thread hop (core/persist.py batches under load); each file
+        as `write` would, its failure counted by the health record like `write`'s; None
+        where it failed."""
+        paths = [self.path_for(e) for e in episodes]
+        errors = await asyncio.to_thread(_write_all, paths, episodes)
+        out: list[Path | None] = []
+        for path, error in zip(paths, errors, strict=True):
+
+            async def outcome(error: OSError | None = error) -> None:
+                if error is not None:
+                    raise error
+
+            try:
+                await self.health.guard("episode", path, outcome)
+            except OSError:
+                out.append(None)
+            else:
+                out.append(path)
+        return out
+
     def iter_files(self) -> Iterator[Path]:
         if self.root.is_dir():
             yield from sorted(self.root.rglob("*.md"))
@@ -202,3 +223,15 @@ class EpisodeStore:
 def _write_episode(path: Path, episode: Episode) -> None:
     # Secrets pasted in chat or printed by tools never reach the disk.
     atomic_write_text(path, redact(episode.to_markdown()))
+
+
+def _write_all(paths: list[Path], episodes: list[Episode]) -> list[OSError | None]:
+    errors: list[OSError | None] = []
+    for path, episode in zip(paths, episodes, strict=True):
+        try:
+            _write_episode(path, episode)
+        except OSError as exc:
+            errors.append(exc)
+        else:
+            errors.append(None)
+    return errors
