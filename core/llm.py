@@ -53,6 +53,11 @@ def load_litellm() -> Any:
     return _litellm
 
 
+#: Models litellm had no price for, registered with it at price 0 by `_price_once`:
+#: their cost stays unknown (None) for every client of this process.
+_UNPRICED: set[str] = set()
+
+
 @dataclass(frozen=True, slots=True)
 class ToolCallRequest:
     id: str
@@ -407,10 +412,14 @@ class LLMClient:
         each lookup fails, is not cached (an exception) and walks every generalisation of
         the name, ~7 times a call: ~1.8 ms of CPU per call here (issue 26). Registered,
         the lookups hit litellm's own cache."""
+        if self.model in _UNPRICED:  # registered by an earlier client of this process
+            self._priced = False
+            return
         try:
             litellm.get_model_info(self.model)
         except Exception:
             self._priced = False
+            _UNPRICED.add(self.model)
         else:
             return  # priced (or at least mapped): litellm's figures are used as they are
         try:
