@@ -12,6 +12,8 @@ import sys
 BENCHES = {
     "cli_startup": "bench.cli_startup",
     "agent_overhead": "bench.agent_overhead",
+    "concurrent": "bench.concurrent",
+    "tokens": "bench.tokens",
     "guardian_corpus": "bench.guardian_corpus",
     "memory": "bench.memory",
     "learning": "bench.learning",

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import resource
 import shutil
@@ -299,12 +300,22 @@ async def probe(data: Path, n_queries: int) -> dict[str, Any]:
     }
 
 
+#: BLAS and OpenMP pinned to one thread in the probe: brute force's numpy matmul would
+#: otherwise use every core (and HNSW's OpenMP too), so the ratio would depend on how
+#: many cores happen to be idle; one thread each is the stable comparison (issue 26).
+ONE_THREAD = {
+    name: "1"
+    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS")
+}
+
+
 def _probe_subprocess(data: Path, n_queries: int) -> dict[str, Any]:
     out = subprocess.run(
         [sys.executable, "-m", "bench.memory", "--probe", str(data), "--queries", str(n_queries)],
         capture_output=True,
         text=True,
         check=True,
+        env={**os.environ, **ONE_THREAD},  # set before numpy loads: read at import
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
 

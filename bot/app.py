@@ -46,6 +46,7 @@ from core.local_model import (
     embedded_wanted,
     server_for,
 )
+from core.persist import EpisodeWriter
 from core.proactive import Config as ProactiveConfig
 from core.proactive import Proactive
 from core.sandbox import SandboxRequired
@@ -324,6 +325,10 @@ class App:
         self.learner = Learner(self.rules, self.clock, self.learning, drafter=self.writer)
         if agent is not None:
             agent.learner = self.learner
+        # Episodes are journaled before the reply and written after it (core/persist.py).
+        self.persist = EpisodeWriter(self.episodes, self.journal, index=self._index_episodes)
+        if agent is not None:
+            agent.persist = self.persist
         self.agent = agent
         # Last, so nothing above can fail while the lock is held: one Steward per data dir.
         try:
@@ -554,6 +559,15 @@ class App:
                 "index", index.sqlite_path, lambda: index.add_episode_file(path)
             )
 
+    async def _index_episodes(self, paths: list[Path]) -> None:
+        """A batch of episodes written by core/persist.py: one index call for all."""
+        self._commit_soon()
+        if self.index is not None:
+            index = self.index
+            await self.health.guard(
+                "index", index.sqlite_path, lambda: index.add_episode_files(paths)
+            )
+
     def _commit_soon(self) -> None:
         """After a task: commit the memory written since the last batch, in the background,
         when the last batch is COMMIT_EVERY seconds old (README → Memory)."""
@@ -576,6 +590,7 @@ class App:
         ran, and the process never exited (issue 16)."""
         try:
             await self._stop_channels()
+            await _bounded("episodes", self.persist.stop(), STOP_STEP_TIMEOUT)
             await _bounded("drafts", self._stop_pending(), STOP_STEP_TIMEOUT)
             if self.local is not None:
                 await _bounded("local model", self.local.stop(), STOP_STEP_TIMEOUT)

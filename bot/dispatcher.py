@@ -393,6 +393,10 @@ class Dispatcher:
         help never interrupts a running task (a queued one goes first). Each is a help: a
         failure is logged (the episode on disk is the evidence) and never stops the others.
         """
+        if result.saved is not None:  # written after the reply (core/persist.py): what
+            # follows counts on it being on disk and indexed (the learner, proactive help,
+            # the write-failure notice, the next task of this conversation)
+            await _quietly(asyncio.shield(result.saved), "episode.write_failed")
         recorded = self.history.record(key, text, result.reply)
         await _quietly(recorded, "history.record_failed", conversation=key)
         if self.learner is not None:

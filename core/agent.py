@@ -96,6 +96,9 @@ class TaskResult:
     reply: str
     episode: Episode
     episode_path: str = ""
+    #: With a background writer (core/persist.py): done once the episode file is written
+    #: (its path, or None when that failed). None: it was written before `run` returned.
+    saved: asyncio.Future[Path | None] | None = None
 
 
 def new_task_id(clock: Clock) -> str:
@@ -150,6 +153,8 @@ class Agent:
         self.journal = journal
         #: core/snapshots.Undo: snapshots before changes, so every task can be undone.
         self.undo = undo
+        #: core/persist.EpisodeWriter: when set, episodes are written after the reply.
+        self.persist: Any = None
         self._schemas = [t.schema() for t in tools.values()]
 
     async def _messages(self, req: TaskRequest, episode: Episode) -> list[dict[str, Any]]:
@@ -247,17 +252,6 @@ class Agent:
 
         kind = ""  # the failure's class, for the task's own error signature
         try:
-            if self.journal is not None and req.journaled:  # durable before any work
-                await self.journal.open(
-                    task_id,
-                    channel=req.channel.name,
-                    conversation=req.conversation,
-                    user=req.user,
-                    request=req.text,
-                    started=started_wall,
-                    thread=req.thread,
-                    direct=req.direct,
-                )
             async with asyncio.timeout(self.task_timeout):
                 reply = await self._loop(req, task_id, episode, emit, bound)
         except asyncio.CancelledError:
@@ -323,7 +317,12 @@ class Agent:
                 )
         # Shielded: the answer exists (a stream may have shown it already); a stop now
         # must not lose its episode, nor leave its journal record open to be asked about.
-        path = await asyncio.shield(self._save(episode, bound))
+        saved: asyncio.Future[Path | None] | None = None
+        if self.persist is not None:  # journaled now, written after the reply (core/persist)
+            saved = await asyncio.shield(self.persist.submit(episode))
+            path: Path | None = self.episodes.path_for(episode)
+        else:
+            path = await asyncio.shield(self._save(episode, bound))
         bound.info(
             "task.finished",
             outcome=episode.outcome,
@@ -333,7 +332,7 @@ class Agent:
             cost_usd=episode.cost_usd,
             duration_s=round(episode.duration_s, 3),
         )
-        return TaskResult(task_id, episode.outcome, reply, episode, str(path or ""))
+        return TaskResult(task_id, episode.outcome, reply, episode, str(path or ""), saved)
 
     async def _undo_after(self, task_id: str, episode: Episode, bound: Any) -> str:
         try:
@@ -362,6 +361,19 @@ class Agent:
                 bound.warning("episode.index_failed", episode=episode.id, exc_info=True)
         return path
 
+    async def _open_journal(self, req: TaskRequest, task_id: str, episode: Episode) -> None:
+        if self.journal is not None and req.journaled:
+            await self.journal.open(
+                task_id,
+                channel=req.channel.name,
+                conversation=req.conversation,
+                user=req.user,
+                request=req.text,
+                started=episode.started,
+                thread=req.thread,
+                direct=req.direct,
+            )
+
     async def _loop(
         self,
         req: TaskRequest,
@@ -370,7 +382,11 @@ class Agent:
         emit: Observer,
         bound: Any,
     ) -> str:
-        messages = await self._messages(req, episode)
+        # The journal record is durable before the model is asked anything (so before any
+        # tool runs); its fsync and the recall search overlap instead of adding up.
+        messages, _ = await asyncio.gather(
+            self._messages(req, episode), self._open_journal(req, task_id, episode)
+        )
 
         async def on_text(delta: str) -> None:
             await emit(Progress("text", task_id, text=delta))

@@ -324,7 +324,15 @@ class Approvals:
         if pending is None:
             return
         self._decided[rid] = decision
-        pending.waiter.wake(decision)
+        try:
+            await self._record_and_show(rid, pending, decision)
+        finally:
+            # The task goes on only once the decision is saved and shown: its answer can
+            # no longer overtake the "Denied by …" edit (it used to, once episodes were
+            # written after the reply, core/persist.py).
+            pending.waiter.wake(decision)
+
+    async def _record_and_show(self, rid: str, pending: _Pending, decision: Decision) -> None:
         status = (
             "approved"
             if decision.approved

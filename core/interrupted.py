@@ -119,6 +119,12 @@ class Interrupted:
             self._left = await asyncio.to_thread(self.journal.load)
         asked, waiting = 0, []
         for record in self._left:
+            if isinstance(record.get("done"), dict):  # finished; only its file was lost
+                try:
+                    await self._write_finished(record)
+                except Exception:  # kept on disk: tried again at the next start
+                    log.exception("interrupted.recover_failed", task_id=record.get("id"))
+                continue
             channel = channels.get(str(record.get("channel")))
             if channel is None or not channel.capabilities.interactive:
                 waiting.append(record)
@@ -132,6 +138,22 @@ class Interrupted:
                 log.exception("interrupted.recover_failed", task_id=record.get("id"))
         self._left = waiting
         return asked
+
+    async def _write_finished(self, record: dict[str, Any]) -> None:
+        """A task that ended (its episode was appended to the journal record, core/persist)
+        but whose episode file was not written before the process died: write it now, as
+        it would have been; nobody is asked anything. An existing file is never replaced."""
+        episode = Episode.from_record(record["done"])
+        path = self.episodes.path_for(episode)
+        if not await asyncio.to_thread(path.exists):
+            path = await self.episodes.write(episode)
+            if self.after_episode is not None:
+                try:
+                    await self.after_episode(path)
+                except Exception:  # the file is the truth; the index can be rebuilt
+                    log.warning("episode.index_failed", episode=episode.id, exc_info=True)
+        await self.journal.remove(str(record["id"]))
+        log.info("task.recovered", task_id=episode.id, outcome=episode.outcome)
 
     async def _ask(self, record: dict[str, Any], channel: Channel) -> bool:
         tid = str(record["id"])

@@ -6,6 +6,7 @@ and version it; indexes built later are caches over these files.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -168,6 +169,33 @@ class Episode:
             **({"snapshot": self.snapshot, "changes": self.changes} if self.snapshot else {}),
         }
 
+    def to_record(self) -> dict[str, Any]:
+        """Every field as plain JSON data: what the task journal keeps of a finished task
+        until its episode file is written (core/persist.py), so a crash in between loses
+        nothing."""
+        # Field by field, not dataclasses.asdict: its deep copy is most of the cost, and
+        # this runs on the reply path (every value here is a str, number, list or dict
+        # that the finished task no longer changes).
+        data = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        data["started"] = self.started.isoformat()
+        data["tools"] = [
+            {name: getattr(t, name) for name in ToolRecord.__dataclass_fields__} for t in self.tools
+        ]
+        return data
+
+    @classmethod
+    def from_record(cls, data: dict[str, Any]) -> Episode:
+        """The inverse of `to_record`; unknown keys (a newer version's) are ignored."""
+        names = set(cls.__dataclass_fields__)
+        kept = {k: v for k, v in data.items() if k in names}
+        kept["started"] = datetime.fromisoformat(str(kept["started"]))
+        tool_names = set(ToolRecord.__dataclass_fields__)
+        kept["tools"] = [
+            ToolRecord(**{k: v for k, v in t.items() if k in tool_names})
+            for t in kept.get("tools") or []
+        ]
+        return cls(**kept)
+
     def to_markdown(self) -> str:
         """The whole file as written, before redaction (front matter + `body`)."""
         return render(self.front_matter(), self.body())
@@ -201,8 +229,50 @@ class EpisodeStore:
         return self.root / f"{d:%Y}" / f"{d:%m}" / f"{d:%d}" / f"{episode.id}.md"
 
     async def write(self, episode: Episode) -> Path:
-        # Secrets pasted in chat or printed by tools never reach the disk (the store redacts).
-        return await self.store.save(self.path_for(episode), episode.front_matter(), episode.body())
+        path = self.path_for(episode)
+        # Rendered and redacted in the thread too (the store redacts: secrets pasted in
+        # chat or printed by tools never reach the disk): the YAML dump and the secret
+        # scan are milliseconds of CPU the event loop (other conversations' replies) need
+        # not wait for. The episode is finished: nothing mutates it any more.
+        await self.health.guard(
+            "episode", path, lambda: asyncio.to_thread(self._write_one, path, episode)
+        )
+        return path
+
+    def _write_one(self, path: Path, episode: Episode) -> None:
+        self.store.write(path, episode.front_matter(), episode.body())
+
+    def _write_all(self, paths: list[Path], episodes: list[Episode]) -> list[OSError | None]:
+        errors: list[OSError | None] = []
+        for path, episode in zip(paths, episodes, strict=True):
+            try:
+                self._write_one(path, episode)
+            except OSError as exc:
+                errors.append(exc)
+            else:
+                errors.append(None)
+        return errors
+
+    async def write_many(self, episodes: list[Episode]) -> list[Path | None]:
+        """Write a batch in one thread hop (core/persist.py batches under load); each file
+        as `write` would, its failure counted by the health record like `write`'s; None
+        where it failed."""
+        paths = [self.path_for(e) for e in episodes]
+        errors = await asyncio.to_thread(self._write_all, paths, episodes)
+        out: list[Path | None] = []
+        for path, error in zip(paths, errors, strict=True):
+
+            async def outcome(error: OSError | None = error) -> None:
+                if error is not None:
+                    raise error
+
+            try:
+                await self.health.guard("episode", path, outcome)
+            except OSError:
+                out.append(None)
+            else:
+                out.append(path)
+        return out
 
     def iter_files(self) -> Iterator[Path]:
         if self.root.is_dir():

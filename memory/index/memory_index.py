@@ -370,6 +370,32 @@ class MemoryIndex:
         """What the agent calls after EpisodeStore.write: index_file by another name."""
         return await self.index_file(path)
 
+    async def add_episode_files(self, paths: list[Path]) -> list[str]:
+        """Index a batch of just-written episodes in one parse, one embedding call and
+        one transaction (core/persist.py batches under load); ids of those indexed."""
+
+        def stat_all() -> list[tuple[str, str, int, int]]:
+            items = []
+            for path in map(Path, paths):
+                kind = kind_of(self.data_dir, path)
+                if kind is None:
+                    raise ValueError(f"{path} is not a Markdown file under the data dir")
+                try:
+                    st = path.stat()
+                except FileNotFoundError:  # removed since: nothing to index
+                    continue
+                items.append((kind, _relative(self.data_dir, path), st.st_mtime_ns, st.st_size))
+            return items
+
+        items = await asyncio.to_thread(stat_all)
+        if not items:
+            return []
+        docs, problems = await asyncio.to_thread(parse_batch, self.data_dir, items)
+        for problem in problems:
+            log.warning("memory.index.skipped", problem=problem[3])
+        await self._apply(docs, [], problems)
+        return [d.doc_id for d in docs]
+
     async def remove_file(self, path: Path) -> None:
         """Forget a file (its vector is marked stale)."""
         await self._apply([], [_relative(self.data_dir, Path(path))], [])

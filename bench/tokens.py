@@ -1,0 +1,76 @@
+"""Prompt size of a first turn, in tokens, from the scripted model's request log.
+
+One message ("hi") goes through the real app; the request the model received is split
+into its parts — system prompt, tool schemas, the person's message — and each is counted
+with litellm's offline tokenizer (tiktoken cl100k, bundled with litellm). The figure to
+keep small is the share of the tool schemas: they are sent with every model call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from adapters.replay import ReplayChannel
+from bot.app import App
+from bot.logs import configure_logging
+from config.settings import load_settings
+from core.access import Rules
+from core.events import Message
+from core.llm import load_litellm
+from tests.fakes.llm import Reply, ScriptedLLM
+
+
+async def first_turn() -> dict[str, Any]:
+    """The body of the first model request of a fresh conversation."""
+    async with ScriptedLLM() as llm:
+        llm.responder = lambda body: Reply.text("Hello.")
+        tmp = Path(tempfile.mkdtemp(prefix="steward-bench-"))
+        settings = load_settings(
+            env={
+                "STEWARD_MODEL": "openai/scripted",
+                "STEWARD_API_BASE": llm.base_url,
+                "STEWARD_DATA_DIR": str(tmp / "data"),
+                "STEWARD_WORKSPACE": str(tmp / "ws"),
+            },
+            cwd=tmp,
+        )
+        app = App(settings)
+        app.access.rules["replay"] = Rules(open=True)
+        channel = ReplayChannel(time.monotonic, lambda event: None)
+        await app.start([channel])
+        try:
+            await app.dispatcher.handle(Message("replay", "c1", "bench", "hi"), channel)
+            await app.conversations.wait_idle("replay:c1")
+        finally:
+            await app.stop()
+        return dict(llm.requests[0])
+
+
+def main() -> None:
+    configure_logging("warning", "json")
+    litellm = load_litellm()
+    body = asyncio.run(first_turn())
+
+    def count(text: str) -> int:
+        return int(litellm.token_counter(model="gpt-4o", text=text))
+
+    system = "\n".join(
+        str(m.get("content") or "") for m in body["messages"] if m.get("role") == "system"
+    )
+    others = "\n".join(
+        str(m.get("content") or "") for m in body["messages"] if m.get("role") != "system"
+    )
+    tools = body.get("tools") or []
+    schemas = count(json.dumps(tools, separators=(",", ":")))
+    total = count(system) + schemas + count(others)
+    print(f"tools: {len(tools)} schemas, {schemas} tokens ({schemas / total:.0%} of the prompt)")
+    for tool in tools:
+        fn = tool.get("function", {})
+        print(f"  {fn.get('name', '?'):14s} {count(json.dumps(tool, separators=(',', ':')))}")
+    print(f"system prompt: {count(system)} tokens; the message: {count(others)} tokens")
+    print(f"first turn's prompt: {total} tokens (cl100k; the JSON as sent, compacted)")

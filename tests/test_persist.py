@@ -1,0 +1,123 @@
+"""The background episode writer (core/persist.py) and the journal line that makes it
+crash-safe: a finished task's episode is in its journal record before the reply goes
+out, written in order afterwards, batched for the index, and bounded."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from pathlib import Path
+
+from core.clock import Clock
+from core.interrupted import Interrupted
+from core.persist import EpisodeWriter
+from memory.episodes import Episode, EpisodeStore, ToolRecord
+from memory.journal import TaskJournal
+
+STARTED = datetime(2026, 3, 4, 5, 6, 7, tzinfo=UTC)
+SECRET = "ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8"
+
+
+def _episode(n: int, **extra: object) -> Episode:
+    fields: dict[str, object] = {"reply": f"answer {n}", **extra}
+    return Episode(
+        id=f"20260304-050607-{n:06x}",
+        started=STARTED,
+        channel="replay",
+        conversation=f"c{n}",
+        user="alice",
+        request=f"request {n}",
+        outcome="success",
+        tools=[ToolRecord(name="read_file", ok=True, arguments='{"path": "a.txt"}')],
+        **fields,  # type: ignore[arg-type]
+    )
+
+
+async def _open(journal: TaskJournal, episode: Episode) -> None:
+    await journal.open(
+        episode.id,
+        channel=episode.channel,
+        conversation=episode.conversation,
+        user=episode.user,
+        request=episode.request,
+        started=episode.started,
+    )
+
+
+def test_an_episode_survives_its_journal_record_whole() -> None:
+    episode = _episode(1, gates=["evidence"], context={"budget": 4000}, cost_usd=0.25)
+    assert Episode.from_record(episode.to_record()) == episode
+
+
+async def test_a_finished_task_left_in_the_journal_is_written_at_start_not_asked(
+    tmp_path: Path,
+) -> None:
+    journal, store = TaskJournal(tmp_path), EpisodeStore(tmp_path)
+    episode = _episode(2, reply=f"the token is {SECRET}")
+    await _open(journal, episode)
+    assert journal.finished(episode.id, episode.to_record())
+    text = journal.path(episode.id).read_text()
+    assert SECRET not in text  # redacted like every data-dir file
+    (record,) = TaskJournal(tmp_path).load()  # what the next start reads
+    assert record["done"]["id"] == episode.id and record["tools"] == []
+
+    indexed: list[Path] = []
+
+    async def index(path: Path) -> None:
+        indexed.append(path)
+
+    interrupted = Interrupted(TaskJournal(tmp_path), store, Clock(), after_episode=index)
+    assert await interrupted.recover({}) == 0  # nobody asked: the task had ended
+    path = store.path_for(episode)
+    meta = store.read_front_matter(path)
+    assert meta["outcome"] == "success" and meta["conversation"] == "c2"
+    assert SECRET not in path.read_text()
+    assert indexed == [path]
+    assert list((tmp_path / "journal").glob("*.jsonl")) == []
+
+
+async def test_the_writer_writes_in_order_closes_records_and_indexes_in_batches(
+    tmp_path: Path,
+) -> None:
+    journal, store = TaskJournal(tmp_path), EpisodeStore(tmp_path)
+    batches: list[list[Path]] = []
+
+    async def index(paths: list[Path]) -> None:
+        batches.append(list(paths))
+
+    writer = EpisodeWriter(store, journal, index=index, batch=4)
+    episodes = [_episode(n) for n in range(10)]
+    for episode in episodes:
+        await _open(journal, episode)
+    futures = [await writer.submit(e) for e in episodes]
+    await writer.drain()
+    paths = [f.result() for f in futures]
+    assert paths == [store.path_for(e) for e in episodes]
+    assert all(p is not None and p.exists() for p in paths)
+    assert [p for batch in batches for p in batch] == paths
+    assert all(len(b) <= 4 for b in batches)
+    assert list((tmp_path / "journal").glob("*.jsonl")) == []
+    await writer.stop()
+
+
+async def test_the_writers_queue_is_bounded(tmp_path: Path) -> None:
+    gate, entered = asyncio.Event(), asyncio.Event()
+
+    async def index(paths: list[Path]) -> None:
+        entered.set()
+        await gate.wait()  # a slow index: the queue fills up
+
+    writer = EpisodeWriter(EpisodeStore(tmp_path), None, index=index, limit=2, batch=1)
+    first = await writer.submit(_episode(0))
+    await entered.wait()  # the worker took the first one and is stuck on it
+    await writer.submit(_episode(1))
+    await writer.submit(_episode(2))
+    blocked = asyncio.create_task(writer.submit(_episode(3)))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not blocked.done() and not first.done()  # waits for room, never grows
+    gate.set()
+    await blocked
+    await writer.drain()
+    assert first.done() and len(list(EpisodeStore(tmp_path).iter_files())) == 4
+    await writer.stop()
