@@ -332,7 +332,9 @@ class Approvals:
             # written after the reply, core/persist.py).
             pending.waiter.wake(decision)
 
-    async def _record_and_show(self, rid: str, pending: _Pending, decision: Decision) -> None:
+    async def _record_and_show(
+        self, rid: str, pending: _Pending, decision: ApprovalDecision
+    ) -> None:
         status = (
             "approved"
             if decision.approved
