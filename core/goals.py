@@ -1027,9 +1027,17 @@ class GoalEngine:
             except OSError:
                 pass
         if applied:
+            # Counted as running work from now: replay's (and a test's) "idle" must wait
+            # for the stop to be written and reported, not only for the refused step.
+            self.clock.activity.inc()
             task = asyncio.get_running_loop().create_task(self._applied(applied))
             self._posts.add(task)
-            task.add_done_callback(self._posts.discard)
+
+            def done(t: asyncio.Task[None]) -> None:
+                self._posts.discard(t)
+                self.clock.activity.dec()
+
+            task.add_done_callback(done)
         return applied
 
     async def _applied(self, applied: list[tuple[str, str, str]]) -> None:

@@ -50,6 +50,17 @@ class Effects:
         )
         return cls(texts("reads"), texts("writes"), texts("deletes"), texts("fetches"), runs)
 
+    def to_data(self) -> dict[str, list[Any]]:
+        """Whole, as plain JSON data (`from_data` reads it back): what the task journal
+        keeps of a finished call until its episode is written."""
+        return {
+            "reads": list(self.reads),
+            "writes": list(self.writes),
+            "deletes": list(self.deletes),
+            "fetches": list(self.fetches),
+            "runs": [list(argv) for argv in self.runs],
+        }
+
     def is_empty(self) -> bool:
         return not (self.reads or self.writes or self.deletes or self.fetches or self.runs)
 

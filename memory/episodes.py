@@ -179,7 +179,11 @@ class Episode:
         data = {name: getattr(self, name) for name in self.__dataclass_fields__}
         data["started"] = self.started.isoformat()
         data["tools"] = [
-            {name: getattr(t, name) for name in ToolRecord.__dataclass_fields__} for t in self.tools
+            {
+                name: t.effects.to_data() if name == "effects" else getattr(t, name)
+                for name in ToolRecord.__dataclass_fields__
+            }
+            for t in self.tools
         ]
         return data
 

@@ -5,12 +5,14 @@ out, written in order afterwards, batched for the index, and bounded."""
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import UTC, datetime
 from pathlib import Path
 
 from core.clock import Clock
 from core.interrupted import Interrupted
 from core.persist import EpisodeWriter
+from memory.effects import Effects
 from memory.episodes import Episode, EpisodeStore, ToolRecord
 from memory.journal import TaskJournal
 
@@ -28,7 +30,16 @@ def _episode(n: int, **extra: object) -> Episode:
         user="alice",
         request=f"request {n}",
         outcome="success",
-        tools=[ToolRecord(name="read_file", ok=True, arguments='{"path": "a.txt"}')],
+        tools=[
+            ToolRecord(
+                name="shell",
+                ok=True,
+                args={"command": "cp a.txt b.txt && pytest -q"},
+                effects=Effects(
+                    reads=("a.txt",), writes=("b.txt",), runs=(("cp", "a.txt", "b.txt"),)
+                ),
+            )
+        ],
         **fields,  # type: ignore[arg-type]
     )
 
@@ -46,7 +57,8 @@ async def _open(journal: TaskJournal, episode: Episode) -> None:
 
 def test_an_episode_survives_its_journal_record_whole() -> None:
     episode = _episode(1, gates=["evidence"], context={"budget": 4000}, cost_usd=0.25)
-    assert Episode.from_record(episode.to_record()) == episode
+    # Through JSON, as the journal keeps it: the effects come back typed and whole.
+    assert Episode.from_record(json.loads(json.dumps(episode.to_record()))) == episode
 
 
 async def test_a_finished_task_left_in_the_journal_is_written_at_start_not_asked(
