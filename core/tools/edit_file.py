@@ -96,21 +96,20 @@ async def run(ctx: ToolContext, args: dict[str, Any]) -> str:
 TOOL = Tool(
     name="edit_file",
     description=(
-        "Replace an exact piece of text in a workspace file (old_text must match exactly once "
-        "unless replace_all is true)."
+        "Replace exact text in a workspace file; old_text must match once unless replace_all."
     ),
     parameters={
         "type": "object",
         "properties": {
-            "path": {"type": "string", "description": "File path relative to the workspace."},
+            "path": {"type": "string", "description": "Workspace-relative path."},
             "old_text": {
                 "type": "string",
-                "description": "Exact text to find, whitespace included.",
+                "description": "Exact text to replace, whitespace included.",
             },
-            "new_text": {"type": "string", "description": "Text to put in its place."},
+            "new_text": {"type": "string", "description": "Replacement text."},
             "replace_all": {
                 "type": "boolean",
-                "description": "Replace every occurrence instead of requiring exactly one.",
+                "description": "Replace every occurrence.",
                 "default": False,
             },
         },

@@ -79,16 +79,13 @@ async def run(ctx: ToolContext, args: dict[str, Any]) -> str:
 
 TOOL = Tool(
     name="list_files",
-    description=(
-        "List a workspace folder (sorted; folders end in '/', files show their size); "
-        "recursive lists the whole tree."
-    ),
+    description=("List a workspace folder, sorted; folders end in '/', files show their size."),
     parameters={
         "type": "object",
         "properties": {
             "path": {
                 "type": "string",
-                "description": "Folder relative to the workspace.",
+                "description": "Workspace-relative folder.",
                 "default": ".",
             },
             "recursive": {
@@ -99,7 +96,7 @@ TOOL = Tool(
             "max_entries": {
                 "type": "integer",
                 "minimum": 1,
-                "description": "Stop after this many entries.",
+                "description": "Entry limit.",
                 "default": DEFAULT_MAX_ENTRIES,
             },
         },

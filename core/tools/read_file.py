@@ -65,16 +65,13 @@ async def run(ctx: ToolContext, args: dict[str, Any]) -> str:
 
 TOOL = Tool(
     name="read_file",
-    description=(
-        "Read a text file in the workspace; offset (1-based line) and limit (lines) read part "
-        "of a long file."
-    ),
+    description=("Read a text file in the workspace, whole or a range of lines."),
     parameters={
         "type": "object",
         "properties": {
-            "path": {"type": "string", "description": "File path relative to the workspace."},
-            "offset": {"type": "integer", "minimum": 1, "description": "First line to read."},
-            "limit": {"type": "integer", "minimum": 1, "description": "How many lines to read."},
+            "path": {"type": "string", "description": "Workspace-relative path."},
+            "offset": {"type": "integer", "minimum": 1, "description": "First line (1-based)."},
+            "limit": {"type": "integer", "minimum": 1, "description": "Number of lines."},
         },
         "required": ["path"],
         "additionalProperties": False,

@@ -89,23 +89,22 @@ async def run(ctx: ToolContext, args: dict[str, Any]) -> str:
 TOOL = Tool(
     name="search_files",
     description=(
-        "Search workspace text files for a Python regular expression; returns 'file:line: text' "
-        "lines (glob such as '*.py' filters file names)."
+        "Search workspace text files for a Python regex; returns 'file:line: text' lines."
     ),
     parameters={
         "type": "object",
         "properties": {
-            "pattern": {"type": "string", "description": "Python regular expression."},
+            "pattern": {"type": "string", "description": "Python regex."},
             "path": {
                 "type": "string",
-                "description": "Folder or file relative to the workspace.",
+                "description": "Workspace-relative folder or file.",
                 "default": ".",
             },
-            "glob": {"type": "string", "description": "Only files whose name matches, e.g. *.py."},
+            "glob": {"type": "string", "description": "File-name filter, e.g. *.py."},
             "max_results": {
                 "type": "integer",
                 "minimum": 1,
-                "description": "Stop after this many matching lines.",
+                "description": "Match limit.",
                 "default": DEFAULT_MAX_RESULTS,
             },
         },

@@ -223,24 +223,21 @@ def _cap(text: str, limit: int) -> str:
 TOOL = Tool(
     name="shell",
     description=(
-        "Run a bash command in the workspace (stdout and stderr merged, no stdin); "
-        "the result starts with the exit code."
+        "Run a bash command in the workspace (stdout+stderr merged, no stdin); the result "
+        "starts with the exit code."
     ),
     parameters={
         "type": "object",
         "properties": {
-            "command": {"type": "string", "description": "The bash command line to run."},
+            "command": {"type": "string", "description": "Bash command line."},
             "network": {
                 "type": "boolean",
-                "description": (
-                    "Ask the person to let this one command use the network "
-                    "(commands have none by default)."
-                ),
+                "description": "Ask the person to allow network for this command (off by default).",
             },
             "timeout": {
                 "type": "number",
                 "exclusiveMinimum": 0,
-                "description": "Seconds before the command is stopped.",
+                "description": "Seconds before it is stopped.",
             },
         },
         "required": ["command"],

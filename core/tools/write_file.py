@@ -50,15 +50,12 @@ async def run(ctx: ToolContext, args: dict[str, Any]) -> str:
 
 TOOL = Tool(
     name="write_file",
-    description=(
-        "Create or overwrite a text file in the workspace with the given content "
-        "(parent folders are created)."
-    ),
+    description=("Create or overwrite a workspace text file (parent folders are created)."),
     parameters={
         "type": "object",
         "properties": {
-            "path": {"type": "string", "description": "File path relative to the workspace."},
-            "content": {"type": "string", "description": "The complete new file content."},
+            "path": {"type": "string", "description": "Workspace-relative path."},
+            "content": {"type": "string", "description": "The full new content."},
         },
         "required": ["path", "content"],
         "additionalProperties": False,
