@@ -11,7 +11,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
-from bs4 import BeautifulSoup
 
 from core.tools.base import Tool, ToolContext, ToolError, cap_output
 
@@ -43,7 +42,13 @@ def _is_textual(content_type: str) -> bool:
 
 
 def html_to_text(data: bytes, charset: str | None) -> tuple[str, str]:
-    """(title, readable text): furniture dropped, whitespace collapsed, one block per line."""
+    """(title, readable text): furniture dropped, whitespace collapsed, one block per line.
+
+    bs4 is imported here, not at module load: it is ~8 MB of resident memory that a
+    `steward run` which never fetches an HTML page need not carry (issue 26, bench/rss).
+    """
+    from bs4 import BeautifulSoup
+
     soup = BeautifulSoup(data, "html.parser", from_encoding=charset)
     title = soup.title.get_text(" ", strip=True) if soup.title else ""
     for tag in soup(DROP_TAGS):
