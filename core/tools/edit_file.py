@@ -101,7 +101,7 @@ TOOL = Tool(
     parameters={
         "type": "object",
         "properties": {
-            "path": {"type": "string", "description": "Workspace-relative path."},
+            "path": {"type": "string"},  # relative to the workspace: the system prompt says so
             "old_text": {
                 "type": "string",
                 "description": "Exact text to replace, whitespace included.",

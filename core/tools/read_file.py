@@ -69,7 +69,7 @@ TOOL = Tool(
     parameters={
         "type": "object",
         "properties": {
-            "path": {"type": "string", "description": "Workspace-relative path."},
+            "path": {"type": "string"},  # relative to the workspace: the system prompt says so
             "offset": {"type": "integer", "minimum": 1, "description": "First line (1-based)."},
             "limit": {"type": "integer", "minimum": 1, "description": "Number of lines."},
         },

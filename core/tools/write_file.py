@@ -54,7 +54,7 @@ TOOL = Tool(
     parameters={
         "type": "object",
         "properties": {
-            "path": {"type": "string", "description": "Workspace-relative path."},
+            "path": {"type": "string"},  # relative to the workspace: the system prompt says so
             "content": {"type": "string", "description": "The full new content."},
         },
         "required": ["path", "content"],
