@@ -46,6 +46,11 @@ the last *verified* inbound request.
 
 Not handled: the Google Workspace add-on event format (``commonEventObject`` /
 ``chat.messagePayload``), which needs its own token and response shapes.
+
+Size: one platform is one module by design (README → Adding a chat platform): its wire
+format, verification, rendering and liveness read top to bottom in one place, and
+nothing in it is shared with another platform (that lives in adapters/runtime.py and
+bot/channels.py).
 """
 
 from __future__ import annotations

@@ -41,6 +41,11 @@ What LINE is like, and what the adapter does about it:
   default a day: people are expected to write at least that often; 0 turns it off).
   The time of the last one is also kept in ``<data dir>/line/last_webhook`` so that
   `steward doctor` can report it.
+
+Size: one platform is one module by design (README → Adding a chat platform): its wire
+format, verification, rendering and liveness read top to bottom in one place, and
+nothing in it is shared with another platform (that lives in adapters/runtime.py and
+bot/channels.py).
 """
 
 from __future__ import annotations

@@ -57,6 +57,11 @@ then offers ``/approve ID`` text instead) and the start says why.
 Errors become `DeliveryError`: 429 (``text/plain`` "limit exceeded" with
 ``X-RateLimit-Reset`` in seconds, and ``Retry-After``), 5xx and network errors are
 transient; 400/403/404 are not; 401 also marks the channel ``down``.
+
+Size: one platform is one module by design (README → Adding a chat platform): its wire
+format, verification, rendering and liveness read top to bottom in one place, and
+nothing in it is shared with another platform (that lives in adapters/runtime.py and
+bot/channels.py).
 """
 
 from __future__ import annotations

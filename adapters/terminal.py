@@ -6,6 +6,9 @@ others — approvals arrive as messages with buttons and are answered by typing
 new state of that message. Like every adapter it only parses input into the
 `core.events` types and renders output; what a line *means* is the dispatcher's
 business.
+
+Size: the terminal channel and its line editor's prompts, approvals and Ctrl-C handling,
+which share the one console state.
 """
 
 from __future__ import annotations

@@ -39,6 +39,9 @@ connects while a task runs gets its ``task_start`` right after the history.
 page → server::
 
     {"type": "message", "text"} · {"type": "press", "value", "message_id"} · {"type": "cancel"}
+
+Size: the web chat's server side (WebSocket protocol, sessions, history, tabs); the
+login is adapters/web_login.py and the page is adapters/web_static/.
 """
 
 from __future__ import annotations

@@ -27,6 +27,11 @@ What WhatsApp makes special, and how it is handled here:
 - **Liveness.** WhatsApp never echoes our own messages, so the channel probes the
   phone-number object now and then: a refused token (code 190) turns the channel
   `down` with the reason, an unreachable Graph makes it `reconnecting`.
+
+Size: one platform is one module by design (README → Adding a chat platform): its wire
+format, verification, rendering and liveness read top to bottom in one place, and
+nothing in it is shared with another platform (that lives in adapters/runtime.py and
+bot/channels.py).
 """
 
 from __future__ import annotations

@@ -32,8 +32,9 @@ from core.clock import Clock
 from core.conversations import Conversations
 from core.events import Channel
 from core.goal_queue import GoalQueue
+from core.goal_terms import GoalConfig
 from core.goals import Deps as GoalDeps
-from core.goals import GoalConfig, GoalEngine
+from core.goals import GoalEngine
 from core.guardian import Guardian
 from core.history import History, model_summarizer
 from core.interrupted import Interrupted

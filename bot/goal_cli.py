@@ -53,7 +53,8 @@ def goal_command(settings: Any, args: argparse.Namespace) -> int:
 
     from core.clock import Clock
     from core.goal_queue import GoalQueue, request_control
-    from core.goals import GoalConfig, GoalEngine, GoalError, parse_goal
+    from core.goal_terms import GoalConfig, GoalError, parse_goal
+    from core.goals import GoalEngine
     from memory.lock import DataDirLocked, acquire
     from memory.store import DataStore
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.goals import USAGE, GoalEngine, GoalError, parse_goal
+from core.goal_terms import USAGE, GoalError, parse_goal
+from core.goals import GoalEngine
 
 
 def created_text(engine: GoalEngine, g: Any) -> str:

@@ -6,6 +6,10 @@ person denied the last tool call, or let its approval expire: their decision, wh
 proactive help and the rule learner do not count as a failure). Tool failures go back to the
 model as readable errors (it may recover); they are never swallowed and always
 recorded with a signature for the learner.
+
+Size: the one task loop (context, model call, tools, gates, journal, episode); its
+helpers live in core/recall.py, core/gates, core/persist.py and core/snapshots, and what
+remains is the loop's own order of steps.
 """
 
 from __future__ import annotations

@@ -4,6 +4,9 @@ Why our own retries (tenacity) instead of litellm's: backoff must follow the
 injected clock (replay), honour Retry-After, be bounded by settings, and end in a
 message a person can act on. litellm is imported lazily and with its network
 switches off, so `steward --help` stays fast and nothing phones home at start-up.
+
+Size: one module because retries, error kinds and usage accounting wrap the one litellm
+call and must change together.
 """
 
 from __future__ import annotations

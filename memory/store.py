@@ -38,6 +38,9 @@ line under ~72 characters, e.g.
 
 Episodes are written without a commit (one per task would bury the rule history);
 a caller that wants them versioned batches them with `commit(paths, message)`.
+
+Size: the data dir's git history (dulwich) and its file rules share one lock and one
+repository handle; records live in memory/records.py.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from core.access import Rules
 from core.clock import SimClock
 from core.events import Message
 from core.goal_queue import Goal, GoalQueue, GoalTask, rank, score, similarity
-from core.goals import GoalError, parse_goal
+from core.goal_terms import GoalError, parse_goal
 from memory.store import DataStore
 from tests.fakes.goal_model import GoalModel
 from tests.fakes.llm import Reply, ScriptedLLM
@@ -334,7 +334,8 @@ async def _answer(run: Running, text: str) -> str:
 async def test_a_cut_off_task_runs_again_only_when_it_changed_nothing(tmp_path: Any) -> None:
     """Restart without the model: the engine settles the running tasks from their logs."""
     from core.clock import Clock
-    from core.goals import GoalConfig, GoalEngine
+    from core.goal_terms import GoalConfig
+    from core.goals import GoalEngine
 
     q = GoalQueue(tmp_path)
     g = Goal("g1", "guide", "alice", "replay", "alice", planned=True, next_task=3)

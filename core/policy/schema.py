@@ -8,6 +8,9 @@ and how to write it instead. The validated models are turned into `PolicyDoc`, t
 plain, comparable record of one file that `merge` and the overlay editor read.
 
 Also here: reading a policy file from disk (the built-in one cached by mtime).
+
+Size: mostly the declared schema of policy.toml (one pydantic model per table) with the
+wording of each error; merge and overlay edits live beside it.
 """
 
 from __future__ import annotations

@@ -21,6 +21,9 @@ objects, which `prune` removes. A restore writes an intent file first and each f
 rename to a fixed temp name beside it; `recover` re-runs an unfinished restore from its
 intent (applying it twice gives the same result), so a kill leaves neither half-written
 files nor a half-restored workspace once Steward starts again.
+
+Size: the object store, the stat cache, the walk and the crash-safe restore share one
+lock and one cache; split, each half would need the other's internals.
 """
 
 from __future__ import annotations

@@ -4,6 +4,9 @@ It owns the shared SQLite connection and vector index and the lock that serializ
 them: opening (and deciding whether to rebuild), catching up on changed files,
 indexing one file after a write, compacting the vectors, and closing. The bulk work
 of a rebuild, the ranked lists of a search and the stats live in their own modules.
+
+Size: the index's public face (open, add, search, close) over one SQLite connection and
+one vector store; rebuild, query, search and stats are their own modules.
 """
 
 from __future__ import annotations
