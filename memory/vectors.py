@@ -50,7 +50,9 @@ import numpy as np
 
 HNSW_M = 32
 EF_CONSTRUCTION = 40
-EF_SEARCH = 128
+#: 160, not 128: recall@10 vs exact 0.964 against 0.950 at 100k episodes for +0.07 ms
+#: p50 (efConstruction 40 graph; above 192 recall stays ~0.97: the graph limits it).
+EF_SEARCH = 160
 #: Up to this many candidate vectors, search is exact (see module docstring).
 EXACT_MAX = 10_000
 #: Compact when this share of the stored vectors is stale (and at least STALE_MIN).

@@ -44,7 +44,7 @@ async def keyword_ranks(
     the ranking anyway; the vector list covers the rest of the meaning), and
     when even the rarest matches more, only its most recent FTS_BUDGET matches
     are ranked. Counting stops at FTS_BUDGET + 1 rows, so it stays cheap. The
-    common words dropped from the match still count in bm25.
+    common words dropped from the match do not count in bm25 either (see below).
     """
     cap = tuning.FTS_BUDGET + 1
     counts = list(
@@ -71,11 +71,12 @@ async def keyword_ranks(
         total += count
     if not chosen:
         return []
-    # Rows must contain a chosen (rare) term, but bm25 scores every term of the
-    # question: the dropped common words still order the rows that matched.
+    # Only the chosen (rare) terms go into the MATCH, and so into bm25: bm25 reads
+    # the whole doclist of every phrase in the query to count its documents (its
+    # IDF), so each common word added back cost a scan of tens of thousands of
+    # entries — 7.3 ms of ranking at 100k episodes against 2.6 ms without them
+    # (issue 26). The vector list carries what the common words mean.
     match = " OR ".join(chosen)
-    if len(chosen) < len(terms):
-        match = f"({match}) AND ({' OR '.join(terms)})"
     recent = ""
     args: list[Any] = [match]
     if total > tuning.FTS_BUDGET:
