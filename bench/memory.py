@@ -13,7 +13,12 @@ separately through EpisodeStore.write, which fsyncs each file and its folder.
 Search runs in a fresh process that opens the existing index (as the bot would after
 a restart), so its RSS is that of a running bot, not the rebuild's peak. Baseline in
 the same run: brute force with numpy (``vectors @ q`` over every stored vector, then
-top-k), so the ratio survives a slower or busier machine.
+top-k), so the ratio survives a slower or busier machine; BLAS/OpenMP are pinned to
+one thread in that process. Recall@10 is reported for HNSW against exact vector
+search and for the hybrid search against an exact hybrid (bm25 over every match and
+every query word, exact vectors; see _hybrid_recall). To iterate on search settings
+without regenerating 100k files: run once with --keep DIR, then
+`python -m bench.memory --probe DIR/data` prints the probe's JSON.
 """
 
 from __future__ import annotations
