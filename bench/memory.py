@@ -463,7 +463,8 @@ def _run(root: Path, sizes: list[int], n_queries: int, *, quick: bool) -> None:
     )
     print(
         f"        hybrid recall@10 vs exact hybrid: {p['hybrid_recall_at_10']:.3f} "
-        f"(same request+error counts; by id {p['hybrid_id_recall_at_10']:.3f}; 100 queries)"
+        f"(same request+error counts; by id {p['hybrid_id_recall_at_10']:.3f}; "
+        f"{min(n_queries, 100)} queries)"
     )
     print(
         f"memory  RSS after open + searches: {p['rss_mb']:.0f} MB "
