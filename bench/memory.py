@@ -13,7 +13,12 @@ separately through EpisodeStore.write, which fsyncs each file and its folder.
 Search runs in a fresh process that opens the existing index (as the bot would after
 a restart), so its RSS is that of a running bot, not the rebuild's peak. Baseline in
 the same run: brute force with numpy (``vectors @ q`` over every stored vector, then
-top-k), so the ratio survives a slower or busier machine.
+top-k), so the ratio survives a slower or busier machine; BLAS/OpenMP are pinned to
+one thread in that process. Recall@10 is reported for HNSW against exact vector
+search and for the hybrid search against an exact hybrid (bm25 over every match and
+every query word, exact vectors; see _hybrid_recall). To iterate on search settings
+without regenerating 100k files: run once with --keep DIR, then
+`python -m bench.memory --probe DIR/data` prints the probe's JSON.
 """
 
 from __future__ import annotations
@@ -286,9 +291,12 @@ async def probe(data: Path, n_queries: int) -> dict[str, Any]:
         _, approx = vi.search(v, 10)
         _, exact = vi.exact_search(v, 10)
         hits += min(10, int((approx >= exact[-1] - 1e-5).sum()))
+    hybrid_recall, hybrid_id_recall = await _hybrid_recall(index, queries, vectors)
     stats = await index.stats()
     await index.close()
     return {
+        "hybrid_recall_at_10": hybrid_recall,
+        "hybrid_id_recall_at_10": hybrid_id_recall,
         "open_s": open_s,
         "docs": stats["counts"]["episode"],
         "latency": results,
@@ -298,6 +306,47 @@ async def probe(data: Path, n_queries: int) -> dict[str, Any]:
         "rss_before_open_mb": rss_start,
         "maxrss_mb": _rss_mb("VmHWM"),
     }
+
+
+async def _hybrid_recall(index: Any, queries: list[str], vectors: list[Any]) -> tuple[float, float]:
+    """Recall@10 of the hybrid search against an exact hybrid search of the same query.
+
+    Exact: bm25 over every FTS match with every query word (no FTS_BUDGET, ~60 ms a
+    query at 100k) and exact inner product over every vector, fused the same way.
+    Synthetic requests repeat word for word, so many episodes tie on both lists and
+    which of them fills the 10th place is arbitrary: a hit counts when an episode with
+    the same embedded text (request and error) is in the exact top 10 (a multiset
+    match), and the strict by-id recall is reported next to it.
+    """
+    import memory.vectors as vectors_module
+    from memory.index import tuning
+
+    sample = range(min(len(queries), 100))
+
+    async def top10() -> list[list[Any]]:
+        return [await index.search(queries[i], limit=10, query_vector=vectors[i]) for i in sample]
+
+    approx = await top10()
+    saved = tuning.FTS_BUDGET, vectors_module.EXACT_MAX
+    tuning.FTS_BUDGET, vectors_module.EXACT_MAX = 10**9, 10**9
+    try:
+        exact = await top10()
+    finally:
+        tuning.FTS_BUDGET, vectors_module.EXACT_MAX = saved
+    same_text = same_id = wanted = 0
+    for got, truth in zip(approx, exact, strict=True):
+        wanted += len(truth)
+        same_id += len({h.id for h in got} & {h.id for h in truth})
+        keys: dict[tuple[str, str], int] = {}
+        for h in truth:
+            key = (h.meta["title"], h.meta["error"])
+            keys[key] = keys.get(key, 0) + 1
+        for h in got:
+            key = (h.meta["title"], h.meta["error"])
+            if keys.get(key, 0) > 0:
+                keys[key] -= 1
+                same_text += 1
+    return same_text / max(1, wanted), same_id / max(1, wanted)
 
 
 #: BLAS and OpenMP pinned to one thread in the probe: brute force's numpy matmul would
@@ -411,6 +460,11 @@ def _run(root: Path, sizes: list[int], n_queries: int, *, quick: bool) -> None:
     print(
         f"        HNSW recall@10 vs exact: {p['recall_at_10']:.3f} (efSearch {p['ef_search']}); "
         "searches with ≤10k candidate vectors are exact"
+    )
+    print(
+        f"        hybrid recall@10 vs exact hybrid: {p['hybrid_recall_at_10']:.3f} "
+        f"(same request+error counts; by id {p['hybrid_id_recall_at_10']:.3f}; "
+        f"{min(n_queries, 100)} queries)"
     )
     print(
         f"memory  RSS after open + searches: {p['rss_mb']:.0f} MB "

@@ -10,3 +10,6 @@ FTS_BUDGET = 600
 BATCH = 512
 #: From this many files on, a rebuild parses them in worker processes (rebuild._parsers).
 PARALLEL_MIN = 4000
+#: bm25 scores at most this many query words, rarest first: each costs a scan of its
+#: whole doclist (see search.keyword_ranks for the speed/recall trade at 100k).
+FTS_RANK_TERMS = 3
