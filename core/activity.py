@@ -149,3 +149,37 @@ class Activity:
                 callback()
             except Exception:  # a broken watcher must never break a task
                 log.warning("activity.watcher_failed", exc_info=True)
+
+
+class RunWatch:
+    """One run's progress fed to a monitor (`Activity.observe`), for runs that no
+    dispatcher sends a ``task_end`` for (scheduled runs, goal steps): it ends on the
+    board every task it saw start, and a broken monitor never fails the run."""
+
+    def __init__(
+        self,
+        monitor: Callable[..., None] | None,
+        channel: str,
+        conversation: str,
+        user: str,
+        request: str,
+    ) -> None:
+        self.monitor = monitor
+        self.where = (channel, conversation, user, request)
+        self.started: list[str] = []
+
+    def see(self, event: Progress) -> None:
+        if event.kind == "task_start":
+            self.started.append(event.task_id)
+        if self.monitor is None:
+            return
+        try:
+            self.monitor(*self.where, event)
+        except Exception:
+            log.warning("activity.monitor_failed", exc_info=True)
+
+    def close(self) -> None:
+        """The run is over: whatever it started is finished on the board."""
+        for task_id in self.started:
+            self.see(Progress("task_end", task_id))
+        self.started.clear()

@@ -60,8 +60,8 @@ from typing import Any
 
 import structlog
 
+from core.activity import RunWatch
 from core.clock import Clock
-from core.events import Progress
 from core.goal_queue import (
     ACTIVE,
     BUDGET,
@@ -577,20 +577,11 @@ class GoalEngine:
                 return halt.reason
             return None
 
-        started: list[str] = []
-
-        def watch(event: Any) -> None:
-            if deps.monitor is None:
-                return
-            try:
-                deps.monitor(channel.name, g.conversation, g.owner, task.title, event)
-            except Exception:
-                log.warning("goal.monitor_failed", exc_info=True)
+        watch = RunWatch(deps.monitor, channel.name, g.conversation, g.owner, task.title)
 
         async def observe(event: Any) -> None:
-            watch(event)
+            watch.see(event)
             if event.kind == "task_start":
-                started.append(event.task_id)
                 self._agent_task[g.id] = event.task_id
             elif event.kind == "tool_start":  # before it runs: a restart knows
                 task.tools.append(f"{event.tool}: {event.text}"[:300])
@@ -609,8 +600,7 @@ class GoalEngine:
         try:
             result = await deps.agent.run(request, observe)
         finally:
-            for task_id in started:
-                watch(Progress("task_end", task_id))
+            watch.close()
         episode = result.episode
         self._produced(task, episode, result.reply)
         if deps.learner is not None:

@@ -61,8 +61,8 @@ import structlog
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
+from core.activity import RunWatch
 from core.clock import Clock
-from core.events import Progress
 from memory.schedules import Schedule, ScheduleStore
 
 log = structlog.get_logger("steward.schedules")
@@ -755,26 +755,15 @@ class Scheduler:
             token_budget=budget or None,
             journaled=False,
         )
-        started: list[str] = []
-
-        def watch(event: Any) -> None:
-            if deps.monitor is None:
-                return
-            try:
-                deps.monitor(channel.name, s.conversation, s.user, text, event)
-            except Exception:
-                log.warning("schedule.monitor_failed", exc_info=True)
+        watch = RunWatch(deps.monitor, channel.name, s.conversation, s.user, text)
 
         async def observe(event: Any) -> None:
-            if event.kind == "task_start":
-                started.append(event.task_id)
-            watch(event)
+            watch.see(event)
 
         try:
             result = await deps.agent.run(request, observe if deps.monitor else None)
         finally:
-            for task_id in started:
-                watch(Progress("task_end", task_id))
+            watch.close()
         episode = result.episode
         outcome.model_calls = int(getattr(episode, "steps", 0) or 0)
         s.model_runs += 1
