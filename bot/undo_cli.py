@@ -57,7 +57,6 @@ def undo_command(settings: Any, args: argparse.Namespace) -> int:
         async def run() -> str:
             if listing:
                 return await undo.list_text(args.conversation)
-            await undo.recover()
             return await undo.undo(args.conversation, args.target)
 
         print(asyncio.run(run()))

@@ -41,6 +41,7 @@ from typing import Any
 
 import structlog
 
+from core.tools.base import READ_ONLY_TOOLS
 from memory.atomic import atomic_write_bytes
 from memory.store import DataStore, parse, render
 
@@ -74,9 +75,6 @@ QUEUED, RUNNING, WAITING, T_DONE, T_FAILED, DROPPED = (
     "dropped",
 )
 TASK_STATES = (QUEUED, RUNNING, WAITING, T_DONE, T_FAILED, DROPPED)
-
-#: Tools that read and change nothing: a task cut off after only these may run again.
-READ_ONLY_TOOLS = frozenset({"read_file", "list_files", "search_files", "web_fetch"})
 
 
 def now_iso(dt: datetime | None = None) -> str:

@@ -361,13 +361,6 @@ class GoalEngine:
                 out.append(self._view(g))
         return out
 
-    def mine(self, channel: str, conversation: str) -> list[Goal]:
-        return [
-            g
-            for g in self.queue.goals.values()
-            if g.channel == channel and g.conversation == conversation
-        ]
-
     # ── starting and stopping the engine ──
     async def start(self) -> None:
         """Read the files, settle tasks a crash or stop cut off, and go on with every
@@ -665,10 +658,7 @@ class GoalEngine:
     def _produced(self, task: GoalTask, episode: Any, reply: str) -> None:
         for record in getattr(episode, "tools", []) or []:
             if record.name in ("write_file", "edit_file") and record.ok:
-                try:
-                    path = json.loads(record.arguments or "{}").get("path")
-                except (ValueError, AttributeError):
-                    path = None
+                path = record.args.get("path")
                 if path and path not in task.produced:
                     task.produced.append(str(path))
         for url in _URL.findall(reply or ""):

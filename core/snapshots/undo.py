@@ -32,12 +32,11 @@ from typing import Any
 import structlog
 
 from core.snapshots.store import EXEC, FILE, Change, Restored, SnapshotStore
+from core.tools.base import READ_ONLY_TOOLS
 from memory.atomic import atomic_write_text
 
 log = structlog.get_logger("steward.undo")
 
-#: Tools that only read: no snapshot before them.
-READ_ONLY_TOOLS = frozenset({"read_file", "list_files", "search_files", "web_fetch"})
 
 #: Largest outside-workspace file whose original is kept before an approved change.
 OUTSIDE_MAX_BYTES = 50_000_000
@@ -502,9 +501,3 @@ class Undo:
         removed = self.store.prune(roots, grace=grace)
         log.info("snapshot.pruned", records=len(records) - len(kept), objects=removed)
         return removed
-
-    def describe_size(self) -> str:
-        total, count = self.store.size()
-        records = len(list(self.records.glob("*.json")))
-        where = self.store.root
-        return f"{total / 1e6:.1f} MB in {count} objects, {records} task records ({where})"

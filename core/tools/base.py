@@ -12,6 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+#: Tools that read and change nothing: no snapshot is taken before them (core/snapshots),
+#: and a goal task cut off after only these may run again (core/goal_queue.py).
+READ_ONLY_TOOLS = frozenset({"read_file", "list_files", "search_files", "web_fetch"})
+
 if TYPE_CHECKING:
     from core.sandbox import Grant, Sandbox
 
