@@ -1,6 +1,8 @@
 """Workspace snapshots (core/snapshots) at 1k, 10k and 50k files, 1% changed per task:
 the first snapshot, the time a task that changes nothing pays (goal: under 50 ms at
-10k files), a task with 1% changed (snapshot before + after + diff), its `/undo`, and
+10k files) both measured back to back and with the after-walk overlapping a 300 ms
+final model call (as the agent runs it: core/snapshots/undo.Undo.after_tool), a task
+with 1% changed (snapshot before + after + diff), its `/undo`, and
 the extra disk each costs.
 
 Baseline in the same run: walking the workspace and stat-ing every file (os.walk +
@@ -23,6 +25,8 @@ from pathlib import Path
 FILE_BYTES = 1500
 PER_DIR = 100
 RUNS = 5
+#: A final model call, short for a hosted model: the after-walk runs during it.
+THINK_S = 0.3
 
 
 def _seed(ws: Path, n: int) -> None:
@@ -81,18 +85,27 @@ async def _one(n: int) -> None:
         first = time.perf_counter() - t0
         first_disk = _du(store.root)
 
-        async def task(tid: str, change: bool, rnd: random.Random) -> float:
+        async def task(tid: str, change: bool, rnd: random.Random, think: float = 0.0) -> float:
+            """Time the task pays: the snapshot before its first changing call, and what
+            the reply waits for at the end. With `think`, the tool's return starts the
+            after-measure (as the agent does) and the final model call takes `think` s."""
             t0 = time.perf_counter()
             await undo.before_tool(tid, conversation="c", request="bench", tool="shell")
             spent = time.perf_counter() - t0
             if change:
                 _change(ws, n, rnd)
+            if think:
+                undo.after_tool(tid, "shell")
+                await asyncio.sleep(think)
             t1 = time.perf_counter()
             await undo.after_task(tid)
             return spent + time.perf_counter() - t1
 
         rnd = random.Random(7)
         nothing = statistics.median([await task(f"n{i}", False, rnd) for i in range(RUNS)])
+        overlapped = statistics.median(
+            [await task(f"o{i}", False, rnd, THINK_S) for i in range(RUNS)]
+        )
         changed, extra, restore = [], [], []
         for i in range(RUNS):
             disk0 = _du(store.root)
@@ -107,7 +120,8 @@ async def _one(n: int) -> None:
             f"{n:>6} files ({ws_disk / 1e6:.0f} MB): walk+stat {walk * 1e3:.0f} ms | "
             f"first snapshot {first:.1f} s, store {first_disk / 1e6:.0f} MB "
             f"({first_disk / ws_disk:.2f}x) | task changing nothing +{nothing * 1e3:.0f} ms "
-            f"({nothing / walk:.1f}x walk) | task changing 1%: "
+            f"({nothing / walk:.1f}x walk), +{overlapped * 1e3:.0f} ms when the after-walk "
+            f"overlaps a {THINK_S * 1e3:.0f} ms final model call | task changing 1%: "
             f"+{statistics.median(changed) * 1e3:.0f} ms, "
             f"+{statistics.median(extra) / 1e3:.0f} kB on disk | /undo of it "
             f"{statistics.median(restore) * 1e3:.0f} ms",

@@ -592,6 +592,9 @@ class Agent:
             msg = f"Error: the tool crashed ({type(exc).__name__}: {exc})."
             await emit(Progress("tool_end", task_id, tool=call.name, ok=False, text=msg))
             return fail(type(exc).__name__, msg)
+        finally:
+            if self.undo is not None:  # measure its changes while the model thinks
+                self.undo.after_tool(task_id, call.name)
         record.ok = True
         record.duration_s = time.perf_counter() - t0
         await emit(Progress("tool_end", task_id, tool=call.name, ok=True, text=output[:200]))

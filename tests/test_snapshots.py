@@ -214,6 +214,34 @@ async def test_undo_records_conflicts_redo_and_retention(tmp_path: Path, ws: Pat
             undo.store.flatten(tree)  # every object still there
 
 
+async def test_the_after_measure_runs_while_the_model_thinks(tmp_path: Path, ws: Path) -> None:
+    """after_tool starts measuring at once; a later changing tool supersedes it, a
+    read-only one does not; after_task then closes the record with every change."""
+    undo = Undo(store_for(tmp_path, ws))
+    await undo.before_tool("t1", conversation="c", request="two edits", tool="shell")
+    (ws / "src" / "a.py").write_text("first\n")
+    undo.after_tool("t1", "shell")
+    first = undo._inflight["t1"].measuring
+    await undo.before_tool("t1", conversation="c", request="two edits", tool="write_file")
+    (ws / "b.txt").write_text("second")
+    undo.after_tool("t1", "write_file")
+    latest = undo._inflight["t1"].measuring
+    undo.after_tool("t1", "read_file")  # reads change nothing: the measure stands
+    assert undo._inflight["t1"].measuring is latest and latest is not first
+    assert first is not None and await first is None  # superseded, never used
+    said = await undo.after_task("t1")
+    assert "Changed 2 files: src/a.py, b.txt — /undo to revert" in said
+    rec = undo.load()[-1]
+    assert sorted(rec["files"]) == ["b.txt", "src/a.py"] and rec["after"]
+    assert (await undo.undo("c")).startswith("Undid task t1")
+    assert (ws / "src" / "a.py").read_text() == "print('a')\n" and not (ws / "b.txt").exists()
+    # A task whose measure found nothing leaves no record.
+    await undo.before_tool("t2", conversation="c", request="no-op", tool="shell")
+    undo.after_tool("t2", "shell")
+    assert await undo.after_task("t2") == ""
+    assert [r["id"] for r in undo.load()] == ["t1", "undo-t1"]
+
+
 async def test_a_task_cut_off_by_a_crash_is_settled_at_start(tmp_path: Path, ws: Path) -> None:
     undo = Undo(store_for(tmp_path, ws))
     await undo.before_tool("t1", conversation="c", request="r", tool="write_file")

@@ -18,6 +18,8 @@ a task cut off by a crash can still be undone: the next start settles it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import copy
 import difflib
 import json
 import os
@@ -51,6 +53,8 @@ Entry = list[Any] | None  # [mode, blob id] or None (absent)
 class _InFlight:
     record: dict[str, Any]
     outside_seen: set[str] = field(default_factory=set)
+    #: The "after" measure started when the last changing tool returned (see after_tool).
+    measuring: asyncio.Task[dict[str, Any] | None] | None = None
 
 
 def _entry(value: tuple[int, str] | None) -> Entry:
@@ -187,13 +191,46 @@ class Undo:
         mode = EXEC if st.st_mode & 0o111 else FILE
         return [mode, self.store.store_bytes(Path(path).read_bytes())]
 
+    def after_tool(self, task_id: str, tool: str) -> None:
+        """A tool that may have changed the workspace has returned: start measuring what
+        the task changed now, in the background. The model's next turn takes far longer
+        than a stat walk, so when it is the final answer the measure is already done and
+        the reply does not wait for it; when it asks for another tool, the next call's
+        measure supersedes this one (at most one stale walk runs)."""
+        flight = self._inflight.get(task_id)
+        if flight is None or tool in READ_ONLY_TOOLS:
+            return
+        previous = flight.measuring
+        flight.measuring = asyncio.get_running_loop().create_task(
+            self._measure_after(flight, previous), name=f"undo:measure:{task_id}"
+        )
+
+    async def _measure_after(
+        self, flight: _InFlight, previous: asyncio.Task[Any] | None
+    ) -> dict[str, Any] | None:
+        if previous is not None:
+            with contextlib.suppress(Exception):
+                await previous
+        if flight.measuring is not asyncio.current_task():
+            return None  # a later tool call ran meanwhile: its measure is the one
+        return await asyncio.to_thread(self._measure, copy.deepcopy(flight.record))
+
     async def after_task(self, task_id: str, episode: Any = None) -> str:
         """Close the task's record: the snapshot after it and what changed. Returns the
         line for the final answer ("" when it changed nothing worth saying)."""
         flight = self._inflight.pop(task_id, None)
         if flight is None:
             return ""
-        record = await asyncio.to_thread(self._close, flight.record)
+        measured = None
+        if flight.measuring is not None:
+            try:
+                measured = await flight.measuring
+            except Exception:  # measure again below; a failed walk must not lose the record
+                log.warning("snapshot.measure_failed", task=task_id, exc_info=True)
+        if measured is None:
+            record = await asyncio.to_thread(self._close, flight.record)
+        else:
+            record = await asyncio.to_thread(self._commit, measured)
         self._maybe_prune()
         if record is None:
             return ""
@@ -203,6 +240,10 @@ class Undo:
         return self.summary(record)
 
     def _close(self, record: dict[str, Any]) -> dict[str, Any] | None:
+        return self._commit(self._measure(record))
+
+    def _measure(self, record: dict[str, Any]) -> dict[str, Any]:
+        """Fill `record` with the snapshot after the task and what changed since before."""
         after = self.store.snapshot()
         changes = self.store.diff(record["before"], after)
         record["after"] = after
@@ -215,6 +256,10 @@ class Undo:
                 record["outside"][path] = [orig, now]
         record["diffstat"] = self._diffstat(changes, record["outside"])
         self.store.save_stat_cache()
+        return record
+
+    def _commit(self, record: dict[str, Any]) -> dict[str, Any] | None:
+        """Write the closed record, or drop it when the task changed nothing."""
         if not record["files"] and not record["outside"]:
             self._path(record["id"]).unlink(missing_ok=True)  # changed nothing: no record
             return None
