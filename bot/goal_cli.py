@@ -51,6 +51,7 @@ def add_goal_parser(sub: Any) -> None:
 def goal_command(settings: Any, args: argparse.Namespace) -> int:
     import asyncio
 
+    from bot.goal_commands import listing, show
     from core.clock import Clock
     from core.goal_queue import GoalQueue, request_control
     from core.goal_terms import GoalConfig, GoalError, parse_goal
@@ -86,9 +87,9 @@ def goal_command(settings: Any, args: argparse.Namespace) -> int:
 
         async def run() -> str:
             if action == "list":
-                return engine.listing()
+                return listing(engine)
             if action == "show":
-                return engine.show(engine.get(args.id))
+                return show(engine, engine.get(args.id))
             if action == "add":
                 draft = parse_goal(" ".join(args.words), engine.now())
                 g = await engine.add(

@@ -10,8 +10,48 @@ from __future__ import annotations
 
 from typing import Any
 
+from core.goal_queue import T_DONE
 from core.goal_terms import USAGE, GoalError, parse_goal
-from core.goals import GoalEngine
+from core.goals import GoalEngine, short_count
+
+
+def describe(engine: GoalEngine, g: Any) -> str:
+    """One line per goal: where it runs, how far it got, what it has spent."""
+    v = engine.view_of(g)
+    where = f" · {g.channel}:{g.conversation}"
+    spent = short_count(g.tokens_spent)
+    budget = f"{spent}/{short_count(g.tokens_budget) if g.tokens_budget else '∞'} tokens"
+    text = g.text if len(g.text) <= 70 else g.text[:67] + "..."
+    return (
+        f"{g.id} · {g.state}{where} · {v.tasks_done} done, {v.tasks_queued} queued · "
+        f"{budget} — {text}"
+    )
+
+
+def show(engine: GoalEngine, g: Any) -> str:
+    """`/goal show ID`: the goal's line, its progress note and its last 15 tasks."""
+    lines = [describe(engine, g)]
+    if g.ended_reason:
+        lines.append(f"({g.ended_reason})")
+    if g.until:
+        lines.append(f"Until {g.until}")
+    lines.append(engine.progress_text(g))
+    for t in engine.queue.tasks_of(g.id)[-15:]:
+        why = f" — {t.reason[:100]}" if t.reason and t.state != T_DONE else ""
+        lines.append(f"  {t.id} [{t.state}] {t.title}{why}")
+    return "\n".join(lines)
+
+
+def listing(engine: GoalEngine, channel: str | None = None, conversation: str | None = None) -> str:
+    """`/goal list` (one conversation's goals) or `steward goal list` (every goal)."""
+    goals = [
+        g
+        for g in engine.queue.goals.values()
+        if channel is None or (g.channel == channel and g.conversation == conversation)
+    ]
+    if not goals:
+        return "No goals" + (" here." if channel else ".") + " " + USAGE
+    return "\n".join(describe(engine, g) for g in goals)
 
 
 def created_text(engine: GoalEngine, g: Any) -> str:
@@ -60,9 +100,9 @@ class GoalCommands:
         if action in ("", "help"):
             return USAGE
         if action == "list":
-            return engine.listing(channel, msg.conversation)
+            return listing(engine, channel, msg.conversation)
         if action == "show":
-            return engine.show(engine.get(self._mine(channel, msg.conversation, rest)))
+            return show(engine, engine.get(self._mine(channel, msg.conversation, rest)))
         if action == "pause":
             v = await engine.pause(self._mine(channel, msg.conversation, rest), by)
             return f"Paused {v.id}. /goal resume {v.id} goes on."

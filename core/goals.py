@@ -84,7 +84,6 @@ from core.goal_queue import (
     similarity,
 )
 from core.goal_terms import (
-    USAGE,
     Draft,
     GoalConfig,
     GoalError,
@@ -167,7 +166,8 @@ def _num(value: Any, default: float, lo: float, hi: float) -> float:
         return default
 
 
-def _k(n: float) -> str:
+def short_count(n: float) -> str:
+    """Token counts as people read them in chat: 12k, 950."""
     return f"{n / 1000:.0f}k" if n >= 10_000 else str(int(n))
 
 
@@ -224,16 +224,16 @@ class GoalEngine:
 
     async def views(self, include_ended: bool = False) -> list[GoalView]:
         return [
-            self._view(g)
+            self.view_of(g)
             for g in self.queue.goals.values()
             if include_ended or g.state not in ENDED
         ]
 
     async def view(self, goal_id: str) -> GoalView | None:
         g = self.queue.goals.get(goal_id.strip())
-        return None if g is None else self._view(g)
+        return None if g is None else self.view_of(g)
 
-    def _view(self, g: Goal) -> GoalView:
+    def view_of(self, g: Goal) -> GoalView:
         tasks = self.queue.tasks_of(g.id)
         running = next((t for t in tasks if t.state in (RUNNING, WAITING)), None)
         return GoalView(
@@ -267,7 +267,7 @@ class GoalEngine:
     def _changed(self, g: Goal) -> None:
         if not self._subscribers:
             return
-        view = self._view(g)
+        view = self.view_of(g)
         for callback in list(self._subscribers):
             try:
                 callback(view)
@@ -322,7 +322,7 @@ class GoalEngine:
         self._cancel_running(g)
         self._changed(g)
         self._arm_progress()
-        return self._view(g)
+        return self.view_of(g)
 
     async def resume(self, goal_id: str, by: str) -> GoalView:
         g = self.get(goal_id)
@@ -334,14 +334,14 @@ class GoalEngine:
         await self.queue.save_goal(g, f"goal {g.id} resumed by {by}")
         self._changed(g)
         self._kick(g.id)
-        return self._view(g)
+        return self.view_of(g)
 
     async def stop(self, goal_id: str, by: str) -> GoalView:
         g = self.get(goal_id)
         if g.state in ENDED:
             raise GoalError(f"Goal {g.id} already ended ({g.state}).")
         await self._finish(g, STOPPED, f"stopped by {by}")
-        return self._view(g)
+        return self.view_of(g)
 
     async def stop_all(self, by: str) -> list[GoalView]:
         """The emergency stop: every goal that has not ended, now."""
@@ -349,7 +349,7 @@ class GoalEngine:
         for g in list(self.queue.goals.values()):
             if g.state not in ENDED:
                 await self._finish(g, STOPPED, f"stopped by {by} (stop all)")
-                out.append(self._view(g))
+                out.append(self.view_of(g))
         return out
 
     async def stop_here(self, channel: str, conversation: str, by: str) -> list[GoalView]:
@@ -358,7 +358,7 @@ class GoalEngine:
         for g in list(self.queue.goals.values()):
             if g.channel == channel and g.conversation == conversation and g.state not in ENDED:
                 await self._finish(g, STOPPED, f"stopped by {by} (/stop)")
-                out.append(self._view(g))
+                out.append(self.view_of(g))
         return out
 
     # ── starting and stopping the engine ──
@@ -1002,7 +1002,7 @@ class GoalEngine:
             log.warning("goal.post_kept", goal=g.id, exc_info=True)
 
     def progress_text(self, g: Goal) -> str:
-        v = self._view(g)
+        v = self.view_of(g)
         tasks = self.queue.tasks_of(g.id)
         parts = [f"{v.tasks_done} done", f"{v.tasks_failed} failed", f"{v.tasks_queued} queued"]
         running = f"running: {v.running}" if v.running else "nothing running"
@@ -1010,9 +1010,8 @@ class GoalEngine:
             running += " (blocked: waiting for approval)"
         left = []
         if g.tokens_budget:
-            left.append(
-                f"{_k(max(0, g.tokens_budget - g.tokens_spent))} of {_k(g.tokens_budget)} tokens"
-            )
+            rest = max(0, g.tokens_budget - g.tokens_spent)
+            left.append(f"{short_count(rest)} of {short_count(g.tokens_budget)} tokens")
         if g.usd_budget:
             left.append(f"${max(0.0, g.usd_budget - g.usd_spent):.2f} of ${g.usd_budget:.2f}")
         failed = [t for t in tasks if t.state == T_FAILED][-3:]
@@ -1104,35 +1103,3 @@ class GoalEngine:
             lines.append("Failed:")
             lines += [f"- {t.id} {t.title}: {t.reason[:120]}" for t in failed[-10:]]
         return "\n".join(lines)
-
-    def describe(self, g: Goal) -> str:
-        v = self._view(g)
-        where = f" · {g.channel}:{g.conversation}"
-        budget = f"{_k(g.tokens_spent)}/{_k(g.tokens_budget) if g.tokens_budget else '∞'} tokens"
-        text = g.text if len(g.text) <= 70 else g.text[:67] + "..."
-        return (
-            f"{g.id} · {g.state}{where} · {v.tasks_done} done, {v.tasks_queued} queued · "
-            f"{budget} — {text}"
-        )
-
-    def show(self, g: Goal) -> str:
-        lines = [self.describe(g)]
-        if g.ended_reason:
-            lines.append(f"({g.ended_reason})")
-        if g.until:
-            lines.append(f"Until {g.until}")
-        lines.append(self.progress_text(g))
-        for t in self.queue.tasks_of(g.id)[-15:]:
-            why = f" — {t.reason[:100]}" if t.reason and t.state != T_DONE else ""
-            lines.append(f"  {t.id} [{t.state}] {t.title}{why}")
-        return "\n".join(lines)
-
-    def listing(self, channel: str | None = None, conversation: str | None = None) -> str:
-        goals = [
-            g
-            for g in self.queue.goals.values()
-            if channel is None or (g.channel == channel and g.conversation == conversation)
-        ]
-        if not goals:
-            return "No goals" + (" here." if channel else ".") + " " + USAGE
-        return "\n".join(self.describe(g) for g in goals)
