@@ -62,7 +62,7 @@ def _joined(words: list[str]) -> str:
 def schedule_command(settings: Any, args: argparse.Namespace) -> int:
     import asyncio
 
-    from bot.schedule_commands import created_text
+    from bot.schedule_commands import created_text, describe, listing
     from core.clock import Clock
     from core.schedules import ScheduleConfig, ScheduleError, Scheduler, parse_schedule
     from memory.lock import DataDirLocked, acquire
@@ -88,7 +88,7 @@ def schedule_command(settings: Any, args: argparse.Namespace) -> int:
 
         async def run() -> str:
             if action == "list":
-                return scheduler.listing()
+                return listing(scheduler)
             if action == "add":
                 draft = parse_schedule(_joined(args.words), scheduler.config, scheduler.now())
                 s = await scheduler.add(
@@ -103,7 +103,7 @@ def schedule_command(settings: Any, args: argparse.Namespace) -> int:
                 s = await scheduler.set_paused(
                     args.id, action == "pause", "cli", "steward schedule"
                 )
-                return f"{'Paused' if s.paused else 'Resumed'} {s.id}: {scheduler.describe(s)}"
+                return f"{'Paused' if s.paused else 'Resumed'} {s.id}: {describe(s)}"
             s = await scheduler.delete(args.id, "cli", "steward schedule")
             return f"Deleted {s.id}."
 

@@ -11,7 +11,50 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.schedules import USAGE, ScheduleError, Scheduler, from_iso, parse_schedule, zone
+from core.schedules import (
+    EXAMPLE,
+    USAGE,
+    ScheduleError,
+    Scheduler,
+    from_iso,
+    parse_schedule,
+    zone,
+)
+
+
+def describe(s: Any, *, with_where: bool = False) -> str:
+    """One line per schedule: its spec, state, next run (local time) and flags."""
+    state = "paused" if s.paused else "done" if s.done else ""
+    nxt = from_iso(s.next_run)
+    when = ""
+    if nxt is not None and not state:
+        local = nxt.astimezone(zone(s.timezone))
+        when = f"next {local:%a %Y-%m-%d %H:%M} {s.timezone}"
+    flags = [f for f in (state, when) if f]
+    if s.quiet:
+        flags.append("only if news")
+    if s.check:
+        flags.append(f"check `{s.check}`")
+    if s.failures:
+        flags.append(f"failing ({s.failures}x)")
+    where = f" in {s.channel}:{s.conversation}" if with_where else ""
+    text = s.text if len(s.text) <= 80 else s.text[:77] + "..."
+    return f"{s.id} · {s.spec}{where} · {'; '.join(flags)} — {text}"
+
+
+def listing(
+    scheduler: Scheduler, channel: str | None = None, conversation: str | None = None
+) -> str:
+    """`/schedule list` (one conversation's) or `steward schedule list` (every one, with
+    where it posts)."""
+    mine = [
+        s
+        for s in scheduler.schedules.values()
+        if channel is None or (s.channel == channel and s.conversation == conversation)
+    ]
+    if not mine:
+        return "No schedules" + (" here." if channel else ".") + " " + EXAMPLE
+    return "\n".join(describe(s, with_where=channel is None) for s in mine)
 
 
 def created_text(scheduler: Scheduler, s: Any) -> str:
@@ -65,7 +108,7 @@ class ScheduleCommands:
         if action in ("", "help"):
             return USAGE
         if action == "list":
-            return sched.listing(channel, msg.conversation)
+            return listing(sched, channel, msg.conversation)
         if action in ("pause", "resume"):
             sid = self._mine(channel, msg.conversation, rest)
             s = await sched.set_paused(sid, action == "pause", msg.user, via)

@@ -963,35 +963,6 @@ class Scheduler:
             "with --skip)."
         )
 
-    def describe(self, s: Schedule, *, with_where: bool = False) -> str:
-        state = "paused" if s.paused else "done" if s.done else ""
-        nxt = from_iso(s.next_run)
-        when = ""
-        if nxt is not None and not state:
-            local = nxt.astimezone(zone(s.timezone))
-            when = f"next {local:%a %Y-%m-%d %H:%M} {s.timezone}"
-        flags = [f for f in (state, when) if f]
-        if s.quiet:
-            flags.append("only if news")
-        if s.check:
-            flags.append(f"check `{s.check}`")
-        if s.failures:
-            flags.append(f"failing ({s.failures}x)")
-        where = f" in {s.channel}:{s.conversation}" if with_where else ""
-        text = s.text if len(s.text) <= 80 else s.text[:77] + "..."
-        return f"{s.id} · {s.spec}{where} · {'; '.join(flags)} — {text}"
-
-    def listing(self, channel: str | None = None, conversation: str | None = None) -> str:
-        mine = [
-            s
-            for s in self.schedules.values()
-            if channel is None or (s.channel == channel and s.conversation == conversation)
-        ]
-        if not mine:
-            return "No schedules" + (" here." if channel else ".") + " " + EXAMPLE
-        lines = [self.describe(s, with_where=channel is None) for s in mine]
-        return "\n".join(lines)
-
     def next_times(self, s: Schedule, count: int = 3) -> list[datetime]:
         out: list[datetime] = []
         at = from_iso(s.next_run)
