@@ -35,6 +35,8 @@ def add_undo_parser(sub: Any) -> None:
 def undo_command(settings: Any, args: argparse.Namespace) -> int:
     import asyncio
 
+    from bot.undo_commands import listing as list_records
+    from bot.undo_commands import told
     from core.snapshots import from_settings
     from memory.lock import DataDirLocked, acquire
 
@@ -56,8 +58,8 @@ def undo_command(settings: Any, args: argparse.Namespace) -> int:
 
         async def run() -> str:
             if listing:
-                return await undo.list_text(args.conversation)
-            return await undo.undo(args.conversation, args.target)
+                return list_records(await undo.records_of(args.conversation))
+            return told(await undo.undo(args.conversation, args.target))
 
         print(asyncio.run(run()))
         return EXIT_OK

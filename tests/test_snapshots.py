@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 from bot.doctor import _snapshots as doctor_snapshots
+from bot.undo_commands import listing, told
 from core.guardian import Guardian, Verdict
 from core.snapshots import SnapshotStore, Undo, store_report, undoable_deletes
 from core.snapshots.store import TEMP_SUFFIX
@@ -179,25 +180,25 @@ async def test_undo_records_conflicts_redo_and_retention(tmp_path: Path, ws: Pat
     assert "Changed 1 file: src/a.py — /undo to revert" in said
     said = await task("t3", "other", lambda: (ws / "src" / "a.py").write_text("t3\n"))
     # t2's file was changed later by another conversation's task: named, nothing touched.
-    told = await undo.undo("c")
-    assert told.startswith("I did not undo t2: src/a.py was changed later by task t3"), told
+    said = told(await undo.undo("c"))
+    assert said.startswith("I did not undo t2: src/a.py was changed later by task t3"), said
     assert (ws / "src" / "a.py").read_text() == "t3\n"
     # A change by hand, outside any task.
     (ws / "new.txt").write_text("by hand")
-    told = await undo.undo("c", "t1")
-    assert "new.txt was changed since, outside Steward's tasks" in told
+    said = told(await undo.undo("c", "t1"))
+    assert "new.txt was changed since, outside Steward's tasks" in said
     (ws / "new.txt").write_text("n")
-    assert (await undo.undo("c", "t1")).startswith("Undid task t1")
-    assert (await undo.undo("other")).startswith("Undid task t3")
-    told = await undo.undo("c")
-    assert told.startswith("Undid task t2") and "restored src/a.py" in told
+    assert told(await undo.undo("c", "t1")).startswith("Undid task t1")
+    assert told(await undo.undo("other")).startswith("Undid task t3")
+    said = told(await undo.undo("c"))
+    assert said.startswith("Undid task t2") and "restored src/a.py" in said
     assert files(ws) == original
-    assert (await undo.undo("c")).startswith("Nothing to undo")
-    assert "undone by undo-t2" in await undo.list_text("c")
+    assert told(await undo.undo("c")).startswith("Nothing to undo")
+    assert "undone by undo-t2" in listing(await undo.records_of("c"))
     # Undo the undo: t2's change is back, and t2 can be undone again.
-    assert (await undo.undo("c", "undo-t2")).startswith("Undid the undo undo-t2")
+    assert told(await undo.undo("c", "undo-t2")).startswith("Undid the undo undo-t2")
     assert (ws / "src" / "a.py").read_text() == "t2\n"
-    assert (await undo.undo("c")).startswith("Undid task t2")
+    assert told(await undo.undo("c")).startswith("Undid task t2")
     assert files(ws) == original
 
     # Retention: only the newest keep_count records stay, with what they reach.
@@ -233,7 +234,7 @@ async def test_the_after_measure_runs_while_the_model_thinks(tmp_path: Path, ws:
     assert "Changed 2 files: src/a.py, b.txt — /undo to revert" in said
     rec = undo.load()[-1]
     assert sorted(rec["files"]) == ["b.txt", "src/a.py"] and rec["after"]
-    assert (await undo.undo("c")).startswith("Undid task t1")
+    assert told(await undo.undo("c")).startswith("Undid task t1")
     assert (ws / "src" / "a.py").read_text() == "print('a')\n" and not (ws / "b.txt").exists()
     # A task whose measure found nothing leaves no record.
     await undo.before_tool("t2", conversation="c", request="no-op", tool="shell")
@@ -249,7 +250,7 @@ async def test_a_task_cut_off_by_a_crash_is_settled_at_start(tmp_path: Path, ws:
     # The process dies here: no after_task. A new one settles the open record.
     fresh = Undo(store_for(tmp_path, ws))
     assert await fresh.recover() == ["closed task t1"]
-    assert (await fresh.undo("c")).startswith("Undid task t1")
+    assert told(await fresh.undo("c")).startswith("Undid task t1")
     assert (ws / "src" / "a.py").read_text() == "print('a')\n"
 
 
@@ -296,7 +297,7 @@ import asyncio, sys
 from pathlib import Path
 from core.snapshots import SnapshotStore, Undo
 undo = Undo(SnapshotStore(Path(sys.argv[1]), Path(sys.argv[2])))
-print(asyncio.run(undo.undo("c")))
+print(asyncio.run(undo.undo("c")).status)
 """
 
 
@@ -380,5 +381,5 @@ async def test_kill_9_during_a_restore_is_finished_at_the_next_start(tmp_path: P
     [task] = [r for r in fresh.load() if r["id"] == "t1"]
     assert task["undone_by"] == "undo-t1"
     # The recovered undo is itself undoable.
-    assert (await fresh.undo("c", "undo-t1")).startswith("Undid the undo undo-t1")
+    assert told(await fresh.undo("c", "undo-t1")).startswith("Undid the undo undo-t1")
     assert (ws / "extra.txt").read_text() == "extra"

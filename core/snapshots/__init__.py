@@ -7,9 +7,16 @@ from pathlib import Path
 from typing import Any
 
 from core.snapshots.store import SnapshotStore
-from core.snapshots.undo import Undo
+from core.snapshots.undo import Blocker, Undo, UndoOutcome
 
-__all__ = ["SnapshotStore", "Undo", "from_settings", "undoable_deletes"]
+__all__ = [
+    "Blocker",
+    "SnapshotStore",
+    "Undo",
+    "UndoOutcome",
+    "from_settings",
+    "undoable_deletes",
+]
 
 
 def from_settings(settings: Any, workspace: Path, data_dir: Path) -> Undo | None:

@@ -57,6 +57,33 @@ class _InFlight:
     measuring: asyncio.Task[dict[str, Any] | None] | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Blocker:
+    """A file an undo would overwrite although it changed since the task: `by` is the
+    later task or undo record that changed it, None when it changed outside Steward."""
+
+    path: str
+    by: dict[str, Any] | None = None
+    outside: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class UndoOutcome:
+    """What `/undo` did, as data; bot/undo_commands.py puts it in words.
+
+    `status`: "done" (`restored` says what), "blocked" (nothing touched; `blockers`),
+    "unknown" (no such record here; `recent` ids), "already" (the record was undone by
+    `record["undone_by"]`) or "nothing" (no task here changed files)."""
+
+    status: str
+    record: dict[str, Any] = field(default_factory=dict)
+    undo_id: str = ""
+    restored: Restored | None = None
+    blockers: tuple[Blocker, ...] = ()
+    recent: tuple[str, ...] = ()
+    asked: str = ""
+
+
 def _entry(value: tuple[int, str] | None) -> Entry:
     return [value[0], value[1]] if value is not None else None
 
@@ -369,35 +396,32 @@ class Undo:
             return records
         return [r for r in records if r.get("conversation") == conversation]
 
-    async def undo(self, conversation: str, record_id: str = "") -> str:
+    async def undo(self, conversation: str, record_id: str = "") -> UndoOutcome:
         """Undo the last task of `conversation` that changed files (or `record_id`)."""
         async with self._lock:
             return await asyncio.to_thread(self._undo, conversation, record_id.strip())
 
-    def _undo(self, conversation: str, record_id: str) -> str:
+    def _undo(self, conversation: str, record_id: str) -> UndoOutcome:
         self._recover_quietly()
         mine = self._mine(conversation)
         if record_id:
             found = [r for r in mine if r["id"] == record_id]
             if not found:
-                ids = ", ".join(r["id"] for r in mine[-5:]) or "none"
-                return f"There is no task {record_id} to undo in this conversation (recent: {ids})."
+                recent = tuple(r["id"] for r in mine[-5:])
+                return UndoOutcome("unknown", recent=recent, asked=record_id)
             rec = found[0]
             if rec.get("undone_by"):
-                return (
-                    f"Task {rec['id']} was already undone by {rec['undone_by']}; "
-                    f"/undo {rec['undone_by']} brings its changes back."
-                )
+                return UndoOutcome("already", rec)
         else:
             open_tasks = [r for r in mine if r.get("kind") == "task" and not r.get("undone_by")]
             if not open_tasks:
-                return "Nothing to undo: no task in this conversation changed files."
+                return UndoOutcome("nothing")
             rec = open_tasks[-1]
         now = self.store.snapshot()
         flat = self.store.flatten(now)
         order = (rec.get("started", ""), rec["id"])
         later = [r for r in self.load() if (r.get("started", ""), r["id"]) > order]
-        in_way: list[str] = []
+        in_way: list[Blocker] = []
         for path, (_before, after) in rec.get("files", {}).items():
             if _key(flat.get(path)) != _key(after):
                 in_way.append(self._blocker(path, later))
@@ -405,7 +429,7 @@ class Undo:
             if _key(self._current_outside(path)) != _key(after):
                 in_way.append(self._blocker(path, later, outside=True))
         if in_way:
-            return f"I did not undo {rec['id']}: " + "; ".join(sorted(set(in_way))) + "."
+            return UndoOutcome("blocked", rec, blockers=tuple(in_way))
         undo_id = self._new_id(rec["id"])
         target = {p: _key(b) for p, (b, _a) in rec.get("files", {}).items()}
         outside = {p: _key(b) for p, (b, _a) in rec.get("outside", {}).items()}
@@ -419,7 +443,7 @@ class Undo:
         restored = self.store.restore(target, outside, note=note)
         self._record_undo(note, restored)
         self.store.finish_restore()
-        return self._told(rec, undo_id, restored)
+        return UndoOutcome("done", rec, undo_id=undo_id, restored=restored)
 
     def _recover_quietly(self) -> None:
         try:
@@ -435,14 +459,13 @@ class Undo:
             candidate = f"{base}-{n}"
         return candidate
 
-    def _blocker(self, path: str, later: list[dict[str, Any]], *, outside: bool = False) -> str:
+    @staticmethod
+    def _blocker(path: str, later: list[dict[str, Any]], *, outside: bool = False) -> Blocker:
         key = "outside" if outside else "files"
         for r in reversed(later):
             if path in r.get(key, {}) and not r.get("undone_by"):
-                what = "undo" if r.get("kind") == "undo" else "task"
-                req = f" (“{r.get('request', '')[:60]}”)" if r.get("request") else ""
-                return f"{path} was changed later by {what} {r['id']}{req}; undo that first"
-        return f"{path} was changed since, outside Steward's tasks"
+                return Blocker(path, r, outside)
+        return Blocker(path, None, outside)
 
     def _record_undo(self, note: dict[str, Any], restored: Restored) -> None:
         """The undo as a record of its own (so it can be undone), and the undone task
@@ -480,35 +503,9 @@ class Undo:
                 self._write(first)
         self.store.save_stat_cache()
 
-    @staticmethod
-    def _told(rec: dict[str, Any], undo_id: str, done: Restored) -> str:
-        what = "the undo" if rec.get("kind") == "undo" else "task"
-        head = f"Undid {what} {rec['id']}"
-        if rec.get("request") and rec.get("kind") != "undo":
-            head += f" (“{rec['request'][:80]}”)"
-        parts = []
-        if done.restored:
-            parts.append("restored " + ", ".join(done.restored))
-        if done.recreated:
-            parts.append("re-created " + ", ".join(done.recreated))
-        if done.removed:
-            parts.append("removed " + ", ".join(done.removed))
-        body = "; ".join(parts) if parts else "the files were already as before it"
-        return f"{head}: {body}.\nThis undo can be undone too: /undo {undo_id}"
-
-    async def list_text(self, conversation: str, limit: int = 10) -> str:
-        mine = await asyncio.to_thread(self._mine, conversation)
-        if not mine:
-            return "No task in this conversation has changed files yet."
-        lines = ["Tasks that changed files (newest first; /undo TASK_ID undoes one):"]
-        for r in reversed(mine[-limit:]):
-            state = f" — undone by {r['undone_by']}" if r.get("undone_by") else ""
-            stat = r.get("diffstat") or [f"? {p}" for p in r.get("files", {})]
-            stat = sorted(stat, key=lambda line: ("MDA".find(line[:1]), line))
-            shown = ", ".join(stat[:4]) + (f" and {len(stat) - 4} more" if len(stat) > 4 else "")
-            label = r.get("request", "")[:60]
-            lines.append(f"{r['id']}  “{label}”: {shown or 'in progress'}{state}")
-        return "\n".join(lines)
+    async def records_of(self, conversation: str) -> list[dict[str, Any]]:
+        """The records of one conversation ("": every one), oldest first: `/undo list`."""
+        return await asyncio.to_thread(self._mine, conversation)
 
     # ── retention ──────────────────────────────────────────────────────────────
     def _maybe_prune(self) -> None:
