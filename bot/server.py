@@ -74,16 +74,7 @@ def build_web_app(
     public.update(r for r in server.router.resources() if r not in private)
 
     async def healthz(_request: web.Request) -> web.Response:
-        channels = {}
-        for c in app.channels:
-            h = c.health
-            channels[c.name] = {
-                "state": h.state,
-                "detail": h.detail,
-                "since": h.since,
-                "last_event_at": h.last_event_at,
-                "reconnects": h.reconnects,
-            }
+        channels = {c.name: c.health.to_json() for c in app.channels}
         bad = [n for n, h in channels.items() if h["state"] in ("down", "deaf")]
         # Until the first channel is up (memory opened, adapters started) Steward is not
         # ready: a load balancer or a test must not send it work yet.

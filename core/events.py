@@ -139,6 +139,16 @@ class ChannelHealth:
     last_event_at: float | None = None
     reconnects: int = 0
 
+    def to_json(self) -> dict[str, Any]:
+        """The fields /healthz and the dashboard show, in one shape."""
+        return {
+            "state": self.state,
+            "detail": self.detail,
+            "since": self.since,
+            "last_event_at": self.last_event_at,
+            "reconnects": self.reconnects,
+        }
+
     def set(self, state: HealthState, detail: str = "", *, now: float | None = None) -> None:
         import time
 

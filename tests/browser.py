@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-CHROMIUM = Path("/usr/bin/chromium")
+from dev import CHROMIUM  # the one path dev.py installs it at
+
 ARGS = [
     "--headless",
     "--no-sandbox",

@@ -170,20 +170,7 @@ class Dashboard:
         )
 
     def _channels(self) -> list[dict[str, Any]]:
-        out = []
-        for c in self.app.channels:
-            h = c.health
-            out.append(
-                {
-                    "name": c.name,
-                    "state": h.state,
-                    "detail": h.detail,
-                    "since": h.since,
-                    "last_event_at": h.last_event_at,
-                    "reconnects": h.reconnects,
-                }
-            )
-        return out
+        return [{"name": c.name, **c.health.to_json()} for c in self.app.channels]
 
     def _schedules(self) -> list[dict[str, Any]]:
         scheduler = getattr(self.app, "schedules", None)
