@@ -172,12 +172,12 @@ async def test_spend_after_a_restart_reads_only_the_day_folders_that_changed(
     # A restart: the kept rows answer, and no episode file is parsed for them.
     second = data.FrontMatterCache(kept)
     assert data.spend(second, tmp_path, days=7, now=now) == before
-    assert second._items == {}
+    assert not second._records._cache
     # A day that got a new episode since is read again (only that one).
     await store.write(episode(9, 19, 1000))
     after = data.spend(second, tmp_path, days=7, now=now)
     assert after["total"]["tokens_in"] == 1157
-    assert {p.parent.name for p in second._items} == {"19"}
+    assert {p.parent.name for p in second._records._cache} == {"19"}
     # A damaged cache file is only a slower start, never a wrong or failed page.
     kept.write_text("{not json")
     assert data.spend(data.FrontMatterCache(kept), tmp_path, days=7, now=now) == after

@@ -22,7 +22,8 @@ from typing import Any
 import structlog
 
 from memory.atomic import atomic_write_text
-from memory.store import MalformedFile, parse
+from memory.records import RecordStore
+from memory.store import MalformedFile
 
 log = structlog.get_logger("steward.dashboard")
 
@@ -51,7 +52,9 @@ class FrontMatterCache:
     """
 
     def __init__(self, days_file: Path | None = None) -> None:
-        self._items: dict[Path, tuple[int, int, dict[str, Any], str]] = {}
+        #: Episode files parsed once until they change, at most this many kept (the
+        #: record store's bounded cache: a long-lived dashboard must not grow forever).
+        self._records = RecordStore(Path("."), "episode", cache_size=4096)
         self._days: dict[Path, tuple[int, list[SpendRow]]] = {}
         self._lock = threading.Lock()
         self.days_file = days_file
@@ -88,22 +91,14 @@ class FrontMatterCache:
             log.info("dashboard.spend_cache_unwritable", error=str(exc)[:200])
 
     def read(self, path: Path, *, body: bool = False) -> tuple[dict[str, Any], str] | None:
+        """An episode's front matter (and body), None when it is gone or unreadable."""
         try:
-            st = path.stat()
-        except OSError:
+            meta, text = self._records.read(path)
+        except FileNotFoundError:
             return None
-        with self._lock:
-            hit = self._items.get(path)
-        if hit is not None and hit[0] == st.st_mtime_ns and hit[1] == st.st_size:
-            meta, text = hit[2], hit[3]
-        else:
-            try:
-                meta, text = parse(path.read_text(encoding="utf-8"), path)
-            except (OSError, UnicodeDecodeError, MalformedFile, ValueError) as exc:
-                log.info("dashboard.unreadable", path=str(path), error=str(exc)[:200])
-                return None
-            with self._lock:
-                self._items[path] = (st.st_mtime_ns, st.st_size, meta, text)
+        except (OSError, UnicodeDecodeError, MalformedFile, ValueError) as exc:
+            log.info("dashboard.unreadable", path=str(path), error=str(exc)[:200])
+            return None
         return meta, (text if body else "")
 
     def day_rows(self, folder: Path) -> list[SpendRow]:
