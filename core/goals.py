@@ -53,7 +53,7 @@ import asyncio
 import json
 import re
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -873,16 +873,21 @@ class GoalEngine:
         if applied:
             # Counted as running work from now: replay's (and a test's) "idle" must wait
             # for the stop to be written and reported, not only for the refused step.
-            self.clock.activity.inc()
-            task = asyncio.get_running_loop().create_task(self._applied(applied))
-            self._posts.add(task)
-
-            def done(t: asyncio.Task[None]) -> None:
-                self._posts.discard(t)
-                self.clock.activity.dec()
-
-            task.add_done_callback(done)
+            self._spawn(self._applied(applied))
         return applied
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run `work` in the background as counted activity: the simulated clock (replay,
+        tests) is not idle until it has finished, and `stop` waits for it."""
+        self.clock.activity.inc()
+        task = asyncio.get_running_loop().create_task(work)
+        self._posts.add(task)
+
+        def done(t: asyncio.Task[None]) -> None:
+            self._posts.discard(t)
+            self.clock.activity.dec()
+
+        task.add_done_callback(done)
 
     async def _applied(self, applied: list[tuple[str, str, str]]) -> None:
         for gid, action, by in applied:
@@ -1062,15 +1067,7 @@ class GoalEngine:
                     await self._maybe_progress(g)
             self._arm_progress()
 
-        self.clock.activity.inc()
-        task = asyncio.get_running_loop().create_task(tick())
-        self._posts.add(task)
-
-        def done(t: asyncio.Task[Any]) -> None:
-            self._posts.discard(t)
-            self.clock.activity.dec()
-
-        task.add_done_callback(done)
+        self._spawn(tick())
 
     def final_report(self, g: Goal) -> str:
         tasks = self.queue.tasks_of(g.id)
