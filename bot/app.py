@@ -327,7 +327,9 @@ class App:
         if agent is not None:
             agent.learner = self.learner
         # Episodes are journaled before the reply and written after it (core/persist.py).
-        self.persist = EpisodeWriter(self.episodes, self.journal, index=self._index_episodes)
+        self.persist = EpisodeWriter(
+            self.episodes, self.journal, index=self._index_episodes, activity=self.clock.activity
+        )
         if agent is not None:
             agent.persist = self.persist
         self.agent = agent

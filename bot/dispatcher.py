@@ -393,9 +393,12 @@ class Dispatcher:
         help never interrupts a running task (a queued one goes first). Each is a help: a
         failure is logged (the episode on disk is the evidence) and never stops the others.
         """
-        if result.saved is not None:  # written after the reply (core/persist.py): what
-            # follows counts on it being on disk and indexed (the learner, proactive help,
-            # the write-failure notice, the next task of this conversation)
+        if result.saved is not None and result.episode.error_signatures:
+            # Written after the reply (core/persist.py). Only a failure's follow-up waits
+            # for it to be on disk and indexed: the learner and proactive help count that
+            # signature's episodes in the index. A success needs nothing of it here, so
+            # the conversation is free for its next message meanwhile (issue 26); the
+            # write itself stays counted as activity until it is done (idle, replay).
             await _quietly(asyncio.shield(result.saved), "episode.write_failed")
         recorded = self.history.record(key, text, result.reply)
         await _quietly(recorded, "history.record_failed", conversation=key)

@@ -254,10 +254,15 @@ class Agent:
         await emit(Progress("task_start", task_id))
 
         kind = ""  # the failure's class, for the task's own error signature
+        # The journal record is written while recall and the first model call run, not
+        # before them: it must be durable before a tool runs and before the reply (both
+        # await it), and a model call takes far longer than its one fsync (issue 26).
+        opened = asyncio.ensure_future(self._open_journal(req, task_id, episode))
         try:
             async with asyncio.timeout(self.task_timeout):
-                reply = await self._loop(req, task_id, episode, emit, bound)
+                reply = await self._loop(req, task_id, episode, emit, bound, opened)
         except asyncio.CancelledError:
+            await asyncio.shield(opened)  # a record must not be written after its close
             if self.journal is not None and self.journal.stopping:
                 # Cut off by a shutdown, not by its person: the journal record stays
                 # open, and the next start asks whether to run it again.
@@ -294,6 +299,7 @@ class Agent:
                 f"Something went wrong inside Steward ({type(exc).__name__}); "
                 f"it is logged under task {task_id}."
             )
+        await asyncio.shield(opened)  # `persist.submit` appends to the record
         if self.undo is not None:  # what the task changed, and "/undo to revert"
             reply += await asyncio.shield(self._undo_after(task_id, episode, bound))
         episode.reply = reply
@@ -384,12 +390,9 @@ class Agent:
         episode: Episode,
         emit: Observer,
         bound: Any,
+        opened: asyncio.Future[None],
     ) -> str:
-        # The journal record is durable before the model is asked anything (so before any
-        # tool runs); its fsync and the recall search overlap instead of adding up.
-        messages, _ = await asyncio.gather(
-            self._messages(req, episode), self._open_journal(req, task_id, episode)
-        )
+        messages = await self._messages(req, episode)
 
         async def on_text(delta: str) -> None:
             await emit(Progress("text", task_id, text=delta))
@@ -452,6 +455,9 @@ class Agent:
                 episode.error = "; ".join(verdict.problems)[:1000]
                 return text + honest_suffix(verdict)
             messages.append(result.assistant_message())
+            # Durable before any tool runs, so a crash during one is asked about. Shielded:
+            # a cancel of the task must not cancel the record's write.
+            await asyncio.shield(opened)
             for call in result.tool_calls:
                 content = await self._call_tool(req, task_id, call, episode, emit, bound)
                 messages.append(

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import structlog
 
+from core.clock import Activity
 from memory.episodes import Episode, EpisodeStore
 from memory.journal import TaskJournal
 
@@ -54,9 +55,13 @@ class EpisodeWriter:
         index: IndexMany | None = None,
         limit: int = QUEUE_LIMIT,
         batch: int = BATCH,
+        activity: Activity | None = None,
     ) -> None:
         self.episodes = episodes
         self.journal = journal
+        #: Counts each queued episode until it is written and indexed: "idle" (replay,
+        #: the simulated clock, a stop) includes the writes nobody awaits any more.
+        self.activity = activity
         #: Indexes a batch of written episode files (bot/app.py); None: no index.
         self.index = index
         self.batch = batch
@@ -75,6 +80,9 @@ class EpisodeWriter:
         done: asyncio.Future[Path | None] = asyncio.get_running_loop().create_future()
         if self._worker is None or self._worker.done():
             self._worker = asyncio.create_task(self._work(), name="persist:episodes")
+        if self.activity is not None:
+            self.activity.inc()
+            done.add_done_callback(lambda _: self.activity.dec() if self.activity else None)
         await self._queue.put((episode, done))
         return done
 
@@ -85,8 +93,12 @@ class EpisodeWriter:
                 items.append(self._queue.get_nowait())
             try:
                 await self._write(items)
+            except Exception:  # a bug: logged; the waiting follow-ups and idle go on
+                log.exception("episode.persist_failed", episodes=[e.id for e, _ in items])
             finally:
-                for _ in items:
+                for _, done in items:
+                    if not done.done():
+                        done.set_result(None)
                     self._queue.task_done()
 
     async def _write(self, items: list[tuple[Episode, asyncio.Future[Path | None]]]) -> None:

@@ -133,3 +133,87 @@ async def test_the_writers_queue_is_bounded(tmp_path: Path) -> None:
     await writer.drain()
     assert first.done() and len(list(EpisodeStore(tmp_path).iter_files())) == 4
     await writer.stop()
+
+
+async def test_a_queued_episode_counts_as_activity_until_it_is_written(tmp_path: Path) -> None:
+    """Nobody may await a success's episode any more (the conversation is free at once),
+    so "idle" (replay, the simulated clock, a stop) must still wait for its write."""
+    gate = asyncio.Event()
+
+    async def index(paths: list[Path]) -> None:
+        await gate.wait()
+
+    clock = Clock()
+    writer = EpisodeWriter(EpisodeStore(tmp_path), None, index=index, activity=clock.activity)
+    saved = await writer.submit(_episode(5))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert clock.activity.active == 1 and not saved.done()
+    gate.set()
+    async with asyncio.timeout(10):
+        await clock.activity.wait_idle()
+    assert saved.done() and saved.result() is not None and saved.result().exists()
+    await writer.stop()
+
+
+async def test_a_success_frees_its_conversation_before_its_episode_is_indexed(
+    tmp_path: Path,
+) -> None:
+    """Issue 26: a success's follow-up (history, rule credit, proactive help) does not
+    wait for the background writer; a failure's does, since the learner counts that
+    signature's episodes in the index."""
+    import time as _time
+
+    from adapters.replay import ReplayChannel
+    from bot.app import App
+    from config.settings import load_settings
+    from core.access import Rules
+    from core.events import Message
+    from tests.fakes.llm import Reply, ScriptedLLM
+
+    async with ScriptedLLM() as llm:
+        settings = load_settings(
+            env={
+                "STEWARD_MODEL": "openai/scripted",
+                "STEWARD_API_BASE": llm.base_url,
+                "STEWARD_DATA_DIR": str(tmp_path / "data"),
+                "STEWARD_WORKSPACE": str(tmp_path / "ws"),
+            },
+            cwd=tmp_path,
+        )
+        app = App(settings)
+        app.access.rules["replay"] = Rules(open=True)
+        channel = ReplayChannel(_time.monotonic, lambda _: None)
+        await app.start([channel])
+        assert app.persist.index is not None
+        real_index = app.persist.index
+        gate = asyncio.Event()
+
+        async def slow_index(paths: list[Path]) -> None:
+            await gate.wait()  # a slow disk: the episode is not indexed yet
+            await real_index(paths)
+
+        app.persist.index = slow_index
+        try:
+            llm.reply_text("done")
+            await app.dispatcher.handle(Message("replay", "ok", "u", "say done"), channel)
+            async with asyncio.timeout(10):
+                await app.conversations.wait_idle("replay:ok")  # free before the index
+            assert app.clock.activity.active >= 1  # the write is still counted
+
+            llm.reply_text("I removed the file.")  # a claim no tool backs: a gate failure
+            llm.reply_text("I removed the file.")
+            await app.dispatcher.handle(Message("replay", "bad", "u", "remove x"), channel)
+            waiting = asyncio.ensure_future(app.conversations.wait_idle("replay:bad"))
+            await asyncio.sleep(0.5)
+            assert not waiting.done()  # a failure's follow-up waits for its episode
+            gate.set()
+            async with asyncio.timeout(10):
+                await waiting
+                await app.clock.activity.wait_idle()
+            assert app.index is not None
+            hits = await app.index.search("say done", limit=5, kinds="episode")
+            assert any(h.meta["request"] == "say done" for h in hits)
+        finally:
+            gate.set()
+            await app.stop()
