@@ -169,7 +169,7 @@ async def test_a_success_frees_its_conversation_before_its_episode_is_indexed(
     from config.settings import load_settings
     from core.access import Rules
     from core.events import Message
-    from tests.fakes.llm import Reply, ScriptedLLM
+    from tests.fakes.llm import ScriptedLLM
 
     async with ScriptedLLM() as llm:
         settings = load_settings(
