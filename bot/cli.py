@@ -134,6 +134,20 @@ def _settings(args: argparse.Namespace) -> Any:
     return settings
 
 
+def _surely_no_model(args: argparse.Namespace) -> bool:
+    """No model at all, seen from a plain environment without building the settings
+    (config/providers.surely_no_model); with a config file the full way is taken, which
+    names any mistake in it first."""
+    import os
+    from pathlib import Path
+
+    from config.providers import surely_no_model
+
+    if args.config or (Path.cwd() / "steward.toml").exists():
+        return False
+    return surely_no_model(os.environ)
+
+
 def _chat_mode(args: argparse.Namespace) -> str:
     """`steward chat` is "one" message (-m), "piped" (stdin is not a terminal: each line
     is a message) or "interactive" (a person at a terminal)."""
@@ -155,6 +169,11 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"steward {version('steward')}")
         return EXIT_OK
+    if args.command == "chat" and _chat_mode(args) != "interactive" and _surely_no_model(args):
+        from bot.model_check import EXIT_NO_MODEL, NO_MODEL_MESSAGE
+
+        print(f"steward: {NO_MODEL_MESSAGE}", file=sys.stderr)
+        return EXIT_NO_MODEL
     settings = _settings(args)
     from config.settings import ConfigError
 

@@ -7,9 +7,12 @@ not after importing the agent, litellm and every adapter (seconds on a busy mach
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from config.providers import embedded_wanted
-from config.settings import Settings
+
+if TYPE_CHECKING:  # this module is read before the settings exist (bot/cli.py)
+    from config.settings import Settings
 
 #: `steward chat` exit code when there is no model to work with.
 EXIT_NO_MODEL = 3

@@ -40,3 +40,25 @@ def embedded_wanted(settings: Any, env: Mapping[str, str] | None = None) -> bool
     if settings.model_configured or settings.api_base.strip():
         return False
     return provider_key_present(env) is None
+
+
+#: The settings `surely_no_model` can judge without validating anything: any other
+#: STEWARD_* variable (or a config file) may hold a mistake that must be named first.
+_PLAIN_SETTINGS = frozenset({"STEWARD_DATA_DIR", "STEWARD_WORKSPACE", "STEWARD_LOCAL_MODEL"})
+
+
+def surely_no_model(env: Mapping[str, str]) -> bool:
+    """No model can be used, decided from a plain environment alone (no config file, no
+    settings validation, no imports): no STEWARD_* variable but the data dir, the
+    workspace and `local_model = "off"`, and no provider key.
+
+    Why: `steward chat -m` with no model must say so at once (exit 3); validating the
+    settings imports pydantic and builds the schema (~0.3 s). False means "ask the full
+    settings", never "there is a model": a mistake in another setting is named first,
+    and a wanted local model's availability is the full path's to check."""
+    names = {k for k in env if k.startswith("STEWARD_")}
+    if not names <= _PLAIN_SETTINGS or provider_key_present(env) is not None:
+        return False
+    if any(not env[k].strip() for k in names):  # an empty folder path is a config error
+        return False
+    return env.get("STEWARD_LOCAL_MODEL", "") == "off"

@@ -325,3 +325,17 @@ def test_memory_and_rules_commands(llm_thread: ScriptedLLM, tmp_path: Path) -> N
     assert hit["request"] == "deploy the parser service"
     rules = run(["rules", "list"], env, tmp_path)
     assert rules.returncode == 0 and "No rules yet" in rules.stdout
+
+
+def test_no_model_is_decided_without_settings_only_for_a_plain_environment() -> None:
+    """`chat -m` says "no model" before pydantic is imported only when nothing else could
+    be a mistake to name first (bench/cli_startup: < 300 ms)."""
+    from config.providers import surely_no_model
+
+    plain = {"STEWARD_LOCAL_MODEL": "off", "STEWARD_DATA_DIR": "d", "STEWARD_WORKSPACE": "w"}
+    assert surely_no_model({**plain, "PATH": "/bin"})
+    assert not surely_no_model({**plain, "STEWARD_MAX_STEPS": "many"})  # named first
+    assert not surely_no_model({**plain, "STEWARD_MODEL": "openai/x"})
+    assert not surely_no_model({**plain, "OPENAI_API_KEY": "sk-1"})
+    assert not surely_no_model({**plain, "STEWARD_LOCAL_MODEL": "auto"})  # may be installed
+    assert not surely_no_model({**plain, "STEWARD_DATA_DIR": " "})  # a config error
