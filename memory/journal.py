@@ -2,8 +2,10 @@
 
 Why: the platform event is acknowledged and the episode is written only at the end,
 so a process killed mid-task (a deploy, an OOM kill) used to leave no trace and
-nobody was told. The record is written durably (atomic write + fsync) *before* the
-work starts, gains a line per tool call as it is made (so a re-run after a crash is a
+nobody was told. The record is written durably (atomic write + fsync) while the first
+model call runs, and is awaited before any tool runs or the reply is sent (core/agent.py:
+a model call takes far longer than the fsync, so it costs the reply nothing), gains a
+line per tool call as it is made (so a re-run after a crash is a
 decision made knowing what already happened, never a surprise), and is removed once
 the episode is written. What is left at start-up was interrupted.
 
