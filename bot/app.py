@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -523,7 +522,6 @@ class App:
         open the memory index and read what a previous run left pending, once and off the
         event loop, so a request of a channel that never starts still answers "expired"
         to a late press. Safe to call again."""
-        _widen_default_executor()
         await self.open_memory()
         if not self._initialized:
             self._initialized = True
@@ -648,31 +646,3 @@ async def _bounded(step: str, work: Awaitable[Any], limit: float) -> None:
         structlog.get_logger("steward.app").warning("app.stop_timeout", step=step, after=limit)
     except Exception:
         structlog.get_logger("steward.app").warning("app.stop_failed", step=step, exc_info=True)
-
-
-#: Threads of the event loop's default executor while Steward runs (asyncio's own default
-#: is min(32, cores + 4): 6 on 2 cores).
-IO_THREADS = 32
-
-
-def _widen_default_executor() -> None:
-    """Give the running loop a default executor wide enough for blocking disk writes.
-
-    Why: every journal record, episode, transcript and index step runs through
-    `asyncio.to_thread`, and most of that time is spent blocked in fsync, holding no
-    GIL. litellm runs a synchronous set-up step of every model call in the same
-    default executor, so with 6 threads and a hundred conversations at once a model
-    call queued behind other tasks' fsyncs (issue 26). Threads blocked in a syscall
-    cost nothing; the pool only grows as far as work needs it. Set once per loop."""
-    import concurrent.futures
-
-    loop = asyncio.get_running_loop()
-    if loop in _WIDENED:
-        return
-    loop.set_default_executor(
-        concurrent.futures.ThreadPoolExecutor(IO_THREADS, thread_name_prefix="steward-io")
-    )
-    _WIDENED.add(loop)
-
-
-_WIDENED: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
