@@ -121,6 +121,19 @@ def _mix(h: np.ndarray) -> np.ndarray:
         return h ^ (h >> _U64(33))
 
 
+_PRIME = _U64(1099511628211)
+#: What each character n-gram size's seed (size * golden ratio) contributes after
+#: `size` steps of `h * _PRIME + byte`: seed * _PRIME**size, mod 2**64.
+_SEED_TERM = {
+    size: _U64((size * 0x9E3779B97F4A7C15) * pow(1099511628211, size, 2**64) % 2**64)
+    for size in (3, 4, 5)
+}
+#: The salt of each word probe, as the word block adds it before mixing.
+_PROBE_SALTS = np.array(
+    [(probe * 0x632BE59BD9B4E019 + 1) & (2**64 - 1) for probe in range(WORD_PROBES)], dtype=_U64
+)
+
+
 class HashedEmbedder:
     """Signed feature hashing: stems + stem bigrams + char 3–5-grams, sublinear tf, L2.
 
@@ -185,16 +198,15 @@ class HashedEmbedder:
         weight[len(h) :] = self.bigram_weight
         # Each word goes to WORD_PROBES buckets with independent signs: the same
         # expected noise, but a chance collision between two unrelated short texts
-        # costs 1/WORD_PROBES of a shared word instead of a whole one.
-        idx, wts = [], []
+        # costs 1/WORD_PROBES of a shared word instead of a whole one. All probes at
+        # once (one row each): a chat request has a handful of words, so numpy's
+        # per-call cost, not the arithmetic, is what a loop over probes paid for.
         with np.errstate(over="ignore"):
-            for probe in range(WORD_PROBES):
-                ph = _mix(allh + _U64((probe * 0x632BE59BD9B4E019 + 1) & (2**64 - 1)))
-                idx.append(allr * dim + (ph % _U64(dim)).astype(np.int64))
-                wts.append(np.where((ph >> _U64(63)) & _U64(1), -weight, weight))
-        return np.bincount(
-            np.concatenate(idx), weights=np.concatenate(wts), minlength=n * dim
-        ).reshape(n, dim)
+            ph = _mix(allh[None, :] + _PROBE_SALTS[:, None])
+        idx = allr[None, :] * dim + (ph % _U64(dim)).astype(np.int64)
+        wts = np.where((ph >> _U64(63)) & _U64(1), -weight, weight)
+        # Exact whatever the order: every weight is ±1 or ±bigram_weight (a power of two).
+        return np.bincount(idx.ravel(), weights=wts.ravel(), minlength=n * dim).reshape(n, dim)
 
     def _char_ngrams(self, pieces: list[bytes]) -> np.ndarray:
         """Character 3-, 4- and 5-grams (of the UTF-8 bytes) of every text in the batch,
@@ -203,22 +215,30 @@ class HashedEmbedder:
         lengths = np.fromiter((len(p) for p in pieces), dtype=np.int64, count=n)
         data = np.frombuffer(b"".join(pieces), dtype=np.uint8).astype(_U64)
         owner = np.repeat(np.arange(n, dtype=np.int64), lengths)
-        total = np.zeros(n * dim, dtype=np.float64)
+        hashes, owners = [], []
         with np.errstate(over="ignore"):
-            for size in (3, 4, 5):
+            # The polynomial of the first `size` bytes, grown one byte at a time and
+            # shared by the three sizes; each size then adds its own seed times
+            # P**size (the same value as hashing from that seed: arithmetic mod 2**64).
+            poly = np.zeros(len(data), dtype=_U64)
+            for size in range(1, 6):
                 count = len(data) - size + 1
                 if count <= 0:
+                    break
+                poly = poly[:count] * _PRIME + data[size - 1 : size - 1 + count]
+                if size < 3:
                     continue
-                h = np.full(count, _U64(size * 0x9E3779B97F4A7C15 & (2**64 - 1)), dtype=_U64)
-                for j in range(size):
-                    h = h * _U64(1099511628211) + data[j : j + count]
-                h = _mix(h)
                 valid = owner[:count] == owner[size - 1 : size - 1 + count]
-                h, rows = h[valid], owner[:count][valid]
-                buckets = (h % _U64(dim)).astype(np.int64)
-                signs = np.where((h >> _U64(63)) & _U64(1), -1.0, 1.0)
-                total += np.bincount(rows * dim + buckets, weights=signs, minlength=n * dim)
-        return total.reshape(n, dim)
+                hashes.append((poly + _SEED_TERM[size])[valid])
+                owners.append(owner[:count][valid])
+            if not hashes:
+                return np.zeros((n, dim), dtype=np.float64)
+            h = _mix(np.concatenate(hashes))
+        rows = np.concatenate(owners)
+        buckets = (h % _U64(dim)).astype(np.int64)
+        signs = np.where((h >> _U64(63)) & _U64(1), -1.0, 1.0)
+        # One bincount for all sizes: the sums of ±1 are exact in any order.
+        return np.bincount(rows * dim + buckets, weights=signs, minlength=n * dim).reshape(n, dim)
 
 
 def _finish(block: np.ndarray) -> np.ndarray:

@@ -429,3 +429,46 @@ def test_compacted_copy_catches_up_with_changes_made_while_it_was_built() -> Non
     assert fresh.ntotal == 22 and fresh.stale_count == 1
     assert fresh.search(data[31], 1)[0][0] == 31
     assert 15 not in fresh.search(data[15], 5)[0]
+
+
+def _mix_ref(h: int) -> int:
+    m = 2**64 - 1
+    h ^= h >> 33
+    h = (h * 0xFF51AFD7ED558CCD) & m
+    h ^= h >> 33
+    h = (h * 0xC4CEB9FE1A85EC53) & m
+    return h ^ (h >> 33)
+
+
+def test_hashed_embedder_blocks_match_the_feature_hashing_they_define() -> None:
+    """The vectorised word and character blocks (all probes, all n-gram sizes in one
+    pass: issue 26) equal a plain one-feature-at-a-time reading of the same hashing, so
+    vectors already in an index keep meaning the same thing."""
+    from memory.embedder import WORD_PROBES
+
+    m, dim = 2**64 - 1, 64
+    emb = HashedEmbedder(dim)
+    pieces = [b" deploy api 0 ", b"", b" \xc3\xa9t\xc3\xa9 ", b" ab "]
+    want = np.zeros((len(pieces), dim))
+    for row, piece in enumerate(pieces):
+        for size in (3, 4, 5):
+            for start in range(len(piece) - size + 1):
+                h = (size * 0x9E3779B97F4A7C15) & m
+                for byte in piece[start : start + size]:
+                    h = (h * 1099511628211 + byte) & m
+                h = _mix_ref(h)
+                want[row, h % dim] += -1.0 if h >> 63 else 1.0
+    assert np.array_equal(emb._char_ngrams(pieces), want)
+
+    rows, hashes = [0, 0, 0, 1, 2, 2], [11, 22, 33, 44, 55, 66]
+    want = np.zeros((3, dim))
+    features = [(r, (h * 0x9E3779B97F4A7C15) & m, 1.0) for r, h in zip(rows, hashes, strict=True)]
+    for i in range(len(rows) - 1):
+        if rows[i] == rows[i + 1]:
+            pair = (hashes[i] * 0x100000001B3 + hashes[i + 1] + 0x51ED27) & m
+            features.append((rows[i], _mix_ref(pair), emb.bigram_weight))
+    for r, h, weight in features:
+        for probe in range(WORD_PROBES):
+            ph = _mix_ref((h + probe * 0x632BE59BD9B4E019 + 1) & m)
+            want[r, ph % dim] += -weight if ph >> 63 else weight
+    assert np.array_equal(emb._word_block(rows, hashes, 3), want)
