@@ -343,3 +343,13 @@ def test_large_text_is_fast() -> None:
     start = time.perf_counter()
     redact(blob)
     assert time.perf_counter() - start < 2.0
+
+
+def test_an_episodes_own_counters_do_not_hide_a_secret_beside_them() -> None:
+    """`tokens_in:`/`tokens_out:` no longer make every episode pay every context scan
+    (issue 26); a real secret-ish word in the same text still triggers them."""
+    plain = "tokens_in: 163\ntokens_out: 8\nrequest: message 5\n"
+    assert redact(plain) == plain
+    text = plain + "reply: the password is hunter2hunter2\n" + "tokens_out: 9\n"
+    out = redact(text)
+    assert "hunter2hunter2" not in out and "tokens_in: 163" in out and "tokens_out: 9" in out
