@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -258,7 +259,6 @@ class App:
         self.llm: LLMClient | LocalLLM | None = None
         self.local: ModelServer | None = None
         self._no_model = NO_MODEL_MESSAGE
-        self._warm: asyncio.Future[object] | None = None
         self.index: Any = None
         self._pending: asyncio.Task[None] | None = None
         agent: Agent | None = None
@@ -443,12 +443,17 @@ class App:
         return server_for(self.settings, found.gguf, log_path=log_path)
 
     def warm_up(self) -> None:
-        """Import litellm in a thread now, so the first message doesn't wait seconds for it."""
+        """Import litellm in a thread now, so the first message doesn't wait seconds for it.
+
+        A daemon thread, not the loop's executor: asyncio joins its executor's threads
+        when the loop closes, so a SIGTERM in the first seconds after start waited for
+        the whole import (seconds, tens of them on a busy machine) before the process
+        could exit. An import cut off by the exit leaves nothing behind."""
         if self.llm is None:
             return
         from core.llm import load_litellm
 
-        self._warm = asyncio.get_running_loop().run_in_executor(None, load_litellm)
+        threading.Thread(target=load_litellm, name="steward-warm-up", daemon=True).start()
 
     @property
     def notice(self) -> str | None:

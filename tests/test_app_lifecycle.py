@@ -237,3 +237,53 @@ async def test_a_slack_reply_refused_five_times_is_delivered_after_a_restart(
         await fake.wait_for(lambda: any("The answer" in t for t in bot_texts(fake)), 10)
         # Forgotten once Slack's answer reached Steward (just after the fake saw it).
         await until(lambda: kept.read_text() == "", what="the kept reply forgotten")
+
+
+def test_sigterm_right_after_start_does_not_wait_for_the_litellm_warm_up(tmp_path) -> None:
+    """`steward run` imports litellm in the background at start (seconds, tens of them on a
+    busy machine). It did so in the loop's executor, whose threads asyncio joins at exit,
+    so a SIGTERM in those first seconds waited for the whole import (25 s measured).
+    The warm-up is a daemon thread now: the process exits at once."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+    from pathlib import Path
+
+    from tests.test_web_e2e import free_port
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEWARD_")}
+    env.update(
+        STEWARD_MODEL="openai/none",
+        STEWARD_API_BASE="http://127.0.0.1:9/v1",  # never called: no message is sent
+        STEWARD_LOCAL_MODEL="off",
+        STEWARD_DATA_DIR=str(tmp_path / "data"),
+        STEWARD_WORKSPACE=str(tmp_path / "ws"),
+        STEWARD_PORT=str(port),
+    )
+    steward = str(Path(sys.executable).with_name("steward"))
+    proc = subprocess.Popen(
+        [steward, "run"], env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1).close()
+                break
+            except OSError:
+                assert proc.poll() is None, proc.communicate()[1]
+                assert time.monotonic() < deadline, "steward run did not come up"
+                time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        t0 = time.monotonic()
+        proc.wait(timeout=30)
+        assert time.monotonic() - t0 < 5, f"exited {time.monotonic() - t0:.1f}s after SIGTERM"
+        assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
