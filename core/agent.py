@@ -300,7 +300,11 @@ class Agent:
                 f"it is logged under task {task_id}."
             )
         await asyncio.shield(opened)  # `persist.submit` appends to the record
-        if self.undo is not None:  # what the task changed, and "/undo to revert"
+        # From the model's answer to the reply nothing yields to the event loop unless it
+        # has to: each turn of it ran litellm's deferred logging of the call (~2 ms of
+        # CPU) before the person got their answer (issue 26).
+        if self.undo is not None and self.undo.changing(task_id):
+            # what the task changed, and "/undo to revert"
             reply += await asyncio.shield(self._undo_after(task_id, episode, bound))
         episode.reply = reply
         episode.duration_s = time.perf_counter() - t0
@@ -328,7 +332,9 @@ class Agent:
         # must not lose its episode, nor leave its journal record open to be asked about.
         saved: asyncio.Future[Path | None] | None = None
         if self.persist is not None:  # journaled now, written after the reply (core/persist)
-            saved = await asyncio.shield(self.persist.submit(episode))
+            saved = self.persist.submit_nowait(episode)
+            if saved is None:  # the writer is behind: wait for room, shielded
+                saved = await asyncio.shield(self.persist.submit(episode))
             path: Path | None = self.episodes.path_for(episode)
         else:
             path = await asyncio.shield(self._save(episode, bound))

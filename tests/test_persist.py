@@ -217,3 +217,31 @@ async def test_a_success_frees_its_conversation_before_its_episode_is_indexed(
         finally:
             gate.set()
             await app.stop()
+
+
+async def test_submit_nowait_queues_without_a_turn_of_the_loop_until_the_queue_is_full(
+    tmp_path: Path,
+) -> None:
+    """The reply goes out right after the episode is queued (nothing else runs first, such
+    as litellm's deferred logging); a full queue says so instead of growing."""
+    gate = asyncio.Event()
+
+    async def index(paths: list[Path]) -> None:
+        await gate.wait()
+
+    journal = TaskJournal(tmp_path)
+    writer = EpisodeWriter(EpisodeStore(tmp_path), journal, index=index, limit=1, batch=1)
+    first, second = _episode(7), _episode(8)
+    await _open(journal, first)
+    saved = writer.submit_nowait(first)
+    assert saved is not None and not saved.done()
+    assert json.loads(journal.path(first.id).read_text().splitlines()[-1])["done"]["id"] == first.id
+    for _ in range(5):
+        await asyncio.sleep(0)  # the worker took it and waits on the index
+    assert writer.submit_nowait(_episode(9)) is not None  # room for one more
+    assert writer.submit_nowait(second) is None  # full: nothing recorded, nothing queued
+    gate.set()
+    await writer.drain()
+    assert saved.result() is not None
+    assert not EpisodeStore(tmp_path).path_for(second).exists()
+    await writer.stop()

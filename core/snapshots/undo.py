@@ -242,6 +242,11 @@ class Undo:
             return None  # a later tool call ran meanwhile: its measure is the one
         return await asyncio.to_thread(self._measure, copy.deepcopy(flight.record))
 
+    def changing(self, task_id: str) -> bool:
+        """The task snapshotted before a tool (so `after_task` has work to do): a task
+        that called none is answered without a turn of the event loop for it."""
+        return task_id in self._inflight
+
     async def after_task(self, task_id: str, episode: Any = None) -> str:
         """Close the task's record: the snapshot after it and what changed. Returns the
         line for the final answer ("" when it changed nothing worth saying)."""
