@@ -16,6 +16,7 @@ import json
 import os
 import random
 import re
+import sys
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -52,6 +53,12 @@ def load_litellm() -> Any:
         litellm.disable_hf_tokenizer_download = True
         litellm.telemetry = False
         litellm.drop_params = True
+        # litellm.utils keeps the parsed Anthropic tokenizer JSON (~14 MB of dicts) as a
+        # global nothing reads again (its tokenizer is built from `claude_json_str`):
+        # dropping it is resident memory back (issue 26).
+        utils = sys.modules.get("litellm.utils")
+        if getattr(utils, "json_data", None) is not None:
+            utils.json_data = None  # type: ignore[union-attr]
         _litellm = litellm
     return _litellm
 
