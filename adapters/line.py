@@ -69,10 +69,10 @@ import aiohttp
 import structlog
 from aiohttp import web
 
-from adapters.lazy_package import defer_init
+from core.lazy_package import defer_init
 
 # The SDK's package __init__ files import every model it has (~30 MB resident, issue
-# 26); this adapter uses a dozen. See adapters/lazy_package.py.
+# 26); this adapter uses a dozen. See core/lazy_package.py.
 defer_init(
     "linebot",
     "linebot.v3",

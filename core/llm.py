@@ -26,6 +26,7 @@ import structlog
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
 from core.clock import Clock
+from core.lazy_package import defer_tree
 
 log = structlog.get_logger("steward.llm")
 
@@ -47,6 +48,9 @@ def load_litellm() -> Any:
         os.environ.setdefault("LITELLM_OFFLINE_MODE", "true")
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        # openai.types' __init__s import every type module of the openai SDK; litellm
+        # uses a part of them (~12 MB resident, issue 26; see core/lazy_package.py)
+        defer_tree("openai.types")
         import litellm
 
         litellm.suppress_debug_info = True

@@ -1,4 +1,4 @@
-"""adapters/lazy_package.py: the LINE SDK loads only what the adapter uses, and still
+"""core/lazy_package.py: the LINE SDK loads only what the adapter uses, and still
 offers everything else it has when asked (issue 26: resident memory)."""
 
 from __future__ import annotations

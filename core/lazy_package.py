@@ -1,12 +1,13 @@
 """Import an SDK package without running its ``__init__``, loading each name on first use.
 
-Why: some SDKs' ``__init__`` modules import their whole API surface. line-bot-sdk's
-``linebot.v3.messaging`` pulls in ~200 pydantic models (and ``linebot``, ``linebot.v3``
-and ``linebot.v3.messaging.models`` do the same for the v2 API, the webhook models and
-every message type): ~30 MB of resident memory in `steward run` (issue 26), for an
-adapter that uses a dozen classes. The SDK's own modules import each other by full
-submodule path (``from linebot.v3.messaging.models.flex_box import FlexBox``), so only
-the package ``__init__`` files are in the way.
+Why: some SDKs' ``__init__`` modules import their whole API surface, and resident
+memory of `steward run` is a target (issue 26). line-bot-sdk's ``linebot``,
+``linebot.v3``, ``linebot.v3.messaging`` and its ``models`` import the v2 API, every
+webhook model and ~200 message models for an adapter that uses a dozen classes;
+``openai.types`` and its subpackages import every type module of the openai SDK, of
+which litellm uses a part. The SDKs' own modules import each other by full submodule
+path (``from linebot.v3.messaging.models.flex_box import FlexBox``), so only the
+package ``__init__`` files are in the way (bench rss: ~8 MB for LINE, ~12 MB for openai).
 
 How: `defer_init` puts a module object for each named package into `sys.modules` with
 its spec, ``__path__`` and ``__file__`` set but its code not run, so submodule imports
@@ -29,8 +30,10 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
+import os
 import sys
 import threading
+from importlib.machinery import ModuleSpec, PathFinder
 from types import ModuleType
 from typing import Any
 
@@ -43,20 +46,47 @@ def defer_init(*names: str) -> None:
         for name in names:
             if name in sys.modules:
                 continue
-            spec = importlib.util.find_spec(name)
+            spec = _find_spec(name)
             if spec is None or spec.loader is None or spec.submodule_search_locations is None:
                 raise ImportError(f"{name} is not an importable package")
             module = importlib.util.module_from_spec(spec)
             module.__getattr__ = _resolver(module)  # type: ignore[method-assign]
             sys.modules[name] = module
             parent, _, child = name.rpartition(".")
-            if parent:
+            if parent in sys.modules:  # else the parent binds it when its __init__ imports it
                 setattr(sys.modules[parent], child, module)
+
+
+def _find_spec(name: str) -> ModuleSpec | None:
+    """The package's spec, without importing a parent that is not imported yet (running
+    ``openai/__init__`` would import the very ``openai.types`` that is to be deferred)."""
+    parent, _, _ = name.rpartition(".")
+    if not parent or parent in sys.modules:
+        return importlib.util.find_spec(name)
+    above = _find_spec(parent)
+    if above is None or above.submodule_search_locations is None:
+        return None
+    return PathFinder.find_spec(name, list(above.submodule_search_locations))
+
+
+def defer_tree(name: str) -> None:
+    """`defer_init` for a package and every package below it (parents first)."""
+    spec = _find_spec(name)
+    if spec is None or spec.submodule_search_locations is None:
+        raise ImportError(f"{name} is not an importable package")
+    names = [name]
+    for top in spec.submodule_search_locations:
+        for folder, subfolders, files in os.walk(top):
+            subfolders[:] = sorted(d for d in subfolders if d != "__pycache__")
+            if folder != top and "__init__.py" in files:
+                relative = os.path.relpath(folder, top).replace(os.sep, ".")
+                names.append(f"{name}.{relative}")
+    defer_init(*sorted(names, key=lambda n: n.count(".")))
 
 
 def _resolver(module: ModuleType) -> Any:
     """The module's PEP 562 ``__getattr__``: called only for names not yet in it."""
-    sources: dict[str, str] | None = None
+    sources: dict[str, tuple[str, str]] | None = None
 
     def __getattr__(attr: str) -> Any:
         nonlocal sources
@@ -65,12 +95,13 @@ def _resolver(module: ModuleType) -> Any:
                 return module.__dict__[attr]
             if sources is None:
                 sources = _imported_names(module)
-            source = sources.get(attr)
-            if source is not None and not attr.startswith("__"):
-                if source == module.__name__:  # `from . import api`: a submodule
-                    value = importlib.import_module(f"{source}.{attr}")
+            found = sources.get(attr)
+            if found is not None and not attr.startswith("__"):
+                source, name = found
+                if source == module.__name__:  # `from . import api`: its own submodule
+                    value = importlib.import_module(f"{source}.{name}")
                 else:
-                    value = getattr(importlib.import_module(source), attr)
+                    value = _load(source, name)
                 setattr(module, attr, value)
                 return value
             if not attr.startswith("__") and _is_submodule(module, attr):
@@ -87,14 +118,23 @@ def _resolver(module: ModuleType) -> Any:
     return __getattr__
 
 
-def _imported_names(module: ModuleType) -> dict[str, str]:
-    """{name: absolute module} for every top-level ``from X import name`` in the
-    package's ``__init__``: where each public name of the package comes from."""
+def _load(source: str, name: str) -> Any:
+    """What ``from source import name`` binds: an attribute of source, else its submodule."""
+    module = importlib.import_module(source)
+    try:
+        return getattr(module, name)
+    except AttributeError:
+        return importlib.import_module(f"{source}.{name}")
+
+
+def _imported_names(module: ModuleType) -> dict[str, tuple[str, str]]:
+    """{bound name: (absolute module, name in it)} for every top-level ``from X import
+    name [as bound]`` in the package's ``__init__``: where each of its names comes from."""
     spec = module.__spec__
     assert spec is not None and spec.origin is not None
     with open(spec.origin, encoding="utf-8") as f:
         tree = ast.parse(f.read(), spec.origin)
-    found: dict[str, str] = {}
+    found: dict[str, tuple[str, str]] = {}
     for node in tree.body:
         if not isinstance(node, ast.ImportFrom):
             continue
@@ -102,7 +142,7 @@ def _imported_names(module: ModuleType) -> dict[str, str]:
         source = importlib.util.resolve_name(relative, module.__name__)
         for alias in node.names:
             if alias.name != "*":
-                found[alias.asname or alias.name] = source
+                found[alias.asname or alias.name] = (source, alias.name)
     return found
 
 
