@@ -37,7 +37,7 @@ from importlib.machinery import ModuleSpec, PathFinder
 from types import ModuleType
 from typing import Any
 
-_lock = threading.RLock()
+_lock = threading.Lock()
 
 
 def defer_init(*names: str) -> None:
@@ -85,18 +85,23 @@ def defer_tree(name: str) -> None:
 
 
 def _resolver(module: ModuleType) -> Any:
-    """The module's PEP 562 ``__getattr__``: called only for names not yet in it."""
+    """The module's PEP 562 ``__getattr__``: called only for names not yet in it.
+
+    Imports run without holding a lock of ours (importlib has its own per-module locks):
+    a thread importing litellm and the event loop's thread importing an adapter's SDK
+    must never wait on each other through this module. The per-package lock only guards
+    reading the ``__init__`` source once and running it once."""
     sources: dict[str, tuple[str, str]] | None = None
+    lock = threading.RLock()
 
     def __getattr__(attr: str) -> Any:
         nonlocal sources
-        with _lock:
-            if attr in module.__dict__:  # another thread loaded it meanwhile
-                return module.__dict__[attr]
-            if sources is None:
-                sources = _imported_names(module)
+        if not attr.startswith("__"):
+            with lock:
+                if sources is None:
+                    sources = _imported_names(module)
             found = sources.get(attr)
-            if found is not None and not attr.startswith("__"):
+            if found is not None:
                 source, name = found
                 if source == module.__name__:  # `from . import api`: its own submodule
                     value = importlib.import_module(f"{source}.{name}")
@@ -104,10 +109,11 @@ def _resolver(module: ModuleType) -> Any:
                     value = _load(source, name)
                 setattr(module, attr, value)
                 return value
-            if not attr.startswith("__") and _is_submodule(module, attr):
+            if _is_submodule(module, attr):
                 # `from linebot.v3.messaging import async_rest`: what a plain import
                 # of a package falls back to for a name its __init__ did not set
                 return importlib.import_module(f"{module.__name__}.{attr}")
+        with lock:
             if module.__dict__.get("__getattr__") is __getattr__:
                 _run_init(module)
         try:

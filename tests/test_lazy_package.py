@@ -62,3 +62,23 @@ def test_a_name_the_init_computes_runs_the_whole_init_once() -> None:
         """
     )
     assert out.splitlines() == ["False True", "AttributeError True"]
+
+
+def test_litellm_in_a_thread_and_the_line_adapter_on_the_main_one_both_load() -> None:
+    # what `steward run` does: App.warm_up imports litellm (openai.types deferred) in a
+    # worker thread while the adapters import on the event loop's thread
+    out = run(
+        """
+        import threading
+        from core.llm import load_litellm
+        box = []
+        worker = threading.Thread(target=lambda: box.append(load_litellm()))
+        worker.start()
+        import adapters.line
+        from linebot.v3.messaging import FlexMessage
+        worker.join(120)
+        import openai.types.chat as chat
+        print(box[0].__name__, FlexMessage.__name__, chat.ChatCompletion.__name__)
+        """
+    )
+    assert out == "litellm FlexMessage ChatCompletion"
