@@ -73,7 +73,7 @@ from google.auth.exceptions import GoogleAuthError, RefreshError, TransportError
 from google.auth.transport.requests import Request as AuthRequest
 from google.oauth2 import service_account
 
-from adapters.runtime import Backoff, Health, Inflight, Recent
+from adapters.runtime import Backoff, Health, Inflight, Recent, tls_context
 from core.events import (
     ApprovalRequest,
     Button,
@@ -615,7 +615,7 @@ class GoogleChatChannel:
 
     def http(self) -> httpx.AsyncClient:
         if self._client is None or self._client.is_closed:
-            self._client = httpx.AsyncClient(timeout=self.timeout)
+            self._client = httpx.AsyncClient(timeout=self.timeout, verify=tls_context())
         return self._client
 
     @property

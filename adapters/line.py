@@ -68,6 +68,19 @@ from typing import Any, Self, TypeVar
 import aiohttp
 import structlog
 from aiohttp import web
+
+from core.lazy_package import defer_init
+
+# The SDK's package __init__ files import every model it has (~30 MB resident, issue
+# 26); this adapter uses a dozen. See core/lazy_package.py.
+defer_init(
+    "linebot",
+    "linebot.v3",
+    "linebot.v3.messaging",
+    "linebot.v3.messaging.models",
+    "linebot.v3.webhooks",
+)
+
 from linebot.v3.messaging import (
     ApiException,
     AsyncApiClient,

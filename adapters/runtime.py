@@ -13,8 +13,10 @@ loop, a `Backoff`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import random
+import ssl
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
@@ -244,3 +246,16 @@ def json_object(value: object) -> dict[str, Any]:
     in the middle of parsing an event, and the type checker sees a dict either way.
     """
     return value if isinstance(value, dict) else {}
+
+
+@functools.cache
+def tls_context() -> ssl.SSLContext:
+    """The one verifying TLS context the adapters' httpx clients share.
+
+    Why: each httpx client otherwise builds its own, loading the whole CA bundle into
+    OpenSSL again (~0.9 MB resident each; `steward run` had seven, issue 26). This is
+    what httpx builds by default (certifi, SSL_CERT_FILE/SSL_CERT_DIR honoured), made
+    once; an SSLContext is safe to share between clients and connections."""
+    import httpx
+
+    return httpx.create_ssl_context()

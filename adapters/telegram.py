@@ -93,7 +93,7 @@ from telegram.error import (
 from telegram.request import HTTPXRequest
 from telegram.warnings import PTBDeprecationWarning, PTBUserWarning
 
-from adapters.runtime import Backoff, Health, Inflight, Recent
+from adapters.runtime import Backoff, Health, Inflight, Recent, tls_context
 from core.events import (
     ApprovalRequest,
     Button,
@@ -584,12 +584,17 @@ class TelegramChannel:
         )
 
     def _new_bot(self) -> Bot:
+        shared_tls = {"verify": tls_context()}  # one CA bundle in memory (adapters/runtime.py)
         return Bot(
             self._token,
             base_url=self._api_url,
             # Several chats are answered at once: one pool connection would queue them.
-            request=HTTPXRequest(connection_pool_size=16, pool_timeout=10.0),
-            get_updates_request=HTTPXRequest(connection_pool_size=1, read_timeout=10.0),
+            request=HTTPXRequest(
+                connection_pool_size=16, pool_timeout=10.0, httpx_kwargs=shared_tls
+            ),
+            get_updates_request=HTTPXRequest(
+                connection_pool_size=1, read_timeout=10.0, httpx_kwargs=shared_tls
+            ),
         )
 
     # ------------------------------------------------------------------ lifecycle

@@ -53,7 +53,7 @@ import httpx
 import structlog
 from aiohttp import web
 
-from adapters.runtime import Health, Inflight, Recent
+from adapters.runtime import Health, Inflight, Recent, tls_context
 from core.approvals import ACTIONS, ALWAYS, APPROVE, DENY, SESSION
 from core.events import (
     ApprovalRequest,
@@ -532,6 +532,7 @@ class WhatsAppChannel:
             base_url=self.base_url,
             headers={"Authorization": f"Bearer {self.token}"},
             timeout=self.timeout,
+            verify=tls_context(),
         )
         self._dispatch = dispatch
         await self._probe()
@@ -595,6 +596,7 @@ class WhatsAppChannel:
                 base_url=self.base_url,
                 headers={"Authorization": f"Bearer {self.token}"},
                 timeout=self.timeout,
+                verify=tls_context(),
             )
         try:
             resp = await client.request(method, path, json=body, params=params)

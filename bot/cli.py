@@ -204,8 +204,10 @@ def _dispatch(args: argparse.Namespace, settings: Any, parser: argparse.Argument
     import asyncio
 
     if args.command == "run":
+        from bot.malloc import single_arena
         from bot.server import serve
 
+        single_arena()  # before any thread starts (bot/malloc.py)
         return asyncio.run(serve(settings))
     if args.command == "chat":
         mode = _chat_mode(args)

@@ -16,6 +16,7 @@ import json
 import os
 import random
 import re
+import sys
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ import structlog
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
 from core.clock import Clock
+from core.lazy_package import defer_tree
 
 log = structlog.get_logger("steward.llm")
 
@@ -46,12 +48,21 @@ def load_litellm() -> Any:
         os.environ.setdefault("LITELLM_OFFLINE_MODE", "true")
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        # openai.types' __init__s import every type module of the openai SDK; litellm
+        # uses a part of them (~12 MB resident, issue 26; see core/lazy_package.py)
+        defer_tree("openai.types")
         import litellm
 
         litellm.suppress_debug_info = True
         litellm.disable_hf_tokenizer_download = True
         litellm.telemetry = False
         litellm.drop_params = True
+        # litellm.utils keeps the parsed Anthropic tokenizer JSON (~14 MB of dicts) as a
+        # global nothing reads again (its tokenizer is built from `claude_json_str`):
+        # dropping it is resident memory back (issue 26).
+        utils = sys.modules.get("litellm.utils")
+        if getattr(utils, "json_data", None) is not None:
+            utils.json_data = None  # type: ignore[union-attr]
         _litellm = litellm
     return _litellm
 

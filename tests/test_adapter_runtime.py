@@ -144,3 +144,14 @@ async def test_work_cancelled_before_it_ran_is_closed_not_left_unawaited() -> No
     await inflight.cancel_all()  # before the loop ever ran it
     assert ran == []
     assert inspect.getcoroutinestate(coro) == inspect.CORO_CLOSED
+
+
+def test_the_adapters_share_one_verifying_tls_context() -> None:
+    import ssl
+
+    from adapters.runtime import tls_context
+
+    ctx = tls_context()
+    assert ctx is tls_context()  # one CA bundle in memory (issue 26)
+    assert ctx.verify_mode == ssl.CERT_REQUIRED and ctx.check_hostname
+    assert ctx.cert_store_stats()["x509_ca"] > 0
