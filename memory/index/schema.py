@@ -26,7 +26,10 @@ JOURNAL_SIZE_LIMIT = 512 * 1024
 #: matches the SQLite side by accident.
 GEN_SHIFT = 32
 
-SCHEMA_SQL = """
+#: The FTS5 tokenizer: the index's table and keywords.Tokenizer must split words alike.
+TOKENIZE = "'porter unicode61 remove_diacritics 2'"
+
+SCHEMA_SQL = f"""
 CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE docs(
     id INTEGER PRIMARY KEY,
@@ -52,7 +55,7 @@ CREATE TABLE signatures(sig TEXT NOT NULL, doc INTEGER NOT NULL, PRIMARY KEY (si
     WITHOUT ROWID;
 CREATE TABLE skipped(path TEXT PRIMARY KEY, mtime_ns INTEGER, size INTEGER, error TEXT);
 CREATE VIRTUAL TABLE fts USING fts5(
-    title, error, body, tokenize = 'porter unicode61 remove_diacritics 2'
+    title, error, body, tokenize = {TOKENIZE}
 );
 """
 # Created after a bulk load: building an index once is cheaper than maintaining it.

@@ -14,10 +14,11 @@ import aiosqlite
 import numpy as np
 
 from memory.index import tuning
-from memory.vectors import EXACT_MAX, VectorIndex
+from memory.index.keywords import WEIGHTS, KeywordIndex, Tokenizer
+from memory.vectors import VectorIndex
 
 # bm25 weights of the FTS columns: the request/title says most about a task.
-_BM25 = "bm25(fts, 4.0, 2.0, 1.0)"
+_BM25 = f"bm25(fts, {', '.join(map(str, WEIGHTS))})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,32 +114,75 @@ async def keyword_ranks(
     return [r[0] for r in await db.execute_fetchall(sql, [*args, *params, depth])]
 
 
+async def cached_keyword_ranks(
+    db: aiosqlite.Connection,
+    keywords: KeywordIndex,
+    tokenizer: Tokenizer,
+    terms: list[str],
+    where: str,
+    params: list[Any],
+    allowed: list[tuple[int, int | None]] | None,
+    depth: int,
+) -> list[int]:
+    """The keyword list from the in-memory bm25 (keywords.KeywordIndex): every match,
+    every query word, the order SQLite's bm25() gives.
+
+    A filter that leaves few documents (`allowed`, from the caller's SQL) is applied
+    before ranking; a broad one after, in SQL, on a longer list (widened until enough
+    pass or every match was seen).
+    """
+    words = [t.strip('"') for t in terms]
+    if not where or allowed is not None:
+        rows = [r[0] for r in allowed] if allowed is not None else None
+        return await asyncio.to_thread(lambda: keywords.rank(tokenizer.phrases(words), depth, rows))
+    want = depth * 4
+    while want <= 4096:
+        ranked = await asyncio.to_thread(
+            lambda n=want: keywords.rank(tokenizer.phrases(words), n)  # type: ignore[misc]
+        )
+        if not ranked:
+            return []
+        kept = {
+            r[0]
+            for r in await db.execute_fetchall(
+                f"SELECT d.id FROM docs d WHERE d.id IN ({','.join('?' * len(ranked))})"
+                f" AND {where}",
+                [*ranked, *params],
+            )
+        }
+        passed = [r for r in ranked if r in kept]
+        if len(passed) >= depth or len(ranked) < want:
+            return passed[:depth]
+        want *= 4
+    # The filter passes few of the best matches: rank among every document it passes.
+    sql = f"SELECT d.id FROM docs d WHERE {where}"
+    every = [r[0] for r in await db.execute_fetchall(sql, params)]
+    return await asyncio.to_thread(lambda: keywords.rank(tokenizer.phrases(words), depth, every))
+
+
 async def vector_ranks(
     db: aiosqlite.Connection,
     vectors: VectorIndex,
     qv: np.ndarray,
     where: str,
     params: list[Any],
+    allowed: list[tuple[int, int | None]] | None,
     depth: int,
     floor: float,
 ) -> tuple[list[int], dict[int, float]]:
     """Vector-ranked ids and their similarities, at or above `floor`.
 
-    With a filter that leaves few candidates the search is exact over just those;
-    a broad one asks the graph for more neighbours and filters them in SQL after.
+    With a filter that leaves few candidates (`allowed`: their (id, vector label)
+    rows, from the caller) the search is exact over just those; a broad one asks the
+    graph for more neighbours and filters them in SQL after.
     """
     post_filter = False
     if where:
-        rows = list(
-            await db.execute_fetchall(
-                "SELECT d.vec FROM docs d WHERE d.vec IS NOT NULL"
-                f" AND {where} LIMIT {EXACT_MAX + 1}",
-                params,
+        if allowed is not None:
+            labels_allowed = np.fromiter(
+                (r[1] for r in allowed if r[1] is not None), dtype=np.int64
             )
-        )
-        if len(rows) <= EXACT_MAX:
-            allowed = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
-            labels, scores = await asyncio.to_thread(vectors.search, qv, depth, allowed)
+            labels, scores = await asyncio.to_thread(vectors.search, qv, depth, labels_allowed)
         else:
             # A broad filter: ask the graph for more and filter in SQL afterwards.
             labels, scores = await asyncio.to_thread(vectors.search, qv, min(depth * 8, 1024))
