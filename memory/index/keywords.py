@@ -156,6 +156,10 @@ class KeywordIndex:
         self._p_slot = np.zeros(0, dtype=np.int32)
         self._p_freq = np.zeros(0, dtype=np.float64)
         self._p_inst = np.zeros(1, dtype=np.int64)  # posting i's positions: [inst[i], inst[i+1])
+        # Per slot, bm25's length normalisation k1 * (1 - b + b * D / avgdl), for the
+        # (rows, tokens) it was computed at: recomputed after a write changes them.
+        self._norm = np.zeros(0, dtype=np.float64)
+        self._norm_key: tuple[int, int, int] = (-1, -1, -1)
         self._i_pos = np.zeros(0, dtype=np.int32)
         # Postings added since the last merge: token → (slots, freqs, positions).
         self._delta: dict[str, tuple[list[int], list[float], list[list[int]]]] = {}
@@ -199,11 +203,13 @@ class KeywordIndex:
         self = cls()
         self._set_slots(rowids, np.zeros(len(rowids), dtype=np.int64))
         inst = np.concatenate(packed) if packed else np.zeros(0, dtype=np.int64)
-        term_of = np.repeat(np.arange(len(terms), dtype=np.int64), counts)
-        doc = inst >> 26
+        del packed
+        term_of = np.repeat(np.arange(len(terms), dtype=np.int32), counts)
         # Rows are sorted, so their slot is their rank among the rowids.
-        slot = np.searchsorted(rowids, doc).astype(np.int32)
-        self._pack(terms, term_of, slot, (inst & ((1 << 26) - 1)).astype(np.int32))
+        slot = np.searchsorted(rowids, inst >> 26).astype(np.int32)
+        pos = (inst & ((1 << 26) - 1)).astype(np.int32)
+        del inst
+        self._pack(terms, term_of, slot, pos)
         return self
 
     def _set_slots(self, rowids: np.ndarray, lengths: np.ndarray) -> None:
@@ -213,6 +219,7 @@ class KeywordIndex:
         self._slots = len(rowids)
         self._slot_of = {int(r): i for i, r in enumerate(rowids.tolist())}
         self.rows = len(rowids)
+        self._norm_key = (-1, -1, -1)
 
     def _pack(
         self, terms: list[str], term_of: np.ndarray, slot: np.ndarray, pos: np.ndarray
@@ -235,7 +242,7 @@ class KeywordIndex:
         weights = _WEIGHT_OF[pos >> _COL_SHIFT]
         self._p_slot = slot[starts].astype(np.int32)
         self._p_freq = np.add.reduceat(weights, starts) if n else np.zeros(0)
-        self._p_inst = np.append(starts, n).astype(np.int64)
+        self._p_inst = np.append(starts, n).astype(np.int32 if n < 2**31 else np.int64)
         self._i_pos = pos.astype(np.int32)
         self._length[: self._slots] = np.bincount(slot, minlength=self._slots)[: self._slots]
         self.tokens = int(self._length[: self._slots][self._live[: self._slots]].sum())
@@ -297,15 +304,15 @@ class KeywordIndex:
         parts_term, parts_slot, parts_pos = [], [], []
         for term, (a, b) in self._range.items():
             counts = np.diff(self._p_inst[a : b + 1])
-            parts_term.append(np.full(int(counts.sum()), index[term], dtype=np.int64))
+            parts_term.append(np.full(int(counts.sum()), index[term], dtype=np.int32))
             parts_slot.append(np.repeat(self._p_slot[a:b], counts))
             parts_pos.append(self._i_pos[self._p_inst[a] : self._p_inst[b]])
         for term, (slots, _, where) in self._delta.items():
             counts_list = [len(p) for p in where]
-            parts_term.append(np.full(sum(counts_list), index[term], dtype=np.int64))
+            parts_term.append(np.full(sum(counts_list), index[term], dtype=np.int32))
             parts_slot.append(np.repeat(np.array(slots, dtype=np.int32), counts_list))
             parts_pos.append(np.array([x for p in where for x in p], dtype=np.int32))
-        term_of = np.concatenate(parts_term) if parts_term else np.zeros(0, dtype=np.int64)
+        term_of = np.concatenate(parts_term) if parts_term else np.zeros(0, dtype=np.int32)
         slot = np.concatenate(parts_slot) if parts_slot else np.zeros(0, dtype=np.int32)
         pos = np.concatenate(parts_pos) if parts_pos else np.zeros(0, dtype=np.int32)
         live = self._live[: self._slots]
@@ -373,6 +380,15 @@ class KeywordIndex:
         first = np.flatnonzero(np.append(True, slot[1:] != slot[:-1]))
         return slot[first], np.add.reduceat(weights, first)
 
+    def _normalisation(self) -> np.ndarray:
+        key = (self.rows, self.tokens, self._slots)
+        if key != self._norm_key:
+            avgdl = self.tokens / self.rows
+            length = self._length[: self._slots].astype(np.float64)
+            self._norm = K1 * (1 - B + B * length / avgdl)
+            self._norm_key = key
+        return self._norm
+
     def rank(
         self, phrases: Sequence[Phrase], depth: int, allowed: Sequence[int] | None = None
     ) -> list[int]:
@@ -380,7 +396,7 @@ class KeywordIndex:
         rowid; only rows in `allowed` (rowids) when it is given."""
         if not self.rows or depth <= 0:
             return []
-        avgdl = self.tokens / self.rows
+        norm = self._normalisation()
         slots_parts: list[np.ndarray] = []
         score_parts: list[np.ndarray] = []
         for phrase in phrases:
@@ -393,11 +409,8 @@ class KeywordIndex:
             idf = math.log((self.rows - hits + 0.5) / (hits + 0.5))
             if idf <= 0.0:
                 idf = 1e-6
-            length = self._length[slots].astype(np.float64)
             # fts5Bm25Function's expression, operation for operation (same rounding).
-            score_parts.append(
-                idf * ((freq * (K1 + 1.0)) / (freq + K1 * (1 - B + B * length / avgdl)))
-            )
+            score_parts.append(idf * ((freq * (K1 + 1.0)) / (freq + norm[slots])))
             slots_parts.append(slots)
         if not slots_parts:
             return []

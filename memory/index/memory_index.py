@@ -27,12 +27,11 @@ import aiosqlite
 import numpy as np
 import structlog
 
-import memory.vectors as vectors_module
 from memory.documents import Doc, kind_of, walk
 from memory.embedder import Embedder, HashedEmbedder, embed_async, min_similarity
 from memory.index import tuning
 from memory.index.keywords import DocTokens, KeywordIndex, Tokenizer
-from memory.index.query import fts_terms, rrf, where_clause
+from memory.index.query import fts_terms, where_clause
 from memory.index.rebuild import (
     ProgressBar,
     RebuildReport,
@@ -44,15 +43,16 @@ from memory.index.schema import (
     DOC_COLUMNS,
     FAISS_NAME,
     GEN_SHIFT,
-    META_COLUMNS,
     META_NAMES,
     SCHEMA_VERSION,
     SQLITE_NAME,
     TOKENIZE,
     connect,
+    connect_reader,
     doc_row,
 )
-from memory.index.search import Hit, cached_keyword_ranks, keyword_ranks, vector_ranks
+from memory.index.search import Hit
+from memory.index.search import run as search_run
 from memory.index.stats import stats as index_stats
 from memory.vectors import VectorIndex, VectorIndexError
 
@@ -87,6 +87,8 @@ class MemoryIndex:
         self.sqlite_path = data_dir / SQLITE_NAME
         self.faiss_path = data_dir / FAISS_NAME
         self._db: aiosqlite.Connection | None = None
+        #: Searches read through this one (search.run, in a worker thread).
+        self._reader: sqlite3.Connection | None = None
         self._vectors = VectorIndex(embedder.dim or 1)
         self._lock = asyncio.Lock()
         self._rebuild_lock = asyncio.Lock()
@@ -176,6 +178,7 @@ class MemoryIndex:
                     await self._save_vectors()
                 finally:
                     self._tokenizer.close()
+                    self._close_reader()
                     db, self._db = self._db, None
                     if db is not None:
                         try:
@@ -231,6 +234,7 @@ class MemoryIndex:
             await db.close()
             return f"{FAISS_NAME} belongs to another build of {SQLITE_NAME}"
         self._db, self._vectors, self._generation = db, vectors, generation
+        self._reader = await asyncio.to_thread(connect_reader, self.sqlite_path)
         live = np.array(
             [r[0] for r in await db.execute_fetchall("SELECT vec FROM docs WHERE vec IS NOT NULL")],
             dtype=np.int64,
@@ -272,6 +276,7 @@ class MemoryIndex:
                 )
                 await asyncio.to_thread(vectors.save, tmp_faiss)
                 async with self._lock:
+                    self._close_reader()
                     if self._db is not None:
                         await self._db.close()
                         self._db = None
@@ -288,6 +293,7 @@ class MemoryIndex:
                     os.replace(tmp_faiss, self.faiss_path)
                     os.replace(tmp_db, self.sqlite_path)
                     self._db = await connect(self.sqlite_path)
+                    self._reader = await asyncio.to_thread(connect_reader, self.sqlite_path)
                     self._vectors = vectors
                     self._generation = generation
                     self._next_label = max(vectors.max_label + 1, generation << GEN_SHIFT)
@@ -670,7 +676,6 @@ class MemoryIndex:
         have it). Vector hits below the embedder's noise floor are dropped.
         """
         limit = max(1, int(limit))
-        depth = max(limit * 4, 40)
         where, params = where_clause(
             kinds=kinds,
             outcome=outcome,
@@ -692,43 +697,28 @@ class MemoryIndex:
                 qv = (await embed_async(self.embedder, [query]))[0]
         floor = min_similarity if min_similarity is not None else _floor(self.embedder)
         async with self._lock:
-            db = self._require_db()  # inside the lock: a rebuild swaps the connection
-            # A filter's documents, fetched once for both lists when they are few.
-            allowed: list[tuple[int, int | None]] | None = None
-            if where and (terms or qv is not None):
-                limit_rows = vectors_module.EXACT_MAX + 1
-                rows = list(
-                    await db.execute_fetchall(
-                        f"SELECT d.id, d.vec FROM docs d WHERE {where} LIMIT {limit_rows}", params
-                    )
-                )
-                if len(rows) < limit_rows:
-                    allowed = [(r[0], r[1]) for r in rows]
-            if not terms:
-                keyword: Any = _none()
-            elif tuning.KEYWORD_CACHE and self._keywords is not None:
-                keyword = cached_keyword_ranks(
-                    db, self._keywords, self._tokenizer, terms, where, params, allowed, depth
-                )
-            else:
-                keyword = keyword_ranks(db, terms, where, params, depth)
-            # Both lists at once: numpy and faiss (worker threads) and SQLite (aiosqlite's
-            # thread) release the GIL, so on 2 cores the two mostly overlap.
-            words, (near, sims) = await asyncio.gather(
-                keyword,
-                vector_ranks(db, self._vectors, qv, where, params, allowed, depth, floor)
-                if qv is not None
-                else _nothing(),
+            reader = self._require_reader()  # inside the lock: a rebuild swaps it
+            keywords = self._keywords if tuning.KEYWORD_CACHE else None
+            found = await asyncio.to_thread(
+                search_run,
+                reader,
+                keywords,
+                self._tokenizer,
+                self._vectors,
+                terms,
+                qv,
+                where,
+                params,
+                limit,
+                floor,
             )
-            fused = rrf([words, near])
-            if not fused:
-                return []
-            ids = list(fused)
-            rows = await db.execute_fetchall(
-                f"SELECT {META_COLUMNS}, (SELECT group_concat(sig, char(10)) FROM signatures"
-                f" WHERE doc = docs.id) FROM docs WHERE id IN ({','.join('?' * len(ids))})",
-                ids,
-            )
+        words, near, sims, fused, rows = (
+            found.words,
+            found.near,
+            found.sims,
+            found.fused,
+            found.rows,
+        )
         word_rank = {d: i for i, d in enumerate(words, start=1)}
         near_rank = {d: i for i, d in enumerate(near, start=1)}
         hits = []
@@ -752,6 +742,16 @@ class MemoryIndex:
 
     # -- helpers -------------------------------------------------------------------
 
+    def _require_reader(self) -> sqlite3.Connection:
+        if self._reader is None:
+            raise RuntimeError("the memory index is closed")
+        return self._reader
+
+    def _close_reader(self) -> None:
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.close()
+
     def _require_db(self) -> aiosqlite.Connection:
         if self._db is None:
             raise RuntimeError("the memory index is closed")
@@ -761,14 +761,6 @@ class MemoryIndex:
         db = self._require_db()
         await db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", list(values.items()))
         await db.commit()
-
-
-async def _none() -> list[int]:
-    return []
-
-
-async def _nothing() -> tuple[list[int], dict[int, float]]:
-    return [], {}
 
 
 def _relative(data_dir: Path, path: Path) -> str:

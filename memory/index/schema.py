@@ -8,6 +8,7 @@ throwaway, the live one keeps a bounded write-ahead log.
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +100,19 @@ def doc_row(doc: Doc, label: int | None) -> tuple[Any, ...]:
         doc.text_hash,
         label,
     )
+
+
+def connect_reader(path: Path) -> sqlite3.Connection:
+    """The read-only connection searches use, from one worker thread at a time (under
+    the index lock, so `check_same_thread` is off). WAL: it sees each committed write."""
+    db = sqlite3.connect(path, check_same_thread=False)
+    try:
+        db.execute("PRAGMA busy_timeout=5000")
+        db.execute("PRAGMA query_only=1")
+    except BaseException:
+        db.close()
+        raise
+    return db
 
 
 async def connect(path: Path, *, bulk: bool = False) -> aiosqlite.Connection:
