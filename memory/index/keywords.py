@@ -23,9 +23,11 @@ equals ``ORDER BY bm25(fts, 4.0, 2.0, 1.0), rowid`` over every match
 
 Memory: ~15 bytes per token occurrence (postings, positions, the rowid map): at 100k
 episodes (4.1M occurrences) the bench's search process went from 321 to 389 MB, and
-the load's temporary arrays raise its peak by ~180 MB for the ~2 s it takes. Updates go to a small per-token delta that is merged into the packed arrays
-once it passes MERGE_SHARE of them; a row that is updated or deleted leaves a dead
-slot that the next merge drops.
+the load's temporary arrays raise its peak by ~180 MB for the ~2 s it takes.
+
+Updates go to a small per-token delta that is merged into the packed arrays once it
+passes MERGE_SHARE of them; a row that is updated or deleted leaves a dead slot that
+the next merge drops.
 """
 
 from __future__ import annotations

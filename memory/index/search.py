@@ -11,6 +11,7 @@ lists themselves (bm25 in memory ~0.6 ms, HNSW ~0.4 ms).
 from __future__ import annotations
 
 import sqlite3
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,10 @@ from memory.index.keywords import WEIGHTS, KeywordIndex, Tokenizer
 from memory.index.query import rrf
 from memory.index.schema import META_COLUMNS
 from memory.vectors import VectorIndex
+
+#: The vector list's graph walks (see run). One thread: searches of one index are
+#: serialized by its lock, and this thread never waits on anything itself.
+_GRAPH = ThreadPoolExecutor(max_workers=1, thread_name_prefix="steward-vectors")
 
 # bm25 weights of the FTS columns: the request/title says most about a task.
 _BM25 = f"bm25(fts, {', '.join(map(str, WEIGHTS))})"
@@ -171,35 +176,43 @@ def cached_keyword_ranks(
     return keywords.rank(tokenizer.phrases(words), depth, every)
 
 
-def vector_ranks(
-    db: sqlite3.Connection,
+def nearest(
     vectors: VectorIndex,
     qv: np.ndarray,
     where: str,
-    params: list[Any],
     allowed: list[tuple[int, int | None]] | None,
+    depth: int,
+) -> tuple[np.ndarray, np.ndarray, bool]:
+    """The graph (or exact) search of the vector list: (labels, similarities, whether
+    the filter is still to be applied in SQL). Touches faiss only, never SQLite, so it
+    can run in a thread of its own while the keyword list is ranked.
+
+    With a filter that leaves few candidates (`allowed`: their (id, vector label) rows)
+    the search is exact over just those; a broad one asks the graph for more
+    neighbours, to be filtered after.
+    """
+    if not where:
+        labels, scores = vectors.search(qv, depth)
+        return labels, scores, False
+    if allowed is not None:
+        only = np.fromiter((r[1] for r in allowed if r[1] is not None), dtype=np.int64)
+        labels, scores = vectors.search(qv, depth, only)
+        return labels, scores, False
+    labels, scores = vectors.search(qv, min(depth * 8, 1024))
+    return labels, scores, True
+
+
+def vector_ranks(
+    db: sqlite3.Connection,
+    found: tuple[np.ndarray, np.ndarray, bool],
+    where: str,
+    params: list[Any],
     depth: int,
     floor: float,
 ) -> tuple[list[int], dict[int, float]]:
-    """Vector-ranked ids and their similarities, at or above `floor`.
-
-    With a filter that leaves few candidates (`allowed`: their (id, vector label)
-    rows, from the caller) the search is exact over just those; a broad one asks the
-    graph for more neighbours and filters them in SQL after.
-    """
-    post_filter = False
-    if where:
-        if allowed is not None:
-            labels_allowed = np.fromiter(
-                (r[1] for r in allowed if r[1] is not None), dtype=np.int64
-            )
-            labels, scores = vectors.search(qv, depth, labels_allowed)
-        else:
-            # A broad filter: ask the graph for more and filter in SQL afterwards.
-            labels, scores = vectors.search(qv, min(depth * 8, 1024))
-            post_filter = True
-    else:
-        labels, scores = vectors.search(qv, depth)
+    """Vector-ranked ids and their similarities, at or above `floor`, from what
+    `nearest` found (filtered here in SQL when it says so)."""
+    labels, scores, post_filter = found
     keep = scores >= floor
     labels, scores = labels[keep], scores[keep]
     if not len(labels):
@@ -250,6 +263,11 @@ def run(
         rows = _all(db, f"SELECT d.id, d.vec FROM docs d WHERE {where} LIMIT {cap}", params)
         if len(rows) < cap:
             allowed = [(r[0], r[1]) for r in rows]
+    # The graph walk in its own thread while this one ranks the keywords: faiss and
+    # numpy release the GIL, so on 2 cores the two lists overlap.
+    graph: Future[tuple[np.ndarray, np.ndarray, bool]] | None = None
+    if qv is not None:
+        graph = _GRAPH.submit(nearest, vectors, qv, where, allowed, depth)
     words: list[int] = []
     if terms and keywords is not None:
         words = cached_keyword_ranks(db, keywords, tokenizer, terms, where, params, allowed, depth)
@@ -257,8 +275,8 @@ def run(
         words = keyword_ranks(db, terms, where, params, depth)
     near: list[int] = []
     sims: dict[int, float] = {}
-    if qv is not None:
-        near, sims = vector_ranks(db, vectors, qv, where, params, allowed, depth, floor)
+    if graph is not None:
+        near, sims = vector_ranks(db, graph.result(), where, params, depth, floor)
     fused = rrf([words, near])
     # Rows only for the documents that can be in the top `limit`: those scoring at
     # least the limit-th best (ties there are broken by time and path, from the rows).
