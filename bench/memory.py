@@ -15,8 +15,12 @@ a restart), so its RSS is that of a running bot, not the rebuild's peak. Baselin
 the same run: brute force with numpy (``vectors @ q`` over every stored vector, then
 top-k), so the ratio survives a slower or busier machine; BLAS/OpenMP are pinned to
 one thread in that process. Recall@10 is reported for HNSW against exact vector
-search and for the hybrid search against an exact hybrid (bm25 over every match and
-every query word, exact vectors; see _hybrid_recall). To iterate on search settings
+search and for the hybrid search against an exact hybrid (SQLite's own bm25 over every
+match and every query word, exact vectors, same fusion; see _hybrid_recall), with the
+share of queries whose keyword list from the in-memory bm25 (memory/index/keywords.py)
+is SQLite's exactly. The probe waits for that in-memory index to finish its background
+load before timing (a running bot has it) and reports how long the load took. To
+iterate on search settings
 without regenerating 100k files: run once with --keep DIR, then
 `python -m bench.memory --probe DIR/data` prints the probe's JSON.
 """
