@@ -580,9 +580,16 @@ class MemoryIndex:
         """Carry a committed write into the keyword index (or its load's journal)."""
         if self._keywords is None and self._keywords_journal is None:
             return
-        tokens = await asyncio.to_thread(
-            self._tokenizer.documents, [(d.title, d.error, d.body) for _, d in written]
-        )
+        try:
+            tokens = await asyncio.to_thread(
+                self._tokenizer.documents, [(d.title, d.error, d.body) for _, d in written]
+            )
+        except sqlite3.Error as exc:
+            # The write itself is committed: rather than fail it, reload the keyword
+            # index from SQLite (its bm25 answers meanwhile).
+            log.warning("memory.index.keywords_stale", error=str(exc))
+            self._start_keywords()
+            return
         upserts = [(key, t) for (key, _), t in zip(written, tokens, strict=True)]
         if self._keywords_journal is not None:
             self._keywords_journal.append((upserts, gone))
