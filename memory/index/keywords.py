@@ -22,8 +22,8 @@ equals ``ORDER BY bm25(fts, 4.0, 2.0, 1.0), rowid`` over every match
 (tests/test_memory_keywords.py compares them), at ~1 ms instead of ~60 ms at 100k.
 
 Memory: ~15 bytes per token occurrence (postings, positions, the rowid map): at 100k
-episodes (4.1M occurrences) the bench's search process went from 321 to 389 MB, and
-the load's temporary arrays raise its peak by ~180 MB for the ~2 s it takes.
+episodes (4.1M occurrences) the bench's search process went from 321 to ~400 MB, and
+the load's temporary arrays and strings raise its peak by ~180 MB for the ~2 s it takes.
 
 Updates go to a small per-token delta that is merged into the packed arrays once it
 passes MERGE_SHARE of them; a row that is updated or deleted leaves a dead slot that
