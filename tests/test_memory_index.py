@@ -390,6 +390,8 @@ async def test_keyword_budget_prefers_rare_terms_then_recent_rows(
 ) -> None:
     import memory.index.tuning as index_mod
 
+    # SQLite's bm25 path: what answers while the in-memory keyword index loads.
+    monkeypatch.setattr(index_mod, "KEYWORD_CACHE", False)
     monkeypatch.setattr(index_mod, "FTS_BUDGET", 1)
     # "csv" matches one document, "deploy" three: only the rare term is ranked.
     assert await _ids(index, "deploy csv", semantic=False) == ["e-csv"]

@@ -16,9 +16,13 @@ scores, so neither scale has to be calibrated against the other. Filters (kind,
 outcome, user, conversation, channel, scope, since, signature, status) apply to both
 lists before fusion, so a document outside the caller's scope can never surface.
 
-Speed (bench/memory.py, 100k episodes, 2 shared cores): hybrid search ~10–13 ms p50,
-13–19 ms p99. bm25 is the expensive half, so the keyword list ranks at most
-FTS_BUDGET rows (see search.keyword_ranks); the vector half is HNSW (~1 ms).
+Speed (bench/memory.py, 100k episodes, 2 shared cores under load): hybrid search
+~3 ms p50, ~9 ms p99. SQLite's bm25() costs ~60 ms a query there over every match,
+so the keyword list is ranked by an in-memory copy of bm25 (`keywords`) derived from
+the FTS5 index, exact (SQLite's order over every match and every word) at ~1 ms;
+while that copy loads after an open or a rebuild (~2 s at 100k, in the background),
+SQLite's bm25 answers under FTS_BUDGET (see search.keyword_ranks). The vector half is
+HNSW (~0.5 ms). A search runs in one worker thread on a read-only connection.
 
 Reads and writes are serialized by one asyncio lock (the SQLite connection and the
 faiss index are shared); SQLite runs in aiosqlite's thread, faiss and embedding in
@@ -33,7 +37,8 @@ The modules, each named for what it holds:
   and `open_index`;
 - `schema`: the SQLite tables, column lists and connection settings (WAL bounds);
 - `query`: query words to FTS5 terms, filters to SQL, rank fusion (no I/O);
-- `search`: the keyword and vector ranked lists, and `Hit`;
+- `search`: one search (the keyword and vector ranked lists, fusion, rows), and `Hit`;
+- `keywords`: the in-memory bm25 over the FTS5 index's tokens, and FTS5's tokenizer;
 - `rebuild`: the full rebuild, its worker processes and progress bar;
 - `stats`: what `memory stats` reports;
 - `tuning`: the speed/work knobs. Not re-exported: the code reads them as

@@ -30,7 +30,8 @@ import structlog
 from memory.documents import Doc, kind_of, walk
 from memory.embedder import Embedder, HashedEmbedder, embed_async, min_similarity
 from memory.index import tuning
-from memory.index.query import fts_terms, rrf, where_clause
+from memory.index.keywords import DocTokens, KeywordIndex, Tokenizer
+from memory.index.query import fts_terms, where_clause
 from memory.index.rebuild import (
     ProgressBar,
     RebuildReport,
@@ -42,14 +43,16 @@ from memory.index.schema import (
     DOC_COLUMNS,
     FAISS_NAME,
     GEN_SHIFT,
-    META_COLUMNS,
     META_NAMES,
     SCHEMA_VERSION,
     SQLITE_NAME,
+    TOKENIZE,
     connect,
+    connect_reader,
     doc_row,
 )
-from memory.index.search import Hit, keyword_ranks, vector_ranks
+from memory.index.search import Hit
+from memory.index.search import run as search_run
 from memory.index.stats import stats as index_stats
 from memory.vectors import VectorIndex, VectorIndexError
 
@@ -84,6 +87,8 @@ class MemoryIndex:
         self.sqlite_path = data_dir / SQLITE_NAME
         self.faiss_path = data_dir / FAISS_NAME
         self._db: aiosqlite.Connection | None = None
+        #: Searches read through this one (search.run, in a worker thread).
+        self._reader: sqlite3.Connection | None = None
         self._vectors = VectorIndex(embedder.dim or 1)
         self._lock = asyncio.Lock()
         self._rebuild_lock = asyncio.Lock()
@@ -91,6 +96,14 @@ class MemoryIndex:
         self._next_label = 0
         self._unsaved = 0
         self._compaction: asyncio.Task[None] | None = None
+        # The keyword list's in-memory bm25 (keywords.KeywordIndex), derived from
+        # index.sqlite: None until loaded; while it loads, the index's writes queue in
+        # the journal and are replayed onto it (they are idempotent per row).
+        self._tokenizer = Tokenizer(TOKENIZE)
+        self._keywords: KeywordIndex | None = None
+        self._keywords_journal: list[tuple[list[tuple[int, DocTokens]], list[int]]] | None = None
+        self._keywords_task: asyncio.Task[None] | None = None
+        self._keywords_epoch = 0
         #: Why the last open rebuilt or caught up (for stats and tests), "" if it didn't.
         self.open_reason = ""
         #: The report of the rebuild `open` did, if it did one.
@@ -117,6 +130,9 @@ class MemoryIndex:
         await asyncio.to_thread(data_dir.mkdir, parents=True, exist_ok=True)
         self = cls(data_dir, embedder)
         reason = "requested" if rebuild else await self._load()
+        if not reason:
+            self._start_keywords()
+            await self._settle_keywords()
         if reason:
             if not rebuild:
                 log.warning("memory.index.rebuild", reason=reason, data_dir=str(data_dir))
@@ -149,6 +165,10 @@ class MemoryIndex:
         the checkpoint fail): aiosqlite's thread is not a daemon, and a connection
         left open kept the process from exiting (issue 16). The first error is raised
         after the close."""
+        self._keywords_epoch += 1  # a load still running will not install its result
+        if self._keywords_task is not None:
+            self._keywords_task.cancel()
+        self._keywords = self._keywords_journal = None
         try:
             if self._compaction is not None:
                 await self._compaction
@@ -157,6 +177,8 @@ class MemoryIndex:
                 try:
                     await self._save_vectors()
                 finally:
+                    self._tokenizer.close()
+                    self._close_reader()
                     db, self._db = self._db, None
                     if db is not None:
                         try:
@@ -212,6 +234,7 @@ class MemoryIndex:
             await db.close()
             return f"{FAISS_NAME} belongs to another build of {SQLITE_NAME}"
         self._db, self._vectors, self._generation = db, vectors, generation
+        self._reader = await asyncio.to_thread(connect_reader, self.sqlite_path)
         live = np.array(
             [r[0] for r in await db.execute_fetchall("SELECT vec FROM docs WHERE vec IS NOT NULL")],
             dtype=np.int64,
@@ -253,6 +276,7 @@ class MemoryIndex:
                 )
                 await asyncio.to_thread(vectors.save, tmp_faiss)
                 async with self._lock:
+                    self._close_reader()
                     if self._db is not None:
                         await self._db.close()
                         self._db = None
@@ -269,10 +293,12 @@ class MemoryIndex:
                     os.replace(tmp_faiss, self.faiss_path)
                     os.replace(tmp_db, self.sqlite_path)
                     self._db = await connect(self.sqlite_path)
+                    self._reader = await asyncio.to_thread(connect_reader, self.sqlite_path)
                     self._vectors = vectors
                     self._generation = generation
                     self._next_label = max(vectors.max_label + 1, generation << GEN_SHIFT)
                     self._unsaved = 0
+                    self._start_keywords()
             finally:
                 tmp_db.unlink(missing_ok=True)
                 tmp_faiss.unlink(missing_ok=True)
@@ -293,6 +319,7 @@ class MemoryIndex:
             )
         # Files written while the rebuild ran were indexed into the old index: catch up.
         await self.sync()
+        await self._settle_keywords()
         return report
 
     # -- incremental updates -----------------------------------------------------
@@ -434,6 +461,8 @@ class MemoryIndex:
                 self._unsaved += len(fresh)
                 labels = {d.path: int(x) for d, x in zip(fresh, new, strict=True)}
             stale: list[int] = []
+            written: list[tuple[int, Doc]] = []
+            gone: list[int] = []
             try:
                 for doc in docs:
                     old = existing.get(doc.path)
@@ -455,6 +484,7 @@ class MemoryIndex:
                             doc_row(doc, label),
                         )
                         doc_key = int(cursor.lastrowid or 0)
+                    written.append((doc_key, doc))
                     await db.execute(
                         "INSERT INTO fts (rowid, title, error, body) VALUES (?, ?, ?, ?)",
                         (doc_key, doc.title, doc.error, doc.body),
@@ -471,6 +501,7 @@ class MemoryIndex:
                         continue
                     if old[1] is not None:
                         stale.append(old[1])
+                    gone.append(old[0])
                     await db.execute("DELETE FROM docs WHERE id = ?", (old[0],))
                     await db.execute("DELETE FROM fts WHERE rowid = ?", (old[0],))
                     await db.execute("DELETE FROM signatures WHERE doc = ?", (old[0],))
@@ -485,11 +516,91 @@ class MemoryIndex:
                 raise
             if stale:
                 self._vectors.mark_stale(np.array(stale, dtype=np.int64))
+            if written or gone:
+                await self._update_keywords(written, gone)
             if self._vectors.needs_compaction():
                 if self._compaction is None or self._compaction.done():
                     self._compaction = asyncio.create_task(self._compact())
             elif self._unsaved >= AUTOSAVE_EVERY:
                 await self._save_vectors()
+
+    # -- the in-memory keyword index ---------------------------------------------
+
+    def _start_keywords(self) -> None:
+        """(Re)load the keyword index from index.sqlite in the background; until it is
+        in, the keyword list comes from SQLite's bm25 (search.keyword_ranks)."""
+        self._keywords = None
+        self._keywords_journal = []
+        self._keywords_epoch += 1
+        if self._keywords_task is not None:
+            self._keywords_task.cancel()
+        self._keywords_task = asyncio.create_task(self._load_keywords(self._keywords_epoch))
+
+    async def _load_keywords(self, epoch: int) -> None:
+        try:
+            loaded = await asyncio.to_thread(KeywordIndex.load, self.sqlite_path)
+        except (sqlite3.Error, OSError) as exc:
+            # Search still works (SQLite's bm25); the next open or rebuild tries again.
+            log.warning("memory.index.keywords_failed", error=str(exc))
+            if epoch == self._keywords_epoch:
+                self._keywords_journal = None
+            return
+        async with self._lock:
+            if epoch != self._keywords_epoch or self._db is None:
+                return  # a rebuild or a close came first
+            journal, self._keywords_journal = self._keywords_journal or [], None
+
+            def replay() -> None:
+                for written, gone in journal:
+                    loaded.remove(gone)
+                    loaded.upsert(written)
+
+            await asyncio.to_thread(replay)
+            self._keywords = loaded
+        log.info("memory.index.keywords_loaded", rows=loaded.rows, tokens=loaded.tokens)
+
+    async def keywords_ready(self) -> bool:
+        """Wait for the keyword index's background load; whether it is in use."""
+        task = self._keywords_task
+        if task is not None and not task.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(task)
+        return self._keywords is not None
+
+    async def _settle_keywords(self) -> None:
+        """A small index waits for its keyword index (a fraction of a second): search
+        results then never depend on how far a background load has got."""
+        async with self._lock:
+            db = self._require_db()
+            rows = await db.execute_fetchall("SELECT count(*) FROM docs")
+        if next(iter(rows))[0] <= tuning.KEYWORD_SYNC_MAX:
+            await self.keywords_ready()
+
+    async def _update_keywords(self, written: list[tuple[int, Doc]], gone: list[int]) -> None:
+        """Carry a committed write into the keyword index (or its load's journal)."""
+        if self._keywords is None and self._keywords_journal is None:
+            return
+        try:
+            tokens = await asyncio.to_thread(
+                self._tokenizer.documents, [(d.title, d.error, d.body) for _, d in written]
+            )
+        except sqlite3.Error as exc:
+            # The write itself is committed: rather than fail it, reload the keyword
+            # index from SQLite (its bm25 answers meanwhile).
+            log.warning("memory.index.keywords_stale", error=str(exc))
+            self._start_keywords()
+            return
+        upserts = [(key, t) for (key, _), t in zip(written, tokens, strict=True)]
+        if self._keywords_journal is not None:
+            self._keywords_journal.append((upserts, gone))
+        if self._keywords is not None:
+            keywords = self._keywords
+
+            def apply() -> None:
+                keywords.remove(gone)
+                keywords.upsert(upserts)
+
+            await asyncio.to_thread(apply)
 
     async def _compact(self) -> None:
         """Rebuild the HNSW graph without stale vectors, in the background.
@@ -572,7 +683,6 @@ class MemoryIndex:
         have it). Vector hits below the embedder's noise floor are dropped.
         """
         limit = max(1, int(limit))
-        depth = max(limit * 4, 40)
         where, params = where_clause(
             kinds=kinds,
             outcome=outcome,
@@ -594,24 +704,28 @@ class MemoryIndex:
                 qv = (await embed_async(self.embedder, [query]))[0]
         floor = min_similarity if min_similarity is not None else _floor(self.embedder)
         async with self._lock:
-            db = self._require_db()  # inside the lock: a rebuild swaps the connection
-            # Both lists at once: SQLite (aiosqlite's thread) and numpy/faiss (a worker
-            # thread) release the GIL, so on 2 cores the two mostly overlap.
-            words, (near, sims) = await asyncio.gather(
-                keyword_ranks(db, terms, where, params, depth) if terms else _none(),
-                vector_ranks(db, self._vectors, qv, where, params, depth, floor)
-                if qv is not None
-                else _nothing(),
+            reader = self._require_reader()  # inside the lock: a rebuild swaps it
+            keywords = self._keywords if tuning.KEYWORD_CACHE else None
+            found = await asyncio.to_thread(
+                search_run,
+                reader,
+                keywords,
+                self._tokenizer,
+                self._vectors,
+                terms,
+                qv,
+                where,
+                params,
+                limit,
+                floor,
             )
-            fused = rrf([words, near])
-            if not fused:
-                return []
-            ids = list(fused)
-            rows = await db.execute_fetchall(
-                f"SELECT {META_COLUMNS}, (SELECT group_concat(sig, char(10)) FROM signatures"
-                f" WHERE doc = docs.id) FROM docs WHERE id IN ({','.join('?' * len(ids))})",
-                ids,
-            )
+        words, near, sims, fused, rows = (
+            found.words,
+            found.near,
+            found.sims,
+            found.fused,
+            found.rows,
+        )
         word_rank = {d: i for i, d in enumerate(words, start=1)}
         near_rank = {d: i for i, d in enumerate(near, start=1)}
         hits = []
@@ -635,6 +749,16 @@ class MemoryIndex:
 
     # -- helpers -------------------------------------------------------------------
 
+    def _require_reader(self) -> sqlite3.Connection:
+        if self._reader is None:
+            raise RuntimeError("the memory index is closed")
+        return self._reader
+
+    def _close_reader(self) -> None:
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.close()
+
     def _require_db(self) -> aiosqlite.Connection:
         if self._db is None:
             raise RuntimeError("the memory index is closed")
@@ -644,14 +768,6 @@ class MemoryIndex:
         db = self._require_db()
         await db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", list(values.items()))
         await db.commit()
-
-
-async def _none() -> list[int]:
-    return []
-
-
-async def _nothing() -> tuple[list[int], dict[int, float]]:
-    return [], {}
 
 
 def _relative(data_dir: Path, path: Path) -> str:

@@ -8,6 +8,7 @@ throwaway, the live one keeps a bounded write-ahead log.
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,10 @@ JOURNAL_SIZE_LIMIT = 512 * 1024
 #: matches the SQLite side by accident.
 GEN_SHIFT = 32
 
-SCHEMA_SQL = """
+#: The FTS5 tokenizer: the index's table and keywords.Tokenizer must split words alike.
+TOKENIZE = "'porter unicode61 remove_diacritics 2'"
+
+SCHEMA_SQL = f"""
 CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE docs(
     id INTEGER PRIMARY KEY,
@@ -52,7 +56,7 @@ CREATE TABLE signatures(sig TEXT NOT NULL, doc INTEGER NOT NULL, PRIMARY KEY (si
     WITHOUT ROWID;
 CREATE TABLE skipped(path TEXT PRIMARY KEY, mtime_ns INTEGER, size INTEGER, error TEXT);
 CREATE VIRTUAL TABLE fts USING fts5(
-    title, error, body, tokenize = 'porter unicode61 remove_diacritics 2'
+    title, error, body, tokenize = {TOKENIZE}
 );
 """
 # Created after a bulk load: building an index once is cheaper than maintaining it.
@@ -96,6 +100,19 @@ def doc_row(doc: Doc, label: int | None) -> tuple[Any, ...]:
         doc.text_hash,
         label,
     )
+
+
+def connect_reader(path: Path) -> sqlite3.Connection:
+    """The read-only connection searches use, from one worker thread at a time (under
+    the index lock, so `check_same_thread` is off). WAL: it sees each committed write."""
+    db = sqlite3.connect(path, check_same_thread=False)
+    try:
+        db.execute("PRAGMA busy_timeout=5000")
+        db.execute("PRAGMA query_only=1")
+    except BaseException:
+        db.close()
+        raise
+    return db
 
 
 async def connect(path: Path, *, bulk: bool = False) -> aiosqlite.Connection:

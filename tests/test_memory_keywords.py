@@ -1,0 +1,189 @@
+"""The in-memory bm25 (memory/index/keywords.py) against SQLite's own bm25().
+
+Its promise is to rank exactly as `ORDER BY bm25(fts, 4.0, 2.0, 1.0), rowid` over
+every match does, so every test here asks a real FTS5 table for the truth and
+compares: loaded from the table, after incremental writes and deletes, after merges,
+with phrases (snake_case words FTS5 splits into adjacent tokens), repeated stems and
+many exact ties (identical texts), and through MemoryIndex with and without it.
+"""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+import memory.index.keywords as keywords_mod
+import memory.index.tuning as tuning
+from memory.episodes import Episode, EpisodeStore
+from memory.index import MemoryIndex, fts_terms
+from memory.index.keywords import KeywordIndex, Tokenizer
+from memory.index.schema import TOKENIZE
+
+WORDS = (
+    "deploy deploying deployment api billing staging production DEPLOY_TOKEN api_key "
+    "KeyError timeout report sales csv parser café the on-call rotate certificate"
+).split()
+QUERIES = [
+    "deploy api to staging",
+    "KeyError: DEPLOY_TOKEN is not set",
+    "deploying the deployment",  # two words with the same stem: two phrases in bm25
+    "api_key api key",
+    "café report",
+    "certificate",
+    "nothing matches zzz",
+]
+
+
+def _table(path: Path) -> sqlite3.Connection:
+    db = sqlite3.connect(path)
+    db.execute(f"CREATE VIRTUAL TABLE fts USING fts5(title, error, body, tokenize = {TOKENIZE})")
+    return db
+
+
+def _random_rows(rng: random.Random, n: int) -> list[tuple[str, str, str]]:
+    def text(k: int) -> str:
+        return " ".join(rng.choice(WORDS) for _ in range(rng.randint(0, k)))
+
+    rows = [(text(6), text(3), text(12)) for _ in range(n)]
+    rows += rows[: n // 4]  # identical texts: exact ties, broken by rowid
+    return rows
+
+
+def _truth(db: sqlite3.Connection, query: str, depth: int) -> list[int]:
+    match = " OR ".join(fts_terms(query))
+    return [
+        r[0]
+        for r in db.execute(
+            "SELECT rowid FROM fts WHERE fts MATCH ? ORDER BY bm25(fts, 4.0, 2.0, 1.0), rowid"
+            " LIMIT ?",
+            [match, depth],
+        )
+    ]
+
+
+def _mine(kw: KeywordIndex, tok: Tokenizer, query: str, depth: int) -> list[int]:
+    return kw.rank(tok.phrases([t.strip('"') for t in fts_terms(query)]), depth)
+
+
+def test_loaded_index_ranks_like_sqlite_bm25(tmp_path: Path) -> None:
+    db = _table(tmp_path / "i.sqlite")
+    db.executemany(
+        "INSERT INTO fts (title, error, body) VALUES (?, ?, ?)",
+        _random_rows(random.Random(1), 300),
+    )
+    db.commit()
+    kw, tok = KeywordIndex.load(tmp_path / "i.sqlite"), Tokenizer(TOKENIZE)
+    assert kw.rows == 375
+    for query in QUERIES:
+        for depth in (1, 7, 40, 1000):
+            assert _mine(kw, tok, query, depth) == _truth(db, query, depth), (query, depth)
+    assert _mine(kw, tok, "nothing matches zzz", 10) == []
+
+
+def test_phrases_are_tokenized_like_fts5() -> None:
+    tok = Tokenizer(TOKENIZE)
+    assert tok.phrases(["DEPLOY_TOKEN", "deploying", "café", "_"]) == [
+        ("deploi", "token"),
+        ("deploi",),
+        ("cafe",),
+        (),
+    ]
+
+
+def test_writes_deletes_and_merges_keep_it_equal_to_sqlite(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(keywords_mod, "MERGE_MIN", 20)  # merge often
+    rng = random.Random(2)
+    db = _table(tmp_path / "i.sqlite")
+    db.executemany("INSERT INTO fts (title, error, body) VALUES (?, ?, ?)", _random_rows(rng, 40))
+    db.commit()
+    kw, tok = KeywordIndex.load(tmp_path / "i.sqlite"), Tokenizer(TOKENIZE)
+    for step in range(60):
+        rowids = [r[0] for r in db.execute("SELECT rowid FROM fts")]
+        action = rng.random()
+        if action < 0.3 and rowids:  # delete
+            gone = rng.choice(rowids)
+            db.execute("DELETE FROM fts WHERE rowid = ?", (gone,))
+            kw.remove([gone])
+        else:  # insert, or replace a row's text under the same rowid
+            row = _random_rows(rng, 1)[0]
+            key = rng.choice(rowids) if action < 0.6 and rowids else max(rowids, default=0) + 1
+            db.execute("DELETE FROM fts WHERE rowid = ?", (key,))
+            db.execute(
+                "INSERT INTO fts (rowid, title, error, body) VALUES (?, ?, ?, ?)", (key, *row)
+            )
+            kw.upsert([(key, tok.documents([row])[0])])
+        db.commit()
+        if step % 10 == 9:
+            for query in QUERIES:
+                assert _mine(kw, tok, query, 40) == _truth(db, query, 40), (step, query)
+    assert kw.rows == db.execute("SELECT count(*) FROM fts").fetchone()[0]
+    fresh = KeywordIndex.load(tmp_path / "i.sqlite")
+    assert (fresh.rows, fresh.tokens) == (kw.rows, kw.tokens)
+
+
+def test_allowed_rows_filter_before_ranking(tmp_path: Path) -> None:
+    db = _table(tmp_path / "i.sqlite")
+    db.executemany(
+        "INSERT INTO fts (title, error, body) VALUES (?, ?, ?)",
+        _random_rows(random.Random(3), 100),
+    )
+    db.commit()
+    kw, tok = KeywordIndex.load(tmp_path / "i.sqlite"), Tokenizer(TOKENIZE)
+    allowed = list(range(1, 126, 3))
+    everything = _mine(kw, tok, "deploy api", 1000)
+    got = kw.rank(tok.phrases(["deploy", "api"]), 5, allowed)
+    assert got == [r for r in everything if r in set(allowed)][:5]
+
+
+def _episode(i: int, request: str) -> Episode:
+    return Episode(
+        id=f"e{i:04d}",
+        started=datetime(2026, 5, 1, tzinfo=UTC),
+        channel="slack",
+        conversation=f"C{i % 3}",
+        user="alice",
+        request=request,
+        outcome="success",
+        reply=f"Done: {request}.",
+    )
+
+
+async def _keyword_ids(index: MemoryIndex, query: str, **filters: object) -> list[str]:
+    hits = await index.search(query, limit=40, semantic=False, **filters)  # type: ignore[arg-type]
+    return [h.id for h in hits]
+
+
+async def test_index_keyword_list_equals_sqlite_bm25_while_and_after_loading(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Writes made while the keyword index loads in the background reach it (the
+    journal), and afterwards both paths give the same lists, filtered or not."""
+    rng = random.Random(4)
+    store = EpisodeStore(tmp_path)
+    for i in range(60):
+        await store.write(_episode(i, " ".join(rng.choice(WORDS) for _ in range(5))))
+    async with await MemoryIndex.open(tmp_path):
+        pass
+    monkeypatch.setattr(tuning, "KEYWORD_SYNC_MAX", 0)  # never wait: load in background
+    async with await MemoryIndex.open(tmp_path) as index:
+        for i in range(60, 80):  # written and indexed while the load may still run
+            path = await store.write(_episode(i, " ".join(rng.choice(WORDS) for _ in range(5))))
+            await index.add_episode_file(path)
+        await index.remove_file(store.path_for(_episode(3, "")))
+        assert await index.keywords_ready()
+        for query in QUERIES:
+            for filters in ({}, {"conversation": "C1"}, {"kinds": "episode"}):
+                cached = await _keyword_ids(index, query, **filters)
+                monkeypatch.setattr(tuning, "KEYWORD_CACHE", False)
+                monkeypatch.setattr(tuning, "FTS_BUDGET", 10**9)
+                exact = await _keyword_ids(index, query, **filters)
+                monkeypatch.setattr(tuning, "KEYWORD_CACHE", True)
+                assert cached == exact, (query, filters)
+        assert "e0003" not in await _keyword_ids(index, "deploy api billing staging")
+        assert any(h.startswith("e007") for h in await _keyword_ids(index, " ".join(WORDS)))
