@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from core.clock import Clock
 from core.interrupted import Interrupted
@@ -15,6 +17,7 @@ from core.persist import EpisodeWriter
 from memory.effects import Effects
 from memory.episodes import Episode, EpisodeStore, ToolRecord
 from memory.journal import TaskJournal
+from tests.fakes.llm import ScriptedLLM
 
 STARTED = datetime(2026, 3, 4, 5, 6, 7, tzinfo=UTC)
 SECRET = "ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8"
@@ -157,7 +160,7 @@ async def test_a_queued_episode_counts_as_activity_until_it_is_written(tmp_path:
 
 
 async def test_a_success_frees_its_conversation_before_its_episode_is_indexed(
-    tmp_path: Path,
+    llm: ScriptedLLM, settings_for: Callable[..., Any]
 ) -> None:
     """Issue 26: a success's follow-up (history, rule credit, proactive help) does not
     wait for the background writer; a failure's does, since the learner counts that
@@ -166,57 +169,46 @@ async def test_a_success_frees_its_conversation_before_its_episode_is_indexed(
 
     from adapters.replay import ReplayChannel
     from bot.app import App
-    from config.settings import load_settings
     from core.access import Rules
     from core.events import Message
-    from tests.fakes.llm import ScriptedLLM
 
-    async with ScriptedLLM() as llm:
-        settings = load_settings(
-            env={
-                "STEWARD_MODEL": "openai/scripted",
-                "STEWARD_API_BASE": llm.base_url,
-                "STEWARD_DATA_DIR": str(tmp_path / "data"),
-                "STEWARD_WORKSPACE": str(tmp_path / "ws"),
-            },
-            cwd=tmp_path,
-        )
-        app = App(settings)
-        app.access.rules["replay"] = Rules(open=True)
-        channel = ReplayChannel(_time.monotonic, lambda _: None)
-        await app.start([channel])
-        assert app.persist.index is not None
-        real_index = app.persist.index
-        gate = asyncio.Event()
+    settings = settings_for(llm)
+    app = App(settings)
+    app.access.rules["replay"] = Rules(open=True)
+    channel = ReplayChannel(_time.monotonic, lambda _: None)
+    await app.start([channel])
+    assert app.persist.index is not None
+    real_index = app.persist.index
+    gate = asyncio.Event()
 
-        async def slow_index(paths: list[Path]) -> None:
-            await gate.wait()  # a slow disk: the episode is not indexed yet
-            await real_index(paths)
+    async def slow_index(paths: list[Path]) -> None:
+        await gate.wait()  # a slow disk: the episode is not indexed yet
+        await real_index(paths)
 
-        app.persist.index = slow_index
-        try:
-            llm.reply_text("done")
-            await app.dispatcher.handle(Message("replay", "ok", "u", "say done"), channel)
-            async with asyncio.timeout(10):
-                await app.conversations.wait_idle("replay:ok")  # free before the index
-            assert app.clock.activity.active >= 1  # the write is still counted
+    app.persist.index = slow_index
+    try:
+        llm.reply_text("done")
+        await app.dispatcher.handle(Message("replay", "ok", "u", "say done"), channel)
+        async with asyncio.timeout(10):
+            await app.conversations.wait_idle("replay:ok")  # free before the index
+        assert app.clock.activity.active >= 1  # the write is still counted
 
-            llm.reply_text("I removed the file.")  # a claim no tool backs: a gate failure
-            llm.reply_text("I removed the file.")
-            await app.dispatcher.handle(Message("replay", "bad", "u", "remove x"), channel)
-            waiting = asyncio.ensure_future(app.conversations.wait_idle("replay:bad"))
-            await asyncio.sleep(0.5)
-            assert not waiting.done()  # a failure's follow-up waits for its episode
-            gate.set()
-            async with asyncio.timeout(10):
-                await waiting
-                await app.clock.activity.wait_idle()
-            assert app.index is not None
-            hits = await app.index.search("say done", limit=5, kinds="episode")
-            assert any(h.meta["request"] == "say done" for h in hits)
-        finally:
-            gate.set()
-            await app.stop()
+        llm.reply_text("I removed the file.")  # a claim no tool backs: a gate failure
+        llm.reply_text("I removed the file.")
+        await app.dispatcher.handle(Message("replay", "bad", "u", "remove x"), channel)
+        waiting = asyncio.ensure_future(app.conversations.wait_idle("replay:bad"))
+        await asyncio.sleep(0.5)
+        assert not waiting.done()  # a failure's follow-up waits for its episode
+        gate.set()
+        async with asyncio.timeout(10):
+            await waiting
+            await app.clock.activity.wait_idle()
+        assert app.index is not None
+        hits = await app.index.search("say done", limit=5, kinds="episode")
+        assert any(h.meta["request"] == "say done" for h in hits)
+    finally:
+        gate.set()
+        await app.stop()
 
 
 async def test_submit_nowait_queues_without_a_turn_of_the_loop_until_the_queue_is_full(
