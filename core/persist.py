@@ -94,19 +94,14 @@ class EpisodeWriter:
         done: asyncio.Future[Path | None] = asyncio.get_running_loop().create_future()
         if self._worker is None or self._worker.done():
             self._worker = asyncio.create_task(self._work(), name="persist:episodes")
-        if self.activity is not None:
-            self.activity.inc()
-            done.add_done_callback(lambda _: self.activity.dec() if self.activity else None)
+        if (activity := self.activity) is not None:
+            activity.inc()
+            done.add_done_callback(lambda _: activity.dec())
         return done
 
     async def _work(self) -> None:
         while True:
             items = [await self._queue.get()]
-            # Let the task that submitted it go first: its reply is sent in the same
-            # turn of the event loop, and this writer's thread renders YAML holding the
-            # GIL, which made the reply wait for Python's switch interval (~2.4 ms of
-            # the reply path, measured; issue 26). Waiting here batches more, too.
-            await asyncio.sleep(0)
             while len(items) < self.batch and not self._queue.empty():
                 items.append(self._queue.get_nowait())
             try:
