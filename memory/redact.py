@@ -479,9 +479,7 @@ def redact(text: str) -> str:
     # (the log writer redacts every field of every line, so this is the common case).
     # Steward's own field names that merely contain such a word do not count: every
     # episode has `tokens_in`/`tokens_out`, which made each one pay every scan.
-    for name in _OWN_FIELDS:
-        lowered = lowered.replace(name, " ")
-    if not any(word in lowered for word in _CONTEXT_WORDS):
+    if not any(word in _OWN_FIELDS.sub("", lowered) for word in _CONTEXT_WORDS):
         return text
     text = _replace_assignments(text)
     text = _replace_flags_and_prose(text)
@@ -493,9 +491,9 @@ _NEEDLES = frozenset(n for p in PATTERNS for n in p.needles)
 _SHORTEST = 8
 #: Every word _SECRET_WORD, _FLAG, _PROSE and _NEAR_WORD start from contains one of these.
 _CONTEXT_WORDS = ("pass", "pwd", "secret", "token", "key", "credential", "auth")
-#: Field names of Steward's own records (episode front matter) that contain a context
-#: word but never introduce a secret; removed before the context-word test only.
-_OWN_FIELDS = ("tokens_in:", "tokens_out:")
+#: Keys of Steward's own episode front matter (at a line's start) that contain a context
+#: word but never introduce a secret; left out of the context-word test only.
+_OWN_FIELDS = re.compile(r"^tokens_(?:in|out):", re.MULTILINE)
 
 
 _SECRET_KEY_NAME = re.compile(rf"(?i)^[A-Za-z0-9_.\-]*{_SECRET_WORD}$")
