@@ -479,7 +479,9 @@ def redact(text: str) -> str:
     # (the log writer redacts every field of every line, so this is the common case).
     # Steward's own field names that merely contain such a word do not count: every
     # episode has `tokens_in`/`tokens_out`, which made each one pay every scan.
-    if not any(word in _OWN_FIELDS.sub("", lowered) for word in _CONTEXT_WORDS):
+    if "tokens_" in lowered:
+        lowered = _OWN_FIELDS.sub("", lowered)
+    if not any(word in lowered for word in _CONTEXT_WORDS):
         return text
     text = _replace_assignments(text)
     text = _replace_flags_and_prose(text)
