@@ -38,8 +38,8 @@ BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 PY = BIN / ("python.exe" if os.name == "nt" else "python")
 
 # Standard library only (see its docstring): the same list Steward itself uses.
+from config.providers import DEFAULT_CONFIG_NAME, provider_key_present  # noqa: E402
 from config.providers import PROVIDER_KEYS as PROVIDER_KEYS  # noqa: E402
-from config.providers import provider_key_present  # noqa: E402
 
 LOCAL_NOTE = (
     "[steward] No model is configured, so Steward will run a tiny local model "
@@ -75,7 +75,7 @@ def _wants_local(env: dict[str, str], cwd: Path) -> bool:
         return False
     if provider_key_present(env):
         return False
-    config = cwd / "steward.toml"
+    config = cwd / DEFAULT_CONFIG_NAME
     if config.is_file():
         try:
             data = tomllib.loads(config.read_text(encoding="utf-8"))

@@ -141,9 +141,9 @@ def _surely_no_model(args: argparse.Namespace) -> bool:
     import os
     from pathlib import Path
 
-    from config.providers import surely_no_model
+    from config.providers import DEFAULT_CONFIG_NAME, surely_no_model
 
-    if args.config or (Path.cwd() / "steward.toml").exists():
+    if args.config or (Path.cwd() / DEFAULT_CONFIG_NAME).exists():
         return False
     return surely_no_model(os.environ)
 

@@ -11,6 +11,10 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+#: The settings file read from the working folder when no --config is given (config/settings.py,
+#: and before settings exist: dev.py and `steward chat`'s no-model check).
+DEFAULT_CONFIG_NAME = "steward.toml"
+
 PROVIDER_KEYS = (
     "OPENAI_API_KEY",
     "ANTHROPIC_API_KEY",

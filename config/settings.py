@@ -22,9 +22,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from config import platforms
 from config.platforms import PlatformConfig
+from config.providers import DEFAULT_CONFIG_NAME
 
 ENV_PREFIX = "STEWARD_"
-DEFAULT_CONFIG_NAME = "steward.toml"
 
 
 class ConfigError(Exception):
