@@ -121,12 +121,13 @@ def _mix(h: np.ndarray) -> np.ndarray:
         return h ^ (h >> _U64(33))
 
 
-_PRIME = _U64(1099511628211)
+#: The character n-grams' polynomial multiplier (the 64-bit FNV prime).
+_FNV = 1099511628211
+_PRIME = _U64(_FNV)
 #: What each character n-gram size's seed (size * golden ratio) contributes after
 #: `size` steps of `h * _PRIME + byte`: seed * _PRIME**size, mod 2**64.
 _SEED_TERM = {
-    size: _U64((size * 0x9E3779B97F4A7C15) * pow(1099511628211, size, 2**64) % 2**64)
-    for size in (3, 4, 5)
+    size: _U64((size * 0x9E3779B97F4A7C15) * pow(_FNV, size, 2**64) % 2**64) for size in (3, 4, 5)
 }
 #: The salt of each word probe, as the word block adds it before mixing.
 _PROBE_SALTS = np.array(

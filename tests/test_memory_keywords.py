@@ -69,14 +69,19 @@ def _mine(kw: KeywordIndex, tok: Tokenizer, query: str, depth: int) -> list[int]
     return kw.rank(tok.phrases([t.strip('"') for t in fts_terms(query)]), depth)
 
 
-def test_loaded_index_ranks_like_sqlite_bm25(tmp_path: Path) -> None:
-    db = _table(tmp_path / "i.sqlite")
+def _loaded(path: Path, seed: int, n: int) -> tuple[sqlite3.Connection, KeywordIndex, Tokenizer]:
+    """A table of `n` random rows, and the keyword index loaded from it."""
+    db = _table(path)
     db.executemany(
         "INSERT INTO fts (title, error, body) VALUES (?, ?, ?)",
-        _random_rows(random.Random(1), 300),
+        _random_rows(random.Random(seed), n),
     )
     db.commit()
-    kw, tok = KeywordIndex.load(tmp_path / "i.sqlite"), Tokenizer(TOKENIZE)
+    return db, KeywordIndex.load(path), Tokenizer(TOKENIZE)
+
+
+def test_loaded_index_ranks_like_sqlite_bm25(tmp_path: Path) -> None:
+    db, kw, tok = _loaded(tmp_path / "i.sqlite", 1, 300)
     assert kw.rows == 375
     for query in QUERIES:
         for depth in (1, 7, 40, 1000):
@@ -128,13 +133,7 @@ def test_writes_deletes_and_merges_keep_it_equal_to_sqlite(
 
 
 def test_allowed_rows_filter_before_ranking(tmp_path: Path) -> None:
-    db = _table(tmp_path / "i.sqlite")
-    db.executemany(
-        "INSERT INTO fts (title, error, body) VALUES (?, ?, ?)",
-        _random_rows(random.Random(3), 100),
-    )
-    db.commit()
-    kw, tok = KeywordIndex.load(tmp_path / "i.sqlite"), Tokenizer(TOKENIZE)
+    _, kw, tok = _loaded(tmp_path / "i.sqlite", 3, 100)
     allowed = list(range(1, 126, 3))
     everything = _mine(kw, tok, "deploy api", 1000)
     got = kw.rank(tok.phrases(["deploy", "api"]), 5, allowed)
