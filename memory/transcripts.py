@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import re
+import threading
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -62,11 +64,34 @@ class TranscriptStore:
         self.store = RecordStore(
             self.root, "history", redactor=_redact_transcript, health=self.health, cache_size=64
         )
+        #: File names in the folder, listed once by the first load and kept up to date by
+        #: this store's own saves (one process writes a data dir: memory.lock). A new
+        #: conversation then starts without a thread hop to find out it has no file:
+        #: ~0.35 ms before the first reply of each conversation (issue 26).
+        self._names: set[str] | None = None
+        self._names_lock = threading.Lock()
 
     def path(self, key: str) -> Path:
         return self.root / f"{slug(key)}.md"
 
+    def _list_names(self) -> None:
+        try:
+            names = set(os.listdir(self.root))
+        except FileNotFoundError:
+            names = set()
+        except OSError:  # unreadable: every load looks at the disk, as before
+            return
+        with self._names_lock:
+            if self._names is None:
+                self._names = names
+
+    def _known_absent(self, key: str) -> bool:
+        with self._names_lock:
+            return self._names is not None and self.path(key).name not in self._names
+
     def _load_sync(self, key: str) -> Transcript:
+        if self._names is None:
+            self._list_names()
         path = self.path(key)
         if not path.is_file():
             return Transcript(key)
@@ -90,10 +115,22 @@ class TranscriptStore:
             log.warning("transcript.malformed", path=str(path), error=str(exc))
             self.store.forget(path)
             path.rename(path.with_suffix(".malformed"))
+            with self._names_lock:
+                if self._names is not None:
+                    self._names.discard(path.name)
             return Transcript(key)
 
     async def load(self, key: str) -> Transcript:
+        if self._known_absent(key):
+            return Transcript(key)
         return await asyncio.to_thread(self._load_sync, key)
+
+    async def _save(self, path: Path, meta: dict[str, Any], body: str) -> Path:
+        saved = await self.store.save(path, meta, body)
+        with self._names_lock:
+            if self._names is not None:
+                self._names.add(path.name)
+        return saved
 
     def part_path(self, key: str, n: int) -> Path:
         return self.root / f"{slug(key)}.part-{n}.md"
@@ -105,7 +142,7 @@ class TranscriptStore:
         if len(t.archive) <= self.part_size:
             return
         n = t.parts + 1
-        await self.store.save(self.part_path(t.key, n), {"key": t.key, "part": n}, t.archive)
+        await self._save(self.part_path(t.key, n), {"key": t.key, "part": n}, t.archive)
         t.parts, t.archive = n, ""
 
     async def save(self, t: Transcript, *, updated: datetime) -> Path:
@@ -118,7 +155,7 @@ class TranscriptStore:
             "recent": [dict(turn) for turn in t.recent],  # the thread gets its own copy
             "parts": t.parts,
         }
-        return await self.store.save(self.path(t.key), meta, t.archive)
+        return await self._save(self.path(t.key), meta, t.archive)
 
 
 def _redact_transcript(meta: dict[str, Any], archive: str) -> tuple[dict[str, Any], str]:

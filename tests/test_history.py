@@ -202,3 +202,38 @@ async def test_a_long_transcript_moves_into_part_files_and_keeps_every_turn(
     assert all(f"question {i} " in everything and f"answer {i}" in everything for i in range(40))
     again = await history(tmp_path, None, max_turns=4).context("c")
     assert again == await h.context("c")  # a restart reads the same context
+
+
+async def test_a_new_conversation_loads_without_a_thread_hop_and_saves_are_seen(
+    tmp_path: Path,
+) -> None:
+    """Once the folder is listed, a conversation with no file starts empty at once (no
+    worker thread), one this store saved since is read from disk, and a fresh store
+    (a restart) sees every file."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from memory.transcripts import Transcript
+
+    class Counting(ThreadPoolExecutor):
+        calls = 0
+
+        def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+            Counting.calls += 1
+            return super().submit(fn, *args, **kwargs)
+
+    asyncio.get_running_loop().set_default_executor(Counting(max_workers=2))
+    old = TranscriptStore(tmp_path)
+    t = Transcript("old", recent=[{"role": "user", "content": "kept"}])
+    await old.save(t, updated=SimClock().utcnow())
+
+    store = TranscriptStore(tmp_path)
+    assert (await store.load("old")).recent == t.recent  # the first load lists the folder
+    before = Counting.calls
+    assert (await store.load("brand new")).recent == []
+    assert Counting.calls == before  # known absent: no hop
+
+    fresh = Transcript("fresh", recent=[{"role": "assistant", "content": "said"}])
+    await store.save(fresh, updated=SimClock().utcnow())
+    assert (await store.load("fresh")).recent == fresh.recent
+    assert (await TranscriptStore(tmp_path).load("fresh")).recent == fresh.recent
