@@ -599,6 +599,7 @@ class App:
         try:
             await self._stop_channels()
             await _bounded("episodes", self.persist.stop(), STOP_STEP_TIMEOUT)
+            await _bounded("transcripts", self.history.drain(), STOP_STEP_TIMEOUT)
             await _bounded("drafts", self._stop_pending(), STOP_STEP_TIMEOUT)
             if self.local is not None:
                 await _bounded("local model", self.local.stop(), STOP_STEP_TIMEOUT)

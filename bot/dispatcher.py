@@ -25,6 +25,7 @@ from bot.router import CommandRouter, PressContext
 from core.access import Access
 from core.agent import Agent, TaskRequest, TaskResult
 from core.approvals import Approvals
+from core.clock import Activity
 from core.conversations import Conversations, FollowUp
 from core.events import (
     ButtonPress,
@@ -104,6 +105,8 @@ class Dispatcher:
     #: Messages whose edit/deletion already counted: one signal per message, however
     #: many typos were fixed in a row.
     retracted: OrderedDict[tuple[str, str, str], None] = field(default_factory=OrderedDict)
+    #: Write-failure notices waiting for a background transcript save (`_notice_after`).
+    _notices: set[asyncio.Task[None]] = field(default_factory=set)
 
     def bind(self, channel: Channel) -> Callable[[Inbound], Awaitable[None]]:
         async def dispatch(event: Inbound) -> None:
@@ -400,8 +403,13 @@ class Dispatcher:
             # the conversation is free for its next message meanwhile (issue 26); the
             # write itself stays counted as activity until it is done (idle, replay).
             await _quietly(asyncio.shield(result.saved), "episode.write_failed")
-        recorded = self.history.record(key, text, result.reply)
-        await _quietly(recorded, "history.record_failed", conversation=key)
+        # The exchange is in memory (where the next task reads it) when this returns;
+        # its file is written in the background (core/history.py, issue 26).
+        saving: asyncio.Future[None] | None = None
+        try:
+            saving = await self.history.record(key, text, result.reply, wait=False)
+        except Exception:
+            log.exception("history.record_failed", conversation=key)
         if self.learner is not None:
             await _quietly(
                 self.learner.observe(result.episode),
@@ -414,8 +422,38 @@ class Dispatcher:
                 "proactive.failed",
                 event="task_finished",
             )
-        if self.write_health is not None and (note := self.write_health.notice(key)):
+        if self.write_health is None:
+            return
+        if saving is not None and not saving.done():
+            # A failed transcript save is told as soon as it fails, as when it was
+            # awaited here; the conversation does not wait for it meanwhile.
+            self._notice_after(saving, channel, msg, key)
+        elif note := self.write_health.notice(key):
             await _quietly(self.say(channel, msg.conversation, note, msg.thread), "dispatch.failed")
+
+    def _notice_after(
+        self, saving: asyncio.Future[None], channel: Channel, msg: Message, key: str
+    ) -> None:
+        health = self.write_health
+        assert health is not None
+        activity = self.history.clock.activity
+
+        async def notice() -> None:
+            with contextlib.suppress(Exception):  # logged by the history
+                await asyncio.shield(saving)
+            if note := health.notice(key):
+                await _quietly(
+                    self.say(channel, msg.conversation, note, msg.thread), "dispatch.failed"
+                )
+
+        task = asyncio.create_task(notice(), name=f"notice:{key}")
+        self._notices.add(task)
+        activity.inc()
+        task.add_done_callback(lambda t: self._noticed(t, activity))
+
+    def _noticed(self, task: asyncio.Task[None], activity: Activity) -> None:
+        self._notices.discard(task)
+        activity.dec()
 
 
 async def _quietly(work: Awaitable[Any], failed: str, **fields: Any) -> None:

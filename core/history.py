@@ -12,12 +12,15 @@ so the person never waits for it and two tasks never race over one history.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import datetime
 
 import structlog
 
-from core.clock import Clock
+from core.clock import Activity, Clock
 from core.llm import LLMClient, LLMError
 from core.recall import estimate_tokens
 from memory.transcripts import Transcript, TranscriptStore
@@ -108,6 +111,11 @@ class History:
         self.budget_tokens = budget_tokens
         self.summary_tokens = summary_tokens
         self._cache: dict[str, Transcript] = {}
+        #: Background transcript saves (`record(wait=False)`), at most one per
+        #: conversation; one asked for while it runs is made once more after it.
+        self._saving: dict[str, asyncio.Task[None]] = {}
+        self._again: set[str] = set()
+        self._updated: dict[str, datetime] = {}
 
     async def _get(self, key: str) -> Transcript:
         t = self._cache.get(key)
@@ -119,8 +127,19 @@ class History:
         t = await self._get(key)
         return Context(t.summary, list(t.recent))
 
-    async def record(self, key: str, user_text: str, reply: str) -> None:
-        """Append one exchange, compact if it no longer fits, and write it down."""
+    async def record(
+        self, key: str, user_text: str, reply: str, *, wait: bool = True
+    ) -> asyncio.Future[None] | None:
+        """Append one exchange, compact if it no longer fits, and write it down.
+
+        `wait=False` (the dispatcher's follow-up): return once the turns are in memory,
+        compacted, where the next task of the conversation reads them; the file is then
+        written in the background and the returned future is done once it is on disk
+        (raising what the write raised). The save was ~4.7 ms of a message's follow-up
+        with the episode writer's fsyncs beside it, and the next message of the
+        conversation waited for it (issue 26). Saves of one conversation stay in order,
+        and `drain` (at stop) waits for them; they count as clock activity until done.
+        """
         t = await self._get(key)
         new = [{"role": "user", "content": user_text}, {"role": "assistant", "content": reply}]
         t.recent += new
@@ -130,7 +149,53 @@ class History:
             t.recent = []
         elif self._too_big(t.recent):
             await self._compact(t)
+        self._updated[key] = now
+        if not wait:
+            return self._save_later(key, t)
+        await self._saved(key)  # a background save of this conversation lands first
         await self.store.save(t, updated=now)
+        return None
+
+    def _save_later(self, key: str, t: Transcript) -> asyncio.Future[None]:
+        running = self._saving.get(key)
+        if running is not None and not running.done():
+            self._again.add(key)  # it saves once more, with these turns, before it ends
+            return running
+        task = asyncio.create_task(self._save_loop(key, t), name=f"history:save:{key}")
+        self._saving[key] = task
+        activity = self.clock.activity
+        activity.inc()
+        task.add_done_callback(lambda done: self._saved_one(key, done, activity))
+        return task
+
+    async def _save_loop(self, key: str, t: Transcript) -> None:
+        try:
+            while True:
+                self._again.discard(key)
+                await self.store.save(t, updated=self._updated[key])
+                if key not in self._again:
+                    return
+        finally:
+            self._again.discard(key)  # after a failure the next exchange saves it all
+
+    def _saved_one(self, key: str, task: asyncio.Task[None], activity: Activity) -> None:
+        if self._saving.get(key) is task:
+            del self._saving[key]
+        activity.dec()
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            # Logged here as well as by whoever awaits it: nobody may (a stop).
+            log.warning("history.save_failed", conversation=key, error=str(exc))
+
+    async def _saved(self, key: str) -> None:
+        running = self._saving.get(key)
+        if running is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(running)
+
+    async def drain(self) -> None:
+        """Wait for every background transcript save (a stop)."""
+        while self._saving:
+            await asyncio.gather(*self._saving.values(), return_exceptions=True)
 
     def _too_big(self, turns: list[Turn]) -> bool:
         return len(turns) > self.max_turns or turns_tokens(turns) > self.budget_tokens

@@ -229,8 +229,10 @@ class EpisodeStore:
         self.store = RecordStore(self.root, "episode", health=self.health, cache_size=0)
 
     def path_for(self, episode: Episode) -> Path:
-        d = episode.started
-        return self.root / f"{d:%Y}" / f"{d:%m}" / f"{d:%d}" / f"{episode.id}.md"
+        d = episode.started  # one joinpath, no strftime: twice per message (issue 26)
+        return self.root.joinpath(
+            f"{d.year:04d}", f"{d.month:02d}", f"{d.day:02d}", f"{episode.id}.md"
+        )
 
     async def write(self, episode: Episode) -> Path:
         path = self.path_for(episode)

@@ -237,3 +237,57 @@ async def test_a_new_conversation_loads_without_a_thread_hop_and_saves_are_seen(
     await store.save(fresh, updated=SimClock().utcnow())
     assert (await store.load("fresh")).recent == fresh.recent
     assert (await TranscriptStore(tmp_path).load("fresh")).recent == fresh.recent
+
+
+async def test_a_background_save_keeps_order_and_is_on_disk_when_its_future_is(
+    tmp_path: Path,
+) -> None:
+    """`record(wait=False)`: the turns are in memory at once, the file follows in the
+    background, saves of one conversation land in order (the last one wins), and
+    `drain` waits for every save, as a stop does."""
+    h = history(tmp_path, max_turns=50)
+    first = await h.record("c", "question 1", "answer 1", wait=False)
+    second = await h.record("c", "question 2", "answer 2", wait=False)
+    assert first is not None and second is not None
+    ctx = await h.context("c")  # what the next task reads: both exchanges, no waiting
+    assert [t["content"] for t in ctx.turns] == ["question 1", "answer 1", "question 2", "answer 2"]
+    await second
+    await h.drain()
+    again = await history(tmp_path, max_turns=50).context("c")  # a restart
+    assert again.turns == ctx.turns
+    # A waiting record after background ones: still in order, and on disk on return.
+    await h.record("c", "question 3", "answer 3", wait=False)
+    await h.record("c", "question 4", "answer 4")
+    text = TranscriptStore(tmp_path).path("c").read_text()
+    assert all(f"question {i}" in text for i in range(1, 5))
+    assert len((await history(tmp_path, max_turns=50).context("c")).turns) == 8
+
+
+async def test_a_failed_background_save_raises_from_its_future_and_the_next_saves_all(
+    tmp_path: Path,
+) -> None:
+    import pytest
+
+    h = history(tmp_path, max_turns=50)
+    await h.record("c", "question 1", "answer 1")
+    folder = TranscriptStore(tmp_path).root
+    aside = folder.with_name("aside")
+    folder.rename(aside)
+    folder.write_text("a file where the folder was: every save fails")
+    failing = await h.record("c", "question 2", "answer 2", wait=False)
+    assert failing is not None
+    with pytest.raises(OSError):
+        await failing
+    await h.drain()
+    folder.unlink()
+    aside.rename(folder)
+    saved = await h.record("c", "question 3", "answer 3", wait=False)
+    assert saved is not None
+    await saved
+    turns = (await history(tmp_path, max_turns=50).context("c")).turns
+    assert [t["content"] for t in turns][-4:] == [
+        "question 2",
+        "answer 2",
+        "question 3",
+        "answer 3",
+    ]
