@@ -137,9 +137,11 @@ async def _run() -> None:
                 )
                 await app.conversations.wait_idle(key)
                 t_end = time.perf_counter() - t0
-                # Background persistence (core/persist.py) finishes before the next
-                # pair, so its CPU is counted here and never in the next bare call.
+                # Background persistence (core/persist.py: episode and index entry;
+                # core/history.py: the transcript) finishes before the next pair, so its
+                # CPU is counted here and never in the next bare call.
                 await app.persist.drain()
+                await app.history.drain()
                 t_saved = time.perf_counter() - t0
                 await _settle()
                 c_agent = time.process_time() - c0
@@ -165,7 +167,10 @@ async def _run() -> None:
         f"{m_agent / m_bare:.2f}x bare litellm"
     )
     print(f"until the reply is sent {_ms(to_reply)}   {m_reply / m_bare:.2f}x bare litellm")
-    print(f"until episode written+indexed {_ms(persisted)}   (background, core/persist.py)")
+    print(
+        f"until episode written+indexed, transcript written {_ms(persisted)}   "
+        "(background: core/persist.py, core/history.py)"
+    )
     print(
         f"until the reply, episode written first (inline, as before) {_ms(inline_reply)}: "
         f"the background writer saves {(med(inline_reply) - m_reply) * 1000:.2f} ms per reply"

@@ -106,6 +106,7 @@ async def _steward(base_url: str) -> tuple[float, float, list[float], int]:
         await asyncio.gather(*(person(c) for c in range(CONVERSATIONS)))
         elapsed = time.perf_counter() - t0
         await app.persist.drain()
+        await app.history.drain()
         drained = time.perf_counter() - t0
     finally:
         await app.stop()
@@ -142,8 +143,8 @@ async def _run() -> None:
     )
     print(
         f"{total} messages, each answered exactly once with its own answer; "
-        f"{episodes} episodes written, all of them {drained - elapsed:.2f} s after the "
-        f"last answer (background writer, batched)"
+        f"{episodes} episodes written, all of them (and every transcript) "
+        f"{drained - elapsed:.2f} s after the last answer (background writers)"
     )
     assert episodes == total, f"{episodes} episodes for {total} messages"
     print(
