@@ -356,23 +356,41 @@ class LLMClient:
                     f"(attempt {state.attempt_number + 1} of {total})…"
                 )
 
+        async def call() -> LLMResult:
+            nonlocal attempts, emitted
+            attempts += 1
+            if self.stream and on_text is not None:
+                result = await self._streamed(litellm, kwargs, on_text)
+                emitted = bool(result.text) and on_text is not None
+                return result
+            return self._parse(litellm, await litellm.acompletion(**kwargs))
+
         try:
-            async for attempt in AsyncRetrying(
-                stop=stop_after_attempt(self.retries + 1),
-                wait=self._wait,
-                retry=retry_if_exception(_is_retryable),
-                sleep=self.clock.sleep,
-                before_sleep=before_sleep,
-                reraise=True,
-            ):
-                with attempt:
-                    attempts += 1
-                    if self.stream and on_text is not None:
-                        result = await self._streamed(litellm, kwargs, on_text)
-                        emitted = bool(result.text) and on_text is not None
-                    else:
-                        resp = await litellm.acompletion(**kwargs)
-                        result = self._parse(litellm, resp)
+            # The first attempt without tenacity's machinery (~85 us a call, before every
+            # reply; issue 26): most calls succeed at once.
+            first: Exception | None = None
+            try:
+                result = await call()
+            except Exception as exc:
+                if self.retries <= 0 or not _is_retryable(exc):
+                    raise
+                first = exc
+            if first is not None:
+                # The retries as before: attempt 1 is that failure, replayed, so the
+                # waits, the attempt numbers and the callbacks are tenacity's own.
+                failed = [first]
+                async for attempt in AsyncRetrying(
+                    stop=stop_after_attempt(self.retries + 1),
+                    wait=self._wait,
+                    retry=retry_if_exception(_is_retryable),
+                    sleep=self.clock.sleep,
+                    before_sleep=before_sleep,
+                    reraise=True,
+                ):
+                    with attempt:
+                        if failed:
+                            raise failed.pop()
+                        result = await call()
         except Exception as exc:  # litellm raises many classes; all end here, worded
             raise self._error(exc, attempts, messages, tools or []) from exc
         result.attempts = attempts
