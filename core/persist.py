@@ -33,6 +33,7 @@ import structlog
 from core.clock import Activity
 from memory.episodes import Episode, EpisodeStore
 from memory.journal import TaskJournal
+from memory.records import Written
 
 log = structlog.get_logger("steward.persist")
 
@@ -41,7 +42,9 @@ QUEUE_LIMIT = 256
 #: Episodes indexed together at most (one parse batch, one embed call, one transaction).
 BATCH = 32
 
-IndexMany = Callable[[list[Path]], Awaitable[None]]
+#: Indexes a batch of just-written episode files, given as written (text and stat):
+#: the index need not read them back.
+IndexMany = Callable[[list[Written]], Awaitable[None]]
 
 
 class EpisodeWriter:
@@ -115,19 +118,19 @@ class EpisodeWriter:
                     self._queue.task_done()
 
     async def _write(self, items: list[tuple[Episode, asyncio.Future[Path | None]]]) -> None:
-        written: list[Path] = []
+        written: list[Written] = []
         results: list[tuple[asyncio.Future[Path | None], Path | None]] = []
         episodes = [episode for episode, _ in items]
         try:
-            paths = await self.episodes.write_many(episodes)
+            files = await self.episodes.write_many(episodes)
         except Exception:  # a bug, not a full disk (that is counted per file): logged
             log.exception("episode.write_failed", episodes=[e.id for e in episodes])
-            paths = [None] * len(items)
-        for (_, done), path in zip(items, paths, strict=True):
-            if path is not None:
-                written.append(path)
+            files = [None] * len(items)
+        for (_, done), file in zip(items, files, strict=True):
+            if file is not None:
+                written.append(file)
                 self.written += 1
-            results.append((done, path))
+            results.append((done, file.path if file is not None else None))
         # The tasks have ended even where a file could not be written: the person has
         # their answer, and "run it again?" after a restart would repeat finished work.
         if self.journal is not None:

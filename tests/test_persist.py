@@ -17,6 +17,7 @@ from core.persist import EpisodeWriter
 from memory.effects import Effects
 from memory.episodes import Episode, EpisodeStore, ToolRecord
 from memory.journal import TaskJournal
+from memory.records import Written
 from tests.fakes.llm import ScriptedLLM
 
 STARTED = datetime(2026, 3, 4, 5, 6, 7, tzinfo=UTC)
@@ -97,8 +98,11 @@ async def test_the_writer_writes_in_order_closes_records_and_indexes_in_batches(
     journal, store = TaskJournal(tmp_path), EpisodeStore(tmp_path)
     batches: list[list[Path]] = []
 
-    async def index(paths: list[Path]) -> None:
-        batches.append(list(paths))
+    async def index(files: list[Written]) -> None:
+        # As written: the index gets each file's text and stat, not only its path.
+        assert all(f.text == f.path.read_text() for f in files)
+        assert all(f.size == f.path.stat().st_size for f in files)
+        batches.append([f.path for f in files])
 
     writer = EpisodeWriter(store, journal, index=index, batch=4)
     episodes = [_episode(n) for n in range(10)]
@@ -118,7 +122,7 @@ async def test_the_writer_writes_in_order_closes_records_and_indexes_in_batches(
 async def test_the_writers_queue_is_bounded(tmp_path: Path) -> None:
     gate, entered = asyncio.Event(), asyncio.Event()
 
-    async def index(paths: list[Path]) -> None:
+    async def index(files: list[Written]) -> None:
         entered.set()
         await gate.wait()  # a slow index: the queue fills up
 
@@ -143,7 +147,7 @@ async def test_a_queued_episode_counts_as_activity_until_it_is_written(tmp_path:
     so "idle" (replay, the simulated clock, a stop) must still wait for its write."""
     gate = asyncio.Event()
 
-    async def index(paths: list[Path]) -> None:
+    async def index(files: list[Written]) -> None:
         await gate.wait()
 
     clock = Clock()
@@ -218,7 +222,7 @@ async def test_submit_nowait_queues_without_a_turn_of_the_loop_until_the_queue_i
     as litellm's deferred logging); a full queue says so instead of growing."""
     gate = asyncio.Event()
 
-    async def index(paths: list[Path]) -> None:
+    async def index(files: list[Written]) -> None:
         await gate.wait()
 
     journal = TaskJournal(tmp_path)
