@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -246,22 +246,31 @@ class EpisodeStore:
     def _write_one(self, path: Path, episode: Episode) -> Written:
         return self.store.write_file(path, episode.front_matter(), episode.body())
 
-    def _write_all(self, paths: list[Path], episodes: list[Episode]) -> list[Written | OSError]:
+    def _write_all(
+        self, paths: list[Path], episodes: list[Episode], then: Callable[[], None] | None
+    ) -> list[Written | OSError]:
         results: list[Written | OSError] = []
-        for path, episode in zip(paths, episodes, strict=True):
-            try:
-                results.append(self._write_one(path, episode))
-            except OSError as exc:
-                results.append(exc)
+        try:
+            for path, episode in zip(paths, episodes, strict=True):
+                try:
+                    results.append(self._write_one(path, episode))
+                except OSError as exc:
+                    results.append(exc)
+        finally:
+            if then is not None:
+                then()
         return results
 
-    async def write_many(self, episodes: list[Episode]) -> list[Written | None]:
+    async def write_many(
+        self, episodes: list[Episode], *, then: Callable[[], None] | None = None
+    ) -> list[Written | None]:
         """Write a batch in one thread hop (core/persist.py batches under load); each file
         as `write` would, its failure counted by the health record like `write`'s; None
         where it failed. Each `Written` holds the file's text and stat, so the index
-        adds it without reading it back."""
+        adds it without reading it back. `then` (blocking) runs in the same hop once
+        every file is written or has failed: the journal's unlinks (TaskJournal.closing)."""
         paths = [self.path_for(e) for e in episodes]
-        results = await asyncio.to_thread(self._write_all, paths, episodes)
+        results = await asyncio.to_thread(self._write_all, paths, episodes, then)
         out: list[Written | None] = []
         for path, result in zip(paths, results, strict=True):
 

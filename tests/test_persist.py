@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from core.clock import Clock
 from core.interrupted import Interrupted
@@ -115,6 +118,39 @@ async def test_the_writer_writes_in_order_closes_records_and_indexes_in_batches(
     assert all(p is not None and p.exists() for p in paths)
     assert [p for batch in batches for p in batch] == paths
     assert all(len(b) <= 4 for b in batches)
+    assert list((tmp_path / "journal").glob("*.jsonl")) == []
+    await writer.stop()
+
+
+async def test_journal_records_close_after_their_files_in_the_writes_thread_hop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One thread hop for the files and the journal's unlinks, files first: a kill -9 in
+    between leaves records whose episodes exist (recognised at the next start)."""
+    journal, store = TaskJournal(tmp_path), EpisodeStore(tmp_path)
+    episodes = [_episode(n) for n in range(3)]
+    for episode in episodes:
+        await _open(journal, episode)
+    seen: list[tuple[bool, list[bool]]] = []
+    real = journal.closing
+
+    def closing(task_ids: list[str]) -> Callable[[], None] | None:
+        unlink = real(task_ids)
+        assert unlink is not None
+
+        def run() -> None:
+            on_loop = threading.current_thread() is threading.main_thread()
+            seen.append((on_loop, [store.path_for(e).exists() for e in episodes]))
+            unlink()
+
+        return run
+
+    monkeypatch.setattr(journal, "closing", closing)
+    writer = EpisodeWriter(store, journal, batch=4)
+    for episode in episodes:
+        writer.submit_nowait(episode)
+    await writer.drain()
+    assert seen == [(False, [True, True, True])]
     assert list((tmp_path / "journal").glob("*.jsonl")) == []
     await writer.stop()
 
