@@ -1,11 +1,13 @@
 """`MemoryIndex`: the open index, its lifecycle and its incremental updates.
 
-It owns the shared SQLite connection and vector index and the lock that serializes
-them: opening (and deciding whether to rebuild), catching up on changed files,
-indexing one file after a write, compacting the vectors, and closing. The bulk work
+It owns the shared SQLite connections (aiosqlite for opening and catching up, a
+sync one for the write thread's incremental writes, a read-only one for searches),
+the vector index and the lock that serializes them: opening (and deciding whether
+to rebuild), catching up on changed files, indexing one file or an episode batch
+after a write, compacting the vectors, and closing. The bulk work
 of a rebuild, the ranked lists of a search and the stats live in their own modules.
 
-Size: the index's public face (open, add, search, close) over one SQLite connection and
+Size: the index's public face (open, add, search, close) over its SQLite connections and
 one vector store; rebuild, query, search and stats are their own modules.
 """
 
@@ -211,7 +213,7 @@ class MemoryIndex:
                 finally:
                     self._tokenizer.close()
                     self._close_reader()
-                    self._close_writer()  # before the checkpoint, which it would not block
+                    self._close_writer()  # idle (the lock is held): only aiosqlite's is left
                     db, self._db = self._db, None
                     if db is not None:
                         try:
