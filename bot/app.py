@@ -65,6 +65,7 @@ from memory.health import DISK_ERRNOS, health_for, reason
 from memory.history import COMMIT_EVERY, MemoryHistory
 from memory.journal import TaskJournal
 from memory.lock import DataDirLocked, acquire
+from memory.records import Written
 from memory.rules import RuleStore
 from memory.schedules import ScheduleStore
 from memory.store import DataStore
@@ -567,13 +568,13 @@ class App:
                 "index", index.sqlite_path, lambda: index.add_episode_file(path)
             )
 
-    async def _index_episodes(self, paths: list[Path]) -> None:
+    async def _index_episodes(self, files: list[Written]) -> None:
         """A batch of episodes written by core/persist.py: one index call for all."""
         self._commit_soon()
         if self.index is not None:
             index = self.index
             await self.health.guard(
-                "index", index.sqlite_path, lambda: index.add_episode_files(paths)
+                "index", index.sqlite_path, lambda: index.add_episode_files(files)
             )
 
     def _commit_soon(self) -> None:

@@ -11,7 +11,8 @@ Crash safety is kept by the task journal (memory/journal.py), not weakened:
    (`TaskJournal.finished`: one O_APPEND write, no fsync — a process kill cannot lose
    it) and only then is the reply sent;
 3. the writer writes the episode file (atomic: temp file, fsync, rename), closes the
-   journal record, then indexes the episode (a cache: rebuildable).
+   journal record (in the same thread hop), then indexes the episode as written (a
+   cache: rebuildable; one call of the index's write thread, memory/index).
 A kill -9 at any point therefore loses at most replies not yet sent: an episode file is
 either absent or whole, and a record holding a finished episode is written out at the
 next start (core/interrupted.py) instead of asking "run it again?".
@@ -33,6 +34,7 @@ import structlog
 from core.clock import Activity
 from memory.episodes import Episode, EpisodeStore
 from memory.journal import TaskJournal
+from memory.records import Written
 
 log = structlog.get_logger("steward.persist")
 
@@ -41,7 +43,9 @@ QUEUE_LIMIT = 256
 #: Episodes indexed together at most (one parse batch, one embed call, one transaction).
 BATCH = 32
 
-IndexMany = Callable[[list[Path]], Awaitable[None]]
+#: Indexes a batch of just-written episode files, given as written (text and stat):
+#: the index need not read them back.
+IndexMany = Callable[[list[Written]], Awaitable[None]]
 
 
 class EpisodeWriter:
@@ -115,23 +119,27 @@ class EpisodeWriter:
                     self._queue.task_done()
 
     async def _write(self, items: list[tuple[Episode, asyncio.Future[Path | None]]]) -> None:
-        written: list[Path] = []
+        written: list[Written] = []
         results: list[tuple[asyncio.Future[Path | None], Path | None]] = []
         episodes = [episode for episode, _ in items]
+        # The journal records are closed once the files are written, in the same thread
+        # hop (after the files: a kill -9 in between leaves records that the next start
+        # recognises as written). The tasks have ended even where a file could not be
+        # written: the person has their answer, and "run it again?" after a restart
+        # would repeat finished work.
+        unlink = None
+        if self.journal is not None:
+            unlink = self.journal.closing([episode.id for episode in episodes])
         try:
-            paths = await self.episodes.write_many(episodes)
+            files = await self.episodes.write_many(episodes, then=unlink)
         except Exception:  # a bug, not a full disk (that is counted per file): logged
             log.exception("episode.write_failed", episodes=[e.id for e in episodes])
-            paths = [None] * len(items)
-        for (_, done), path in zip(items, paths, strict=True):
-            if path is not None:
-                written.append(path)
+            files = [None] * len(items)
+        for (_, done), file in zip(items, files, strict=True):
+            if file is not None:
+                written.append(file)
                 self.written += 1
-            results.append((done, path))
-        # The tasks have ended even where a file could not be written: the person has
-        # their answer, and "run it again?" after a restart would repeat finished work.
-        if self.journal is not None:
-            await self.journal.close_many([episode.id for episode, _ in items])
+            results.append((done, file.path if file is not None else None))
         if written and self.index is not None:
             try:
                 await self.index(written)

@@ -19,7 +19,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 from memory.store import MalformedFile
@@ -76,7 +76,14 @@ def kind_of(data_dir: Path, path: Path) -> str | None:
         rel = path.resolve().relative_to(data_dir.resolve())
     except ValueError:
         return None
-    if path.suffix != ".md" or not rel.parts or rel.name.startswith("."):
+    return kind_of_relative(rel, path.suffix)
+
+
+def kind_of_relative(rel: PurePath, suffix: str) -> str | None:
+    """`kind_of` for a path already resolved and made relative to the resolved data dir
+    (`suffix`: the unresolved path's): a caller that also needs the relative path
+    resolves once (each resolve is a lstat per path component, ~50 us)."""
+    if suffix != ".md" or not rel.parts or rel.name.startswith("."):
         return None
     for kind, (folder, recursive) in FOLDERS.items():
         if rel.parts[0] == folder and (recursive or len(rel.parts) == 2):
@@ -131,10 +138,31 @@ def parse(data_dir: Path, rel: str, kind: str, mtime_ns: int = 0, size: int = 0)
     if not mtime_ns:
         st = path.stat()
         mtime_ns, size = st.st_mtime_ns, st.st_size
-    try:
-        meta, body = parse_file(text, path, require_front_matter=False)
-    except MalformedFile as exc:
-        raise DocError(path, f"malformed front matter: {exc.reason}") from exc
+    return from_text(data_dir, rel, kind, text, mtime_ns, size)
+
+
+def from_text(
+    data_dir: Path,
+    rel: str,
+    kind: str,
+    text: str,
+    mtime_ns: int,
+    size: int,
+    parts: tuple[dict[str, Any], str] | None = None,
+) -> Doc:
+    """The Doc of a file whose text is already in memory (the episode writer has just
+    written it: reading it back cost a read and a YAML parse per message, issue 26).
+    `parts` is (front matter, body) as `memory.store.parse(text)` returns them, when the
+    caller knows them without parsing (`memory.store.rendered_parts`); else `text` is
+    parsed. Raises DocError like `parse`."""
+    path = data_dir / rel
+    if parts is not None:
+        meta, body = parts
+    else:
+        try:
+            meta, body = parse_file(text, path, require_front_matter=False)
+        except MalformedFile as exc:
+            raise DocError(path, f"malformed front matter: {exc.reason}") from exc
     doc = Doc(kind=kind, doc_id=path.stem, path=rel, mtime_ns=mtime_ns, size=size, body=body)
     doc.ts = mtime_ns / 1e9
     try:

@@ -60,10 +60,15 @@ async def embed_async(embedder: Embedder, texts: Sequence[str]) -> np.ndarray:
     """Embed without blocking the event loop: native async if offered, else a thread."""
     aembed = getattr(embedder, "aembed", None)
     if aembed is not None:
-        out = await aembed(texts)
-    else:
-        out = await asyncio.to_thread(embedder.embed, texts)
-    return unit_rows(np.asarray(out, dtype=np.float32))
+        return unit_rows(np.asarray(await aembed(texts), dtype=np.float32))
+    return await asyncio.to_thread(embed_rows, embedder, texts)
+
+
+def embed_rows(embedder: Embedder, texts: Sequence[str]) -> np.ndarray:
+    """`embed_async`'s result computed in the calling thread (blocking): for a caller
+    already off the event loop (the index's write thread), where another hop would
+    only cost CPU."""
+    return unit_rows(np.asarray(embedder.embed(texts), dtype=np.float32))
 
 
 def min_similarity(embedder: Embedder) -> float:

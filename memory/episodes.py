@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -16,7 +16,7 @@ from typing import Any
 
 from memory.effects import Effects
 from memory.health import health_for
-from memory.records import RecordStore, read_record
+from memory.records import RecordStore, Written, read_record
 from memory.store import MalformedFile, render
 
 #: How much of a call's arguments an episode file keeps (the tool log keeps them whole).
@@ -245,39 +245,47 @@ class EpisodeStore:
         )
         return path
 
-    def _write_one(self, path: Path, episode: Episode) -> None:
-        self.store.write(path, episode.front_matter(), episode.body())
+    def _write_one(self, path: Path, episode: Episode) -> Written:
+        return self.store.write_file(path, episode.front_matter(), episode.body())
 
-    def _write_all(self, paths: list[Path], episodes: list[Episode]) -> list[OSError | None]:
-        errors: list[OSError | None] = []
-        for path, episode in zip(paths, episodes, strict=True):
-            try:
-                self._write_one(path, episode)
-            except OSError as exc:
-                errors.append(exc)
-            else:
-                errors.append(None)
-        return errors
+    def _write_all(
+        self, paths: list[Path], episodes: list[Episode], then: Callable[[], None] | None
+    ) -> list[Written | OSError]:
+        results: list[Written | OSError] = []
+        try:
+            for path, episode in zip(paths, episodes, strict=True):
+                try:
+                    results.append(self._write_one(path, episode))
+                except OSError as exc:
+                    results.append(exc)
+        finally:
+            if then is not None:
+                then()
+        return results
 
-    async def write_many(self, episodes: list[Episode]) -> list[Path | None]:
+    async def write_many(
+        self, episodes: list[Episode], *, then: Callable[[], None] | None = None
+    ) -> list[Written | None]:
         """Write a batch in one thread hop (core/persist.py batches under load); each file
         as `write` would, its failure counted by the health record like `write`'s; None
-        where it failed."""
+        where it failed. Each `Written` holds the file's text and stat, so the index
+        adds it without reading it back. `then` (blocking) runs in the same hop once
+        every file is written or has failed: the journal's unlinks (TaskJournal.closing)."""
         paths = [self.path_for(e) for e in episodes]
-        errors = await asyncio.to_thread(self._write_all, paths, episodes)
-        out: list[Path | None] = []
-        for path, error in zip(paths, errors, strict=True):
+        results = await asyncio.to_thread(self._write_all, paths, episodes, then)
+        out: list[Written | None] = []
+        for path, result in zip(paths, results, strict=True):
 
-            async def outcome(error: OSError | None = error) -> None:
-                if error is not None:
-                    raise error
+            async def outcome(result: Written | OSError = result) -> None:
+                if isinstance(result, OSError):
+                    raise result
 
             try:
                 await self.health.guard("episode", path, outcome)
             except OSError:
                 out.append(None)
             else:
-                out.append(path)
+                out.append(None if isinstance(result, OSError) else result)
         return out
 
     def iter_files(self) -> Iterator[Path]:

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import json
 import os
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -156,11 +157,22 @@ class TaskJournal:
             log.warning("journal.close_failed", task_id=task_id, exc_info=True)
 
     async def close_many(self, task_ids: list[str]) -> None:
-        """`close` for a batch, the unlinks in one thread hop (core/persist.py): on a busy
-        disk an unlink took ~2 ms, and the event loop has replies to send meanwhile."""
+        """`close` for a batch, the unlinks in one thread hop: on a busy disk an unlink
+        took ~2 ms, and the event loop has replies to send meanwhile."""
+        unlink = self.closing(task_ids)
+        if unlink is not None:
+            await asyncio.to_thread(unlink)
+
+    def closing(self, task_ids: list[str]) -> Callable[[], None] | None:
+        """`close_many` in two halves: the records are closed now, and the returned
+        function (blocking; None when there is nothing to remove) removes their files,
+        for a caller that runs it in a thread hop it makes anyway. core/persist.py runs
+        it right after the episode files are written, in the same hop (a hop per batch
+        is ~0.1-0.15 ms of CPU, issue 26). Until it has run, a record that outlives its
+        episode is recognised at start-up and removed then, as after a crash."""
         ids = [t for t in task_ids if self._records.pop(t, None) is not None]
         if not ids:
-            return
+            return None
 
         def unlink_all() -> None:
             for task_id in ids:
@@ -169,7 +181,7 @@ class TaskJournal:
                 except OSError:
                     log.warning("journal.close_failed", task_id=task_id, exc_info=True)
 
-        await asyncio.to_thread(unlink_all)
+        return unlink_all
 
     def forget(self, task_id: str) -> None:
         """Stop tracking a task cut off by a shutdown; its file stays for the next start."""

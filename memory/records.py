@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -37,10 +38,26 @@ from typing import Any
 from memory.atomic import atomic_write_bytes
 from memory.health import WriteHealth
 from memory.redact import redact
-from memory.store import MalformedFile, parse, render
+from memory.store import MalformedFile, parse, render, rendered_parts
 
 #: Takes (front matter, body) about to be written and returns them redacted.
 Redactor = Callable[[dict[str, Any], str], tuple[dict[str, Any], str]]
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    """A record file as `RecordStore.write_file` just wrote it: its stat and contents,
+    so that the memory index can add it without reading and parsing it back (that was
+    a thread hop, a read and a YAML parse per message, issue 26)."""
+
+    path: Path
+    mtime_ns: int
+    size: int
+    #: The file's text, exactly as on disk (redacted).
+    text: str
+    #: (front matter, body) as `memory.store.parse(text)` returns them, when known
+    #: without parsing (`memory.store.rendered_parts`); None: parse `text`. Read only.
+    parts: tuple[dict[str, Any], str] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +129,26 @@ class RecordStore:
         with self._lock:
             self._cache.pop(path, None)
         return path
+
+    def write_file(self, path: Path, meta: dict[str, Any], body: str) -> Written:
+        """`write`, returning what was written (for the memory index, which would
+        otherwise read and parse the file back). `meta` is kept in the result when
+        the written text is its rendering: the caller must not mutate it after."""
+        if self.redactor is None:
+            rendered = render(meta, body)
+            text = redact(rendered)
+            # Redaction changed nothing (the usual case): the text is render(meta, body).
+            parts = rendered_parts(meta, body, text) if text == rendered else None
+        else:
+            clean_meta, clean_body = self.redactor(meta, body)
+            text = render(clean_meta, clean_body)
+            parts = rendered_parts(clean_meta, clean_body, text)
+        data = text.encode("utf-8")
+        atomic_write_bytes(path, data)
+        with self._lock:
+            self._cache.pop(path, None)
+        st = os.stat(path)
+        return Written(path, st.st_mtime_ns, st.st_size, text, parts)
 
     async def save(self, path: Path, meta: dict[str, Any], body: str) -> Path:
         """`write` in a worker thread; a failure is recorded in `health` and re-raised."""

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from core.clock import Clock
 from core.interrupted import Interrupted
@@ -17,6 +20,7 @@ from core.persist import EpisodeWriter
 from memory.effects import Effects
 from memory.episodes import Episode, EpisodeStore, ToolRecord
 from memory.journal import TaskJournal
+from memory.records import Written
 from tests.fakes.llm import ScriptedLLM
 
 STARTED = datetime(2026, 3, 4, 5, 6, 7, tzinfo=UTC)
@@ -97,8 +101,11 @@ async def test_the_writer_writes_in_order_closes_records_and_indexes_in_batches(
     journal, store = TaskJournal(tmp_path), EpisodeStore(tmp_path)
     batches: list[list[Path]] = []
 
-    async def index(paths: list[Path]) -> None:
-        batches.append(list(paths))
+    async def index(files: list[Written]) -> None:
+        # As written: the index gets each file's text and stat, not only its path.
+        assert all(f.text == f.path.read_text() for f in files)
+        assert all(f.size == f.path.stat().st_size for f in files)
+        batches.append([f.path for f in files])
 
     writer = EpisodeWriter(store, journal, index=index, batch=4)
     episodes = [_episode(n) for n in range(10)]
@@ -115,10 +122,43 @@ async def test_the_writer_writes_in_order_closes_records_and_indexes_in_batches(
     await writer.stop()
 
 
+async def test_journal_records_close_after_their_files_in_the_writes_thread_hop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One thread hop for the files and the journal's unlinks, files first: a kill -9 in
+    between leaves records whose episodes exist (recognised at the next start)."""
+    journal, store = TaskJournal(tmp_path), EpisodeStore(tmp_path)
+    episodes = [_episode(n) for n in range(3)]
+    for episode in episodes:
+        await _open(journal, episode)
+    seen: list[tuple[bool, list[bool]]] = []
+    real = journal.closing
+
+    def closing(task_ids: list[str]) -> Callable[[], None] | None:
+        unlink = real(task_ids)
+        assert unlink is not None
+
+        def run() -> None:
+            on_loop = threading.current_thread() is threading.main_thread()
+            seen.append((on_loop, [store.path_for(e).exists() for e in episodes]))
+            unlink()
+
+        return run
+
+    monkeypatch.setattr(journal, "closing", closing)
+    writer = EpisodeWriter(store, journal, batch=4)
+    for episode in episodes:
+        writer.submit_nowait(episode)
+    await writer.drain()
+    assert seen == [(False, [True, True, True])]
+    assert list((tmp_path / "journal").glob("*.jsonl")) == []
+    await writer.stop()
+
+
 async def test_the_writers_queue_is_bounded(tmp_path: Path) -> None:
     gate, entered = asyncio.Event(), asyncio.Event()
 
-    async def index(paths: list[Path]) -> None:
+    async def index(files: list[Written]) -> None:
         entered.set()
         await gate.wait()  # a slow index: the queue fills up
 
@@ -143,7 +183,7 @@ async def test_a_queued_episode_counts_as_activity_until_it_is_written(tmp_path:
     so "idle" (replay, the simulated clock, a stop) must still wait for its write."""
     gate = asyncio.Event()
 
-    async def index(paths: list[Path]) -> None:
+    async def index(files: list[Written]) -> None:
         await gate.wait()
 
     clock = Clock()
@@ -218,7 +258,7 @@ async def test_submit_nowait_queues_without_a_turn_of_the_loop_until_the_queue_i
     as litellm's deferred logging); a full queue says so instead of growing."""
     gate = asyncio.Event()
 
-    async def index(paths: list[Path]) -> None:
+    async def index(files: list[Written]) -> None:
         await gate.wait()
 
     journal = TaskJournal(tmp_path)

@@ -24,9 +24,13 @@ while that copy loads after an open or a rebuild (~2 s at 100k, in the backgroun
 SQLite's bm25 answers under FTS_BUDGET (see search.keyword_ranks). The vector half is
 HNSW (~0.5 ms). A search runs in one worker thread on a read-only connection.
 
-Reads and writes are serialized by one asyncio lock (the SQLite connection and the
-faiss index are shared); SQLite runs in aiosqlite's thread, faiss and embedding in
-asyncio.to_thread, so nothing here blocks the event loop. A full rebuild builds into
+Reads and writes are serialized by one asyncio lock (the SQLite connections and the
+faiss index are shared), and nothing here blocks the event loop. An incremental write
+(an episode batch, a changed file) is one call of the index's write thread on its own
+sync connection: read the documents, embed, add the vectors, every statement in one
+transaction, the keyword index (memory_index._apply; a hop per step and per statement
+cost ~2 ms of CPU per message, issue 26). Opening, catching up and stats use
+aiosqlite; faiss and embedding elsewhere run in asyncio.to_thread. A full rebuild builds into
 temporary files without holding the lock (searches keep working on the old index),
 parses files in worker processes when there are many, and swaps the files in at the
 end. Not multi-process safe by itself: one process per data dir (the store's lock).

@@ -1,11 +1,13 @@
 """`MemoryIndex`: the open index, its lifecycle and its incremental updates.
 
-It owns the shared SQLite connection and vector index and the lock that serializes
-them: opening (and deciding whether to rebuild), catching up on changed files,
-indexing one file after a write, compacting the vectors, and closing. The bulk work
+It owns the shared SQLite connections (aiosqlite for opening and catching up, a
+sync one for the write thread's incremental writes, a read-only one for searches),
+the vector index and the lock that serializes them: opening (and deciding whether
+to rebuild), catching up on changed files, indexing one file or an episode batch
+after a write, compacting the vectors, and closing. The bulk work
 of a rebuild, the ranked lists of a search and the stats live in their own modules.
 
-Size: the index's public face (open, add, search, close) over one SQLite connection and
+Size: the index's public face (open, add, search, close) over its SQLite connections and
 one vector store; rebuild, query, search and stats are their own modules.
 """
 
@@ -17,7 +19,8 @@ import os
 import secrets
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -27,8 +30,8 @@ import aiosqlite
 import numpy as np
 import structlog
 
-from memory.documents import Doc, kind_of, walk
-from memory.embedder import Embedder, HashedEmbedder, embed_async, min_similarity
+from memory.documents import Doc, DocError, from_text, kind_of, kind_of_relative, walk
+from memory.embedder import Embedder, HashedEmbedder, embed_async, embed_rows, min_similarity
 from memory.index import tuning
 from memory.index.keywords import DocTokens, KeywordIndex, Tokenizer
 from memory.index.query import fts_terms, where_clause
@@ -49,11 +52,13 @@ from memory.index.schema import (
     TOKENIZE,
     connect,
     connect_reader,
+    connect_writer,
     doc_row,
 )
 from memory.index.search import Hit
 from memory.index.search import run as search_run
 from memory.index.stats import stats as index_stats
+from memory.records import Written
 from memory.vectors import VectorIndex, VectorIndexError
 
 log = structlog.get_logger("steward.memory")
@@ -70,6 +75,33 @@ class SyncReport:
     @property
     def touched(self) -> bool:
         return bool(self.added or self.changed or self.removed or self.embedded)
+
+
+#: A file that could not be indexed: (path, mtime_ns, size, why), as `skipped` keeps it.
+Problem = tuple[str, int, int, str]
+#: Writes made while the keyword index loads, replayed onto it once loaded.
+KeywordJournal = list[tuple[list[tuple[int, DocTokens]], list[int]]]
+
+#: The index's incremental writes run here (MemoryIndex._apply), a whole batch per
+#: call. One thread: writes are serialized by the index lock anyway, the write
+#: connection is then only ever used from this thread, and a batch never queues
+#: behind other work in the default executor (episode files, journal unlinks).
+_WRITES = ThreadPoolExecutor(max_workers=1, thread_name_prefix="steward-index-write")
+
+
+@dataclass(slots=True)
+class _Batch:
+    """One incremental write as the write thread fills it in (see MemoryIndex._apply)."""
+
+    docs: list[Doc]
+    removed: list[str]
+    problems: list[Problem]
+    #: path -> (row id, vector label, text hash) of the rows already indexed.
+    existing: dict[str, tuple[int, int | None, str]] = field(default_factory=dict)
+    #: The documents that need a new vector (new, or their embedded text changed).
+    fresh: list[Doc] = field(default_factory=list)
+    #: Why the keyword index could not take the committed write ("" if it could).
+    keywords_error: str = ""
 
 
 #: Save index.faiss after this many new vectors (and always at close): a crash loses
@@ -89,6 +121,8 @@ class MemoryIndex:
         self._db: aiosqlite.Connection | None = None
         #: Searches read through this one (search.run, in a worker thread).
         self._reader: sqlite3.Connection | None = None
+        #: Incremental writes go through this one (_apply, in the write thread `_WRITES`).
+        self._writer: sqlite3.Connection | None = None
         self._vectors = VectorIndex(embedder.dim or 1)
         self._lock = asyncio.Lock()
         self._rebuild_lock = asyncio.Lock()
@@ -101,7 +135,7 @@ class MemoryIndex:
         # the journal and are replayed onto it (they are idempotent per row).
         self._tokenizer = Tokenizer(TOKENIZE)
         self._keywords: KeywordIndex | None = None
-        self._keywords_journal: list[tuple[list[tuple[int, DocTokens]], list[int]]] | None = None
+        self._keywords_journal: KeywordJournal | None = None
         self._keywords_task: asyncio.Task[None] | None = None
         self._keywords_epoch = 0
         #: Why the last open rebuilt or caught up (for stats and tests), "" if it didn't.
@@ -179,6 +213,7 @@ class MemoryIndex:
                 finally:
                     self._tokenizer.close()
                     self._close_reader()
+                    self._close_writer()  # idle (the lock is held): only aiosqlite's is left
                     db, self._db = self._db, None
                     if db is not None:
                         try:
@@ -234,7 +269,7 @@ class MemoryIndex:
             await db.close()
             return f"{FAISS_NAME} belongs to another build of {SQLITE_NAME}"
         self._db, self._vectors, self._generation = db, vectors, generation
-        self._reader = await asyncio.to_thread(connect_reader, self.sqlite_path)
+        self._reader, self._writer = await asyncio.to_thread(_connect_both, self.sqlite_path)
         live = np.array(
             [r[0] for r in await db.execute_fetchall("SELECT vec FROM docs WHERE vec IS NOT NULL")],
             dtype=np.int64,
@@ -277,6 +312,7 @@ class MemoryIndex:
                 await asyncio.to_thread(vectors.save, tmp_faiss)
                 async with self._lock:
                     self._close_reader()
+                    self._close_writer()
                     if self._db is not None:
                         await self._db.close()
                         self._db = None
@@ -293,7 +329,9 @@ class MemoryIndex:
                     os.replace(tmp_faiss, self.faiss_path)
                     os.replace(tmp_db, self.sqlite_path)
                     self._db = await connect(self.sqlite_path)
-                    self._reader = await asyncio.to_thread(connect_reader, self.sqlite_path)
+                    self._reader, self._writer = await asyncio.to_thread(
+                        _connect_both, self.sqlite_path
+                    )
                     self._vectors = vectors
                     self._generation = generation
                     self._next_label = max(vectors.max_label + 1, generation << GEN_SHIFT)
@@ -400,129 +438,238 @@ class MemoryIndex:
         """What the agent calls after EpisodeStore.write: index_file by another name."""
         return await self.index_file(path)
 
-    async def add_episode_files(self, paths: list[Path]) -> list[str]:
-        """Index a batch of just-written episodes in one parse, one embedding call and
-        one transaction (core/persist.py batches under load); ids of those indexed."""
+    async def add_episode_files(self, files: Sequence[Path | Written]) -> list[str]:
+        """Index a batch of just-written episodes in one call of the write thread (stat or
+        take the text as written, build the docs, embed, add the vectors, one transaction,
+        the keyword index); core/persist.py batches under load. A `Written` (the episode
+        writer's) is not read back; a Path is stat'ed and parsed. Ids of those indexed."""
+        data_dir = self.data_dir
 
-        def stat_all() -> list[tuple[str, str, int, int]]:
-            items = []
-            for path in map(Path, paths):
-                kind = kind_of(self.data_dir, path)
+        def read() -> tuple[list[Doc], list[Problem]]:
+            docs: list[Doc] = []
+            problems: list[Problem] = []
+            root = data_dir.resolve()  # once: kind_of and _relative resolve both, each call
+            for file in files:
+                path = file.path if isinstance(file, Written) else Path(file)
+                try:
+                    relative = path.resolve().relative_to(root)
+                except ValueError:
+                    kind = None
+                else:
+                    kind = kind_of_relative(relative, path.suffix)
                 if kind is None:
                     raise ValueError(f"{path} is not a Markdown file under the data dir")
+                rel = relative.as_posix()
+                if isinstance(file, Written):
+                    try:
+                        docs.append(
+                            from_text(
+                                data_dir, rel, kind, file.text, file.mtime_ns, file.size, file.parts
+                            )
+                        )
+                    except DocError as exc:
+                        problems.append((rel, file.mtime_ns, file.size, str(exc)))
+                    continue
                 try:
                     st = path.stat()
                 except FileNotFoundError:  # removed since: nothing to index
                     continue
-                items.append((kind, _relative(self.data_dir, path), st.st_mtime_ns, st.st_size))
-            return items
+                found, bad = parse_batch(data_dir, [(kind, rel, st.st_mtime_ns, st.st_size)])
+                docs += found
+                problems += bad
+            return docs, problems
 
-        items = await asyncio.to_thread(stat_all)
-        if not items:
-            return []
-        docs, problems = await asyncio.to_thread(parse_batch, self.data_dir, items)
-        for problem in problems:
+        batch = await self._apply([], [], [], read=read)
+        for problem in batch.problems:
             log.warning("memory.index.skipped", problem=problem[3])
-        await self._apply(docs, [], problems)
-        return [d.doc_id for d in docs]
+        return [d.doc_id for d in batch.docs]
 
     async def remove_file(self, path: Path) -> None:
         """Forget a file (its vector is marked stale)."""
         await self._apply([], [_relative(self.data_dir, Path(path))], [])
 
     async def _apply(
-        self, docs: list[Doc], removed: list[str], problems: list[tuple[str, int, int, str]]
-    ) -> None:
+        self,
+        docs: list[Doc],
+        removed: list[str],
+        problems: list[Problem],
+        *,
+        read: Callable[[], tuple[list[Doc], list[Problem]]] | None = None,
+    ) -> _Batch:
+        """Write documents and removals into SQLite (one transaction), the vectors and
+        the keyword index. `read`, when given, makes the documents (and problems) first,
+        in the write thread.
+
+        All of it is one call of the write thread (`_WRITES`), on the sync connection
+        `_writer`: one aiosqlite hop per statement plus a to_thread per step made 13
+        event-loop/thread round trips per message, ~0.1-0.15 ms of CPU each (issue 26).
+        An embedder with a native `aembed` (a hosted model) is awaited on the event
+        loop: then one call reads and finds what to embed, a second one writes. A
+        failure rolls the whole transaction back (and marks the vectors it added
+        stale): a kill -9 mid-way leaves the index as it was before the batch."""
         async with self._lock:
-            db = self._require_db()  # inside the lock: a rebuild swaps the connection
-            existing: dict[str, tuple[int, int | None, str]] = {}
-            paths = [d.path for d in docs] + removed
-            for start in range(0, len(paths), 500):
-                part = paths[start : start + 500]
-                rows = await db.execute_fetchall(
-                    f"SELECT path, id, vec, text_hash FROM docs WHERE path IN "
-                    f"({','.join('?' * len(part))})",
-                    part,
-                )
-                existing.update({p: (i, v, h) for p, i, v, h in rows})
-            fresh = [
-                d
-                for d in docs
-                if d.path not in existing
-                or existing[d.path][1] is None
-                or existing[d.path][2] != d.text_hash
-            ]
-            labels: dict[str, int] = {}
-            if fresh:
-                matrix = await embed_async(self.embedder, [d.embed_text for d in fresh])
-                new = np.arange(self._next_label, self._next_label + len(fresh), dtype=np.int64)
-                await asyncio.to_thread(self._vectors.add, new, matrix)
-                self._next_label += len(fresh)
-                self._unsaved += len(fresh)
-                labels = {d.path: int(x) for d, x in zip(fresh, new, strict=True)}
-            stale: list[int] = []
-            written: list[tuple[int, Doc]] = []
-            gone: list[int] = []
-            try:
-                for doc in docs:
-                    old = existing.get(doc.path)
-                    label = labels.get(doc.path, old[1] if old else None)
-                    if old is not None:
-                        doc_key = old[0]
-                        if old[1] is not None and old[1] != label:
-                            stale.append(old[1])
-                        await db.execute(
-                            f"UPDATE docs SET ({DOC_COLUMNS}) = ({','.join('?' * 17)}) "
-                            "WHERE id = ?",
-                            (*doc_row(doc, label), doc_key),
-                        )
-                        await db.execute("DELETE FROM fts WHERE rowid = ?", (doc_key,))
-                        await db.execute("DELETE FROM signatures WHERE doc = ?", (doc_key,))
-                    else:
-                        cursor = await db.execute(
-                            f"INSERT INTO docs ({DOC_COLUMNS}) VALUES ({','.join('?' * 17)})",
-                            doc_row(doc, label),
-                        )
-                        doc_key = int(cursor.lastrowid or 0)
-                    written.append((doc_key, doc))
-                    await db.execute(
-                        "INSERT INTO fts (rowid, title, error, body) VALUES (?, ?, ?, ?)",
-                        (doc_key, doc.title, doc.error, doc.body),
-                    )
-                    await db.executemany(
-                        "INSERT OR IGNORE INTO signatures VALUES (?, ?)",
-                        [(s, doc_key) for s in doc.signatures],
-                    )
-                    await db.execute("DELETE FROM skipped WHERE path = ?", (doc.path,))
-                for rel in removed:
-                    await db.execute("DELETE FROM skipped WHERE path = ?", (rel,))
-                    old = existing.get(rel)
-                    if old is None:
-                        continue
-                    if old[1] is not None:
-                        stale.append(old[1])
-                    gone.append(old[0])
-                    await db.execute("DELETE FROM docs WHERE id = ?", (old[0],))
-                    await db.execute("DELETE FROM fts WHERE rowid = ?", (old[0],))
-                    await db.execute("DELETE FROM signatures WHERE doc = ?", (old[0],))
-                # A file that turned malformed keeps its last good version searchable;
-                # `skipped` stops it being re-read until it changes again.
-                await db.executemany("INSERT OR REPLACE INTO skipped VALUES (?, ?, ?, ?)", problems)
-                await db.commit()
-            except BaseException:
-                await db.rollback()
-                if labels:  # vectors no document will point to
-                    self._vectors.mark_stale(np.array(list(labels.values()), dtype=np.int64))
-                raise
-            if stale:
-                self._vectors.mark_stale(np.array(stale, dtype=np.int64))
-            if written or gone:
-                await self._update_keywords(written, gone)
+            db = self._require_writer()  # inside the lock: a rebuild swaps the connection
+            batch = _Batch(docs, removed, problems)
+            # Read on the event loop, under the lock: only a load (under the lock) or a
+            # close swaps them.
+            keywords, journal = self._keywords, self._keywords_journal
+            if getattr(self.embedder, "aembed", None) is None:
+                await self._in_writer(self._write_batch, db, batch, read, keywords, journal)
+            else:
+                await self._in_writer(self._read_batch, db, batch, read)
+                matrix = None
+                if batch.fresh:
+                    matrix = await embed_async(self.embedder, [d.embed_text for d in batch.fresh])
+                await self._in_writer(self._commit_batch, db, batch, matrix, keywords, journal)
+            if batch.keywords_error:
+                # The write itself is committed: rather than fail it, reload the keyword
+                # index from SQLite (its bm25 answers meanwhile).
+                log.warning("memory.index.keywords_stale", error=batch.keywords_error)
+                self._start_keywords()
             if self._vectors.needs_compaction():
                 if self._compaction is None or self._compaction.done():
                     self._compaction = asyncio.create_task(self._compact())
-            elif self._unsaved >= AUTOSAVE_EVERY:
-                await self._save_vectors()
+        return batch
+
+    async def _in_writer(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run `fn(*args)` in the write thread; called with the index lock held.
+
+        Cancelled while it runs, it still waits for the thread to finish (which then
+        commits or rolls back): until then nothing else may take the lock and use the
+        connection, the vectors or the keyword index."""
+        done = asyncio.get_running_loop().run_in_executor(_WRITES, fn, *args)
+        try:
+            await asyncio.shield(done)
+        except asyncio.CancelledError:
+            while not done.done():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.wait([done])
+            raise
+
+    # The write thread's steps (blocking; run by _in_writer, under the index lock).
+
+    def _write_batch(
+        self,
+        db: sqlite3.Connection,
+        batch: _Batch,
+        read: Callable[[], tuple[list[Doc], list[Problem]]] | None,
+        keywords: KeywordIndex | None,
+        journal: KeywordJournal | None,
+    ) -> None:
+        """The whole write for an embedder that blocks (embedded here, not in a hop)."""
+        self._read_batch(db, batch, read)
+        matrix = None
+        if batch.fresh:
+            matrix = embed_rows(self.embedder, [d.embed_text for d in batch.fresh])
+        self._commit_batch(db, batch, matrix, keywords, journal)
+
+    def _read_batch(
+        self,
+        db: sqlite3.Connection,
+        batch: _Batch,
+        read: Callable[[], tuple[list[Doc], list[Problem]]] | None,
+    ) -> None:
+        """Make the documents (`read`), find their rows and which need a new vector."""
+        if read is not None:
+            batch.docs, batch.problems = read()
+        existing = batch.existing
+        paths = [d.path for d in batch.docs] + batch.removed
+        for start in range(0, len(paths), 500):
+            part = paths[start : start + 500]
+            rows = db.execute(
+                f"SELECT path, id, vec, text_hash FROM docs WHERE path IN "
+                f"({','.join('?' * len(part))})",
+                part,
+            ).fetchall()
+            existing.update({p: (i, v, h) for p, i, v, h in rows})
+        batch.fresh = [
+            d
+            for d in batch.docs
+            if d.path not in existing
+            or existing[d.path][1] is None
+            or existing[d.path][2] != d.text_hash
+        ]
+
+    def _commit_batch(
+        self,
+        db: sqlite3.Connection,
+        batch: _Batch,
+        matrix: np.ndarray | None,
+        keywords: KeywordIndex | None,
+        journal: KeywordJournal | None,
+    ) -> None:
+        """Add the new vectors, write the rows in one transaction, then carry the
+        committed write into the keyword index and save the vectors when due."""
+        docs, removed, existing, fresh = batch.docs, batch.removed, batch.existing, batch.fresh
+        labels: dict[str, int] = {}
+        if fresh:
+            assert matrix is not None
+            new = np.arange(self._next_label, self._next_label + len(fresh), dtype=np.int64)
+            self._vectors.add(new, matrix)
+            self._next_label += len(fresh)
+            self._unsaved += len(fresh)
+            labels = {d.path: int(x) for d, x in zip(fresh, new, strict=True)}
+        stale: list[int] = []
+        written: list[tuple[int, Doc]] = []
+        gone: list[int] = []
+        try:
+            for doc in docs:
+                old = existing.get(doc.path)
+                label = labels.get(doc.path, old[1] if old else None)
+                if old is not None:
+                    doc_key = old[0]
+                    if old[1] is not None and old[1] != label:
+                        stale.append(old[1])
+                    db.execute(
+                        f"UPDATE docs SET ({DOC_COLUMNS}) = ({','.join('?' * 17)}) WHERE id = ?",
+                        (*doc_row(doc, label), doc_key),
+                    )
+                    db.execute("DELETE FROM fts WHERE rowid = ?", (doc_key,))
+                    db.execute("DELETE FROM signatures WHERE doc = ?", (doc_key,))
+                else:
+                    cursor = db.execute(
+                        f"INSERT INTO docs ({DOC_COLUMNS}) VALUES ({','.join('?' * 17)})",
+                        doc_row(doc, label),
+                    )
+                    doc_key = int(cursor.lastrowid or 0)
+                written.append((doc_key, doc))
+                db.execute(
+                    "INSERT INTO fts (rowid, title, error, body) VALUES (?, ?, ?, ?)",
+                    (doc_key, doc.title, doc.error, doc.body),
+                )
+                db.executemany(
+                    "INSERT OR IGNORE INTO signatures VALUES (?, ?)",
+                    [(s, doc_key) for s in doc.signatures],
+                )
+                db.execute("DELETE FROM skipped WHERE path = ?", (doc.path,))
+            for rel in removed:
+                db.execute("DELETE FROM skipped WHERE path = ?", (rel,))
+                old = existing.get(rel)
+                if old is None:
+                    continue
+                if old[1] is not None:
+                    stale.append(old[1])
+                gone.append(old[0])
+                db.execute("DELETE FROM docs WHERE id = ?", (old[0],))
+                db.execute("DELETE FROM fts WHERE rowid = ?", (old[0],))
+                db.execute("DELETE FROM signatures WHERE doc = ?", (old[0],))
+            # A file that turned malformed keeps its last good version searchable;
+            # `skipped` stops it being re-read until it changes again.
+            db.executemany("INSERT OR REPLACE INTO skipped VALUES (?, ?, ?, ?)", batch.problems)
+            db.commit()
+        except BaseException:
+            db.rollback()
+            if labels:  # vectors no document will point to
+                self._vectors.mark_stale(np.array(list(labels.values()), dtype=np.int64))
+            raise
+        if stale:
+            self._vectors.mark_stale(np.array(stale, dtype=np.int64))
+        if written or gone:
+            self._update_keywords(batch, written, gone, keywords, journal)
+        if not self._vectors.needs_compaction() and self._unsaved >= AUTOSAVE_EVERY:
+            if self._vectors.dirty:
+                self._vectors.save(self.faiss_path)
+            self._unsaved = 0
 
     # -- the in-memory keyword index ---------------------------------------------
 
@@ -576,31 +723,30 @@ class MemoryIndex:
         if next(iter(rows))[0] <= tuning.KEYWORD_SYNC_MAX:
             await self.keywords_ready()
 
-    async def _update_keywords(self, written: list[tuple[int, Doc]], gone: list[int]) -> None:
-        """Carry a committed write into the keyword index (or its load's journal)."""
-        if self._keywords is None and self._keywords_journal is None:
+    def _update_keywords(
+        self,
+        batch: _Batch,
+        written: list[tuple[int, Doc]],
+        gone: list[int],
+        keywords: KeywordIndex | None,
+        journal: KeywordJournal | None,
+    ) -> None:
+        """Carry a committed write into the keyword index (or its load's journal), in
+        the write thread. A tokenizer error is left in `batch.keywords_error`: the
+        write is committed, and `_apply` reloads the keyword index instead of failing."""
+        if keywords is None and journal is None:
             return
         try:
-            tokens = await asyncio.to_thread(
-                self._tokenizer.documents, [(d.title, d.error, d.body) for _, d in written]
-            )
+            tokens = self._tokenizer.documents([(d.title, d.error, d.body) for _, d in written])
         except sqlite3.Error as exc:
-            # The write itself is committed: rather than fail it, reload the keyword
-            # index from SQLite (its bm25 answers meanwhile).
-            log.warning("memory.index.keywords_stale", error=str(exc))
-            self._start_keywords()
+            batch.keywords_error = str(exc)
             return
         upserts = [(key, t) for (key, _), t in zip(written, tokens, strict=True)]
-        if self._keywords_journal is not None:
-            self._keywords_journal.append((upserts, gone))
-        if self._keywords is not None:
-            keywords = self._keywords
-
-            def apply() -> None:
-                keywords.remove(gone)
-                keywords.upsert(upserts)
-
-            await asyncio.to_thread(apply)
+        if journal is not None:
+            journal.append((upserts, gone))
+        if keywords is not None:
+            keywords.remove(gone)
+            keywords.upsert(upserts)
 
     async def _compact(self) -> None:
         """Rebuild the HNSW graph without stale vectors, in the background.
@@ -759,6 +905,16 @@ class MemoryIndex:
         if reader is not None:
             reader.close()
 
+    def _require_writer(self) -> sqlite3.Connection:
+        if self._writer is None:
+            raise RuntimeError("the memory index is closed")
+        return self._writer
+
+    def _close_writer(self) -> None:
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.close()
+
     def _require_db(self) -> aiosqlite.Connection:
         if self._db is None:
             raise RuntimeError("the memory index is closed")
@@ -768,6 +924,16 @@ class MemoryIndex:
         db = self._require_db()
         await db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", list(values.items()))
         await db.commit()
+
+
+def _connect_both(path: Path) -> tuple[sqlite3.Connection, sqlite3.Connection]:
+    """The search connection and the write connection, opened in one thread hop."""
+    reader = connect_reader(path)
+    try:
+        return reader, connect_writer(path)
+    except BaseException:
+        reader.close()
+        raise
 
 
 def _relative(data_dir: Path, path: Path) -> str:

@@ -115,6 +115,35 @@ def connect_reader(path: Path) -> sqlite3.Connection:
     return db
 
 
+#: The live file's settings, for each connection that writes it (they are per connection).
+#: The write-ahead log is bounded: checkpointed every WAL_AUTOCHECKPOINT pages and
+#: truncated to JOURNAL_SIZE_LIMIT after each checkpoint (left to SQLite's defaults it
+#: took 1.7 MB of a 2 MB data dir), and truncated at close.
+LIVE_PRAGMAS = (
+    "PRAGMA busy_timeout=5000",
+    "PRAGMA journal_mode=WAL",
+    "PRAGMA synchronous=NORMAL",
+    f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT}",
+    f"PRAGMA journal_size_limit={JOURNAL_SIZE_LIMIT}",
+)
+
+
+def connect_writer(path: Path) -> sqlite3.Connection:
+    """The connection the index's incremental writes use (`MemoryIndex._apply`), from
+    its one write thread, under the index lock (so `check_same_thread` is off): a whole
+    batch, its reads, statements and commit, is then one thread call instead of one
+    aiosqlite hop per statement (issue 26). Python's sqlite3 opens the transaction at
+    the first write and `commit`/`rollback` end it, as through aiosqlite."""
+    db = sqlite3.connect(path, check_same_thread=False)
+    try:
+        for pragma in LIVE_PRAGMAS:
+            db.execute(pragma)
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
 async def connect(path: Path, *, bulk: bool = False) -> aiosqlite.Connection:
     db = await aiosqlite.connect(path)
     try:
@@ -123,14 +152,8 @@ async def connect(path: Path, *, bulk: bool = False) -> aiosqlite.Connection:
             await db.execute("PRAGMA journal_mode=OFF")
             await db.execute("PRAGMA synchronous=OFF")
         else:
-            await db.execute("PRAGMA busy_timeout=5000")
-            await db.execute("PRAGMA journal_mode=WAL")
-            await db.execute("PRAGMA synchronous=NORMAL")
-            # The write-ahead log is bounded: checkpointed every WAL_AUTOCHECKPOINT pages
-            # and truncated to JOURNAL_SIZE_LIMIT after each checkpoint (left to SQLite's
-            # defaults it took 1.7 MB of a 2 MB data dir), and truncated at close.
-            await db.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT}")
-            await db.execute(f"PRAGMA journal_size_limit={JOURNAL_SIZE_LIMIT}")
+            for pragma in LIVE_PRAGMAS:
+                await db.execute(pragma)
     except BaseException:
         await db.close()
         raise
