@@ -32,7 +32,7 @@ from pathlib import Path
 import structlog
 
 from core.clock import Activity
-from memory.episodes import Episode, EpisodeStore
+from memory.episodes import GENERATED_FIELDS, Episode, EpisodeStore
 from memory.journal import TaskJournal
 from memory.records import Written
 
@@ -94,7 +94,7 @@ class EpisodeWriter:
 
     def _record(self, episode: Episode) -> asyncio.Future[Path | None]:
         if self.journal is not None:
-            self.journal.finished(episode.id, episode.to_record())
+            self.journal.finished(episode.id, episode.to_record(), verbatim=GENERATED_FIELDS)
         done: asyncio.Future[Path | None] = asyncio.get_running_loop().create_future()
         if self._worker is None or self._worker.done():
             self._worker = asyncio.create_task(self._work(), name="persist:episodes")

@@ -23,6 +23,33 @@ from memory.store import MalformedFile, render
 EPISODE_ARGUMENTS_CHARS = 500
 
 
+#: Fields of `Episode.to_record` that Steward makes itself (ids, times, counters, enum
+#: words, the configured model's name, ids of episodes and rules): nothing a person, a
+#: tool or the model wrote, so nothing to redact. The journal's "done" line skips them:
+#: it is written on the reply path (issue 26). Everything else is redacted as before.
+GENERATED_FIELDS = frozenset(
+    {
+        "id",
+        "started",
+        "channel",
+        "outcome",
+        "model",
+        "steps",
+        "tokens_in",
+        "tokens_out",
+        "cost_usd",
+        "duration_s",
+        "gates",
+        "recalled",
+        "context",
+        "task_environmental",
+        "rules_applied",
+        "rules_trial",
+        "snapshot",
+    }
+)
+
+
 @dataclass(slots=True)
 class ToolRecord:
     name: str

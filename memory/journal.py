@@ -118,7 +118,9 @@ class TaskJournal:
         except OSError:  # e.g. the open record could not be written: the task goes on
             log.warning("journal.write_failed", task_id=task_id, exc_info=True)
 
-    def finished(self, task_id: str, episode: dict[str, Any]) -> bool:
+    def finished(
+        self, task_id: str, episode: dict[str, Any], *, verbatim: frozenset[str] = frozenset()
+    ) -> bool:
         """The task ended: its whole episode (`Episode.to_record`) appended as one line,
         before its reply is sent and before the episode file is written (core/persist.py
         writes that in the background). A process killed in between leaves this record
@@ -131,7 +133,11 @@ class TaskJournal:
         Returns False when the line could not be appended (no record, or an OSError)."""
         if task_id not in self._records:
             return False
-        line = json.dumps({"done": redact_obj(episode)}, ensure_ascii=False) + "\n"
+        # `verbatim`: top-level keys whose values Steward made itself (no secret can be
+        # in them: memory.episodes.GENERATED_FIELDS); every other value is redacted.
+        redacted = redact_obj({k: v for k, v in episode.items() if k not in verbatim})
+        clean = {k: episode[k] if k in verbatim else redacted[k] for k in episode}
+        line = json.dumps({"done": clean}, ensure_ascii=False) + "\n"
         try:
             fd = os.open(self.path(task_id), os.O_WRONLY | os.O_APPEND)
             try:

@@ -18,9 +18,10 @@ from core.clock import Clock
 from core.interrupted import Interrupted
 from core.persist import EpisodeWriter
 from memory.effects import Effects
-from memory.episodes import Episode, EpisodeStore, ToolRecord
+from memory.episodes import GENERATED_FIELDS, Episode, EpisodeStore, ToolRecord
 from memory.journal import TaskJournal
 from memory.records import Written
+from memory.redact import redact_obj
 from tests.fakes.llm import ScriptedLLM
 
 STARTED = datetime(2026, 3, 4, 5, 6, 7, tzinfo=UTC)
@@ -93,6 +94,41 @@ async def test_a_finished_task_left_in_the_journal_is_written_at_start_not_asked
     assert SECRET not in path.read_text()
     assert indexed == [path]
     assert list((tmp_path / "journal").glob("*.jsonl")) == []
+
+
+async def test_the_done_line_skips_only_what_steward_made_and_redacts_the_rest(
+    tmp_path: Path,
+) -> None:
+    """With `verbatim=GENERATED_FIELDS` the journal's "done" line is the same as when
+    every field is redacted, for an episode with a secret in each field a person, a tool
+    or the model wrote; the generated fields it leaves alone cannot hold one."""
+    journal = TaskJournal(tmp_path)
+    leak = f"the token is {SECRET}"
+    episode = Episode(
+        id="20260304-050607-000003",
+        started=STARTED,
+        channel="replay",
+        conversation=leak,
+        user=leak,
+        request=leak,
+        outcome="failure",
+        reply=leak,
+        error=leak,
+        scope=leak,
+        task_signature=leak,
+        changes=[leak],
+        tools=[ToolRecord(name="shell", ok=False, args={"command": leak}, error=leak)],
+    )
+    record = episode.to_record()
+    assert not GENERATED_FIELDS & {"request", "reply", "error", "tools", "changes", "user"}
+    await _open(journal, episode)
+    assert journal.finished(episode.id, record, verbatim=GENERATED_FIELDS)
+    (line,) = [json.loads(x) for x in journal.path(episode.id).read_text().splitlines()[1:]]
+    assert SECRET not in json.dumps(line)
+    assert line["done"] == json.loads(json.dumps(redact_obj(record)))
+    assert {k: line["done"][k] for k in GENERATED_FIELDS} == json.loads(
+        json.dumps({k: record[k] for k in GENERATED_FIELDS})
+    )
 
 
 async def test_the_writer_writes_in_order_closes_records_and_indexes_in_batches(
@@ -211,6 +247,7 @@ async def test_a_success_frees_its_conversation_before_its_episode_is_indexed(
     from bot.app import App
     from core.access import Rules
     from core.events import Message
+    from core.llm import load_litellm
 
     settings = settings_for(llm)
     app = App(settings)
@@ -226,6 +263,8 @@ async def test_a_success_frees_its_conversation_before_its_episode_is_indexed(
         await real_index(paths)
 
     app.persist.index = slow_index
+    # litellm's first import (seconds on a loaded machine) is not what is timed here.
+    await asyncio.to_thread(load_litellm)
     try:
         llm.reply_text("done")
         await app.dispatcher.handle(Message("replay", "ok", "u", "say done"), channel)
