@@ -518,3 +518,24 @@ async def test_inline_and_threaded_vector_search_give_the_same_hits(
         qv = (await embed_async(index.embedder, [q]))[0]
         for f in filters:
             assert await _full(index, q, query_vector=qv, **f) == await _full(index, q, **f)
+
+
+def test_contenders_are_the_documents_the_rounded_cutoff_keeps() -> None:
+    """search.contenders rounds only near the cutoff; it keeps exactly the documents
+    the full rounding kept (every score rounded to 12 digits, at least the limit-th)."""
+    import random
+
+    from memory.index.search import contenders
+
+    rng = random.Random(3)
+    for _ in range(300):
+        # RRF sums of one or two lists' ranks: many exact and near ties.
+        fused = _rrf([rng.sample(range(60), rng.randint(0, 40)) for _ in range(2)])
+        for doc in rng.sample(sorted(fused), min(3, len(fused))):
+            fused[doc] += rng.choice([0.0, 1e-14, -1e-14])  # float noise across a rebuild
+        limit = rng.randint(1, 12)
+        rounded = {d: round(s, 12) for d, s in fused.items()}
+        full = sorted(rounded, key=lambda d: -rounded[d])
+        if len(full) > limit:
+            full = [d for d in full if rounded[d] >= rounded[full[limit - 1]]]
+        assert set(contenders(fused, limit)) == set(full)
