@@ -20,7 +20,7 @@ import pytest
 
 import memory.vectors as vectors_mod
 from core.recall import IndexRecall
-from memory.embedder import HashedEmbedder, LiteLLMEmbedder
+from memory.embedder import HashedEmbedder, LiteLLMEmbedder, embed_async
 from memory.episodes import Episode, EpisodeStore, ToolRecord
 from memory.index import FAISS_NAME, SQLITE_NAME, MemoryIndex, _rrf, fts_query
 from memory.vectors import VectorIndex
@@ -474,3 +474,68 @@ def test_hashed_embedder_blocks_match_the_feature_hashing_they_define() -> None:
             ph = _mix_ref((h + probe * 0x632BE59BD9B4E019 + 1) & m)
             want[r, ph % dim] += -weight if ph >> 63 else weight
     assert np.array_equal(emb._word_block(rows, hashes, 3), want)
+
+
+async def _full(idx: MemoryIndex, query: str, **kw: Any) -> list[tuple[str, float, Any]]:
+    return [(h.id, h.score, sorted(h.meta.items())) for h in await idx.search(query, **kw)]
+
+
+async def test_inline_and_threaded_vector_search_give_the_same_hits(
+    index: MemoryIndex, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """search.run searches few vectors in its own thread and hands bigger searches to
+    the _GRAPH thread (tuning.VECTOR_THREAD_MIN); the query is embedded in the search's
+    worker thread unless a vector is given. Every path gives the same hits, in the same
+    order, with the same ranks and scores."""
+    import memory.index.tuning as tuning_mod
+    from memory.index import search as search_mod
+
+    filters: list[dict[str, Any]] = [
+        {},
+        {"kinds": "episode", "scopes": ["conversation:slack:C1"]},
+        {"outcome": "failure"},
+        {"kinds": "episode", "scopes": ["conversation:slack:C2"], "limit": 1},
+    ]
+    calls: list[str] = []
+    real_submit = search_mod._GRAPH.submit
+
+    def counting_submit(fn: Any, *args: Any) -> Any:
+        calls.append(fn.__name__)
+        return real_submit(fn, *args)
+
+    monkeypatch.setattr(search_mod._GRAPH, "submit", counting_submit)
+    results = {}
+    for inline in (True, False):
+        monkeypatch.setattr(tuning_mod, "VECTOR_THREAD_MIN", 10**6 if inline else 0)
+        calls.clear()
+        results[inline] = [await _full(index, q, **f) for q in QUERIES for f in filters]
+        assert bool(calls) is not inline
+    assert results[True] == results[False]
+    assert any(results[True])
+    # A query embedded beforehand (embed_async, as callers with a vector do) gives what
+    # the search's own in-thread embedding gives.
+    for q in QUERIES:
+        qv = (await embed_async(index.embedder, [q]))[0]
+        for f in filters:
+            assert await _full(index, q, query_vector=qv, **f) == await _full(index, q, **f)
+
+
+def test_contenders_are_the_documents_the_rounded_cutoff_keeps() -> None:
+    """search.contenders rounds only near the cutoff; it keeps exactly the documents
+    the full rounding kept (every score rounded to 12 digits, at least the limit-th)."""
+    import random
+
+    from memory.index.search import contenders
+
+    rng = random.Random(3)
+    for _ in range(300):
+        # RRF sums of one or two lists' ranks: many exact and near ties.
+        fused = _rrf([rng.sample(range(60), rng.randint(0, 40)) for _ in range(2)])
+        for doc in rng.sample(sorted(fused), min(3, len(fused))):
+            fused[doc] += rng.choice([0.0, 1e-14, -1e-14])  # float noise across a rebuild
+        limit = rng.randint(1, 12)
+        rounded = {d: round(s, 12) for d, s in fused.items()}
+        full = sorted(rounded, key=lambda d: -rounded[d])
+        if len(full) > limit:
+            full = [d for d in full if rounded[d] >= rounded[full[limit - 1]]]
+        assert set(contenders(fused, limit)) == set(full)
