@@ -3,15 +3,18 @@
 Why this library: it is LINE's own SDK and already a dependency; its async client
 (`AsyncApiClient`, aiohttp underneath) keeps Steward async all the way, its
 `Configuration(host=…)` points every endpoint at STEWARD_LINE_API_URL (proxies, the
-test fake), its models render the Flex bubbles, and `SignatureValidator` is LINE's own
-HMAC check. The four endpoints used (bot info, reply, push, loading animation) are
-called through `AsyncApiClient.call_api` exactly as the SDK's `AsyncMessagingApi`
-calls them (see `_request`), without importing that class: its module declares every
-Messaging API method with pydantic-validated signatures and imports ~80 request and
-response models for them, ~16 MB resident (issue 26) for four calls. Inbound
-payloads are read as plain JSON rather than the SDK's event models: the fields we use
-are few and stable, and a new field or event type LINE adds must never turn a
-verified webhook into a 500.
+test fake) and its models render the Flex bubbles. Inbound payloads are read as plain
+JSON rather than the SDK's event models: the fields we use are few and stable, and a
+new field or event type LINE adds must never turn a verified webhook into a 500.
+
+Two parts of the SDK are not imported, for resident memory (issue 26):
+`AsyncMessagingApi` declares every Messaging API method with pydantic-validated
+signatures and imports ~80 request and response models for them (~16 MB) for the four
+calls made here (bot info, reply, push, loading animation); `_request` makes them
+through `AsyncApiClient.call_api` exactly as its generated methods do. And
+``linebot.v3.webhook`` loads all ~70 webhook event models (~2.5 MB) for
+`SignatureValidator`, an HMAC: `valid_signature` is the same check (base64
+HMAC-SHA256 of the raw body with the channel secret, compared in constant time).
 
 What LINE is like, and what the adapter does about it:
 
@@ -101,7 +104,6 @@ from linebot.v3.messaging import (
     ShowLoadingAnimationRequest,
     TextMessage,
 )
-from linebot.v3.webhook import SignatureValidator
 
 from adapters.runtime import Health, Inflight, Recent, json_object
 from core.events import (
@@ -520,7 +522,7 @@ class LineChannel:
         self.deaf_after = deaf_after
         self.reply_ttl = reply_ttl
         self._token = channel_token
-        self._validator = SignatureValidator(channel_secret)
+        self._secret = channel_secret.encode("utf-8")
         self._timeout = timeout
         self._state_file = state_dir / "last_webhook" if state_dir else None
         self._health = Health(self.name)
@@ -708,7 +710,7 @@ class LineChannel:
             return web.json_response({"message": "missing x-line-signature"}, status=400)
         try:
             body = raw.decode("utf-8")
-            valid = self._validator.validate(body, signature)
+            valid = valid_signature(self._secret, raw, signature)
         except (UnicodeDecodeError, ValueError, binascii.Error):
             valid = False
         if not valid:
@@ -921,6 +923,13 @@ class LineChannel:
             retry_after=err.retry_after,
         )
         raise err
+
+
+def valid_signature(secret: bytes, body: bytes, signature: str) -> bool:
+    """Whether ``x-line-signature`` is LINE's for `body`, as `SignatureValidator.validate`
+    of line-bot-sdk decides it (same HMAC, same constant-time comparison of the base64)."""
+    expected = base64.b64encode(hmac.new(secret, body, hashlib.sha256).digest())
+    return hmac.compare_digest(signature.encode("utf-8"), expected)
 
 
 def signature_for(secret: str, body: bytes) -> str:
