@@ -1,12 +1,20 @@
 """LINE: signed webhooks in, the Messaging API out, through line-bot-sdk v3 (`linebot.v3`).
 
 Why this library: it is LINE's own SDK and already a dependency; its async client
-(`AsyncApiClient` / `AsyncMessagingApi`, aiohttp underneath) keeps Steward async all
-the way, its `Configuration(host=…)` points every endpoint at STEWARD_LINE_API_URL
-(proxies, the test fake), and `SignatureValidator` is LINE's own HMAC check. Inbound
-payloads are read as plain JSON rather than the SDK's event models: the fields we use
-are few and stable, and a new field or event type LINE adds must never turn a
-verified webhook into a 500.
+(`AsyncApiClient`, aiohttp underneath) keeps Steward async all the way, its
+`Configuration(host=…)` points every endpoint at STEWARD_LINE_API_URL (proxies, the
+test fake) and its models render the Flex bubbles. Inbound payloads are read as plain
+JSON rather than the SDK's event models: the fields we use are few and stable, and a
+new field or event type LINE adds must never turn a verified webhook into a 500.
+
+Two parts of the SDK are not imported, for resident memory (issue 26):
+`AsyncMessagingApi` declares every Messaging API method with pydantic-validated
+signatures and imports ~80 request and response models for them (~16 MB) for the four
+calls made here (bot info, reply, push, loading animation); `_request` makes them
+through `AsyncApiClient.call_api` exactly as its generated methods do. And
+``linebot.v3.webhook`` loads all ~70 webhook event models (~2.5 MB) for
+`SignatureValidator`, an HMAC: `valid_signature` is the same check (base64
+HMAC-SHA256 of the raw body with the channel secret, compared in constant time).
 
 What LINE is like, and what the adapter does about it:
 
@@ -84,7 +92,6 @@ defer_init(
 from linebot.v3.messaging import (
     ApiException,
     AsyncApiClient,
-    AsyncMessagingApi,
     Configuration,
     FlexBox,
     FlexBubble,
@@ -97,7 +104,6 @@ from linebot.v3.messaging import (
     ShowLoadingAnimationRequest,
     TextMessage,
 )
-from linebot.v3.webhook import SignatureValidator
 
 from adapters.runtime import Health, Inflight, Recent, json_object
 from core.events import (
@@ -355,6 +361,48 @@ def suggestion_alt_text(suggestion: Suggestion) -> str:
     return f"{to_line_text(suggestion.text)} Tap a button, or reply {choices}."
 
 
+# ---------------------------------------------------------------------- the wire
+
+
+async def _request(
+    client: AsyncApiClient,
+    method: str,
+    path: str,
+    *,
+    body: Any = None,
+    headers: Mapping[str, str] | None = None,
+    response: str | None = None,
+) -> Any:
+    """One Messaging API call, made the way `AsyncMessagingApi`'s generated methods make
+    it (same path, headers, bearer auth, JSON body, errors as `ApiException`).
+
+    `response` is the SDK model a 200 body is read into (looked up by name in
+    ``linebot.v3.messaging.models``, as the SDK does); None is the loading animation's
+    202, whose body is read as plain JSON.
+    `DEFAULT_API_URL` is only the SDK's own fallback host: the client's configured host
+    (always set here) wins, as in every generated method."""
+    params: dict[str, str] = dict(headers or {})
+    params["Accept"] = client.select_header_accept(["application/json"])
+    if body is not None:
+        params["Content-Type"] = client.select_header_content_type(["application/json"])
+    return await client.call_api(
+        path,
+        method,
+        {},
+        [],
+        params,
+        body=body,
+        post_params=[],
+        files={},
+        response_types_map={"202": "object"} if response is None else {"200": response},
+        auth_settings=["Bearer"],
+        _return_http_data_only=True,
+        _preload_content=True,
+        _host=DEFAULT_API_URL,
+        collection_formats={},
+    )
+
+
 # ---------------------------------------------------------------------- errors
 
 
@@ -474,7 +522,7 @@ class LineChannel:
         self.deaf_after = deaf_after
         self.reply_ttl = reply_ttl
         self._token = channel_token
-        self._validator = SignatureValidator(channel_secret)
+        self._secret = channel_secret.encode("utf-8")
         self._timeout = timeout
         self._state_file = state_dir / "last_webhook" if state_dir else None
         self._health = Health(self.name)
@@ -486,7 +534,6 @@ class LineChannel:
         self._retry_keys: Recent[tuple[str, str], str] = Recent(256)
         self._loading: dict[str, float] = {}
         self._client: AsyncApiClient | None = None
-        self._api: AsyncMessagingApi | None = None
         self._dispatch: Dispatch | None = None
         self._started_at = time.time()
         self._last_webhook: float | None = None
@@ -570,12 +617,12 @@ class LineChannel:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def _messaging(self) -> AsyncMessagingApi:
-        if self._api is None:
+    def _session(self) -> AsyncApiClient:
+        """The SDK's HTTP client, made on first use (its aiohttp session needs the loop)."""
+        if self._client is None:
             config = Configuration(host=self.api_url, access_token=self._token)
             self._client = AsyncApiClient(config)
-            self._api = AsyncMessagingApi(self._client)
-        return self._api
+        return self._client
 
     def add_routes(self, app: web.Application) -> None:
         """Mount ``POST /webhooks/line`` (outside the web login: the signature decides)."""
@@ -621,7 +668,7 @@ class LineChannel:
             self._watch.cancel()
             self._watch = None
         await self._inflight.cancel_all()
-        client, self._client, self._api = self._client, None, None
+        client, self._client = self._client, None
         if client is not None:
             with contextlib.suppress(Exception):
                 await client.close()
@@ -630,7 +677,9 @@ class LineChannel:
             log.info("line.stopped", channel=self.name)
 
     async def _whoami(self) -> str:
-        info = await self._call("bot/info", lambda api: api.get_bot_info())
+        info = await self._call(
+            "bot/info", lambda c: _request(c, "GET", "/v2/bot/info", response="BotInfoResponse")
+        )
         return f"bot {info.display_name} ({info.basic_id})"
 
     async def check_credentials(self) -> str:
@@ -661,7 +710,7 @@ class LineChannel:
             return web.json_response({"message": "missing x-line-signature"}, status=400)
         try:
             body = raw.decode("utf-8")
-            valid = self._validator.validate(body, signature)
+            valid = valid_signature(self._secret, raw, signature)
         except (UnicodeDecodeError, ValueError, binascii.Error):
             valid = False
         if not valid:
@@ -764,8 +813,13 @@ class LineChannel:
         self._loading[conversation] = time.monotonic()
         await self._call(
             "loading/start",
-            lambda api: api.show_loading_animation(
-                ShowLoadingAnimationRequest(chatId=conversation, loadingSeconds=LOADING_SECONDS)
+            lambda c: _request(
+                c,
+                "POST",
+                "/v2/bot/chat/loading/start",
+                body=ShowLoadingAnimationRequest(
+                    chatId=conversation, loadingSeconds=LOADING_SECONDS
+                ),
             ),
         )
 
@@ -791,8 +845,12 @@ class LineChannel:
             try:
                 data = await self._call(
                     "reply",
-                    lambda api: api.reply_message(
-                        ReplyMessageRequest(replyToken=pending.token, messages=messages)
+                    lambda c: _request(
+                        c,
+                        "POST",
+                        "/v2/bot/message/reply",
+                        body=ReplyMessageRequest(replyToken=pending.token, messages=messages),
+                        response="ReplyMessageResponse",
                     ),
                 )
                 return self._ref(conversation, data)
@@ -811,8 +869,13 @@ class LineChannel:
         try:
             response = await self._call(
                 "push",
-                lambda api: api.push_message(
-                    PushMessageRequest(to=to, messages=messages), x_line_retry_key=retry_key
+                lambda c: _request(
+                    c,
+                    "POST",
+                    "/v2/bot/message/push",
+                    body=PushMessageRequest(to=to, messages=messages),
+                    headers={"X-Line-Retry-Key": retry_key},
+                    response="PushMessageResponse",
                 ),
                 accept_409=True,
             )
@@ -833,7 +896,7 @@ class LineChannel:
     async def _call(
         self,
         what: str,
-        call: Callable[[AsyncMessagingApi], Awaitable[T]],
+        call: Callable[[AsyncApiClient], Awaitable[T]],
         *,
         accept_409: bool = False,
     ) -> T:
@@ -843,7 +906,7 @@ class LineChannel:
         first attempt got through); its body carries that attempt's sentMessages."""
         try:
             async with asyncio.timeout(self._timeout):
-                return await call(self._messaging())
+                return await call(self._session())
         except ApiException as exc:
             if accept_409 and exc.status == 409:
                 log.info("line.push_already_accepted", channel=self.name)
@@ -860,6 +923,13 @@ class LineChannel:
             retry_after=err.retry_after,
         )
         raise err
+
+
+def valid_signature(secret: bytes, body: bytes, signature: str) -> bool:
+    """Whether ``x-line-signature`` is LINE's for `body`, as `SignatureValidator.validate`
+    of line-bot-sdk decides it (same HMAC, same constant-time comparison of the base64)."""
+    expected = base64.b64encode(hmac.new(secret, body, hashlib.sha256).digest())
+    return hmac.compare_digest(signature.encode("utf-8"), expected)
 
 
 def signature_for(secret: str, body: bytes) -> str:

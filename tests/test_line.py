@@ -27,6 +27,7 @@ from adapters.line import (
     signature_for,
     to_line_text,
     utf16_len,
+    valid_signature,
 )
 from bot.channels import Outbox, UndeliveredStore
 from core.approvals import approval_buttons
@@ -477,6 +478,28 @@ def test_alt_text_says_how_to_answer_by_text() -> None:
 
 def test_signature_helper_matches_the_fake() -> None:
     assert signature_for("s", b"{}") == sign("s", b"{}")
+
+
+@pytest.mark.parametrize(
+    ("body", "signature"),
+    [
+        (b'{"events": []}', None),  # None: the right signature
+        ('{"text": "こんにちは 🍎"}'.encode(), None),
+        (b"{}", "AAAA"),
+        (b"{}", "x" * 44),
+        (b"{}", "sign\u00e9"),
+        (b"{}", ""),
+    ],
+)
+def test_signature_check_decides_as_the_sdk_validator(body: bytes, signature: str | None) -> None:
+    """The adapter checks signatures itself (issue 26: the SDK's module loads every
+    webhook model); it must accept and refuse exactly what the SDK's validator does."""
+    from linebot.v3.webhook import SignatureValidator
+
+    sig = signature_for("secret", body) if signature is None else signature
+    expected = SignatureValidator("secret").validate(body.decode(), sig)
+    assert valid_signature(b"secret", body, sig) is expected
+    assert expected is (signature is None)
 
 
 async def test_button_press_becomes_button_press(rig: Rig) -> None:
