@@ -199,8 +199,9 @@ def _freeze_startup_heap() -> None:
     memory index: ~400k objects) out of the garbage collector's sight, once a process.
 
     Why: those objects live as long as the process, yet every full collection walked
-    them all: under load (100 conversations at once) that was ~1.5-2.5 ms of CPU per
-    message in gen-2 passes of 200-400 ms each, on the one event loop (issue 26). Once
+    them all: under load (100 conversations at once) the collector took 1.3-1.6 ms of
+    the one event loop's CPU per message, mostly in gen-2 passes of 200-400 ms each;
+    frozen, 0.5-0.7 ms (issue 26). Once
     a process only: a second App (tests start many) would otherwise make the garbage
     left by the first immortal."""
     global _heap_frozen
