@@ -16,6 +16,7 @@ from typing import Any
 
 from memory.effects import Effects
 from memory.health import health_for
+from memory.hops import disk_executor
 from memory.records import RecordStore, Written, read_record
 from memory.store import MalformedFile, render
 
@@ -299,7 +300,11 @@ class EpisodeStore:
         adds it without reading it back. `then` (blocking) runs in the same hop once
         every file is written or has failed: the journal's unlinks (TaskJournal.closing)."""
         paths = [self.path_for(e) for e in episodes]
-        results = await asyncio.to_thread(self._write_all, paths, episodes, then)
+        # On the data dir's own pool (memory/hops.py): a batch's fsyncs take a thread for
+        # tens of ms on a busy disk, and litellm prepares each request in the default one.
+        results = await asyncio.get_running_loop().run_in_executor(
+            disk_executor(), self._write_all, paths, episodes, then
+        )
         out: list[Written | None] = []
         for path, result in zip(paths, results, strict=True):
 

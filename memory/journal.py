@@ -13,7 +13,9 @@ the episode is written. What is left at start-up was interrupted.
 first line is the record, written atomically (temp file, fsync, rename); each tool call
 appends one line and fdatasyncs it (a fraction of a rewrite's cost: this is on every
 task's path), and a line torn by a crash is ignored when read. Writes run in a
-thread: each costs an fsync, which must not stall the event loop.
+thread: each costs an fsync, which must not stall the event loop. The writes asked for
+in one event-loop turn (100 conversations at once open many records together) share
+one thread hop (memory/hops.py), each still fsynced and awaited on its own.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import json
 import os
 from collections.abc import Callable
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +34,7 @@ import structlog
 
 from memory.atomic import atomic_write_text
 from memory.health import health_for
+from memory.hops import HopBatch
 from memory.redact import redact, redact_obj
 
 log = structlog.get_logger("steward.journal")
@@ -54,6 +58,8 @@ class TaskJournal:
         #: cancelled by its person, so its record stays open for the next start.
         self.stopping = False
         self._records: dict[str, dict[str, Any]] = {}
+        #: Records and tool lines written in the same loop turn go in one thread hop.
+        self._hops = HopBatch()
 
     def path(self, task_id: str) -> Path:
         return self.root / f"{task_id}.jsonl"
@@ -65,7 +71,7 @@ class TaskJournal:
         text = "\n".join(lines) + "\n"
         path = self.path(str(record["id"]))
         await self.health.guard(
-            "journal", path, lambda: asyncio.to_thread(atomic_write_text, path, text)
+            "journal", path, lambda: self._hops.run(partial(atomic_write_text, path, text))
         )
 
     def _append(self, task_id: str, line: str) -> None:
@@ -114,7 +120,7 @@ class TaskJournal:
         record["tools"].append(entry)
         line = json.dumps(entry, ensure_ascii=False) + "\n"
         try:
-            await asyncio.to_thread(self._append, task_id, line)
+            await self._hops.run(partial(self._append, task_id, line))
         except OSError:  # e.g. the open record could not be written: the task goes on
             log.warning("journal.write_failed", task_id=task_id, exc_info=True)
 

@@ -32,11 +32,13 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from memory.atomic import atomic_write_bytes
 from memory.health import WriteHealth
+from memory.hops import HopBatch
 from memory.redact import redact
 from memory.store import MalformedFile, parse, render, rendered_parts
 
@@ -108,6 +110,9 @@ class RecordStore:
         self.cache_size = cache_size
         self._cache: OrderedDict[Path, tuple[_Stamp, dict[str, Any], str]] = OrderedDict()
         self._lock = threading.Lock()
+        #: Saves asked for in the same loop turn share one thread hop (memory/hops.py):
+        #: under load every conversation saves its transcript after each exchange.
+        self._hops = HopBatch()
 
     def path(self, name: str) -> Path:
         """The file of the record called `name` directly in this store's folder."""
@@ -151,12 +156,13 @@ class RecordStore:
         return Written(path, st.st_mtime_ns, st.st_size, text, parts)
 
     async def save(self, path: Path, meta: dict[str, Any], body: str) -> Path:
-        """`write` in a worker thread; a failure is recorded in `health` and re-raised."""
+        """`write` in a worker thread, together with the other saves of this store asked
+        for in the same loop turn (each written and fsynced whole, each awaited on its
+        own); a failure is recorded in `health` and re-raised."""
+        job = partial(self.write, path, meta, body)
         if self.health is None:
-            return await asyncio.to_thread(self.write, path, meta, body)
-        return await self.health.guard(
-            self.kind, path, lambda: asyncio.to_thread(self.write, path, meta, body)
-        )
+            return await self._hops.run(job)
+        return await self.health.guard(self.kind, path, lambda: self._hops.run(job))
 
     # reading ----------------------------------------------------------------------
 
