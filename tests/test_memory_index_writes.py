@@ -6,6 +6,7 @@ nothing half-written."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import signal
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -140,13 +142,22 @@ async def _contents(idx: MemoryIndex) -> dict[str, Any]:
     }
 
 
-async def test_episodes_indexed_as_written_match_a_rebuild_from_the_files(
-    tmp_path: Path,
-) -> None:
+@contextlib.asynccontextmanager
+async def _ready_index(tmp_path: Path) -> AsyncIterator[tuple[EpisodeStore, MemoryIndex]]:
+    """An episode store and an open index of the same data dir, its keyword index loaded."""
     store = EpisodeStore(tmp_path)
     idx = await MemoryIndex.open(tmp_path)
     try:
         await idx.keywords_ready()
+        yield store, idx
+    finally:
+        await idx.close()
+
+
+async def test_episodes_indexed_as_written_match_a_rebuild_from_the_files(
+    tmp_path: Path,
+) -> None:
+    async with _ready_index(tmp_path) as (store, idx):
         episodes = [_episode(i, f"deploy {value}") for i, value in enumerate(TRICKY)]
         episodes.append(_episode(90, f"the key is {SECRET}"))  # redacted: parsed from text
         written: list[Written] = []
@@ -163,17 +174,12 @@ async def test_episodes_indexed_as_written_match_a_rebuild_from_the_files(
         assert await _contents(idx) == before
         await idx.rebuild()
         assert await _contents(idx) == before
-    finally:
-        await idx.close()
 
 
 async def test_an_episode_batch_is_one_thread_call_and_no_aiosqlite_hop(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store = EpisodeStore(tmp_path)
-    idx = await MemoryIndex.open(tmp_path)
-    try:
-        await idx.keywords_ready()
+    async with _ready_index(tmp_path) as (store, idx):
         files = [w for w in await store.write_many([_episode(i, "x") for i in range(3)]) if w]
         loop = asyncio.get_running_loop()
         calls: list[Any] = []
@@ -192,17 +198,12 @@ async def test_an_episode_batch_is_one_thread_call_and_no_aiosqlite_hop(
         assert len(calls) == 1
         monkeypatch.undo()
         assert [h.id for h in await idx.search("x", limit=5)] != []
-    finally:
-        await idx.close()
 
 
 async def test_a_failure_mid_transaction_leaves_nothing_half_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store = EpisodeStore(tmp_path)
-    idx = await MemoryIndex.open(tmp_path)
-    try:
-        await idx.keywords_ready()
+    async with _ready_index(tmp_path) as (store, idx):
         first = [w for w in await store.write_many([_episode(1, "deploy first")]) if w]
         await idx.add_episode_files(first)
         before = await _contents(idx)
@@ -227,8 +228,6 @@ async def test_a_failure_mid_transaction_leaves_nothing_half_written(
         # The connection is usable again and the next batch goes in whole.
         assert await idx.add_episode_files([w for w in batch if w]) == ["e-002", "e-003"]
         assert len((await _contents(idx))["rows"]) == 3
-    finally:
-        await idx.close()
 
 
 async def test_a_cancelled_write_keeps_the_lock_until_the_thread_is_done(
