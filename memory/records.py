@@ -122,36 +122,37 @@ class RecordStore:
 
     def text(self, meta: dict[str, Any], body: str) -> str:
         """The redacted file text for this record (what `write` puts on disk)."""
+        return self._render(meta, body)[0]
+
+    def _render(
+        self, meta: dict[str, Any], body: str
+    ) -> tuple[str, tuple[dict[str, Any], str] | None]:
+        """The redacted text, and the (front matter, body) it is the rendering of, when
+        known without a parse: None where redaction changed the rendered text."""
         if self.redactor is None:
-            return redact(render(meta, body))
+            rendered = render(meta, body)
+            text = redact(rendered)
+            return text, ((meta, body) if text == rendered else None)  # unchanged: usual
         clean_meta, clean_body = self.redactor(meta, body)
-        return render(clean_meta, clean_body)
+        return render(clean_meta, clean_body), (clean_meta, clean_body)
+
+    def _put(self, path: Path, text: str) -> None:
+        atomic_write_bytes(path, text.encode("utf-8"))
+        with self._lock:
+            self._cache.pop(path, None)
 
     def write(self, path: Path, meta: dict[str, Any], body: str) -> Path:
         """Redact, render and write atomically (file and folder fsynced); blocking."""
-        data = self.text(meta, body).encode("utf-8")
-        atomic_write_bytes(path, data)
-        with self._lock:
-            self._cache.pop(path, None)
+        self._put(path, self.text(meta, body))
         return path
 
     def write_file(self, path: Path, meta: dict[str, Any], body: str) -> Written:
         """`write`, returning what was written (for the memory index, which would
         otherwise read and parse the file back). `meta` is kept in the result when
         the written text is its rendering: the caller must not mutate it after."""
-        if self.redactor is None:
-            rendered = render(meta, body)
-            text = redact(rendered)
-            # Redaction changed nothing (the usual case): the text is render(meta, body).
-            parts = rendered_parts(meta, body, text) if text == rendered else None
-        else:
-            clean_meta, clean_body = self.redactor(meta, body)
-            text = render(clean_meta, clean_body)
-            parts = rendered_parts(clean_meta, clean_body, text)
-        data = text.encode("utf-8")
-        atomic_write_bytes(path, data)
-        with self._lock:
-            self._cache.pop(path, None)
+        text, rendered_from = self._render(meta, body)
+        self._put(path, text)
+        parts = rendered_parts(*rendered_from, text) if rendered_from is not None else None
         st = os.stat(path)
         return Written(path, st.st_mtime_ns, st.st_size, text, parts)
 
