@@ -168,15 +168,8 @@ class TaskJournal:
         except OSError:
             log.warning("journal.close_failed", task_id=task_id, exc_info=True)
 
-    async def close_many(self, task_ids: list[str]) -> None:
-        """`close` for a batch, the unlinks in one thread hop: on a busy disk an unlink
-        took ~2 ms, and the event loop has replies to send meanwhile."""
-        unlink = self.closing(task_ids)
-        if unlink is not None:
-            await asyncio.to_thread(unlink)
-
     def closing(self, task_ids: list[str]) -> Callable[[], None] | None:
-        """`close_many` in two halves: the records are closed now, and the returned
+        """`close` for a batch, in two halves: the records are closed now, and the returned
         function (blocking; None when there is nothing to remove) removes their files,
         for a caller that runs it in a thread hop it makes anyway. core/persist.py runs
         it right after the episode files are written, in the same hop (a hop per batch
