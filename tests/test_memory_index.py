@@ -10,6 +10,7 @@ plumbing (dimension probe, normalization, re-embed on change) with a fake litell
 from __future__ import annotations
 
 import sys
+import threading
 import types
 from datetime import UTC, datetime
 from pathlib import Path
@@ -518,6 +519,35 @@ async def test_inline_and_threaded_vector_search_give_the_same_hits(
         qv = (await embed_async(index.embedder, [q]))[0]
         for f in filters:
             assert await _full(index, q, query_vector=qv, **f) == await _full(index, q, **f)
+
+
+@pytest.mark.parametrize("broken", ["nearest", "cached_keyword_ranks"])
+async def test_an_error_in_either_search_thread_reaches_the_caller(
+    index: MemoryIndex, monkeypatch: pytest.MonkeyPatch, broken: str
+) -> None:
+    """The graph walk runs in search._GRAPH and the keyword list in the search's worker
+    thread, and whichever finishes last hands the hits over (search.run): an error in
+    either is raised by `search`, and the index answers the next search (its lock and
+    its connection are free again)."""
+    import memory.index.tuning as tuning_mod
+    from memory.index import search as search_mod
+
+    monkeypatch.setattr(tuning_mod, "VECTOR_THREAD_MIN", 0)  # the walk goes to _GRAPH
+    expected = await _full(index, QUERIES[0])
+    real = getattr(search_mod, broken)
+    threads: list[str] = []
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        raise RuntimeError(f"{broken} failed")
+
+    monkeypatch.setattr(search_mod, broken, failing)
+    with pytest.raises(RuntimeError, match=f"{broken} failed"):
+        await index.search(QUERIES[0])
+    assert threads and threads[0].startswith("steward-vectors") is (broken == "nearest")
+    monkeypatch.setattr(search_mod, broken, real)
+    assert await _full(index, QUERIES[0]) == expected
+    assert expected
 
 
 def test_contenders_are_the_documents_the_rounded_cutoff_keeps() -> None:

@@ -22,7 +22,8 @@ so the keyword list is ranked by an in-memory copy of bm25 (`keywords`) derived 
 the FTS5 index, exact (SQLite's order over every match and every word) at ~1 ms;
 while that copy loads after an open or a rebuild (~2 s at 100k, in the background),
 SQLite's bm25 answers under FTS_BUDGET (see search.keyword_ranks). The vector half is
-HNSW (~0.5 ms). A search runs in one worker thread on a read-only connection.
+HNSW (~0.5 ms), walked in a thread of its own while the keyword list is ranked. A
+search reads through one read-only connection.
 
 Reads and writes are serialized by one asyncio lock (the SQLite connections and the
 faiss index are shared), and nothing here blocks the event loop. An incremental write

@@ -438,8 +438,7 @@ class KeywordIndex:
         if not self.rows or depth <= 0:
             return []
         norm = self._normalisation()
-        slots_parts: list[np.ndarray] = []
-        score_parts: list[np.ndarray] = []
+        found: list[tuple[np.ndarray, np.ndarray, float]] = []
         for phrase in phrases:
             if not phrase:
                 continue
@@ -450,15 +449,27 @@ class KeywordIndex:
             idf = math.log((self.rows - hits + 0.5) / (hits + 0.5))
             if idf <= 0.0:
                 idf = 1e-6
-            # fts5Bm25Function's expression, operation for operation (same rounding).
-            score_parts.append(idf * ((freq * (K1 + 1.0)) / (freq + norm[slots])))
-            slots_parts.append(slots)
-        if not slots_parts:
+            found.append((slots, freq, idf))
+        if not found:
             return []
+        # fts5Bm25Function's expression, operation for operation (same rounding):
+        # idf * ((freq * (k1 + 1)) / (freq + norm)), each phrase written in place into
+        # one buffer (no temporaries, no concatenation: ~30k postings a query at 100k).
+        total = sum(len(f[0]) for f in found)
+        all_slots = np.empty(total, dtype=np.int32)
+        weights = np.empty(total, dtype=np.float64)
+        at = 0
+        for slots, freq, idf in found:
+            end = at + len(slots)
+            part, lower = weights[at:end], all_slots[at:end]
+            lower[:] = slots
+            np.take(norm, slots, out=part)
+            part += freq  # freq + norm: addition commutes exactly in IEEE 754
+            np.divide(freq * (K1 + 1.0), part, out=part)
+            part *= idf
+            at = end
         # bincount adds each row's contributions in phrase order, from 0.0, as bm25 does.
-        scores = np.bincount(
-            np.concatenate(slots_parts), weights=np.concatenate(score_parts), minlength=self._slots
-        )
+        scores = np.bincount(all_slots, weights=weights, minlength=self._slots)
         if allowed is not None:
             mask = np.zeros(len(scores), dtype=bool)
             mask[[self._slot_of[r] for r in allowed if r in self._slot_of]] = True

@@ -20,7 +20,7 @@ import secrets
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -53,7 +53,6 @@ from memory.index.schema import (
     DOC_COLUMNS,
     FAISS_NAME,
     GEN_SHIFT,
-    META_NAMES,
     SCHEMA_VERSION,
     SQLITE_NAME,
     TOKENIZE,
@@ -62,7 +61,8 @@ from memory.index.schema import (
     connect_writer,
     doc_row,
 )
-from memory.index.search import Found, Hit
+from memory.index.search import Hit
+from memory.index.search import fail as search_fail
 from memory.index.search import run as search_run
 from memory.index.stats import stats as index_stats
 from memory.records import Written
@@ -94,6 +94,11 @@ KeywordJournal = list[tuple[list[tuple[int, DocTokens]], list[int]]]
 #: connection is then only ever used from this thread, and a batch never queues
 #: behind other work in the default executor (episode files, journal unlinks).
 _WRITES = ThreadPoolExecutor(max_workers=1, thread_name_prefix="steward-index-write")
+#: Searches start here (search.run). Their own pool, not the default executor: a search
+#: never queues behind file work there, and its result comes back through its own
+#: future only (see MemoryIndex.search). Two threads: searches of one index take turns
+#: under its lock, and a process rarely has more than one index open.
+_SEARCHES = ThreadPoolExecutor(max_workers=2, thread_name_prefix="steward-search")
 
 
 @dataclass(slots=True)
@@ -870,10 +875,16 @@ class MemoryIndex:
             keywords = self._keywords if tuning.KEYWORD_CACHE else None
             vectors = self._vectors
 
-            def work(qv: np.ndarray | None) -> Found:
-                if embed_inline:
-                    qv = unit_rows(np.asarray(embedder.embed([query]), dtype=np.float32))[0]
-                return search_run(
+            found: Future[list[Hit]] = Future()
+
+            def work(qv: np.ndarray | None) -> None:
+                try:
+                    if embed_inline:
+                        qv = unit_rows(np.asarray(embedder.embed([query]), dtype=np.float32))[0]
+                except BaseException as exc:
+                    search_fail(found, exc)
+                    return
+                search_run(
                     reader,
                     keywords,
                     self._tokenizer,
@@ -884,30 +895,14 @@ class MemoryIndex:
                     params,
                     limit,
                     floor,
+                    found,
                 )
 
-            found = await asyncio.to_thread(work, qv)
-        words, near, sims, fused, rows = (
-            found.words,
-            found.near,
-            found.sims,
-            found.fused,
-            found.rows,
-        )
-        word_rank = {d: i for i, d in enumerate(words, start=1)}
-        near_rank = {d: i for i, d in enumerate(near, start=1)}
-        hits = []
-        for *row, sig_text in rows:
-            meta = dict(zip(META_NAMES, row, strict=True))
-            key = meta.pop("id")
-            meta["request"] = meta["title"] if meta["kind"] == "episode" else ""
-            meta["signatures"] = sorted(sig_text.split("\n")) if sig_text else []
-            meta["keyword_rank"] = word_rank.get(key)
-            meta["vector_rank"] = near_rank.get(key)
-            meta["similarity"] = sims.get(key)
-            hits.append(Hit(id=meta["doc_id"], kind=meta["kind"], score=fused[key], meta=meta))
-        hits.sort(key=lambda h: (-round(h.score, 12), -h.meta["ts"], h.meta["path"]))
-        return hits[:limit]
+            # Not to_thread: `found` is set by whichever search thread finishes last
+            # (search.run), and awaiting it is the one hop back to this loop (the
+            # submit's own future is not awaited: no second wake-up of the loop).
+            _SEARCHES.submit(work, qv)
+            return await asyncio.wrap_future(found)
 
     # -- stats ---------------------------------------------------------------------
 
