@@ -1,7 +1,10 @@
 """The vector side of memory: faiss HNSW with stable labels, stale marking and an exact path.
 
 Layout: ``IndexIDMap2(IndexHNSWFlat(dim, M=32, inner product))`` over unit vectors, so
-inner product is cosine. Each vector's label is an int64 allocated in increasing order
+inner product is cosine; up to EXACT_MAX stored vectors, ``IndexIDMap2(IndexFlatIP)``
+instead, held as a numpy buffer and written in faiss's own file layout without
+importing faiss (a small memory never loads it: ~13 MB resident, issue 26).
+Each vector's label is an int64 allocated in increasing order
 and stored in SQLite (``docs.vec``); labels never change, even when the index is
 compacted, so the SQLite side and the faiss file can be written at different moments
 and still agree (a label SQLite knows but the file lacks is simply re-embedded at open;
@@ -24,7 +27,7 @@ So the index is HNSW, and search picks the path by how many vectors may answer:
 
 * ≤ EXACT_MAX allowed vectors (a small memory, or a filter such as one conversation's
   scope): exact inner product in numpy over just those rows, read in place from the
-  HNSW index's own flat storage (no second copy). ~0.2 ms per 1k vectors (memory
+  flat buffer or the HNSW index's own flat storage (no second copy). ~0.2 ms per 1k vectors (memory
   bound): exact, deterministic (so results survive a rebuild unchanged) and never
   starved by a filter.
 * More: HNSW with a faiss IDSelector (stale labels excluded, or the allowed set), and
@@ -40,24 +43,91 @@ confidence change does not change its text, so this is rare.
 from __future__ import annotations
 
 import os
+import struct
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
-import faiss
 import numpy as np
+
+if TYPE_CHECKING:
+    import faiss
 
 HNSW_M = 32
 EF_CONSTRUCTION = 40
 #: 160, not 128: recall@10 vs exact 0.964 against 0.950 at 100k episodes for +0.07 ms
 #: p50 (efConstruction 40 graph; above 192 recall stays ~0.97: the graph limits it).
 EF_SEARCH = 160
-#: Up to this many candidate vectors, search is exact (see module docstring).
+#: Up to this many candidate vectors, search is exact (see module docstring). Up to this
+#: many stored vectors there is no graph at all (see VectorIndex).
 EXACT_MAX = 10_000
 #: Compact when this share of the stored vectors is stale (and at least STALE_MIN).
 STALE_SHARE = 0.2
 STALE_MIN = 64
+
+#: faiss's serialisation of IndexIDMap2(IndexFlatIP) (faiss/impl/index_write.cpp): a
+#: fourcc, then the index header (d int32, ntotal int64, two int64 placeholders 1 << 20,
+#: is_trained as one byte, metric int32), the flat index the same way with its vectors
+#: (count of floats as uint64, then the floats), then the ids (count uint64, int64s).
+#: Little-endian, as faiss writes it on every platform it ships for.
+_HEADER = struct.Struct("<4siqqqBi")
+_COUNT = struct.Struct("<Q")
+_METRIC_INNER_PRODUCT = 0
+_PLACEHOLDER = 1 << 20
+
+
+def _faiss() -> Any:
+    """faiss, imported when a graph is first needed: a memory of up to EXACT_MAX vectors
+    never loads it (~13 MB resident for its libraries and bindings, issue 26)."""
+    import faiss
+
+    return faiss
+
+
+def _flat_bytes(labels: np.ndarray, matrix: np.ndarray) -> bytes:
+    n, dim = matrix.shape
+    head = _HEADER.pack(b"IxM2", dim, n, _PLACEHOLDER, _PLACEHOLDER, 1, _METRIC_INNER_PRODUCT)
+    flat = _HEADER.pack(b"IxFI", dim, n, _PLACEHOLDER, _PLACEHOLDER, 1, _METRIC_INNER_PRODUCT)
+    return b"".join(
+        [
+            head,
+            flat,
+            _COUNT.pack(n * dim),
+            np.ascontiguousarray(matrix, dtype="<f4").tobytes(),
+            _COUNT.pack(n),
+            np.ascontiguousarray(labels, dtype="<i8").tobytes(),
+        ]
+    )
+
+
+def _is_flat(head: bytes) -> bool:
+    """Whether a file starting with `head` (2 headers long) is a flat one (see _HEADER)."""
+    size = _HEADER.size
+    return len(head) >= 2 * size and head[:4] == b"IxM2" and head[size : size + 4] == b"IxFI"
+
+
+def _read_flat(data: bytes, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """(labels, matrix) of a flat file (see _HEADER)."""
+    size = _HEADER.size
+    _, dim, n, _, _, _, metric = _HEADER.unpack_from(data, 0)
+    _, dim2, n2, _, _, _, metric2 = _HEADER.unpack_from(data, size)
+    at = 2 * size
+    floats = _COUNT.unpack_from(data, at)[0] if len(data) >= at + _COUNT.size else -1
+    at += _COUNT.size
+    ids_at = at + 4 * floats
+    count = _COUNT.unpack_from(data, ids_at)[0] if len(data) >= ids_at + _COUNT.size else -1
+    if (
+        (dim, n, metric) != (dim2, n2, metric2)
+        or metric != _METRIC_INNER_PRODUCT
+        or floats != n * dim
+        or count != n
+        or len(data) != ids_at + _COUNT.size + 8 * n
+    ):
+        raise VectorIndexError(f"{name} is unreadable (a flat index that does not add up)")
+    matrix = np.frombuffer(data, dtype="<f4", count=n * dim, offset=at).reshape(n, dim)
+    labels = np.frombuffer(data, dtype="<i8", count=n, offset=ids_at + _COUNT.size)
+    return labels.astype(np.int64), matrix.astype(np.float32)
 
 
 class VectorIndexError(Exception):
@@ -67,41 +137,94 @@ class VectorIndexError(Exception):
 class VectorIndex:
     """Thread-safe wrapper: every faiss call runs under one lock, because faiss allows
     concurrent searches but not a search during an add. Methods block; the memory
-    index calls them through asyncio.to_thread."""
+    index calls them through asyncio.to_thread.
+
+    Up to EXACT_MAX stored vectors it holds them in a numpy buffer and no graph: every
+    search is exact there anyway, and faiss is not even imported. The graph is built
+    from the buffer when an add passes EXACT_MAX (~0.7 s at 10k, once). The file is
+    faiss's either way: an IndexIDMap2 over a flat index while small (written and read
+    here, in faiss's own layout), over HNSW after.
+    """
 
     def __init__(self, dim: int, index: faiss.IndexIDMap2 | None = None) -> None:
         self.dim = dim
-        if index is None:
-            hnsw = faiss.IndexHNSWFlat(dim, HNSW_M, faiss.METRIC_INNER_PRODUCT)
-            hnsw.hnsw.efConstruction = EF_CONSTRUCTION
-            index = faiss.IndexIDMap2(hnsw)
-        self._index = index
-        # faiss is SWIG-generated: its typing knows the base Index, not what downcast returns.
-        self._hnsw: Any = cast(Any, faiss.downcast_index(index.index))
-        self._storage: Any = faiss.downcast_index(self._hnsw.storage)
         self._lock = threading.Lock()
-        self._labels = faiss.vector_to_array(index.id_map).astype(np.int64)
+        self._index: Any = None
+        self._hnsw: Any = None
+        self._storage: Any = None
+        # The vectors while there is no graph: rows [0, ntotal) of a buffer that grows
+        # by doubling (an add copies only what it adds).
+        self._flat = np.zeros((0, dim), dtype=np.float32)
+        self._labels = np.zeros(0, dtype=np.int64)
+        if index is not None:
+            self._use_graph(index)
         self._stale = np.zeros(len(self._labels), dtype=bool)
         self._stale_sel: faiss.IDSelector | None = None
         self._stale_batch: faiss.IDSelector | None = None
         self.dirty = False
+
+    def _use_graph(self, index: faiss.IndexIDMap2) -> None:
+        lib = _faiss()
+        self._index = index
+        # faiss is SWIG-generated: its typing knows the base Index, not what downcast returns.
+        self._hnsw = cast(Any, lib.downcast_index(index.index))
+        self._storage = lib.downcast_index(self._hnsw.storage)
+        self._labels = lib.vector_to_array(index.id_map).astype(np.int64)
+        self._flat = np.zeros((0, self.dim), dtype=np.float32)
+
+    @staticmethod
+    def _new_graph(dim: int) -> faiss.IndexIDMap2:
+        lib = _faiss()
+        hnsw = lib.IndexHNSWFlat(dim, HNSW_M, lib.METRIC_INNER_PRODUCT)
+        hnsw.hnsw.efConstruction = EF_CONSTRUCTION
+        return lib.IndexIDMap2(hnsw)
+
+    @property
+    def has_graph(self) -> bool:
+        return self._index is not None
 
     # -- persistence -------------------------------------------------------------
 
     @classmethod
     def load(cls, path: Path, dim: int) -> VectorIndex:
         try:
-            index = faiss.read_index(str(path))
+            with path.open("rb") as f:
+                head = f.read(2 * _HEADER.size)
+                data = head + f.read() if _is_flat(head) else None
+        except OSError as exc:
+            raise VectorIndexError(f"{path.name} is unreadable ({exc.strerror or exc})") from exc
+        if data is not None:
+            labels, matrix = _read_flat(data, path.name)
+            if matrix.shape[1] != dim:
+                raise VectorIndexError(
+                    f"{path.name} holds {matrix.shape[1]}-dim vectors, expected {dim}"
+                )
+            if len(labels) and np.any(np.diff(labels) <= 0):
+                raise VectorIndexError(f"{path.name} is unreadable (labels out of order)")
+            vectors = cls(dim)
+            vectors.add(labels, matrix)
+            vectors.dirty = False
+            return vectors
+        lib = _faiss()
+        try:
+            index = lib.read_index(str(path))
         except RuntimeError as exc:
             first = str(exc).strip().splitlines()[-1] if str(exc).strip() else "unreadable"
             raise VectorIndexError(f"{path.name} is unreadable ({first[:120]})") from exc
-        if not isinstance(index, faiss.IndexIDMap2) or not isinstance(
-            faiss.downcast_index(index.index), faiss.IndexHNSWFlat
+        if not isinstance(index, lib.IndexIDMap2) or not isinstance(
+            lib.downcast_index(index.index), lib.IndexHNSWFlat
         ):
             raise VectorIndexError(f"{path.name} is not an HNSW index with an id map")
         if index.d != dim:
             raise VectorIndexError(f"{path.name} holds {index.d}-dim vectors, expected {dim}")
-        return cls(dim, index)
+        graph = cls(dim, index)
+        if graph.ntotal > EXACT_MAX:
+            return graph
+        # A graph saved before small memories had none: kept as a flat buffer, and
+        # saved flat at the next save, so the next start does not load faiss.
+        vectors = cls(dim)
+        vectors.add(graph.labels(), graph._matrix().copy())
+        return vectors
 
     def save(self, path: Path) -> None:
         """Write through a temp file + rename: a crash leaves the old file or the new."""
@@ -109,7 +232,10 @@ class VectorIndex:
         os.close(fd)
         try:
             with self._lock:
-                faiss.write_index(self._index, tmp)
+                if self._index is not None:
+                    _faiss().write_index(self._index, tmp)
+                else:
+                    Path(tmp).write_bytes(_flat_bytes(self._labels, self._matrix()))
                 self.dirty = False
             os.replace(tmp, path)
         except BaseException:
@@ -142,7 +268,23 @@ class VectorIndex:
             raise ValueError("vector labels must increase past the largest stored label")
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         with self._lock:
-            self._index.add_with_ids(vectors, labels)
+            n = len(self._labels)
+            if self._index is None and n + len(labels) > EXACT_MAX:
+                # Past EXACT_MAX: the graph, built from every stored vector (stale ones
+                # too, as the graph keeps them), then the new ones.
+                index = self._new_graph(self.dim)
+                if n:
+                    index.add_with_ids(self._matrix(), self._labels)
+                self._use_graph(index)
+            if self._index is not None:
+                self._index.add_with_ids(vectors, labels)
+            else:
+                if n + len(labels) > len(self._flat):
+                    rows = max(n + len(labels), 2 * len(self._flat), 64)
+                    grown = np.empty((rows, self.dim), dtype=np.float32)
+                    grown[:n] = self._flat[:n]
+                    self._flat = grown
+                self._flat[n : n + len(labels)] = vectors
             self._labels = np.concatenate([self._labels, labels])
             self._stale = np.concatenate([self._stale, np.zeros(len(labels), dtype=bool)])
             self.dirty = True
@@ -201,10 +343,13 @@ class VectorIndex:
 
     def _matrix(self) -> np.ndarray:
         """The stored vectors as a numpy view (no copy); valid until the next add."""
+        if self._index is None:
+            return self._flat[: len(self._labels)]
+        lib = _faiss()
         n = self._storage.ntotal
         if n == 0:
             return np.zeros((0, self.dim), dtype=np.float32)
-        return faiss.rev_swig_ptr(self._storage.get_xb(), n * self.dim).reshape(n, self.dim)
+        return lib.rev_swig_ptr(self._storage.get_xb(), n * self.dim).reshape(n, self.dim)
 
     def search(
         self, query: np.ndarray, k: int, allowed: np.ndarray | None = None
@@ -249,15 +394,19 @@ class VectorIndex:
     def _approx(
         self, q: np.ndarray, k: int, allowed: np.ndarray | None, pos: np.ndarray | None
     ) -> tuple[np.ndarray, np.ndarray]:
+        if self._index is None:  # more than EXACT_MAX candidates means a graph; but be safe
+            exact_pos = pos if pos is not None else np.flatnonzero(~self._stale)
+            return self._exact(q, k, exact_pos)
+        lib = _faiss()
         if allowed is not None:
-            selector: faiss.IDSelector | None = faiss.IDSelectorBatch(allowed)
+            selector: faiss.IDSelector | None = lib.IDSelectorBatch(allowed)
         else:
             if self._stale_sel is None and self.stale_count:
                 # Keep the inner selector referenced: IDSelectorNot only points to it.
-                self._stale_batch = faiss.IDSelectorBatch(self._labels[self._stale])
-                self._stale_sel = faiss.IDSelectorNot(self._stale_batch)
+                self._stale_batch = lib.IDSelectorBatch(self._labels[self._stale])
+                self._stale_sel = lib.IDSelectorNot(self._stale_batch)
             selector = self._stale_sel
-        params = faiss.SearchParametersHNSW(efSearch=max(EF_SEARCH, k))  # type: ignore[attr-defined]
+        params = lib.SearchParametersHNSW(efSearch=max(EF_SEARCH, k))  # type: ignore[attr-defined]
         if selector is not None:
             params.sel = selector
         scores, labels = self._index.search(q.reshape(1, -1), k, params=params)

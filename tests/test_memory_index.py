@@ -9,6 +9,8 @@ plumbing (dimension probe, normalization, re-embed on change) with a fake litell
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
 import sys
 import threading
 import types
@@ -24,7 +26,7 @@ from core.recall import IndexRecall
 from memory.embedder import HashedEmbedder, LiteLLMEmbedder, embed_async
 from memory.episodes import Episode, EpisodeStore, ToolRecord
 from memory.index import FAISS_NAME, SQLITE_NAME, MemoryIndex, _rrf, fts_query
-from memory.vectors import VectorIndex
+from memory.vectors import VectorIndex, VectorIndexError
 
 TASKS = [
     # id, request, outcome, user, conversation, error signature
@@ -569,3 +571,125 @@ def test_contenders_are_the_documents_the_rounded_cutoff_keeps() -> None:
         if len(full) > limit:
             full = [d for d in full if rounded[d] >= rounded[full[limit - 1]]]
         assert set(contenders(fused, limit)) == set(full)
+
+
+def _unit_rows(n: int, dim: int, seed: int) -> np.ndarray:
+    data = np.random.default_rng(seed).standard_normal((n, dim)).astype(np.float32)
+    return data / np.linalg.norm(data, axis=1, keepdims=True)
+
+
+def test_a_small_vector_index_is_faiss_flat_file_without_faiss(tmp_path: Path) -> None:
+    """Up to EXACT_MAX vectors there is no graph and faiss is not needed: the file is
+    still faiss's (IndexIDMap2 over IndexFlatIP), byte for byte what faiss writes, and
+    faiss reads it back (and a flat file faiss wrote loads here)."""
+    import faiss
+
+    data, labels = _unit_rows(7, 8, 1), np.array([3, 5, 8, 13, 21, 34, 55], dtype=np.int64)
+    ours = VectorIndex(8)
+    ours.add(labels[:4], data[:4])
+    ours.add(labels[4:], data[4:])  # a second add: the buffer grows, rows stay in order
+    assert not ours.has_graph
+    ours.save(tmp_path / "ours.faiss")
+    theirs = faiss.IndexIDMap2(faiss.IndexFlatIP(8))
+    theirs.add_with_ids(data, labels)
+    faiss.write_index(theirs, str(tmp_path / "theirs.faiss"))
+    assert (tmp_path / "ours.faiss").read_bytes() == (tmp_path / "theirs.faiss").read_bytes()
+    back = faiss.read_index(str(tmp_path / "ours.faiss"))
+    assert back.ntotal == 7
+    assert np.array_equal(faiss.vector_to_array(back.id_map), labels)
+    loaded = VectorIndex.load(tmp_path / "theirs.faiss", 8)
+    assert not loaded.has_graph and np.array_equal(loaded.labels(), labels)
+    got, scores = loaded.search(data[4], 3)
+    assert got[0] == 21 and scores[0] == pytest.approx(1.0, abs=1e-5)
+    with pytest.raises(VectorIndexError, match="holds 8-dim vectors, expected 4"):
+        VectorIndex.load(tmp_path / "ours.faiss", 4)
+    truncated = tmp_path / "cut.faiss"
+    truncated.write_bytes((tmp_path / "ours.faiss").read_bytes()[:-8])
+    with pytest.raises(VectorIndexError, match="does not add up"):
+        VectorIndex.load(truncated, 8)
+
+
+def test_a_vector_index_grows_a_graph_past_exact_max_and_old_small_graphs_go_flat(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The add that passes EXACT_MAX builds the graph from every stored vector (stale
+    ones stay stale); a graph file of no more than EXACT_MAX vectors (as saved before
+    small memories were flat) loads flat and is saved flat."""
+    import faiss
+
+    monkeypatch.setattr(vectors_mod, "EXACT_MAX", 40)
+    data = _unit_rows(100, 16, 2)
+    vi = VectorIndex(16)
+    vi.add(np.arange(1, 31, dtype=np.int64), data[:30])
+    vi.mark_stale(np.array([2], dtype=np.int64))
+    assert not vi.has_graph
+    vi.add(np.arange(31, 101, dtype=np.int64), data[30:])
+    assert vi.has_graph and vi.ntotal == 100 and vi.stale_count == 1
+    for row in (0, 29, 30, 99):
+        approx, _ = vi.search(data[row], 5)
+        exact, _ = vi.exact_search(data[row], 5)
+        assert approx[0] == exact[0] == row + 1
+    assert 2 not in vi.search(data[1], 10)[0]
+    vi.save(tmp_path / "graph.faiss")
+    assert VectorIndex.load(tmp_path / "graph.faiss", 16).has_graph
+
+    small = VectorIndex._new_graph(16)
+    small.add_with_ids(data[:10], np.arange(1, 11, dtype=np.int64))
+    faiss.write_index(small, str(tmp_path / "old.faiss"))
+    loaded = VectorIndex.load(tmp_path / "old.faiss", 16)
+    assert not loaded.has_graph and loaded.dirty  # rewritten flat at the next save
+    assert loaded.search(data[3], 1)[0][0] == 4
+    loaded.save(tmp_path / "old.faiss")
+    assert (tmp_path / "old.faiss").read_bytes()[37:41] == b"IxFI"
+
+
+def test_a_small_memory_never_imports_faiss(tmp_path: Path) -> None:
+    """Open, index, search, close and reopen a small memory in a fresh process: faiss
+    is never imported (bench rss, issue 26)."""
+    code = (
+        "import asyncio, sys\n"
+        "from pathlib import Path\n"
+        "from memory.index import MemoryIndex\n"
+        "async def main():\n"
+        f"    d = Path({str(tmp_path)!r})\n"
+        "    for _ in range(2):\n"
+        "        async with await MemoryIndex.open(d) as idx:\n"
+        "            n = len(await idx.search('csv parser'))\n"
+        "    print(n, 'faiss' in sys.modules)\n"
+        "asyncio.run(main())\n"
+    )
+    asyncio.run(_write_all(tmp_path))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    hits, imported = out.stdout.split()[-2:]
+    assert int(hits) > 0 and imported == "False"
+
+
+async def test_a_vector_save_that_fails_is_logged_and_the_next_open_embeds_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """index.faiss is a cache: a save that fails (a full disk) neither fails the close
+    nor loses a document; the next open embeds the vectors the file lacks."""
+    import errno
+
+    from structlog.testing import capture_logs
+
+    await _write_all(tmp_path)
+    idx = await MemoryIndex.open(tmp_path)
+    path = await EpisodeStore(tmp_path).write(
+        _episode(9, ("e-late", "benchmark the vector store", "success", "bob", "C9", ""))
+    )
+    assert await idx.add_episode_file(path) == "e-late"
+
+    def full_disk(self: VectorIndex, path: Path) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(VectorIndex, "save", full_disk)
+    with capture_logs() as logs:
+        await idx.close()
+    failed = [e["error"] for e in logs if e["event"] == "memory.index.vectors_save_failed"]
+    assert failed == ["[Errno 28] No space left on device"]
+    monkeypatch.undo()
+    async with await MemoryIndex.open(tmp_path) as again:
+        assert "1 re-embedded" in again.open_reason
+        hits = await again.search("benchmark the vector store", keyword=False)
+        assert hits[0].id == "e-late"

@@ -237,8 +237,19 @@ class MemoryIndex:
 
     async def _save_vectors(self) -> None:
         if self._vectors.dirty and self._db is not None:
-            await asyncio.to_thread(self._vectors.save, self.faiss_path)
+            await asyncio.to_thread(self._save_vectors_now)
         self._unsaved = 0
+
+    def _save_vectors_now(self) -> None:
+        """Save index.faiss (blocking). A save that fails (a full disk) is logged, not
+        raised: the file keeps what it last held, and the vectors it lacks are embedded
+        again at the next open, so the write or the close that saved goes on."""
+        if not self._vectors.dirty:
+            return
+        try:
+            self._vectors.save(self.faiss_path)
+        except OSError as exc:
+            log.warning("memory.index.vectors_save_failed", error=str(exc))
 
     async def _load(self) -> str:
         """Open both files; the reason they must be rebuilt, or "" when usable."""
@@ -679,8 +690,7 @@ class MemoryIndex:
         if written or gone:
             self._update_keywords(batch, written, gone, keywords, journal)
         if not self._vectors.needs_compaction() and self._unsaved >= AUTOSAVE_EVERY:
-            if self._vectors.dirty:
-                self._vectors.save(self.faiss_path)
+            self._save_vectors_now()
             self._unsaved = 0
 
     # -- the in-memory keyword index ---------------------------------------------
