@@ -19,7 +19,9 @@ search and for the hybrid search against an exact hybrid (SQLite's own bm25 over
 match and every query word, exact vectors, same fusion; see _hybrid_recall), with the
 share of queries whose keyword list from the in-memory bm25 (memory/index/keywords.py)
 is SQLite's exactly. The probe waits for that in-memory index to finish its background
-load before timing (a running bot has it) and reports how long the load took. To
+load before timing (a running bot has it) and reports how long the load took, then
+warms up on 100 other queries (threads started, caches filled, the load's garbage
+collected), as a running bot is warm. To
 iterate on search settings
 without regenerating 100k files: run once with --keep DIR, then
 `python -m bench.memory --probe DIR/data` prints the probe's JSON.
