@@ -32,7 +32,7 @@ from core.events import Channel, Progress
 from core.gates import check_answer, honest_suffix, retry_instruction
 from core.guardian import CallDecision, Guardian, Verdict
 from core.llm import LLMClient, LLMError, LLMResult, ToolCallRequest
-from core.recall import Recall, estimate_tokens, render
+from core.recall import Recall, Recalled, estimate_tokens, render
 from core.sandbox import NETWORK, UNSANDBOXED, Grant
 from core.signatures import is_decision, is_environmental, signature
 from core.tools.base import Tool, ToolContext, ToolError
@@ -160,7 +160,12 @@ class Agent:
         self.persist: Any = None
         self._schemas = [t.schema() for t in tools.values()]
 
-    async def _messages(self, req: TaskRequest, episode: Episode) -> list[dict[str, Any]]:
+    async def _messages(
+        self,
+        req: TaskRequest,
+        episode: Episode,
+        recalling: asyncio.Future[list[Recalled]] | None,
+    ) -> list[dict[str, Any]]:
         """System prompt, then context inside `context_budget` tokens: past episodes, the
         summary of compacted turns, then as many recent turns as still fit (newest kept).
         What each part used is recorded in the episode and logged, per task."""
@@ -180,14 +185,8 @@ class Agent:
                 episode.rules_trial = list(chosen.trials)
                 used["rules"] = chosen.tokens
                 left -= chosen.tokens
-        if self.recall is not None:
-            try:
-                found = await self.recall.similar(
-                    req.text, scope=req.scope, limit=self.recall_limit
-                )
-            except Exception:  # memory is a help, never a reason to fail the task
-                log.warning("recall.failed", exc_info=True)
-                found = []
+        if recalling is not None:
+            found = await recalling
             section, shown = render(found, min(self.recall_budget, left))
             if section:
                 messages.append({"role": "system", "content": section})
@@ -224,9 +223,31 @@ class Agent:
         with structlog.contextvars.bound_contextvars(
             task_id=task_id, conversation=req.conversation, channel=req.channel.name
         ):
-            return await self._run(req, task_id, observe)
+            # Recall first: its search runs in a worker thread while the task is set up
+            # (its episode, the task_start progress, the journal record), instead of
+            # after. A task that ends before its prompt is made does not leave it behind.
+            recalling = None if self.recall is None else asyncio.ensure_future(self._recall(req))
+            try:
+                return await self._run(req, task_id, observe, recalling)
+            finally:
+                if recalling is not None and not recalling.done():
+                    recalling.cancel()
 
-    async def _run(self, req: TaskRequest, task_id: str, observe: Observer | None) -> TaskResult:
+    async def _recall(self, req: TaskRequest) -> list[Recalled]:
+        assert self.recall is not None
+        try:
+            return await self.recall.similar(req.text, scope=req.scope, limit=self.recall_limit)
+        except Exception:  # memory is a help, never a reason to fail the task
+            log.warning("recall.failed", exc_info=True)
+            return []
+
+    async def _run(
+        self,
+        req: TaskRequest,
+        task_id: str,
+        observe: Observer | None,
+        recalling: asyncio.Future[list[Recalled]] | None,
+    ) -> TaskResult:
         started_wall = self.clock.utcnow()
         t0 = time.perf_counter()
         episode = Episode(
@@ -260,7 +281,7 @@ class Agent:
         opened = asyncio.ensure_future(self._open_journal(req, task_id, episode))
         try:
             async with asyncio.timeout(self.task_timeout):
-                reply = await self._loop(req, task_id, episode, emit, bound, opened)
+                reply = await self._loop(req, task_id, episode, emit, bound, opened, recalling)
         except asyncio.CancelledError:
             await asyncio.shield(opened)  # a record must not be written after its close
             if self.journal is not None and self.journal.stopping:
@@ -397,8 +418,9 @@ class Agent:
         emit: Observer,
         bound: Any,
         opened: asyncio.Future[None],
+        recalling: asyncio.Future[list[Recalled]] | None,
     ) -> str:
-        messages = await self._messages(req, episode)
+        messages = await self._messages(req, episode, recalling)
 
         async def on_text(delta: str) -> None:
             await emit(Progress("text", task_id, text=delta))
