@@ -3,12 +3,12 @@
 Layout: ``IndexIDMap2(IndexHNSWFlat(dim, M=32, inner product))`` over unit vectors, so
 inner product is cosine; up to EXACT_MAX stored vectors, ``IndexIDMap2(IndexFlatIP)``
 instead, held as a numpy buffer and written in faiss's own file layout without
-importing faiss (a small memory never loads it: ~13 MB resident, issue 26).
-Each vector's label is an int64 allocated in increasing order
-and stored in SQLite (``docs.vec``); labels never change, even when the index is
-compacted, so the SQLite side and the faiss file can be written at different moments
-and still agree (a label SQLite knows but the file lacks is simply re-embedded at open;
-a label the file has but no document points to is stale).
+importing faiss (a small memory never loads it: ~13 MB resident, issue 26). Each
+vector's label is an int64 allocated in increasing order and stored in SQLite
+(``docs.vec``); labels never change, even when the index is compacted, so the SQLite
+side and the faiss file can be written at different moments and still agree (a label
+SQLite knows but the file lacks is simply re-embedded at open; a label the file has
+but no document points to is stale).
 
 Why HNSW, and why not only HNSW. Numbers from shared/reference/offline-llm.md and
 `python -m bench.memory` (2-core machine, shared with other work while measured;
@@ -27,9 +27,9 @@ So the index is HNSW, and search picks the path by how many vectors may answer:
 
 * ≤ EXACT_MAX allowed vectors (a small memory, or a filter such as one conversation's
   scope): exact inner product in numpy over just those rows, read in place from the
-  flat buffer or the HNSW index's own flat storage (no second copy). ~0.2 ms per 1k vectors (memory
-  bound): exact, deterministic (so results survive a rebuild unchanged) and never
-  starved by a filter.
+  flat buffer or the HNSW index's own flat storage (no second copy). ~0.2 ms per 1k
+  vectors (memory bound): exact, deterministic (so results survive a rebuild
+  unchanged) and never starved by a filter.
 * More: HNSW with a faiss IDSelector (stale labels excluded, or the allowed set), and
   the exact path as fallback if it returns too few.
 
@@ -125,9 +125,10 @@ def _read_flat(data: bytes, name: str) -> tuple[np.ndarray, np.ndarray]:
         or len(data) != ids_at + _COUNT.size + 8 * n
     ):
         raise VectorIndexError(f"{name} is unreadable (a flat index that does not add up)")
+    # Views of `data`: VectorIndex.add copies them into its buffer.
     matrix = np.frombuffer(data, dtype="<f4", count=n * dim, offset=at).reshape(n, dim)
     labels = np.frombuffer(data, dtype="<i8", count=n, offset=ids_at + _COUNT.size)
-    return labels.astype(np.int64), matrix.astype(np.float32)
+    return labels, matrix
 
 
 class VectorIndexError(Exception):
@@ -199,10 +200,11 @@ class VectorIndex:
                 raise VectorIndexError(
                     f"{path.name} holds {matrix.shape[1]}-dim vectors, expected {dim}"
                 )
-            if len(labels) and np.any(np.diff(labels) <= 0):
-                raise VectorIndexError(f"{path.name} is unreadable (labels out of order)")
             vectors = cls(dim)
-            vectors.add(labels, matrix)
+            try:
+                vectors.add(labels, matrix)
+            except ValueError as exc:  # labels out of order
+                raise VectorIndexError(f"{path.name} is unreadable ({exc})") from exc
             vectors.dirty = False
             return vectors
         lib = _faiss()
@@ -223,7 +225,7 @@ class VectorIndex:
         # A graph saved before small memories had none: kept as a flat buffer, and
         # saved flat at the next save, so the next start does not load faiss.
         vectors = cls(dim)
-        vectors.add(graph.labels(), graph._matrix().copy())
+        vectors.add(graph.labels(), graph._matrix())  # copied into its buffer
         return vectors
 
     def save(self, path: Path) -> None:
@@ -394,10 +396,7 @@ class VectorIndex:
     def _approx(
         self, q: np.ndarray, k: int, allowed: np.ndarray | None, pos: np.ndarray | None
     ) -> tuple[np.ndarray, np.ndarray]:
-        if self._index is None:  # more than EXACT_MAX candidates means a graph; but be safe
-            exact_pos = pos if pos is not None else np.flatnonzero(~self._stale)
-            return self._exact(q, k, exact_pos)
-        lib = _faiss()
+        lib = _faiss()  # more than EXACT_MAX candidates: there is a graph
         if allowed is not None:
             selector: faiss.IDSelector | None = lib.IDSelectorBatch(allowed)
         else:
