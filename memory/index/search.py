@@ -358,12 +358,10 @@ def run(
     """
     depth = max(limit * 4, 40)
     allowed: list[Allowed] | None = None
+    found: tuple[np.ndarray, np.ndarray, bool] | None = None
     graph: Future[tuple[np.ndarray, np.ndarray, bool]] | None = None
     words: list[int] = []
-
-    def keyword_list() -> list[Hit] | None:
-        """The keyword list; the hits too unless the graph walk is still running."""
-        nonlocal allowed, graph, words
+    try:
         # A filter's documents, fetched once for both lists when they are few (with
         # their paths: the vector list's order needs them, and this saves it a statement).
         if where and (terms or qv is not None):
@@ -372,7 +370,6 @@ def run(
             rows = _all(db, sql, params)
             if len(rows) < cap:
                 allowed = rows
-        found: tuple[np.ndarray, np.ndarray, bool] | None = None
         if qv is not None:
             if inline_vectors(vectors, where, allowed):
                 found = nearest(vectors, qv, where, allowed, depth)
@@ -384,23 +381,19 @@ def run(
             )
         elif terms:
             words = keyword_ranks(db, terms, where, params, depth)
-        return None if graph is not None else finish(found)
-
-    def finish(found: tuple[np.ndarray, np.ndarray, bool] | None) -> list[Hit]:
-        near: list[int] = []
-        sims: dict[int, float] = {}
-        if found is not None:
-            near, sims = vector_ranks(db, found, where, params, depth, floor, allowed)
-        return hits_of(db, words, near, sims, limit)
-
-    try:
-        hits = keyword_list()
     except BaseException as exc:
         fail(out, exc)
         return
-    if graph is not None:
+
+    def finish(walked: tuple[np.ndarray, np.ndarray, bool] | None) -> list[Hit]:
+        near: list[int] = []
+        sims: dict[int, float] = {}
+        if walked is not None:
+            near, sims = vector_ranks(db, walked, where, params, depth, floor, allowed)
+        return hits_of(db, words, near, sims, limit)
+
+    if graph is None:
+        _settle(out, lambda: finish(found))
+    else:
         # Runs here if the walk is done, else in _GRAPH when it is.
         graph.add_done_callback(lambda done: _settle(out, lambda: finish(done.result())))
-    elif hits is not None:
-        with contextlib.suppress(InvalidStateError):
-            out.set_result(hits)
