@@ -226,17 +226,18 @@ class Agent:
             # Recall first: its search runs in a worker thread while the task is set up
             # (its episode, the task_start progress, the journal record), instead of
             # after. A task that ends before its prompt is made does not leave it behind.
-            recalling = None if self.recall is None else asyncio.ensure_future(self._recall(req))
+            recalling = None
+            if self.recall is not None:
+                recalling = asyncio.ensure_future(self._recall(self.recall, req))
             try:
                 return await self._run(req, task_id, observe, recalling)
             finally:
                 if recalling is not None and not recalling.done():
                     recalling.cancel()
 
-    async def _recall(self, req: TaskRequest) -> list[Recalled]:
-        assert self.recall is not None
+    async def _recall(self, recall: Recall, req: TaskRequest) -> list[Recalled]:
         try:
-            return await self.recall.similar(req.text, scope=req.scope, limit=self.recall_limit)
+            return await recall.similar(req.text, scope=req.scope, limit=self.recall_limit)
         except Exception:  # memory is a help, never a reason to fail the task
             log.warning("recall.failed", exc_info=True)
             return []
