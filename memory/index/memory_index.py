@@ -40,6 +40,7 @@ from memory.embedder import (
     unit_rows,
 )
 from memory.index import tuning
+from memory.index.filters import FilterCache
 from memory.index.keywords import DocTokens, KeywordIndex, Tokenizer
 from memory.index.query import fts_terms, where_clause
 from memory.index.rebuild import (
@@ -66,7 +67,7 @@ from memory.index.search import fail as search_fail
 from memory.index.search import run as search_run
 from memory.index.stats import stats as index_stats
 from memory.records import Written
-from memory.vectors import VectorIndex, VectorIndexError
+from memory.vectors import EXACT_MAX, VectorIndex, VectorIndexError
 
 log = structlog.get_logger("steward.memory")
 
@@ -133,6 +134,9 @@ class MemoryIndex:
         self._db: aiosqlite.Connection | None = None
         #: Searches read through this one (search.run, in a worker thread).
         self._reader: sqlite3.Connection | None = None
+        #: The rows of the filters searched lately, as of the reader's data (new with
+        #: every reader; kept up to date by `_commit_batch`).
+        self._filters = _new_filters()
         #: Incremental writes go through this one (_apply, in the write thread `_WRITES`).
         self._writer: sqlite3.Connection | None = None
         self._vectors = VectorIndex(embedder.dim or 1)
@@ -293,6 +297,7 @@ class MemoryIndex:
             return f"{FAISS_NAME} belongs to another build of {SQLITE_NAME}"
         self._db, self._vectors, self._generation = db, vectors, generation
         self._reader, self._writer = await asyncio.to_thread(_connect_both, self.sqlite_path)
+        self._filters = _new_filters()
         live = np.array(
             [r[0] for r in await db.execute_fetchall("SELECT vec FROM docs WHERE vec IS NOT NULL")],
             dtype=np.int64,
@@ -304,6 +309,7 @@ class MemoryIndex:
             lost = live[~known].tolist()
             await db.executemany("UPDATE docs SET vec = NULL WHERE vec = ?", [(x,) for x in lost])
             await db.commit()
+            self._filters.clear()
             live = live[known]
         vectors.keep_only(live)
         top = max(vectors.max_label, int(live.max()) if len(live) else -1)
@@ -355,6 +361,7 @@ class MemoryIndex:
                     self._reader, self._writer = await asyncio.to_thread(
                         _connect_both, self.sqlite_path
                     )
+                    self._filters = _new_filters()
                     self._vectors = vectors
                     self._generation = generation
                     self._next_label = max(vectors.max_label + 1, generation << GEN_SHIFT)
@@ -634,6 +641,7 @@ class MemoryIndex:
             labels = {d.path: int(x) for d, x in zip(fresh, new, strict=True)}
         stale: list[int] = []
         written: list[tuple[int, Doc]] = []
+        updated: list[int] = []
         gone: list[int] = []
         try:
             for doc in docs:
@@ -649,6 +657,7 @@ class MemoryIndex:
                     )
                     db.execute("DELETE FROM fts WHERE rowid = ?", (doc_key,))
                     db.execute("DELETE FROM signatures WHERE doc = ?", (doc_key,))
+                    updated.append(doc_key)
                 else:
                     cursor = db.execute(
                         f"INSERT INTO docs ({DOC_COLUMNS}) VALUES ({','.join('?' * 17)})",
@@ -685,6 +694,7 @@ class MemoryIndex:
             if labels:  # vectors no document will point to
                 self._vectors.mark_stale(np.array(list(labels.values()), dtype=np.int64))
             raise
+        self._filters.written([k for k, _ in written], updated, gone)
         if stale:
             self._vectors.mark_stale(np.array(stale, dtype=np.int64))
         if written or gone:
@@ -884,6 +894,7 @@ class MemoryIndex:
             reader = self._require_reader()  # inside the lock: a rebuild swaps it
             keywords = self._keywords if tuning.KEYWORD_CACHE else None
             vectors = self._vectors
+            filters = self._filters
 
             found: Future[list[Hit]] = Future()
 
@@ -899,6 +910,7 @@ class MemoryIndex:
                     keywords,
                     self._tokenizer,
                     vectors,
+                    filters,
                     terms,
                     qv,
                     where,
@@ -961,6 +973,12 @@ def _connect_both(path: Path) -> tuple[sqlite3.Connection, sqlite3.Connection]:
     except BaseException:
         reader.close()
         raise
+
+
+def _new_filters() -> FilterCache:
+    """An empty cache of filter rows: a filter of up to EXACT_MAX documents is applied
+    before ranking (search.run), a broader one after."""
+    return FilterCache(EXACT_MAX + 1)
 
 
 def _relative(data_dir: Path, path: Path) -> str:

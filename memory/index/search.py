@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-import memory.vectors as vectors_module
 from memory.index import tuning
+from memory.index.filters import FilterCache, FilterRows
 from memory.index.keywords import WEIGHTS, KeywordIndex, Tokenizer
 from memory.index.query import rrf
 from memory.index.schema import META_COLUMNS, META_NAMES
@@ -30,9 +30,6 @@ from memory.vectors import VectorIndex
 #: The vector list's graph walks (see run). One thread: searches of one index are
 #: serialized by its lock, and this thread never waits on anything itself.
 _GRAPH = ThreadPoolExecutor(max_workers=1, thread_name_prefix="steward-vectors")
-
-#: An allowed row of a filter that leaves few documents: (docs.id, vector label, path).
-Allowed = tuple[int, int | None, str]
 
 # bm25 weights of the FTS columns: the request/title says most about a task.
 _BM25 = f"bm25(fts, {', '.join(map(str, WEIGHTS))})"
@@ -144,19 +141,19 @@ def cached_keyword_ranks(
     terms: list[str],
     where: str,
     params: list[Any],
-    allowed: list[Allowed] | None,
+    allowed: FilterRows | None,
     depth: int,
 ) -> list[int]:
     """The keyword list from the in-memory bm25 (keywords.KeywordIndex): every match,
     every query word, the order SQLite's bm25() gives.
 
-    A filter that leaves few documents (`allowed`, from the caller's SQL) is applied
-    before ranking; a broad one after, in SQL, on a longer list (widened until enough
-    pass or every match was seen).
+    A filter that leaves few documents (`allowed`, its rows) is applied before
+    ranking; a broad one after, in SQL, on a longer list (widened until enough pass or
+    every match was seen).
     """
     words = [t.strip('"') for t in terms]
     if not where or allowed is not None:
-        rows = [r[0] for r in allowed] if allowed is not None else None
+        rows = allowed.ids() if allowed is not None else None
         return keywords.rank(tokenizer.phrases(words), depth, rows)
     want = depth * 4
     while want <= 4096:
@@ -186,7 +183,7 @@ def nearest(
     vectors: VectorIndex,
     qv: np.ndarray,
     where: str,
-    allowed: list[Allowed] | None,
+    allowed: FilterRows | None,
     depth: int,
 ) -> tuple[np.ndarray, np.ndarray, bool]:
     """The graph (or exact) search of the vector list: (labels, similarities, whether
@@ -201,14 +198,13 @@ def nearest(
         labels, scores = vectors.search(qv, depth)
         return labels, scores, False
     if allowed is not None:
-        only = np.array([r[1] for r in allowed if r[1] is not None], dtype=np.int64)
-        labels, scores = vectors.search(qv, depth, only)
+        labels, scores = vectors.search(qv, depth, allowed.labels())
         return labels, scores, False
     labels, scores = vectors.search(qv, min(depth * 8, 1024))
     return labels, scores, True
 
 
-def inline_vectors(vectors: VectorIndex, where: str, allowed: list[Allowed] | None) -> bool:
+def inline_vectors(vectors: VectorIndex, where: str, allowed: FilterRows | None) -> bool:
     """Whether the vector list is cheap enough to compute in the calling thread.
 
     Handing it to _GRAPH pays only when the search is long enough to overlap with the
@@ -232,7 +228,7 @@ def vector_ranks(
     params: list[Any],
     depth: int,
     floor: float,
-    allowed: list[Allowed] | None = None,
+    allowed: FilterRows | None = None,
 ) -> tuple[list[int], dict[int, float]]:
     """Vector-ranked ids and their similarities, at or above `floor`, from what
     `nearest` found (filtered here in SQL when it says so). With `allowed` (the rows
@@ -245,7 +241,8 @@ def vector_ranks(
     by_label = dict(zip(labels.tolist(), scores.tolist(), strict=True))
     rows: list[Any]
     if allowed is not None and not post_filter:
-        rows = [r for r in allowed if r[1] in by_label]
+        row_of = allowed.by_label()
+        rows = [row_of[x] for x in by_label if x in row_of]
     else:
         marks = ",".join("?" * len(by_label))
         sql = f"SELECT d.id, d.vec, d.path FROM docs d WHERE d.vec IN ({marks})" + (
@@ -336,6 +333,7 @@ def run(
     keywords: KeywordIndex | None,
     tokenizer: Tokenizer,
     vectors: VectorIndex,
+    filters: FilterCache,
     terms: list[str],
     qv: np.ndarray | None,
     where: str,
@@ -357,19 +355,15 @@ def run(
     of the keyword list: ~0.35 ms for a statement of ~0.15 ms alone).
     """
     depth = max(limit * 4, 40)
-    allowed: list[Allowed] | None = None
+    allowed: FilterRows | None = None
     found: tuple[np.ndarray, np.ndarray, bool] | None = None
     graph: Future[tuple[np.ndarray, np.ndarray, bool]] | None = None
     words: list[int] = []
     try:
-        # A filter's documents, fetched once for both lists when they are few (with
-        # their paths: the vector list's order needs them, and this saves it a statement).
+        # A filter's documents, for both lists when they are few (with their paths: the
+        # vector list's order needs them), kept between searches (memory/index/filters).
         if where and (terms or qv is not None):
-            cap = vectors_module.EXACT_MAX + 1
-            sql = f"SELECT d.id, d.vec, d.path FROM docs d WHERE {where} LIMIT {cap}"
-            rows = _all(db, sql, params)
-            if len(rows) < cap:
-                allowed = rows
+            allowed = filters.rows(db, where, params)
         if qv is not None:
             if inline_vectors(vectors, where, allowed):
                 found = nearest(vectors, qv, where, allowed, depth)

@@ -1,0 +1,170 @@
+"""The rows a search filter leaves, kept between searches instead of asked of SQLite
+each time.
+
+Why: recall filters every search by scope ("this person's episodes"), and a filter
+that leaves few documents (at most vectors.EXACT_MAX) is applied before ranking, from
+its rows (docs.id, vector label, path). Fetching them was one SQL statement over every
+row of the scope per search: ~0.7 ms of a ~3 ms recall at 400 episodes, growing with
+the scope, before every reply (issue 26). The same filter comes back with every
+message of a conversation, and its rows change only when the index writes.
+
+Exact, not approximate: after each committed write the ids it wrote or removed are
+noted on every cached filter (`MemoryIndex._commit_batch`, in the write thread), and a
+filter's next use re-asks SQLite about those ids only (one statement over a few rows),
+so what a search sees is what the full statement would return. A rebuild or a reopen
+swaps the connection and starts a new cache. Reads and writes both run under the
+index's lock, one thread at a time, so no lock of its own is needed.
+
+Bounded: LIMIT filters (least recently used dropped first), and a filter with more than
+PENDING_MAX unapplied ids is dropped rather than caught up (fetched again in full).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections import OrderedDict
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+#: An allowed row: (docs.id, vector label or None, path).
+Allowed = tuple[int, int | None, str]
+
+#: Filters kept (one a scope that searched lately, in practice).
+LIMIT = 64
+#: Ids written since a filter was last used above which it is fetched again instead.
+PENDING_MAX = 2048
+
+
+class FilterRows:
+    """One filter's rows, and the forms the two lists use them in, made on demand."""
+
+    __slots__ = ("_by_label", "_ids", "_labels", "_list", "pending", "rows")
+
+    def __init__(self, rows: Iterable[Allowed]) -> None:
+        self.rows: dict[int, Allowed] = {r[0]: r for r in rows}
+        #: Ids written since the rows were last brought up to date.
+        self.pending: set[int] = set()
+        self._forget()
+
+    def _forget(self) -> None:
+        self._list: list[Allowed] | None = None
+        self._ids: np.ndarray | None = None
+        self._labels: np.ndarray | None = None
+        self._by_label: dict[int, Allowed] | None = None
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def remove(self, ids: Iterable[int]) -> None:
+        for key in ids:
+            if self.rows.pop(key, None) is not None:
+                self._forget()
+            self.pending.discard(key)
+
+    def refresh(self, db: sqlite3.Connection, where: str, params: list[Any]) -> None:
+        """Bring the rows of the pending ids up to date: in the filter now, or not."""
+        if not self.pending:
+            return
+        ids = sorted(self.pending)
+        self.pending.clear()
+        found: dict[int, Allowed] = {}
+        for start in range(0, len(ids), 500):
+            part = ids[start : start + 500]
+            sql = (
+                f"SELECT d.id, d.vec, d.path FROM docs d WHERE d.id IN "
+                f"({','.join('?' * len(part))}) AND {where}"
+            )
+            found.update({r[0]: r for r in db.execute(sql, [*part, *params]).fetchall()})
+        for key in ids:
+            row = found.get(key)
+            if row is None:
+                self.rows.pop(key, None)
+            else:
+                self.rows[key] = row
+        self._forget()
+
+    def as_list(self) -> list[Allowed]:
+        """The rows in id order (the order SQLite's statement gave them in)."""
+        if self._list is None:
+            self._list = [self.rows[k] for k in sorted(self.rows)]
+        return self._list
+
+    def ids(self) -> np.ndarray:
+        """docs.id of every row, sorted (for np.isin / searchsorted)."""
+        if self._ids is None:
+            self._ids = np.fromiter(sorted(self.rows), dtype=np.int64, count=len(self.rows))
+        return self._ids
+
+    def labels(self) -> np.ndarray:
+        """The vector labels of the rows that have one, in id order."""
+        if self._labels is None:
+            self._labels = np.array(
+                [r[1] for r in self.as_list() if r[1] is not None], dtype=np.int64
+            )
+        return self._labels
+
+    def by_label(self) -> dict[int, Allowed]:
+        """Row of each vector label."""
+        if self._by_label is None:
+            self._by_label = {r[1]: r for r in self.rows.values() if r[1] is not None}
+        return self._by_label
+
+
+class FilterCache:
+    """The rows of the few-row filters searched lately (see the module docstring)."""
+
+    def __init__(self, cap: int, *, limit: int = LIMIT) -> None:
+        #: A filter with this many rows or more is broad: not cached, filtered after.
+        self.cap = cap
+        self.limit = limit
+        self._entries: OrderedDict[tuple[str, tuple[Any, ...]], FilterRows | None] = OrderedDict()
+        #: Statements saved and made (for tests and stats).
+        self.hits = 0
+        self.misses = 0
+
+    def rows(self, db: sqlite3.Connection, where: str, params: list[Any]) -> FilterRows | None:
+        """The filter's rows, or None when it leaves `cap` rows or more (broad)."""
+        key = (where, tuple(params))
+        if key in self._entries:
+            entry = self._entries[key]
+            self._entries.move_to_end(key)
+            if entry is None:  # broad: stays so until an update or deletion (`written`)
+                self.hits += 1
+                return None
+            entry.refresh(db, where, params)
+            if len(entry) < self.cap:
+                self.hits += 1
+                return entry
+            del self._entries[key]  # grew broad: fetched again below, and kept as such
+        self.misses += 1
+        sql = f"SELECT d.id, d.vec, d.path FROM docs d WHERE {where} LIMIT {self.cap}"
+        fetched = db.execute(sql, params).fetchall()
+        entry = FilterRows(fetched) if len(fetched) < self.cap else None
+        self._entries[key] = entry
+        while len(self._entries) > self.limit:
+            self._entries.popitem(last=False)
+        return entry
+
+    def written(self, ids: Iterable[int], updated: Iterable[int], gone: Iterable[int]) -> None:
+        """A committed write: `ids` rows inserted or updated (`updated` those of them
+        that existed before), `gone` rows deleted."""
+        ids, gone = list(ids), list(gone)
+        shrinks = bool(gone) or any(True for _ in updated)
+        if not ids and not gone:
+            return
+        for key, entry in list(self._entries.items()):
+            if entry is None:
+                # Inserts only grow a broad filter; an update or a deletion may take it
+                # under the cap: then it is asked again.
+                if shrinks:
+                    del self._entries[key]
+                continue
+            entry.remove(gone)
+            entry.pending.update(ids)
+            if len(entry.pending) > PENDING_MAX:
+                del self._entries[key]
+
+    def clear(self) -> None:
+        self._entries.clear()

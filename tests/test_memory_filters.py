@@ -1,0 +1,170 @@
+"""The rows a search filter leaves are kept between searches (memory/index/filters.py,
+issue 26) and must give exactly what SQLite gives: after inserts, after an episode moves
+to another scope, after a removal, after a rebuild, and for a filter too broad to keep."""
+
+from __future__ import annotations
+
+import sqlite3
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from memory.episodes import Episode, EpisodeStore
+from memory.index import MemoryIndex
+from memory.index.filters import FilterCache
+
+REQUESTS = [
+    "deploy the billing service to staging",
+    "the deploy failed because DEPLOY_TOKEN was missing",
+    "rotate the TLS certificate on the web server",
+    "summarize the meeting notes",
+    "the csv parser crashed on an empty file",
+    "deploy the frontend again",
+]
+QUERIES = ["deploy staging", "certificate server", "parser crashed", "notes", "missing token"]
+
+
+def _episode(i: int, scope: str, request: str | None = None) -> Episode:
+    return Episode(
+        id=f"e-{i:03d}",
+        started=datetime(2026, 5, 1, 12, i % 60, i // 60, tzinfo=UTC),
+        channel="slack",
+        conversation=f"C{i % 2}",
+        user="alice",
+        request=request or REQUESTS[i % len(REQUESTS)],
+        outcome="success",
+        reply="done",
+        scope=scope,
+    )
+
+
+async def _both(idx: MemoryIndex, query: str, scope: str) -> tuple[list[Any], list[Any]]:
+    """The hits with the cache as it is, then with an emptied one (the full statement)."""
+    kept = await idx.search(query, limit=5, kinds="episode", scopes=[scope])
+    idx._filters.clear()
+    fresh = await idx.search(query, limit=5, kinds="episode", scopes=[scope])
+    return _view(kept), _view(fresh)
+
+
+def _view(hits: list[Any]) -> list[Any]:
+    return [(h.id, round(h.score, 12), h.meta["keyword_rank"], h.meta["vector_rank"]) for h in hits]
+
+
+async def _check_every_query(idx: MemoryIndex, scopes: list[str]) -> None:
+    for scope in scopes:
+        for query in QUERIES:
+            # Warm the cache first, so the comparison is a cached use of the filter.
+            await idx.search(query, limit=5, kinds="episode", scopes=[scope])
+            kept, fresh = await _both(idx, query, scope)
+            assert kept == fresh, (scope, query)
+
+
+async def test_kept_filter_rows_give_what_sqlite_gives_after_every_kind_of_write(
+    tmp_path: Path,
+) -> None:
+    store = EpisodeStore(tmp_path)
+    a, b = "person:slack:alice", "person:slack:bob"
+    for i in range(12):
+        await store.write(_episode(i, a if i % 3 else b))
+    idx = await MemoryIndex.open(tmp_path)
+    try:
+        await idx.keywords_ready()
+        await _check_every_query(idx, [a, b])
+        # The scopes' filters are kept; a repeated search asks SQLite nothing new.
+        await idx.search("deploy", limit=5, kinds="episode", scopes=[a])
+        misses = idx._filters.misses
+        await idx.search("deploy", limit=5, kinds="episode", scopes=[a])
+        assert idx._filters.misses == misses
+
+        # Inserts into both scopes.
+        for i in range(12, 20):
+            path = await store.write(_episode(i, a if i % 2 else b))
+            await idx.add_episode_file(path)
+        await _check_every_query(idx, [a, b])
+
+        # An episode moves from scope a to scope b (an update of its row).
+        moved = _episode(1, b, request="deploy staging certificate moved to bob")
+        await idx.add_episode_file(await store.write(moved))
+        hits_a = await idx.search("moved to bob", limit=20, kinds="episode", scopes=[a])
+        hits_b = await idx.search("moved to bob", limit=20, kinds="episode", scopes=[b])
+        assert "e-001" not in {h.id for h in hits_a}
+        assert "e-001" in {h.id for h in hits_b}
+        await _check_every_query(idx, [a, b])
+
+        # A removal.
+        gone = store.path_for(_episode(2, a))
+        gone.unlink()
+        await idx.remove_file(gone)
+        assert "e-002" not in {
+            h.id for h in await idx.search("deploy", limit=50, kinds="episode", scopes=[a])
+        }
+        await _check_every_query(idx, [a, b])
+
+        # A rebuild swaps the connection: the kept rows go with the old one.
+        await idx.search("deploy", limit=5, kinds="episode", scopes=[a])
+        await idx.rebuild()
+        assert idx._filters.misses == 0
+        await _check_every_query(idx, [a, b])
+    finally:
+        await idx.close()
+
+
+def _docs(tmp_path: Path, scopes: list[str]) -> sqlite3.Connection:
+    db = sqlite3.connect(tmp_path / "f.sqlite")
+    db.execute("CREATE TABLE docs (id INTEGER PRIMARY KEY, vec INTEGER, path TEXT, scope TEXT)")
+    db.executemany(
+        "INSERT INTO docs VALUES (?, ?, ?, ?)",
+        [(i + 1, 100 + i, f"p{i}", s) for i, s in enumerate(scopes)],
+    )
+    db.commit()
+    return db
+
+
+@pytest.mark.parametrize("cap", [3, 4])
+def test_a_filter_at_the_cap_is_broad_until_an_update_or_removal(tmp_path: Path, cap: int) -> None:
+    db = _docs(tmp_path, ["a", "a", "a", "b"])
+    cache = FilterCache(cap)
+    where, params = "d.scope IN (?)", ["a"]
+    rows = cache.rows(db, where, params)
+    if cap == 3:
+        assert rows is None  # 3 rows: not fewer than the cap
+        # An insert only grows it: still broad, and no statement is made for that.
+        db.execute("INSERT INTO docs VALUES (5, 104, 'p4', 'a')")
+        db.commit()
+        cache.written([5], [], [])
+        misses = cache.misses
+        assert cache.rows(db, where, params) is None
+        assert cache.misses == misses
+        # A row leaves the scope (an update), another is deleted: narrow again.
+        db.execute("UPDATE docs SET scope = 'b' WHERE id = 1")
+        db.execute("DELETE FROM docs WHERE id = 2")
+        db.commit()
+        cache.written([1], [1], [2])
+        narrowed = cache.rows(db, where, params)
+        assert narrowed is not None
+        assert narrowed.as_list() == [(3, 102, "p2"), (5, 104, "p4")]
+    else:
+        assert rows is not None
+        assert rows.as_list() == [(1, 100, "p0"), (2, 101, "p1"), (3, 102, "p2")]
+        assert rows.labels().tolist() == [100, 101, 102]
+        # One more row reaches the cap: broad from then on, like the full statement says.
+        db.execute("INSERT INTO docs VALUES (5, 104, 'p4', 'a')")
+        db.commit()
+        cache.written([5], [], [])
+        assert cache.rows(db, where, params) is None
+
+
+def test_kept_filters_are_bounded(tmp_path: Path) -> None:
+    db = _docs(tmp_path, [f"s{i}" for i in range(10)])
+    cache = FilterCache(100, limit=4)
+    for i in range(10):
+        assert cache.rows(db, "d.scope IN (?)", [f"s{i}"]) is not None
+    assert len(cache._entries) == 4
+    # The oldest went first: s0 is asked again, s9 is not.
+    misses = cache.misses
+    cache.rows(db, "d.scope IN (?)", ["s9"])
+    assert cache.misses == misses
+    cache.rows(db, "d.scope IN (?)", ["s0"])
+    assert cache.misses == misses + 1
