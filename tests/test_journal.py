@@ -4,6 +4,8 @@ made, and runs again only on a press of [Run it again] by the person who asked."
 from __future__ import annotations
 
 import json
+import os
+import stat
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -159,3 +161,67 @@ async def test_the_question_can_be_answered_by_text_in_a_later_run(
     assert second[0]["kind"] == "edit" and second[0]["text"].endswith("Running it again.")
     assert second[-1]["text"].startswith("Nothing to write after all.")
     assert journal_files(s) == []
+
+
+async def test_a_new_record_is_synced_file_then_folder_before_open_returns(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """Awaiting `open` is awaiting durability: the file's data and then its name in the
+    folder are fsynced (in the thread hop) before it returns; the file is the owner's."""
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        real_fsync(fd)
+        synced.append("dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file")
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    journal = TaskJournal(tmp_path)
+    await journal.open(
+        "t1",
+        channel="web",
+        conversation="c",
+        user="u",
+        request="hi",
+        started=datetime(2026, 12, 1, tzinfo=UTC),
+    )
+    assert synced == ["file", "dir"]
+    path = tmp_path / "journal" / "t1.jsonl"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    [record] = TaskJournal(tmp_path).load()
+    assert record["id"] == "t1" and record["request"] == "hi" and record["tools"] == []
+
+
+async def test_a_record_that_cannot_be_written_costs_the_task_nothing(tmp_path: Path) -> None:
+    (tmp_path / "journal").write_text("a file where the folder should be")
+    journal = TaskJournal(tmp_path)
+    await journal.open(
+        "t1",
+        channel="web",
+        conversation="c",
+        user="u",
+        request="hi",
+        started=datetime(2026, 12, 1, tzinfo=UTC),
+    )  # logged, not raised
+    [failing] = journal.health.snapshot()["failing"]
+    assert failing["kind"] == "journal"
+    assert journal.health.notice("c") is not None  # the person is told once
+
+
+def test_records_cut_short_while_created_are_removed_and_others_kept(tmp_path: Path) -> None:
+    root = tmp_path / "journal"
+    root.mkdir()
+    good = {"id": "t-good", "status": "open", "started": "2026-12-01T00:00:00+00:00"}
+    (root / "t-good.jsonl").write_text(json.dumps(good) + "\n")
+    (root / "t-empty.jsonl").write_bytes(b"")
+    (root / "t-torn.jsonl").write_bytes(json.dumps({**good, "id": "t-torn"}).encode()[:25])
+    (root / "t-zeros.jsonl").write_bytes(b"\0" * 64)
+    # Not what a crash during `_create` leaves (more lines than a new record, or a
+    # whole record of another task): kept for a person to look at.
+    other = json.dumps({**good, "id": "t-other"}) + "\n"
+    (root / "t-mismatch.jsonl").write_text(other)
+    (root / "t-lines.jsonl").write_text('{"id": "t-lines", "stat\n{"name": "shell"}\n')
+    records = TaskJournal(tmp_path).load()
+    assert [r["id"] for r in records] == ["t-good"]
+    left = sorted(p.name for p in root.iterdir())
+    assert left == ["t-good.jsonl", "t-lines.jsonl", "t-mismatch.jsonl"]
