@@ -33,6 +33,7 @@ import contextlib
 import errno
 import json
 import os
+import weakref
 from collections.abc import Callable
 from datetime import datetime
 from functools import partial
@@ -69,6 +70,8 @@ class TaskJournal:
         self._records: dict[str, dict[str, Any]] = {}
         #: Records and tool lines written in the same loop turn go in one thread hop.
         self._hops = HopBatch()
+        #: The folder's descriptor (for its fsyncs) and what closes it with the journal.
+        self._folder: tuple[int, weakref.finalize] | None = None
 
     def path(self, task_id: str) -> Path:
         return self.root / f"{task_id}.jsonl"
@@ -97,7 +100,10 @@ class TaskJournal:
                 with contextlib.suppress(OSError):
                     path.unlink()
                 raise
-            await self._hops.run(partial(_sync_new, fd, path.parent))
+            try:
+                await self._hops.run(partial(_sync_new, fd, self._folder_fd()))
+            finally:
+                os.close(fd)  # here, not in the hop: one GIL hand-back fewer there
 
         await self.health.guard("journal", path, work)
 
@@ -107,7 +113,21 @@ class TaskJournal:
             return os.open(path, flags, 0o600)
         except FileNotFoundError:  # the first record, or the folder was removed
             path.parent.mkdir(parents=True, exist_ok=True)
+            self._close_folder()  # a folder made anew is another folder
             return os.open(path, flags, 0o600)
+
+    def _folder_fd(self) -> int:
+        """The journal folder, open for its fsyncs: opened once, not per record (in
+        the hop every system call is a hand-back of the GIL, issue 26)."""
+        if self._folder is None:
+            fd = os.open(self.root, os.O_RDONLY | os.O_CLOEXEC)
+            self._folder = (fd, weakref.finalize(self, os.close, fd))
+        return self._folder[0]
+
+    def _close_folder(self) -> None:
+        if self._folder is not None:
+            self._folder[1]()  # closes it, once
+            self._folder = None
 
     def _append(self, task_id: str, line: str) -> None:
         fd = os.open(self.path(task_id), os.O_WRONLY | os.O_APPEND)
@@ -290,17 +310,12 @@ def _torn(path: Path) -> bool:
     return False
 
 
-def _sync_new(fd: int, folder: Path) -> None:
+def _sync_new(fd: int, folder: int) -> None:
     """In the thread hop: the new record's data, then its name in the folder, durable."""
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    folder_fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(folder_fd)
-    finally:
-        os.close(folder_fd)
+    os.fsync(fd)
+    # As memory/atomic.py: a file system that cannot sync a folder is no write failure.
+    with contextlib.suppress(OSError):
+        os.fsync(folder)
 
 
 def _read(path: Path) -> dict[str, Any] | None:
