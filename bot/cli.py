@@ -204,6 +204,9 @@ def _dispatch(args: argparse.Namespace, settings: Any, parser: argparse.Argument
     import asyncio
 
     if args.command == "run":
+        from bot.unused import skip_unused
+
+        skip_unused()  # before bot.server imports httpx (bot/unused.py)
         from bot.malloc import single_arena
         from bot.server import serve
 

@@ -626,3 +626,11 @@ def test_rule_edits_keep_comments_between_and_inside_rules() -> None:
     removed = overlay_text_without_rule(added, "b2", "t")
     assert removed is not None and "id = 'a1'  # the deploy" in removed
     assert "# keep this note" in removed and "docker ps" not in removed
+
+
+def test_importing_the_policy_does_not_import_tomlkit() -> None:
+    """tomlkit loads when an overlay is edited, not at start-up (resident memory, issue 26)."""
+    code = "import sys, core.policy, core.guardian.guard; print('tomlkit' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False"]

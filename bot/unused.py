@@ -1,0 +1,32 @@
+"""Modules `steward run` never uses but its libraries import eagerly: never loaded.
+
+Why: resident memory of `steward run` is a target (issue 26). httpx's package
+``__init__`` imports ``httpx._main``, its command-line client, which imports click,
+rich's progress bars and tables and pygments' lexers for syntax highlighting: ~1.6 MB
+of modules in a bare ``import httpx``, ~3 MB in bench rss, for a command Steward never
+runs (it only uses httpx as a library).
+
+How: ``sys.modules[name] = None`` is the import system's documented way to make
+``import name`` raise ImportError. httpx guards that import (``try: from ._main import
+main / except ImportError``) and defines a ``main`` that says how to install its CLI,
+so the library is unchanged and only ``httpx.main`` differs. Nothing is modified on
+disk, and a module already imported is left alone.
+"""
+
+from __future__ import annotations
+
+import sys
+
+#: Modules no part of `steward run` imports itself, each guarded by its importer.
+UNUSED = ("httpx._main",)
+
+
+def skip_unused() -> list[str]:
+    """Mark each `UNUSED` module as not importable, unless it is loaded already; returns
+    those marked. Call before the libraries that import them (httpx) are imported."""
+    marked = []
+    for name in UNUSED:
+        if name not in sys.modules:
+            sys.modules[name] = None  # type: ignore[assignment]
+            marked.append(name)
+    return marked
