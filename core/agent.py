@@ -168,9 +168,13 @@ class Agent:
     ) -> list[dict[str, Any]]:
         """System prompt, then context inside `context_budget` tokens: past episodes, the
         summary of compacted turns, then as many recent turns as still fit (newest kept).
-        What each part used is recorded in the episode and logged, per task."""
-        system = SYSTEM_PROMPT.format(workspace=self.tool_context.workspace)
-        messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
+        What each part used is recorded in the episode and logged, per task.
+
+        The sections (rules, past episodes, summary) are paragraphs of the one system
+        message, not system messages of their own: litellm prepares every message of
+        every call, and a second system message cost ~0.5 ms of CPU a call (issue 26);
+        one system message is also what every chat template accepts."""
+        sections = [SYSTEM_PROMPT.format(workspace=self.tool_context.workspace)]
         left = self.context_budget
         used = {"rules": 0, "episodes": 0, "summary": 0, "history": 0}
         if self.learner is not None:
@@ -180,7 +184,7 @@ class Agent:
                 log.warning("rules.select_failed", exc_info=True)
                 chosen = None
             if chosen is not None and chosen.section and chosen.tokens <= left:
-                messages.append({"role": "system", "content": chosen.section})
+                sections.append(chosen.section)
                 episode.rules_applied = [r.id for r in chosen.applied]
                 episode.rules_trial = list(chosen.trials)
                 used["rules"] = chosen.tokens
@@ -189,7 +193,7 @@ class Agent:
             found = await recalling
             section, shown = render(found, min(self.recall_budget, left))
             if section:
-                messages.append({"role": "system", "content": section})
+                sections.append(section)
                 episode.recalled = shown
                 used["episodes"] = estimate_tokens(section)
                 left -= used["episodes"]
@@ -197,7 +201,7 @@ class Agent:
             section = "Summary of this conversation's earlier turns (data):\n" + req.summary
             cost = estimate_tokens(section)
             if cost <= left:
-                messages.append({"role": "system", "content": section})
+                sections.append(section)
                 used["summary"] = cost
                 left -= cost
         turns: list[dict[str, Any]] = []
@@ -215,7 +219,8 @@ class Agent:
             "turns_dropped": len(req.history) - len(turns),
         }
         log.info("task.context", **episode.context)
-        return [*messages, *turns, {"role": "user", "content": req.text}]
+        system = {"role": "system", "content": "\n\n".join(x.strip() for x in sections)}
+        return [system, *turns, {"role": "user", "content": req.text}]
 
     async def run(self, req: TaskRequest, observe: Observer | None = None) -> TaskResult:
         task_id = new_task_id(self.clock)

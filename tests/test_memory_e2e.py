@@ -87,12 +87,10 @@ async def test_data_dir_is_a_git_repository(settings_for: Callable) -> None:
 
 
 def recall_section(body: dict) -> str:
+    """The recall paragraph of the system message (sections are paragraphs of it)."""
+    system = next((m["content"] for m in body["messages"] if m["role"] == "system"), "")
     return next(
-        (
-            m["content"]
-            for m in body["messages"]
-            if m["role"] == "system" and m["content"].startswith("Similar past tasks")
-        ),
+        (p for p in system.split("\n\n") if p.startswith("Similar past tasks")),
         "",
     )
 
