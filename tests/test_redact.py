@@ -353,3 +353,17 @@ def test_an_episodes_own_counters_do_not_hide_a_secret_beside_them() -> None:
     text = plain + "reply: the password is hunter2hunter2\n" + "tokens_out: 9\n"
     out = redact(text)
     assert "hunter2hunter2" not in out and "tokens_in: 163" in out and "tokens_out: 9" in out
+
+
+def test_a_remembered_redaction_is_the_redaction() -> None:
+    """Short texts' redactions are remembered (issue 26): asked again, long or short,
+    secret or not, the answer is what the patterns give, and a long text still gets its
+    own pass."""
+    from memory.redact import _MEMO_CHARS, _redact
+
+    texts = [c[1].format(S=c[2]) for c in _POS] + [c[1] for c in _NEG]
+    texts.append("x " * _MEMO_CHARS + "password=" + r(24))
+    for _ in range(2):
+        for text in texts:
+            assert redact(text) == _redact(text)
+    assert "[REDACTED:password]" in redact(texts[-1])
