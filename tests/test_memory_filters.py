@@ -168,3 +168,33 @@ def test_kept_filters_are_bounded(tmp_path: Path) -> None:
     assert cache.misses == misses
     cache.rows(db, "d.scope IN (?)", ["s0"])
     assert cache.misses == misses + 1
+
+
+def _forms(rows: Any) -> tuple[Any, ...]:
+    return (rows.as_list(), rows.ids().tolist(), rows.labels().tolist(), rows.by_label())
+
+
+def test_forms_extended_by_new_rows_equal_forms_made_anew(tmp_path: Path) -> None:
+    """New documents (ids after every other) extend the id and label arrays in place;
+    anything else makes them anew. Either way they equal a fresh fetch."""
+    db = _docs(tmp_path, ["a", "b", "a"])
+    cache = FilterCache(100)
+    where, params = "d.scope IN (?)", ["a"]
+
+    def fresh() -> tuple[Any, ...]:
+        return _forms(FilterCache(100).rows(db, where, params))
+
+    def step(sql: str, args: tuple[Any, ...], ids: list[int], updated: list[int]) -> None:
+        db.execute(sql, args)
+        db.commit()
+        cache.written(ids, updated, [])
+        assert _forms(cache.rows(db, where, params)) == fresh()
+
+    assert _forms(cache.rows(db, where, params)) == fresh()
+    step("INSERT INTO docs VALUES (4, 103, 'p3', 'a')", (), [4], [])  # appended
+    step("INSERT INTO docs VALUES (5, NULL, 'p4', 'a')", (), [5], [])  # no vector yet
+    step("INSERT INTO docs VALUES (6, 105, 'p5', 'b')", (), [6], [])  # another scope
+    step("UPDATE docs SET vec = 106 WHERE id = ?", (5,), [5], [5])  # re-embedded
+    step("UPDATE docs SET scope = 'b' WHERE id = ?", (3,), [3], [3])  # left the scope
+    step("UPDATE docs SET scope = 'a' WHERE id = ?", (2,), [2], [2])  # joined it
+    step("INSERT INTO docs VALUES (7, 107, 'p6', 'a')", (), [7], [])

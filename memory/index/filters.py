@@ -77,13 +77,44 @@ class FilterRows:
                 f"({','.join('?' * len(part))}) AND {where}"
             )
             found.update({r[0]: r for r in db.execute(sql, [*part, *params]).fetchall()})
+        appended: list[Allowed] = []
+        changed = False
         for key in ids:
             row = found.get(key)
+            old = self.rows.get(key)
             if row is None:
-                self.rows.pop(key, None)
-            else:
+                if old is not None:
+                    del self.rows[key]
+                    changed = True
+            elif old is None and not changed and (not self.rows or key > self._top()):
+                appended.append(row)  # a new document, after every other: the usual write
                 self.rows[key] = row
-        self._forget()
+            elif old != row:
+                self.rows[key] = row
+                changed = True
+        if changed:
+            self._forget()
+        elif appended:
+            self._append(appended)
+
+    def _top(self) -> int:
+        if self._ids is not None:
+            return int(self._ids[-1]) if len(self._ids) else -1
+        return max(self.rows)
+
+    def _append(self, rows: list[Allowed]) -> None:
+        """Extend the forms already made by rows whose ids follow every other (in id
+        order): each search after a write used to make them again, ~0.3 ms a recall."""
+        if self._list is not None:
+            self._list.extend(rows)
+        if self._ids is not None:
+            self._ids = np.concatenate([self._ids, np.array([r[0] for r in rows], np.int64)])
+        labelled = [(r[1], r) for r in rows if r[1] is not None]
+        if self._labels is not None and labelled:
+            more = np.array([label for label, _ in labelled], dtype=np.int64)
+            self._labels = np.concatenate([self._labels, more])
+        if self._by_label is not None:
+            self._by_label.update(labelled)
 
     def as_list(self) -> list[Allowed]:
         """The rows in id order (the order SQLite's statement gave them in)."""
