@@ -13,6 +13,7 @@ import random
 import sqlite3
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -97,6 +98,38 @@ def test_phrases_are_tokenized_like_fts5() -> None:
         ("cafe",),
         (),
     ]
+    assert tok.phrases(["_"]) == [()]  # remembered, and still empty
+
+
+def test_a_number_is_its_own_phrase_as_fts5_says() -> None:
+    """ASCII digits skip the scratch table (issue 26); FTS5's tokenizer agrees on every
+    length and leading zero, and words with anything else still go through it."""
+    rng = random.Random(26)
+    numbers = [str(i) for i in range(300)] + ["0" * n for n in range(1, 70)]
+    numbers += ["".join(rng.choice("0123456789") for _ in range(n)) for n in range(1, 150)]
+    asked: list[str] = []
+    fast = Tokenizer(TOKENIZE)
+    real = fast._db
+
+    class Spy:
+        def executemany(self, sql: str, rows: list[tuple[int, str]]) -> Any:
+            asked.extend(w for _, w in rows)
+            return real.executemany(sql, rows)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+    fast._db = Spy()  # type: ignore[assignment]
+    assert fast.phrases(numbers) == [(n,) for n in numbers]
+    assert asked == []
+    # What FTS5 itself makes of each: the scratch table, as for any other word.
+    for n in numbers:
+        real.execute("INSERT INTO t (rowid, body) VALUES (1, ?)", (n,))
+        got = tuple(t for (t,) in real.execute("SELECT term FROM v"))
+        real.execute("DELETE FROM t")
+        assert got == (n,), n
+    assert fast.phrases(["\u0663", "v2", "123abc"]) == [("\u0663",), ("v2",), ("123abc",)]
+    assert asked == ["\u0663", "v2", "123abc"]  # not ASCII digits only: asked of FTS5
 
 
 def test_writes_deletes_and_merges_keep_it_equal_to_sqlite(
