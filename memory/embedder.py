@@ -24,6 +24,7 @@ vector (about 50 MB at 100k episodes).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import re
 import zlib
 from collections.abc import Sequence
@@ -140,6 +141,32 @@ _PROBE_SALTS = np.array(
 )
 
 
+#: A single text of at most this many words (after stop words) has its word block
+#: hashed in Python (HashedEmbedder._embed_one): numpy's per-call cost is more there;
+#: longer texts and batches go through numpy.
+ONE_TEXT_WORDS = 12
+_MASK = 2**64 - 1
+#: The word block's constants (see _word_block), as Python integers.
+_UNIGRAM = 0x9E3779B97F4A7C15
+_BIGRAM_MUL = 0x100000001B3
+_BIGRAM_ADD = 0x51ED27
+_PROBE_SALT_INTS = tuple(int(s) for s in _PROBE_SALTS)
+_SEED_TERM_INTS = {size: int(term) for size, term in _SEED_TERM.items()}
+
+
+_MIX1 = 0xFF51AFD7ED558CCD
+_MIX2 = 0xC4CEB9FE1A85EC53
+
+
+def _mix_int(h: int) -> int:
+    """`_mix` on one Python integer of 64 bits."""
+    h ^= h >> 33
+    h = (h * _MIX1) & _MASK
+    h ^= h >> 33
+    h = (h * _MIX2) & _MASK
+    return h ^ (h >> 33)
+
+
 class HashedEmbedder:
     """Signed feature hashing: stems + stem bigrams + char 3–5-grams, sublinear tf, L2.
 
@@ -165,6 +192,8 @@ class HashedEmbedder:
         n = len(texts)
         if n == 0:
             return np.zeros((0, self.dim), dtype=np.float32)
+        if n == 1 and len(words := _words(texts[0])) <= ONE_TEXT_WORDS:
+            return self._embed_one(words)
         cache = self._cache
         rows: list[int] = []
         hashes: list[int] = []
@@ -183,6 +212,46 @@ class HashedEmbedder:
         word_block = self._word_block(rows, hashes, n)
         char_block = self._char_ngrams(pieces)
         return unit_rows(_finish(word_block) + self.char_weight * _finish(char_block))
+
+    def _embed_one(self, words: list[str]) -> np.ndarray:
+        """`embed([text])` for one text of a few words (a search's query; `words` is
+        `_words(text)`): its word features hashed with Python integers (mod 2**64, as
+        numpy's uint64 wraps) and summed in a list, its character n-grams by the batch
+        code.
+
+        Why: for a handful of words numpy's per-call cost is the whole cost of the word
+        block (~15 calls for ~30 hashes), and a query is embedded while the person waits
+        for the reply (recall; issue 26). The result is bit for bit the batch path's:
+        every weight is a power of two (±1, ±bigram_weight), so the sums are exact in
+        any order, and the blocks go through the same _finish and unit_rows. A test
+        compares the two on thousands of texts."""
+        dim, mask, m1, m2 = self.dim, _MASK, _MIX1, _MIX2
+        cache = self._cache
+        hashes = []
+        for w in words:
+            h = cache.get(w)
+            if h is None:
+                h = cache[w] = zlib.crc32(_stem(w).encode("utf-8"))
+            hashes.append(h)
+        features = [((h * _UNIGRAM) & mask, 1.0) for h in hashes]
+        bigram = self.bigram_weight
+        features += [
+            (_mix_int(((a * _BIGRAM_MUL) + b + _BIGRAM_ADD) & mask), bigram)
+            for a, b in itertools.pairwise(hashes)
+        ]
+        row = [0.0] * dim
+        for feature, weight in features:
+            for salt in _PROBE_SALT_INTS:
+                h = (feature + salt) & mask  # _mix_int, inlined: it runs ~30 times a query
+                h ^= h >> 33
+                h = (h * m1) & mask
+                h ^= h >> 33
+                h = (h * m2) & mask
+                h ^= h >> 33
+                row[h % dim] += -weight if h >> 63 else weight
+        word = np.array([row])
+        chars = self._char_ngrams([(" " + " ".join(words) + " ").encode("utf-8")])
+        return unit_rows(_finish(word) + self.char_weight * _finish(chars))
 
     def _word_block(self, rows: list[int], hashes: list[int], n: int) -> np.ndarray:
         """Unigram and bigram features of every text in the batch.

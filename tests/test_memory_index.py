@@ -693,3 +693,29 @@ async def test_a_vector_save_that_fails_is_logged_and_the_next_open_embeds_again
         assert "1 re-embedded" in again.open_reason
         hits = await again.search("benchmark the vector store", keyword=False)
         assert hits[0].id == "e-late"
+
+
+@pytest.mark.parametrize("dim", [512, 96])
+def test_one_query_is_embedded_bit_for_bit_as_in_a_batch(dim: int) -> None:
+    """A single text of a few words takes the word-block path in Python integers
+    (HashedEmbedder._embed_one, issue 26): its vector must be the batch path's exactly,
+    or a query would not find its own text's document first."""
+    import random
+
+    from memory.embedder import ONE_TEXT_WORDS, _words
+
+    rng = random.Random(26)
+    alphabet = "abcdefghijklmnopqrstuvwxyz ABCDEF_-.0123456789éü漢字😀/\\\n\t"
+    texts = ["", " ", "a", "the to", "message 123", "deployFailed onStaging", "x" * 300]
+    texts += [
+        "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 120))) for _ in range(2000)
+    ]
+    texts += [" ".join(t[0] for t in TASKS)]  # more words than the Python path takes
+    embedder = HashedEmbedder(dim=dim)
+    taken = 0
+    for text in texts:
+        alone = embedder.embed([text])
+        batched = embedder.embed([text, "another text beside it"])[:1]
+        assert np.array_equal(alone, batched), text
+        taken += len(_words(text)) <= ONE_TEXT_WORDS
+    assert 0 < taken < len(texts)
