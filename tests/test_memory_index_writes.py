@@ -352,3 +352,38 @@ def test_kill_9_while_indexing_leaves_a_consistent_index(tmp_path: Path) -> None
             assert await _contents(idx) == caught_up
 
     asyncio.run(check())
+
+
+async def test_a_cancelled_search_keeps_the_lock_until_its_thread_is_done(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A recall cancelled mid-search (its task ended) must not let a write in while the
+    search thread still reads the keyword index and the kept filter rows (issue 26:
+    the write thread changes both)."""
+    store = EpisodeStore(tmp_path)
+    idx = await MemoryIndex.open(tmp_path)
+    try:
+        await idx.add_episode_files(
+            [w for w in await store.write_many([_episode(4, "deploy later")]) if w]
+        )
+        entered, release = threading.Event(), threading.Event()
+        real = memory_index.search_run
+
+        def slow(*args: Any) -> None:
+            entered.set()
+            release.wait(10)
+            real(*args)
+
+        monkeypatch.setattr(memory_index, "search_run", slow)
+        task = asyncio.create_task(idx.search("deploy", limit=3, scopes=["person:slack:alice"]))
+        await asyncio.to_thread(entered.wait, 10)
+        task.cancel()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not task.done() and idx._lock.locked()  # the thread still searches
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert not idx._lock.locked()
+    finally:
+        await idx.close()

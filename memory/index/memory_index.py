@@ -924,7 +924,19 @@ class MemoryIndex:
             # (search.run), and awaiting it is the one hop back to this loop (the
             # submit's own future is not awaited: no second wake-up of the loop).
             _SEARCHES.submit(work, qv)
-            return await asyncio.wrap_future(found)
+            done = asyncio.wrap_future(found)
+            try:
+                return await asyncio.shield(done)
+            except asyncio.CancelledError:
+                # Cancelled (a recall whose task ended): the threads still read the
+                # keyword index and the kept filter rows, which a write changes, so the
+                # lock is held until they are done, as `_in_writer` does for a write.
+                while not done.done():
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await asyncio.wait([done])
+                if not done.cancelled():
+                    done.exception()  # retrieved: nobody wants this search's outcome
+                raise
 
     # -- stats ---------------------------------------------------------------------
 
