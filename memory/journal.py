@@ -101,9 +101,12 @@ class TaskJournal:
                     path.unlink()
                 raise
             try:
-                await self._hops.run(partial(_sync_new, fd, self._folder_fd()))
-            finally:
-                os.close(fd)  # here, not in the hop: one GIL hand-back fewer there
+                folder = self._folder_fd()
+            except BaseException:
+                os.close(fd)
+                raise
+            # The hop closes `fd`: awaiting it may be cancelled, the job still runs.
+            await self._hops.run(partial(_sync_new, fd, folder))
 
         await self.health.guard("journal", path, work)
 
@@ -312,7 +315,10 @@ def _torn(path: Path) -> bool:
 
 def _sync_new(fd: int, folder: int) -> None:
     """In the thread hop: the new record's data, then its name in the folder, durable."""
-    os.fsync(fd)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
     # As memory/atomic.py: a file system that cannot sync a folder is no write failure.
     with contextlib.suppress(OSError):
         os.fsync(folder)
