@@ -163,6 +163,18 @@ async def test_the_question_can_be_answered_by_text_in_a_later_run(
     assert journal_files(s) == []
 
 
+async def _open_hi(journal: TaskJournal) -> None:
+    """Task t1 in conversation c, asking "hi"."""
+    await journal.open(
+        "t1",
+        channel="web",
+        conversation="c",
+        user="u",
+        request="hi",
+        started=datetime(2026, 12, 1, tzinfo=UTC),
+    )
+
+
 async def test_a_new_record_is_synced_file_then_folder_before_open_returns(
     tmp_path: Path, monkeypatch: Any
 ) -> None:
@@ -177,14 +189,7 @@ async def test_a_new_record_is_synced_file_then_folder_before_open_returns(
 
     monkeypatch.setattr(os, "fsync", fsync)
     journal = TaskJournal(tmp_path)
-    await journal.open(
-        "t1",
-        channel="web",
-        conversation="c",
-        user="u",
-        request="hi",
-        started=datetime(2026, 12, 1, tzinfo=UTC),
-    )
+    await _open_hi(journal)
     assert synced == ["file", "dir"]
     path = tmp_path / "journal" / "t1.jsonl"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
@@ -195,14 +200,7 @@ async def test_a_new_record_is_synced_file_then_folder_before_open_returns(
 async def test_a_record_that_cannot_be_written_costs_the_task_nothing(tmp_path: Path) -> None:
     (tmp_path / "journal").write_text("a file where the folder should be")
     journal = TaskJournal(tmp_path)
-    await journal.open(
-        "t1",
-        channel="web",
-        conversation="c",
-        user="u",
-        request="hi",
-        started=datetime(2026, 12, 1, tzinfo=UTC),
-    )  # logged, not raised
+    await _open_hi(journal)  # logged, not raised
     [failing] = journal.health.snapshot()["failing"]
     assert failing["kind"] == "journal"
     assert journal.health.notice("c") is not None  # the person is told once

@@ -230,6 +230,32 @@ async def test_a_failure_mid_transaction_leaves_nothing_half_written(
         assert len((await _contents(idx))["rows"]) == 3
 
 
+class _Gate:
+    """Holds an index's worker thread inside a step, so its awaiter can be cancelled
+    while the thread is still at work."""
+
+    def __init__(self) -> None:
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def hold(self) -> None:  # in the worker thread
+        self.entered.set()
+        self.release.wait(10)
+
+    async def cancel_while_held(self, idx: MemoryIndex, work: Any) -> None:
+        """Cancel `work` while the thread is held: the index lock stays taken until the
+        thread is let go, and the cancellation reaches the awaiter only then."""
+        task = asyncio.ensure_future(work)
+        await asyncio.to_thread(self.entered.wait, 10)
+        task.cancel()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not task.done() and idx._lock.locked()
+        self.release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert not idx._lock.locked()
+
+
 async def test_a_cancelled_write_keeps_the_lock_until_the_thread_is_done(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -237,25 +263,15 @@ async def test_a_cancelled_write_keeps_the_lock_until_the_thread_is_done(
     idx = await MemoryIndex.open(tmp_path)
     try:
         files = [w for w in await store.write_many([_episode(4, "deploy later")]) if w]
-        entered, release = threading.Event(), threading.Event()
+        gate = _Gate()
         real = MemoryIndex._commit_batch
 
         def slow(self: MemoryIndex, *args: Any) -> None:
-            entered.set()
-            release.wait(10)
+            gate.hold()
             real(self, *args)
 
         monkeypatch.setattr(MemoryIndex, "_commit_batch", slow)
-        task = asyncio.create_task(idx.add_episode_files(files))
-        await asyncio.to_thread(entered.wait, 10)
-        task.cancel()
-        for _ in range(5):
-            await asyncio.sleep(0)
-        assert not task.done() and idx._lock.locked()  # the thread still writes
-        release.set()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        assert not idx._lock.locked()
+        await gate.cancel_while_held(idx, idx.add_episode_files(files))  # the thread writes
         # The thread finished its transaction: committed whole.
         assert [h.id for h in await idx.search("deploy later", limit=1)] == ["e-004"]
     finally:
@@ -366,24 +382,15 @@ async def test_a_cancelled_search_keeps_the_lock_until_its_thread_is_done(
         await idx.add_episode_files(
             [w for w in await store.write_many([_episode(4, "deploy later")]) if w]
         )
-        entered, release = threading.Event(), threading.Event()
+        gate = _Gate()
         real = memory_index.search_run
 
         def slow(*args: Any) -> None:
-            entered.set()
-            release.wait(10)
+            gate.hold()
             real(*args)
 
         monkeypatch.setattr(memory_index, "search_run", slow)
-        task = asyncio.create_task(idx.search("deploy", limit=3, scopes=["person:slack:alice"]))
-        await asyncio.to_thread(entered.wait, 10)
-        task.cancel()
-        for _ in range(5):
-            await asyncio.sleep(0)
-        assert not task.done() and idx._lock.locked()  # the thread still searches
-        release.set()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        assert not idx._lock.locked()
+        search = idx.search("deploy", limit=3, scopes=["person:slack:alice"])
+        await gate.cancel_while_held(idx, search)  # the thread searches
     finally:
         await idx.close()
