@@ -13,7 +13,9 @@ noted on every cached filter (`MemoryIndex._commit_batch`, in the write thread),
 filter's next use re-asks SQLite about those ids only (one statement over a few rows),
 so what a search sees is what the full statement would return. A rebuild or a reopen
 swaps the connection and starts a new cache. Reads and writes both run under the
-index's lock, one thread at a time, so no lock of its own is needed.
+index's lock, so no lock of its own is needed: a write never runs beside a search, and
+a search's two threads (search.run) only read the rows, at most each making a form of
+them (`ids`, `labels`) that is the same whichever thread makes it.
 
 Bounded: LIMIT filters (least recently used dropped first), and a filter with more than
 PENDING_MAX unapplied ids is dropped rather than caught up (fetched again in full).
