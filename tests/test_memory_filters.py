@@ -198,3 +198,16 @@ def test_forms_extended_by_new_rows_equal_forms_made_anew(tmp_path: Path) -> Non
     step("UPDATE docs SET scope = 'b' WHERE id = ?", (3,), [3], [3])  # left the scope
     step("UPDATE docs SET scope = 'a' WHERE id = ?", (2,), [2], [2])  # joined it
     step("INSERT INTO docs VALUES (7, 107, 'p6', 'a')", (), [7], [])
+
+
+def test_kept_rows_are_bounded_over_all_filters(tmp_path: Path) -> None:
+    db = _docs(tmp_path, [f"s{i % 4}" for i in range(40)])  # 10 rows a scope
+    cache = FilterCache(100, rows_max=25)
+    for i in range(4):
+        assert cache.rows(db, "d.scope IN (?)", [f"s{i}"]) is not None
+    # 4 filters of 10 rows: only the two used last fit in 25 rows.
+    assert [k[1] for k in cache._entries] == [("s2",), ("s3",)]
+    # A filter that alone is over the bound is answered, not kept.
+    wide = FilterCache(100, rows_max=5)
+    assert len(wide.rows(db, "d.scope IN (?)", ["s0"]) or []) == 10
+    assert not wide._entries

@@ -17,8 +17,9 @@ index's lock, so no lock of its own is needed: a write never runs beside a searc
 a search's two threads (search.run) only read the rows, at most each making a form of
 them (`ids`, `labels`) that is the same whichever thread makes it.
 
-Bounded: LIMIT filters (least recently used dropped first), and a filter with more than
-PENDING_MAX unapplied ids is dropped rather than caught up (fetched again in full).
+Bounded: LIMIT filters and ROWS_MAX rows over all of them (least recently used dropped
+first), and a filter with more than PENDING_MAX unapplied ids is dropped rather than
+caught up (fetched again in full).
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ Allowed = tuple[int, int | None, str]
 
 #: Filters kept (one a scope that searched lately, in practice).
 LIMIT = 64
+#: Rows kept over all filters (~250 bytes each with their arrays: ~10 MB at most); the
+#: least recently used filters go first. One filter bigger than this is not kept.
+ROWS_MAX = 40_000
 #: Ids written since a filter was last used above which it is fetched again instead.
 PENDING_MAX = 2048
 
@@ -148,10 +152,11 @@ class FilterRows:
 class FilterCache:
     """The rows of the few-row filters searched lately (see the module docstring)."""
 
-    def __init__(self, cap: int, *, limit: int = LIMIT) -> None:
+    def __init__(self, cap: int, *, limit: int = LIMIT, rows_max: int = ROWS_MAX) -> None:
         #: A filter with this many rows or more is broad: not cached, filtered after.
         self.cap = cap
         self.limit = limit
+        self.rows_max = rows_max
         self._entries: OrderedDict[tuple[str, tuple[Any, ...]], FilterRows | None] = OrderedDict()
         #: Statements saved and made (for tests and stats).
         self.hits = 0
@@ -176,9 +181,18 @@ class FilterCache:
         fetched = db.execute(sql, params).fetchall()
         entry = FilterRows(fetched) if len(fetched) < self.cap else None
         self._entries[key] = entry
+        self._bound()
+        return entry
+
+    def _bound(self) -> None:
+        """At most `limit` filters and `rows_max` rows, least recently used dropped first
+        (the one just used last, so it goes only when it alone is over `rows_max`)."""
         while len(self._entries) > self.limit:
             self._entries.popitem(last=False)
-        return entry
+        kept = sum(len(e) for e in self._entries.values() if e is not None)
+        while kept > self.rows_max and self._entries:
+            _, dropped = self._entries.popitem(last=False)
+            kept -= len(dropped) if dropped is not None else 0
 
     def written(self, ids: Iterable[int], updated: Iterable[int], gone: Iterable[int]) -> None:
         """A committed write: `ids` rows inserted or updated (`updated` those of them
