@@ -24,7 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiosqlite
 import numpy as np
@@ -70,6 +70,8 @@ from memory.records import Written
 from memory.vectors import EXACT_MAX, VectorIndex, VectorIndexError
 
 log = structlog.get_logger("steward.memory")
+
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -297,7 +299,6 @@ class MemoryIndex:
             return f"{FAISS_NAME} belongs to another build of {SQLITE_NAME}"
         self._db, self._vectors, self._generation = db, vectors, generation
         self._reader, self._writer = await asyncio.to_thread(_connect_both, self.sqlite_path)
-        self._filters = _new_filters()
         live = np.array(
             [r[0] for r in await db.execute_fetchall("SELECT vec FROM docs WHERE vec IS NOT NULL")],
             dtype=np.int64,
@@ -309,7 +310,6 @@ class MemoryIndex:
             lost = live[~known].tolist()
             await db.executemany("UPDATE docs SET vec = NULL WHERE vec = ?", [(x,) for x in lost])
             await db.commit()
-            self._filters.clear()
             live = live[known]
         vectors.keep_only(live)
         top = max(vectors.max_label, int(live.max()) if len(live) else -1)
@@ -567,14 +567,7 @@ class MemoryIndex:
         Cancelled while it runs, it still waits for the thread to finish (which then
         commits or rolls back): until then nothing else may take the lock and use the
         connection, the vectors or the keyword index."""
-        done = asyncio.get_running_loop().run_in_executor(_WRITES, fn, *args)
-        try:
-            await asyncio.shield(done)
-        except asyncio.CancelledError:
-            while not done.done():
-                with contextlib.suppress(asyncio.CancelledError):
-                    await asyncio.wait([done])
-            raise
+        await _outlasting_cancel(asyncio.get_running_loop().run_in_executor(_WRITES, fn, *args))
 
     # The write thread's steps (blocking; run by _in_writer, under the index lock).
 
@@ -924,19 +917,10 @@ class MemoryIndex:
             # (search.run), and awaiting it is the one hop back to this loop (the
             # submit's own future is not awaited: no second wake-up of the loop).
             _SEARCHES.submit(work, qv)
-            done = asyncio.wrap_future(found)
-            try:
-                return await asyncio.shield(done)
-            except asyncio.CancelledError:
-                # Cancelled (a recall whose task ended): the threads still read the
-                # keyword index and the kept filter rows, which a write changes, so the
-                # lock is held until they are done, as `_in_writer` does for a write.
-                while not done.done():
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await asyncio.wait([done])
-                if not done.cancelled():
-                    done.exception()  # retrieved: nobody wants this search's outcome
-                raise
+            # Cancelled (a recall whose task ended), the threads still read the keyword
+            # index and the kept filter rows, which a write changes: the lock is held
+            # until they are done, as for a write.
+            return await _outlasting_cancel(asyncio.wrap_future(found))
 
     # -- stats ---------------------------------------------------------------------
 
@@ -984,6 +968,21 @@ def _connect_both(path: Path) -> tuple[sqlite3.Connection, sqlite3.Connection]:
         return reader, connect_writer(path)
     except BaseException:
         reader.close()
+        raise
+
+
+async def _outlasting_cancel(done: asyncio.Future[T]) -> T:
+    """Await `done`, a worker thread's result; when the awaiter is cancelled, wait for
+    the thread all the same before the cancellation goes on, so the index lock held
+    around this stays held while the thread uses what it guards."""
+    try:
+        return await asyncio.shield(done)
+    except asyncio.CancelledError:
+        while not done.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait([done])
+        if not done.cancelled():
+            done.exception()  # retrieved: nobody wants this outcome any more
         raise
 
 
