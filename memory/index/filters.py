@@ -46,7 +46,7 @@ PENDING_MAX = 2048
 class FilterRows:
     """One filter's rows, and the forms the two lists use them in, made on demand."""
 
-    __slots__ = ("_by_label", "_ids", "_labels", "_list", "pending", "rows")
+    __slots__ = ("_by_label", "_ids", "_labels", "pending", "rows")
 
     def __init__(self, rows: Iterable[Allowed]) -> None:
         self.rows: dict[int, Allowed] = {r[0]: r for r in rows}
@@ -55,7 +55,6 @@ class FilterRows:
         self._forget()
 
     def _forget(self) -> None:
-        self._list: list[Allowed] | None = None
         self._ids: np.ndarray | None = None
         self._labels: np.ndarray | None = None
         self._by_label: dict[int, Allowed] | None = None
@@ -85,34 +84,33 @@ class FilterRows:
             found.update({r[0]: r for r in db.execute(sql, [*part, *params]).fetchall()})
         appended: list[Allowed] = []
         changed = False
-        for key in ids:
-            row = found.get(key)
-            old = self.rows.get(key)
-            if row is None:
-                if old is not None:
-                    del self.rows[key]
-                    changed = True
-            elif old is None and not changed and (not self.rows or key > self._top()):
+        top = self._top()
+        for key in ids:  # ascending
+            row, old = found.get(key), self.rows.get(key)
+            if row == old:
+                continue
+            if row is not None and old is None and key > top and not changed:
                 appended.append(row)  # a new document, after every other: the usual write
-                self.rows[key] = row
-            elif old != row:
-                self.rows[key] = row
+            else:
                 changed = True
+            if row is None:
+                del self.rows[key]
+            else:
+                self.rows[key] = row
         if changed:
             self._forget()
         elif appended:
             self._append(appended)
 
     def _top(self) -> int:
+        """The highest id kept (-1: none)."""
         if self._ids is not None:
             return int(self._ids[-1]) if len(self._ids) else -1
-        return max(self.rows)
+        return max(self.rows, default=-1)
 
     def _append(self, rows: list[Allowed]) -> None:
         """Extend the forms already made by rows whose ids follow every other (in id
         order): each search after a write used to make them again, ~0.3 ms a recall."""
-        if self._list is not None:
-            self._list.extend(rows)
         if self._ids is not None:
             self._ids = np.concatenate([self._ids, np.array([r[0] for r in rows], np.int64)])
         labelled = [(r[1], r) for r in rows if r[1] is not None]
@@ -124,9 +122,7 @@ class FilterRows:
 
     def as_list(self) -> list[Allowed]:
         """The rows in id order (the order SQLite's statement gave them in)."""
-        if self._list is None:
-            self._list = [self.rows[k] for k in sorted(self.rows)]
-        return self._list
+        return [self.rows[k] for k in self.ids().tolist()]
 
     def ids(self) -> np.ndarray:
         """docs.id of every row, sorted (for np.isin / searchsorted)."""
@@ -137,9 +133,8 @@ class FilterRows:
     def labels(self) -> np.ndarray:
         """The vector labels of the rows that have one, in id order."""
         if self._labels is None:
-            self._labels = np.array(
-                [r[1] for r in self.as_list() if r[1] is not None], dtype=np.int64
-            )
+            labels = [self.rows[k][1] for k in self.ids().tolist()]
+            self._labels = np.array([x for x in labels if x is not None], dtype=np.int64)
         return self._labels
 
     def by_label(self) -> dict[int, Allowed]:
@@ -158,7 +153,7 @@ class FilterCache:
         self.limit = limit
         self.rows_max = rows_max
         self._entries: OrderedDict[tuple[str, tuple[Any, ...]], FilterRows | None] = OrderedDict()
-        #: Statements saved and made (for tests and stats).
+        #: Full statements saved and made (for tests).
         self.hits = 0
         self.misses = 0
 
@@ -194,13 +189,12 @@ class FilterCache:
             _, dropped = self._entries.popitem(last=False)
             kept -= len(dropped) if dropped is not None else 0
 
-    def written(self, ids: Iterable[int], updated: Iterable[int], gone: Iterable[int]) -> None:
+    def written(self, ids: list[int], updated: list[int], gone: list[int]) -> None:
         """A committed write: `ids` rows inserted or updated (`updated` those of them
         that existed before), `gone` rows deleted."""
-        ids, gone = list(ids), list(gone)
-        shrinks = bool(gone) or any(True for _ in updated)
         if not ids and not gone:
             return
+        shrinks = bool(updated or gone)
         for key, entry in list(self._entries.items()):
             if entry is None:
                 # Inserts only grow a broad filter; an update or a deletion may take it
