@@ -117,14 +117,33 @@ def _words(text: str) -> list[str]:
     return [w for w in _WORD.findall(text) if w not in _STOP]
 
 
+_MASK = 2**64 - 1
+#: murmur3's 64-bit finalizer's multipliers.
+_MIX1 = 0xFF51AFD7ED558CCD
+_MIX2 = 0xC4CEB9FE1A85EC53
+#: The word block's multipliers and offset (a word's hash, a bigram's hash).
+_UNIGRAM = 0x9E3779B97F4A7C15
+_BIGRAM_MUL = 0x100000001B3
+_BIGRAM_ADD = 0x51ED27
+
+
 def _mix(h: np.ndarray) -> np.ndarray:
     """murmur3's 64-bit finalizer: spreads every input bit over the whole hash."""
     with np.errstate(over="ignore"):
         h = h ^ (h >> _U64(33))
-        h = h * _U64(0xFF51AFD7ED558CCD)
+        h = h * _U64(_MIX1)
         h = h ^ (h >> _U64(33))
-        h = h * _U64(0xC4CEB9FE1A85EC53)
+        h = h * _U64(_MIX2)
         return h ^ (h >> _U64(33))
+
+
+def _mix_int(h: int) -> int:
+    """`_mix` on one Python integer of 64 bits."""
+    h ^= h >> 33
+    h = (h * _MIX1) & _MASK
+    h ^= h >> 33
+    h = (h * _MIX2) & _MASK
+    return h ^ (h >> 33)
 
 
 #: The character n-grams' polynomial multiplier (the 64-bit FNV prime).
@@ -132,9 +151,7 @@ _FNV = 1099511628211
 _PRIME = _U64(_FNV)
 #: What each character n-gram size's seed (size * golden ratio) contributes after
 #: `size` steps of `h * _PRIME + byte`: seed * _PRIME**size, mod 2**64.
-_SEED_TERM = {
-    size: _U64((size * 0x9E3779B97F4A7C15) * pow(_FNV, size, 2**64) % 2**64) for size in (3, 4, 5)
-}
+_SEED_TERM = {size: _U64((size * _UNIGRAM) * pow(_FNV, size, 2**64) % 2**64) for size in (3, 4, 5)}
 #: The salt of each word probe, as the word block adds it before mixing.
 _PROBE_SALTS = np.array(
     [(probe * 0x632BE59BD9B4E019 + 1) & (2**64 - 1) for probe in range(WORD_PROBES)], dtype=_U64
@@ -145,26 +162,7 @@ _PROBE_SALTS = np.array(
 #: hashed in Python (HashedEmbedder._embed_one): numpy's per-call cost is more there;
 #: longer texts and batches go through numpy.
 ONE_TEXT_WORDS = 12
-_MASK = 2**64 - 1
-#: The word block's constants (see _word_block), as Python integers.
-_UNIGRAM = 0x9E3779B97F4A7C15
-_BIGRAM_MUL = 0x100000001B3
-_BIGRAM_ADD = 0x51ED27
 _PROBE_SALT_INTS = tuple(int(s) for s in _PROBE_SALTS)
-_SEED_TERM_INTS = {size: int(term) for size, term in _SEED_TERM.items()}
-
-
-_MIX1 = 0xFF51AFD7ED558CCD
-_MIX2 = 0xC4CEB9FE1A85EC53
-
-
-def _mix_int(h: int) -> int:
-    """`_mix` on one Python integer of 64 bits."""
-    h ^= h >> 33
-    h = (h * _MIX1) & _MASK
-    h ^= h >> 33
-    h = (h * _MIX2) & _MASK
-    return h ^ (h >> 33)
 
 
 class HashedEmbedder:
@@ -194,21 +192,14 @@ class HashedEmbedder:
             return np.zeros((0, self.dim), dtype=np.float32)
         if n == 1 and len(words := _words(texts[0])) <= ONE_TEXT_WORDS:
             return self._embed_one(words)
-        cache = self._cache
         rows: list[int] = []
         hashes: list[int] = []
         pieces: list[bytes] = []
         for row, text in enumerate(texts):
             words = _words(text)
-            for w in words:
-                h = cache.get(w)
-                if h is None:
-                    h = cache[w] = zlib.crc32(_stem(w).encode("utf-8"))
-                hashes.append(h)
+            hashes += self._stem_hashes(words)
             rows.extend([row] * len(words))
-            pieces.append((" " + " ".join(words) + " ").encode("utf-8"))
-        if len(cache) > 200_000:
-            cache.clear()
+            pieces.append(_piece(words))
         word_block = self._word_block(rows, hashes, n)
         char_block = self._char_ngrams(pieces)
         return unit_rows(_finish(word_block) + self.char_weight * _finish(char_block))
@@ -225,33 +216,35 @@ class HashedEmbedder:
         every weight is a power of two (±1, ±bigram_weight), so the sums are exact in
         any order, and the blocks go through the same _finish and unit_rows. A test
         compares the two on thousands of texts."""
-        dim, mask, m1, m2 = self.dim, _MASK, _MIX1, _MIX2
+        hashes = self._stem_hashes(words)
+        features = [((h * _UNIGRAM) & _MASK, 1.0) for h in hashes]
+        bigram = self.bigram_weight
+        features += [
+            (_mix_int((a * _BIGRAM_MUL + b + _BIGRAM_ADD) & _MASK), bigram)
+            for a, b in itertools.pairwise(hashes)
+        ]
+        row = [0.0] * self.dim
+        for feature, weight in features:
+            for salt in _PROBE_SALT_INTS:
+                h = _mix_int((feature + salt) & _MASK)
+                row[h % self.dim] += -weight if h >> 63 else weight
+        word = np.array([row])
+        chars = self._char_ngrams([_piece(words)])
+        return unit_rows(_finish(word) + self.char_weight * _finish(chars))
+
+    def _stem_hashes(self, words: list[str]) -> list[int]:
+        """crc32 of each word's stem, remembered by word (at most ~200k words: the
+        memory is dropped whole past that)."""
         cache = self._cache
+        if len(cache) > 200_000:
+            cache.clear()
         hashes = []
         for w in words:
             h = cache.get(w)
             if h is None:
                 h = cache[w] = zlib.crc32(_stem(w).encode("utf-8"))
             hashes.append(h)
-        features = [((h * _UNIGRAM) & mask, 1.0) for h in hashes]
-        bigram = self.bigram_weight
-        features += [
-            (_mix_int(((a * _BIGRAM_MUL) + b + _BIGRAM_ADD) & mask), bigram)
-            for a, b in itertools.pairwise(hashes)
-        ]
-        row = [0.0] * dim
-        for feature, weight in features:
-            for salt in _PROBE_SALT_INTS:
-                h = (feature + salt) & mask  # _mix_int, inlined: it runs ~30 times a query
-                h ^= h >> 33
-                h = (h * m1) & mask
-                h ^= h >> 33
-                h = (h * m2) & mask
-                h ^= h >> 33
-                row[h % dim] += -weight if h >> 63 else weight
-        word = np.array([row])
-        chars = self._char_ngrams([(" " + " ".join(words) + " ").encode("utf-8")])
-        return unit_rows(_finish(word) + self.char_weight * _finish(chars))
+        return hashes
 
     def _word_block(self, rows: list[int], hashes: list[int], n: int) -> np.ndarray:
         """Unigram and bigram features of every text in the batch.
@@ -266,8 +259,8 @@ class HashedEmbedder:
         h = np.asarray(hashes, dtype=_U64)
         same = r[:-1] == r[1:]
         with np.errstate(over="ignore"):
-            pair = h[:-1][same] * _U64(0x100000001B3) + h[1:][same] + _U64(0x51ED27)
-            allh = np.concatenate([h * _U64(0x9E3779B97F4A7C15), _mix(pair)])
+            pair = h[:-1][same] * _U64(_BIGRAM_MUL) + h[1:][same] + _U64(_BIGRAM_ADD)
+            allh = np.concatenate([h * _U64(_UNIGRAM), _mix(pair)])
         allr = np.concatenate([r, r[:-1][same]])
         weight = np.ones(len(allh))
         weight[len(h) :] = self.bigram_weight
@@ -314,6 +307,12 @@ class HashedEmbedder:
         signs = np.where((h >> _U64(63)) & _U64(1), -1.0, 1.0)
         # One bincount for all sizes: the sums of ±1 are exact in any order.
         return np.bincount(rows * dim + buckets, weights=signs, minlength=n * dim).reshape(n, dim)
+
+
+def _piece(words: list[str]) -> bytes:
+    """A text's words as its character n-grams are taken from: space-separated, with a
+    space at each end (so a word's first and last letters start and end n-grams)."""
+    return (" " + " ".join(words) + " ").encode("utf-8")
 
 
 def _finish(block: np.ndarray) -> np.ndarray:
