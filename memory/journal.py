@@ -90,7 +90,7 @@ class TaskJournal:
         path = self.path(str(record["id"]))
 
         async def work() -> None:
-            fd = self._new_file(path)
+            fd, folder = self._new_file(path)
             try:
                 written = os.write(fd, data)
                 if written != len(data):  # a full disk mid-write: no partial record
@@ -100,29 +100,27 @@ class TaskJournal:
                 with contextlib.suppress(OSError):
                     path.unlink()
                 raise
-            try:
-                folder = self._folder_fd()
-            except BaseException:
-                os.close(fd)
-                raise
             # The hop closes `fd`: awaiting it may be cancelled, the job still runs.
             await self._hops.run(partial(_sync_new, fd, folder))
 
         await self.health.guard("journal", path, work)
 
-    def _new_file(self, path: Path) -> int:
+    def _new_file(self, path: Path) -> tuple[int, int]:
+        """A new record's file, open for writing, and its folder's descriptor."""
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+        folder = self._folder_fd()
         try:
-            return os.open(path, flags, 0o600)
-        except FileNotFoundError:  # the first record, or the folder was removed
-            path.parent.mkdir(parents=True, exist_ok=True)
+            return os.open(path, flags, 0o600), folder
+        except FileNotFoundError:  # the folder was removed since it was opened
             self._close_folder()  # a folder made anew is another folder
-            return os.open(path, flags, 0o600)
+            folder = self._folder_fd()
+            return os.open(path, flags, 0o600), folder
 
     def _folder_fd(self) -> int:
-        """The journal folder, open for its fsyncs: opened once, not per record (in
-        the hop every system call is a hand-back of the GIL, issue 26)."""
+        """The journal folder (made if missing), open for its fsyncs: opened once, not
+        per record (in the hop every system call is a hand-back of the GIL, issue 26)."""
         if self._folder is None:
+            self.root.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.root, os.O_RDONLY | os.O_CLOEXEC)
             self._folder = (fd, weakref.finalize(self, os.close, fd))
         return self._folder[0]
