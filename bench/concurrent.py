@@ -4,18 +4,25 @@ The same scripted server (zero latency) answers both. Baseline: 100 concurrent w
 each making 10 bare `litellm.acompletion` calls in a row. Steward: 100 conversations,
 each sent its 10 messages one after another (a person waits for the answer before the
 next), all conversations at once, through the real dispatcher, agent, journal, channel
-and the background episode writer (core/persist.py). The baseline runs before and after
-Steward and the two are averaged, so a load change on the machine during the run hurts
-neither side alone. Checks: every message answered exactly once, with its own answer,
-and every episode written once the writer drained.
+and the background episode writer (core/persist.py). Steward runs twice: with the
+default settings (model calls under load in a worker process, core/llm_worker.py) and
+with every call in its one process (`llm_workers = 0`). Each run is warmed up first as
+the baseline is (one message a conversation, the worker started), and sits between two
+bare runs whose rates are averaged, so a load change on the machine during the run
+hurts neither side alone. Checks: every message answered exactly once, with its own
+answer, and every episode written once the writer drained. CPU is counted in every
+process: this one (the scripted server's share included, as for the baseline) and the
+workers (/proc/<pid>/stat).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +70,24 @@ async def _bare(litellm: Any, base_url: str) -> tuple[float, list[float]]:
     return time.perf_counter() - t0, latencies
 
 
-async def _steward(base_url: str) -> tuple[float, float, list[float], int]:
+@dataclass
+class _Run:
+    elapsed: float
+    drained: float
+    latencies: list[float]
+    episodes: int
+    by_workers: int  # calls the model worker processes answered
+    cpu: float  # seconds of this process (the scripted server's share included)
+    cpu_workers: float  # seconds of the worker processes
+
+
+def _cpu_of(pid: int) -> float:
+    """utime + stime of a process, in seconds (/proc/<pid>/stat fields 14 and 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _steward(base_url: str, workers: int) -> _Run:
     tmp = Path(tempfile.mkdtemp(prefix="steward-bench-"))
     settings = load_settings(
         env={
@@ -71,6 +95,7 @@ async def _steward(base_url: str) -> tuple[float, float, list[float], int]:
             "STEWARD_API_BASE": base_url,
             "STEWARD_DATA_DIR": str(tmp / "data"),
             "STEWARD_WORKSPACE": str(tmp / "ws"),
+            "STEWARD_LLM_WORKERS": str(workers),
         },
         cwd=tmp,
     )
@@ -101,10 +126,26 @@ async def _steward(base_url: str) -> tuple[float, float, list[float], int]:
             await asyncio.wait_for(fut, 120)
             latencies.append(time.perf_counter() - t0)
 
+    async def warm_up(c: int) -> None:
+        fut = loop.create_future()
+        waiting[f"w{c}"] = fut
+        await app.dispatcher.handle(Message("replay", f"w{c}", f"u{c}", f"w{c}"), channel)
+        await asyncio.wait_for(fut, 120)
+
     try:
+        # Warmed up as the bare baseline is (connections, caches), and the model worker
+        # processes started (core/llm_worker.py; under a steady load they are up already).
+        await asyncio.gather(*(warm_up(c) for c in range(CONVERSATIONS)))
+        pool = app.llm_workers
+        if pool is not None:
+            assert await pool.wait_ready(), "the model worker processes did not start"
+        await app.persist.drain()
+        pids = pool.pids() if pool is not None else []
+        before = (pool.answered if pool else 0, time.process_time(), sum(map(_cpu_of, pids)))
         t0 = time.perf_counter()
         await asyncio.gather(*(person(c) for c in range(CONVERSATIONS)))
         elapsed = time.perf_counter() - t0
+        after = (pool.answered if pool else 0, time.process_time(), sum(map(_cpu_of, pids)))
         await app.persist.drain()
         await app.history.drain()
         drained = time.perf_counter() - t0
@@ -114,8 +155,15 @@ async def _steward(base_url: str) -> tuple[float, float, list[float], int]:
         got = answers.get(f"p{c}", [])
         want = [f"re: c{c} m{j}" for j in range(PER_CONVERSATION)]
         assert got == want, f"conversation p{c}: lost, doubled or crossed answers: {got}"
-    episodes = len(list((tmp / "data" / "episodes").rglob("*.md")))
-    return elapsed, drained, latencies, episodes
+    episodes = len(list((tmp / "data" / "episodes").rglob("*.md"))) - CONVERSATIONS  # warm-up
+    used = [b - a for a, b in zip(before, after, strict=True)]
+    return _Run(elapsed, drained, latencies, episodes, int(used[0]), used[1], used[2])
+
+
+async def _timed_bare(litellm: Any, base_url: str) -> tuple[float, list[float], float]:
+    c0 = time.process_time()
+    took, latencies = await _bare(litellm, base_url)
+    return took, latencies, time.process_time() - c0
 
 
 async def _run() -> None:
@@ -125,32 +173,45 @@ async def _run() -> None:
     async with ScriptedLLM() as llm:
         llm.responder = _echo
         await _bare(litellm, llm.base_url)  # warm-up: connections, imports, caches
-        b1, lat1 = await _bare(litellm, llm.base_url)
-        elapsed, drained, lat, episodes = await _steward(llm.base_url)
-        b2, lat2 = await _bare(litellm, llm.base_url)
-    bare_rate = total / ((b1 + b2) / 2)
-    rate = total / elapsed
-    bare_lat = lat1 + lat2
+        # Each Steward run between two bare runs, averaged, so a load change on the
+        # machine hurts neither side alone.
+        b1 = await _timed_bare(litellm, llm.base_url)
+        pooled = await _steward(llm.base_url, workers=1)  # the default settings
+        b2 = await _timed_bare(litellm, llm.base_url)
+        alone = await _steward(llm.base_url, workers=0)  # every call in the one process
+        b3 = await _timed_bare(litellm, llm.base_url)
+    bare_lat = b1[1] + b2[1] + b3[1]
+    bare_cpu = (b1[2] + b2[2] + b3[2]) / (3 * total)
     print(
-        f"bare litellm, {CONVERSATIONS} at once: {bare_rate:6.1f} calls/s  "
-        f"p50 {_pct(bare_lat, 0.5):7.1f} ms  p99 {_pct(bare_lat, 0.99):7.1f} ms  "
-        f"(runs {total / b1:.1f} and {total / b2:.1f} calls/s)"
+        f"bare litellm, {CONVERSATIONS} at once: runs "
+        + ", ".join(f"{total / b[0]:.1f}" for b in (b1, b2, b3))
+        + f" calls/s  p50 {_pct(bare_lat, 0.5):7.1f} ms  p99 {_pct(bare_lat, 0.99):7.1f} ms  "
+        f"CPU {bare_cpu * 1000:.1f} ms a call"
     )
-    print(
-        f"Steward, {CONVERSATIONS} conversations: {rate:6.1f} messages/s  "
-        f"p50 {_pct(lat, 0.5):7.1f} ms  p99 {_pct(lat, 0.99):7.1f} ms  "
-        f"ratio {rate / bare_rate:.2f}x bare throughput (target >= 0.8x)"
-    )
-    print(
-        f"{total} messages, each answered exactly once with its own answer; "
-        f"{episodes} episodes written, all of them (and every transcript) "
-        f"{drained - elapsed:.2f} s after the last answer (background writers)"
-    )
-    assert episodes == total, f"{episodes} episodes for {total} messages"
-    print(
-        f"p50/p99 vs bare: {statistics.median(lat) / statistics.median(bare_lat):.2f}x / "
-        f"{_pct(lat, 0.99) / _pct(bare_lat, 0.99):.2f}x"
-    )
+    for name, run, around in (
+        ("llm_workers = 1 (default)", pooled, (b1, b2)),
+        ("llm_workers = 0 (one process)", alone, (b2, b3)),
+    ):
+        bare_rate = total / ((around[0][0] + around[1][0]) / 2)
+        rate = total / run.elapsed
+        lat = run.latencies
+        print(
+            f"Steward, {CONVERSATIONS} conversations, {name}: {rate:6.1f} messages/s  "
+            f"p50 {_pct(lat, 0.5):7.1f} ms  p99 {_pct(lat, 0.99):7.1f} ms  "
+            f"ratio {rate / bare_rate:.2f}x bare throughput (target >= 0.8x); "
+            f"p50/p99 vs bare {statistics.median(lat) / statistics.median(bare_lat):.2f}x / "
+            f"{_pct(lat, 0.99) / _pct(bare_lat, 0.99):.2f}x"
+        )
+        print(
+            f"  {run.by_workers} of {total} calls answered by a worker process; CPU a "
+            f"message {(run.cpu + run.cpu_workers) * 1000 / total:.1f} ms "
+            f"({run.cpu * 1000 / total:.1f} here with the scripted server, "
+            f"{run.cpu_workers * 1000 / total:.1f} in workers); each message answered "
+            f"exactly once with its own answer; {run.episodes} episodes written, all of "
+            f"them (and every transcript) {run.drained - run.elapsed:.2f} s after the last "
+            "answer (background writers)"
+        )
+        assert run.episodes == total, f"{run.episodes} episodes for {total} messages"
 
 
 def main() -> None:

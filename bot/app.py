@@ -42,6 +42,7 @@ from core.history import History, model_summarizer
 from core.interrupted import Interrupted
 from core.learning import Learner, LearningConfig
 from core.llm import LLMClient
+from core.llm_worker import WorkerPool
 from core.local_llm import LOCAL_TOOLS, LocalLLM
 from core.local_model import (
     ModelServer,
@@ -278,6 +279,12 @@ class App:
             ),
         )
         self.llm: LLMClient | LocalLLM | None = None
+        #: Worker processes for model calls under load (core/llm_worker.py).
+        self.llm_workers: WorkerPool | None = (
+            WorkerPool(settings.llm_workers, settings.llm_worker_threshold)
+            if settings.llm_workers > 0 and settings.model_configured
+            else None
+        )
         self.local: ModelServer | None = None
         self._no_model = NO_MODEL_MESSAGE
         self.index: Any = None
@@ -298,6 +305,7 @@ class App:
                 max_tokens=settings.max_tokens,
                 temperature=settings.temperature,
                 stream=settings.stream,
+                workers=self.llm_workers,
             )
         elif embedded_wanted(settings, env):
             self.local = self._local_server(local_command)
@@ -625,6 +633,8 @@ class App:
             await _bounded("drafts", self._stop_pending(), STOP_STEP_TIMEOUT)
             if self.local is not None:
                 await _bounded("local model", self.local.stop(), STOP_STEP_TIMEOUT)
+            if self.llm_workers is not None:
+                await _bounded("model workers", self.llm_workers.stop(), STOP_STEP_TIMEOUT)
             if self.index is not None:
                 index, self.index = self.index, None
                 await _bounded("memory index", index.close(), STOP_STEP_TIMEOUT)

@@ -51,6 +51,8 @@ class _CoreSettings(BaseModel):
     llm_retries: int = Field(ge=0, le=20)
     llm_backoff: float = Field(ge=0)
     llm_backoff_max: float = Field(ge=0)
+    llm_workers: int = Field(ge=0, le=16)
+    llm_worker_threshold: int = Field(ge=1)
     max_tokens: int = Field(ge=0)
     temperature: float = Field(ge=-1, le=2)
     stream: bool

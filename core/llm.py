@@ -27,6 +27,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_aft
 
 from core.clock import Clock
 from core.lazy_package import defer_tree
+from core.llm_worker import WorkerCallError, WorkerPool
 
 log = structlog.get_logger("steward.llm")
 
@@ -148,6 +149,8 @@ def _is_malformed(exc: BaseException) -> bool:
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
+        if getattr(current, "malformed", False) is True:  # said by a worker (core/llm_worker.py)
+            return True
         if isinstance(current, json.JSONDecodeError) or _MALFORMED.search(str(current)):
             return True
         current = current.__cause__ or current.__context__
@@ -162,7 +165,15 @@ def _is_retryable(exc: BaseException) -> bool:
     status = getattr(exc, "status_code", None)
     if isinstance(status, int) and 400 <= status < 500 and status not in (408, 429):
         return False
-    return any(cls.__name__ in _RETRYABLE for cls in type(exc).__mro__)
+    return any(name in _RETRYABLE for name in _names(exc))
+
+
+def _names(exc: BaseException) -> list[str]:
+    """The class names of the exception, or of the one a worker process caught."""
+    told = getattr(exc, "class_names", None)
+    if isinstance(exc, WorkerCallError) and told:
+        return list(told)
+    return [cls.__name__ for cls in type(exc).__mro__]
 
 
 def _retry_after(exc: BaseException) -> float | None:
@@ -216,7 +227,7 @@ _REQUEST_IN_ERROR = (
 
 
 def _kind(exc: BaseException) -> str:
-    names = [cls.__name__ for cls in type(exc).__mro__]
+    names = _names(exc)
     if _is_malformed(exc):
         return "malformed"
     if "BadRequestError" in names and _CONTEXT_WORDING.search(str(exc)):
@@ -257,8 +268,11 @@ class LLMClient:
         max_tokens: int = 0,
         temperature: float = -1.0,
         stream: bool = True,
+        workers: WorkerPool | None = None,
     ) -> None:
         self.model = model
+        #: Worker processes for calls made while many run at once (core/llm_worker.py).
+        self.workers = workers
         self.clock = clock
         self.api_base = api_base
         self.api_key = api_key
@@ -359,11 +373,22 @@ class LLMClient:
         async def call() -> LLMResult:
             nonlocal attempts, emitted
             attempts += 1
-            if self.stream and on_text is not None:
-                result = await self._streamed(litellm, kwargs, on_text)
-                emitted = bool(result.text) and on_text is not None
-                return result
-            return self._parse(litellm, await litellm.acompletion(**kwargs))
+            streamed = self.stream and on_text is not None
+            pool = self.workers
+            worker = pool.pick() if pool is not None and not streamed else None
+            if pool is not None and worker is not None:
+                return _from_worker(await pool.call(worker, kwargs))
+            if pool is not None:
+                pool.in_process += 1
+            try:
+                if streamed:
+                    result = await self._streamed(litellm, kwargs, on_text)
+                    emitted = bool(result.text) and on_text is not None
+                    return result
+                return self._parse(litellm, await litellm.acompletion(**kwargs))
+            finally:
+                if pool is not None:
+                    pool.in_process -= 1
 
         try:
             # The first attempt without tenacity's machinery (~85 us a call, before every
@@ -615,6 +640,17 @@ class LLMClient:
             f"than the {window:,} it reads at once (its context window). Ask for a "
             "smaller step, or start a new conversation."
         )
+
+
+def _from_worker(fields: dict[str, Any]) -> LLMResult:
+    """The result of a call a worker process made (core/llm_worker.py sent its fields)."""
+    return LLMResult(
+        text=fields["text"] or "",
+        tool_calls=[ToolCallRequest(id=i, name=n, arguments=a) for i, n, a in fields["tool_calls"]],
+        tokens_in=fields["tokens_in"],
+        tokens_out=fields["tokens_out"],
+        cost_usd=fields["cost_usd"],
+    )
 
 
 def _first_number(patterns: tuple[re.Pattern[str], ...], text: str) -> int | None:

@@ -1,0 +1,315 @@
+"""Model calls in worker processes when many run at once: throughput one event loop cannot give.
+
+Why: litellm spends ~12-14 ms of CPU preparing a call and reading its answer (this
+machine, a zero-latency server), all of it holding the one GIL of the process that also
+runs every channel, the agent and memory. With 100 conversations at once the process was
+CPU-bound at ~0.5x the throughput of bare litellm (issue 26). A worker process has its
+own GIL and core: the serving process only sends the request's arguments and reads the
+answer's fields.
+
+When: a call goes to a worker only while at least `threshold` other calls are in flight
+in this process, so a lone message keeps the lowest latency (no hop between processes),
+and a worker is started the first time that happens, in the background (importing
+litellm takes seconds; calls keep running in process meanwhile). A quiet Steward never
+starts one, so its memory stays as it was; each worker holds its own litellm (~200 MB).
+Streamed calls (the terminal and the web chat show text as it comes) stay in process.
+
+Nothing is lost when a worker dies: its calls in flight fail as a connection error,
+which the caller's retry policy retries (core/llm.py), and the next call in need starts
+a new worker (at most one start per `RESTART_AFTER` seconds per slot).
+
+Wire: length-prefixed pickles over a private socket pair between this process and its
+own child (never a network socket, so no untrusted input is unpickled).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import pickle
+import signal
+import socket
+import struct
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+log = structlog.get_logger("steward.llm_worker")
+
+#: Seconds before a slot whose worker died or failed to start may start another.
+RESTART_AFTER = 30.0
+#: Seconds a worker may take to import litellm and say it is ready.
+START_TIMEOUT = 120.0
+_HEAD = struct.Struct("!I")
+
+
+class WorkerCallError(Exception):
+    """A model call that failed in a worker, as the retry and wording code reads it: the
+    exception's class names, status, Retry-After, whether the answer was unreadable."""
+
+    def __init__(self, text: str, info: dict[str, Any]) -> None:
+        super().__init__(text)
+        self.class_names: list[str] = list(info.get("names") or [])
+        self.status_code: int | None = info.get("status_code")
+        self.malformed: bool = bool(info.get("malformed"))
+        self.body: Any = info.get("body")
+        after = info.get("retry_after")
+        self.litellm_response_headers = {"retry-after": str(after)} if after is not None else {}
+
+
+def _frame(obj: Any) -> bytes:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    return _HEAD.pack(len(data)) + data
+
+
+async def _read(reader: asyncio.StreamReader) -> Any:
+    (size,) = _HEAD.unpack(await reader.readexactly(_HEAD.size))
+    return pickle.loads(await reader.readexactly(size))
+
+
+@dataclass(slots=True)
+class _Worker:
+    """One child process and the calls it has not answered yet."""
+
+    process: asyncio.subprocess.Process
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    pending: dict[int, asyncio.Future[Any]] = field(default_factory=dict)
+    ready: bool = False
+    reading: asyncio.Task[None] | None = None
+
+
+class WorkerPool:
+    """Up to `size` worker processes, started on demand, answering `LLMClient`'s calls."""
+
+    def __init__(self, size: int, threshold: int) -> None:
+        self.size = size
+        self.threshold = max(1, threshold)
+        #: Calls running in this process now (LLMClient counts them).
+        self.in_process = 0
+        #: Calls answered by a worker (for the benches and `steward doctor`).
+        self.answered = 0
+        self._slots: list[_Worker | None] = [None] * size
+        self._starting: list[asyncio.Task[None] | None] = [None] * size
+        self._last_start = [float("-inf")] * size
+        self._ids = itertools.count()
+        self._turn = itertools.count()
+        self._closed = False
+
+    def pick(self) -> _Worker | None:
+        """A ready worker for the next call, when enough calls are running here that one
+        more would wait for this process's CPU; starts one when none is ready."""
+        if self.size <= 0 or self._closed or self.in_flight() < self.threshold:
+            return None
+        ready = [w for w in self._slots if w is not None and w.ready]
+        if len(ready) < self.size:
+            self._start_one()
+        if not ready:
+            return None
+        return ready[next(self._turn) % len(ready)]
+
+    async def wait_ready(self, limit: float = START_TIMEOUT) -> bool:
+        """Start every worker now and wait until they are ready (benches, tests); False
+        when one did not come up in `limit` seconds."""
+        self._last_start = [float("-inf")] * self.size
+        for _ in range(self.size):
+            self._start_one()
+        starting = [t for t in self._starting if t is not None and not t.done()]
+        if starting:
+            await asyncio.wait(starting, timeout=limit)
+        return all(w is not None and w.ready for w in self._slots)
+
+    def pids(self) -> list[int]:
+        """The worker processes running now."""
+        return [w.process.pid for w in self._slots if w is not None]
+
+    def in_flight(self) -> int:
+        """Model calls running now, here and in the workers."""
+        return self.in_process + sum(len(w.pending) for w in self._slots if w is not None)
+
+    async def call(self, worker: _Worker, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """One `litellm.acompletion` in `worker`: the answer's fields, or WorkerCallError."""
+        rid = next(self._ids)
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        worker.pending[rid] = fut
+        try:
+            worker.writer.write(_frame((rid, kwargs)))
+            ok, payload = await fut
+        finally:
+            worker.pending.pop(rid, None)
+        if not ok:
+            text, info = payload
+            raise WorkerCallError(text, info)
+        self.answered += 1
+        return payload
+
+    def _start_one(self) -> None:
+        now = time.monotonic()
+        for i, worker in enumerate(self._slots):
+            busy = self._starting[i]
+            if worker is not None or (busy is not None and not busy.done()):
+                continue
+            if now - self._last_start[i] < RESTART_AFTER:
+                continue
+            self._last_start[i] = now
+            self._starting[i] = asyncio.create_task(self._start(i), name=f"llm-worker:{i}")
+            return
+
+    async def _start(self, slot: int) -> None:
+        parent, child = socket.socketpair()
+        try:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "core.llm_worker",
+                str(child.fileno()),
+                pass_fds=(child.fileno(),),
+                stdin=asyncio.subprocess.DEVNULL,
+                start_new_session=True,  # a Ctrl-C reaches Steward, which stops it
+            )
+        except OSError:
+            parent.close()
+            log.warning("llm_worker.start_failed", slot=slot, exc_info=True)
+            return
+        finally:
+            child.close()
+        reader, writer = await asyncio.open_connection(sock=parent)
+        worker = _Worker(process, reader, writer)
+        try:
+            async with asyncio.timeout(START_TIMEOUT):
+                hello = await _read(reader)
+            if hello != "ready":
+                raise RuntimeError(f"worker said {hello!r}")
+        except (Exception, asyncio.CancelledError) as exc:
+            if not isinstance(exc, asyncio.CancelledError):
+                log.warning("llm_worker.not_ready", slot=slot, error=repr(exc)[:200])
+            await self._end(worker)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            return
+        if self._closed:
+            await self._end(worker)
+            return
+        worker.ready = True
+        worker.reading = asyncio.create_task(self._answers(slot, worker))
+        self._slots[slot] = worker
+        log.info("llm_worker.ready", slot=slot, pid=process.pid)
+
+    async def _answers(self, slot: int, worker: _Worker) -> None:
+        try:
+            while True:
+                rid, ok, payload = await _read(worker.reader)
+                fut = worker.pending.get(rid)
+                if fut is not None and not fut.done():
+                    fut.set_result((ok, payload))
+        except (asyncio.IncompleteReadError, ConnectionError, OSError):
+            pass
+        finally:
+            if self._slots[slot] is worker:
+                self._slots[slot] = None
+            worker.ready = False
+            lost = [f for f in worker.pending.values() if not f.done()]
+            for fut in lost:  # retried by the caller's policy, like a dropped connection
+                fut.set_result((False, ("The model worker process stopped.", _LOST)))
+            if not self._closed:
+                log.warning("llm_worker.exited", slot=slot, calls_in_flight=len(lost))
+            await self._end(worker)
+
+    async def _end(self, worker: _Worker) -> None:
+        worker.writer.close()
+        with contextlib.suppress(ProcessLookupError):
+            worker.process.kill()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(worker.process.wait(), 5)
+
+    async def stop(self) -> None:
+        """Stop every worker (their calls in flight end as lost, for the retry policy)."""
+        self._closed = True
+        for task in self._starting:
+            if task is not None and not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        for i, worker in enumerate(self._slots):
+            if worker is None:
+                continue
+            self._slots[i] = None
+            await self._end(worker)
+            if worker.reading is not None:
+                await asyncio.gather(worker.reading, return_exceptions=True)
+
+
+#: How a worker's death reads to the retry policy: a dropped connection, retried.
+_LOST: dict[str, Any] = {"names": ["APIConnectionError"], "status_code": None}
+
+
+# --- the worker process ----------------------------------------------------------------
+
+
+def _fields(client: Any, litellm: Any, resp: Any) -> dict[str, Any]:
+    result = client._parse(litellm, resp)
+    return {
+        "text": result.text,
+        "tool_calls": [(c.id, c.name, c.arguments) for c in result.tool_calls],
+        "tokens_in": result.tokens_in,
+        "tokens_out": result.tokens_out,
+        "cost_usd": result.cost_usd,
+    }
+
+
+def _failure(exc: BaseException) -> tuple[str, dict[str, Any]]:
+    from core.llm import _is_malformed, _retry_after
+
+    status = getattr(exc, "status_code", None)
+    body = getattr(exc, "body", None)
+    return str(exc), {
+        "names": [cls.__name__ for cls in type(exc).__mro__],
+        "status_code": status if isinstance(status, int) else None,
+        "malformed": _is_malformed(exc),
+        "retry_after": _retry_after(exc),
+        "body": body if isinstance(body, (str, dict, list)) else None,
+    }
+
+
+async def _serve(fd: int) -> None:
+    from core.clock import Clock
+    from core.llm import LLMClient, load_litellm
+
+    litellm = load_litellm()
+    reader, writer = await asyncio.open_connection(sock=socket.socket(fileno=fd))
+    writer.write(_frame("ready"))
+    clients: dict[str, Any] = {}  # one per model: its pricing is decided once
+    running: set[asyncio.Task[None]] = set()
+
+    async def one(rid: int, kwargs: dict[str, Any]) -> None:
+        model = str(kwargs.get("model"))
+        client = clients.get(model)
+        if client is None:
+            client = clients[model] = LLMClient(model=model, clock=Clock(), retries=0)
+            client._price_once(litellm)
+        try:
+            answer = (rid, True, _fields(client, litellm, await litellm.acompletion(**kwargs)))
+        except Exception as exc:
+            answer = (rid, False, _failure(exc))
+        writer.write(_frame(answer))
+
+    while True:
+        try:
+            rid, kwargs = await _read(reader)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return  # Steward closed the pair or died: nothing left to answer
+        task = asyncio.create_task(one(rid, kwargs))
+        running.add(task)
+        task.add_done_callback(running.discard)
+
+
+def main() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Steward stops its workers itself
+    asyncio.run(_serve(int(sys.argv[1])))
+
+
+if __name__ == "__main__":
+    main()

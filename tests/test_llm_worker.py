@@ -1,0 +1,141 @@
+"""Model calls in a worker process (core/llm_worker.py), against the scripted server over
+real HTTP from a real child process: under load a call leaves the serving process and
+reads back the same as in process (text, tool calls, tokens, and every error the retry
+policy and the wording depend on); a worker killed mid-call loses nothing; a lone call
+never leaves the process; a stop ends the workers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from core.clock import Clock
+from core.llm import LLMClient, LLMError
+from core.llm_worker import WorkerPool
+from tests.fakes.llm import Reply, ScriptedLLM
+
+HOLD = "hold this call"  # answered after a long wait: keeps one call in flight in process
+
+
+def ask(text: str) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": text}]
+
+
+#: Set when the scripted server has a request: the test then knows the call is in flight.
+arrived: dict[str, asyncio.Event] = {}
+
+
+def answer(body: dict[str, Any]) -> Reply:
+    text = body["messages"][-1]["content"]
+    if (event := arrived.get(text)) is not None and not event.is_set():
+        event.set()
+        return Reply.hang(60)
+    if text == "use a tool":
+        return Reply.tool("read_file", {"path": "notes.md"})
+    return Reply.text(f"re: {text}")
+
+
+@pytest.fixture
+async def pool() -> AsyncIterator[WorkerPool]:
+    workers = WorkerPool(1, threshold=1)
+    try:
+        assert await workers.wait_ready(), "the worker process did not start"
+        yield workers
+    finally:
+        await workers.stop()
+
+
+@contextlib.asynccontextmanager
+async def one_call_held(client: LLMClient) -> AsyncIterator[None]:
+    """One call in flight in this process, as under load: the next ones go to the worker."""
+    arrived[HOLD] = asyncio.Event()
+    held = asyncio.create_task(client.complete(ask(HOLD)))
+    await asyncio.wait_for(arrived[HOLD].wait(), 30)
+    assert client.workers is not None and client.workers.in_process == 1
+    try:
+        yield
+    finally:
+        held.cancel()
+        await asyncio.gather(held, return_exceptions=True)
+
+
+def client_for(llm: ScriptedLLM, pool: WorkerPool, **kwargs: Any) -> LLMClient:
+    kwargs.setdefault("retries", 2)
+    return LLMClient(
+        model="openai/scripted",
+        clock=Clock(),
+        api_base=llm.base_url,
+        backoff=0.01,
+        workers=pool,
+        **kwargs,
+    )
+
+
+async def test_under_load_calls_go_to_the_worker_and_read_the_same(
+    llm: ScriptedLLM, pool: WorkerPool
+) -> None:
+    llm.responder = answer
+    client = client_for(llm, pool)
+    alone = await client.complete(ask("alone"))
+    assert alone.text == "re: alone" and pool.answered == 0  # a lone call stays here
+
+    async with one_call_held(client):
+        text = await client.complete(ask("hello"))
+        assert text.text == "re: hello" and text.tokens_in > 0 and text.tokens_out > 0
+        assert pool.answered == 1
+        tool = await client.complete(ask("use a tool"))
+        assert [(c.name, c.arguments) for c in tool.tool_calls] == [
+            ("read_file", '{"path": "notes.md"}')
+        ]
+        assert tool.tool_calls[0].id and pool.answered == 2
+
+        # Errors read as they do in process: kind, retried or not, Retry-After honoured.
+        llm.reply_error(401, message="bad key")
+        with pytest.raises(LLMError) as refused:
+            await client.complete(ask("refused"))
+        assert refused.value.kind == "auth" and not refused.value.retryable
+        assert "tried 1 time" in str(refused.value) and "bad key" in str(refused.value)
+
+        llm.push(Reply.malformed())
+        with pytest.raises(LLMError) as unreadable:
+            await client.complete(ask("unreadable"))
+        assert unreadable.value.kind == "malformed" and "not retried" in str(unreadable.value)
+
+        llm.reply_error(429, headers={"Retry-After": "0"}).reply_error(503)
+        retried = await client.complete(ask("busy"))
+        assert retried.text == "re: busy" and retried.attempts == 3
+
+        llm.push(Reply.error(400, message="This model's maximum context length is 4096"))
+        with pytest.raises(LLMError) as long:
+            await client.complete(ask("x" * 40_000))
+        assert long.value.kind == "context_window" and "4,096 tokens" in str(long.value)
+
+    worker = next(w for w in pool._slots if w is not None)
+    await pool.stop()
+    assert worker.process.returncode is not None  # no process outlives Steward's stop
+    assert pool.pick() is None  # and a stopped pool starts none
+
+
+async def test_a_worker_killed_mid_call_loses_nothing(llm: ScriptedLLM, pool: WorkerPool) -> None:
+    llm.responder = answer
+    client = client_for(llm, pool)
+    worker = next(w for w in pool._slots if w is not None)
+    async with one_call_held(client):
+        arrived["in the worker"] = asyncio.Event()
+        call = asyncio.create_task(client.complete(ask("in the worker")))
+        await asyncio.wait_for(arrived["in the worker"].wait(), 30)  # hangs at the server
+        assert pool.in_process == 1 and sum(len(w.pending) for w in pool._slots if w) == 1
+        os.kill(worker.process.pid, signal.SIGKILL)
+        result = await asyncio.wait_for(call, 30)
+    # The dropped call was retried (in process: the slot restarts only after a pause).
+    assert result.text == "re: in the worker" and result.attempts == 2
+    await worker.process.wait()
+    with pytest.raises(ProcessLookupError):
+        os.kill(worker.process.pid, 0)
+    assert all(w is None for w in pool._slots)
