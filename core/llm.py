@@ -12,6 +12,7 @@ call and must change together.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -27,7 +28,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_aft
 
 from core.clock import Clock
 from core.lazy_package import defer_tree
-from core.llm_worker import WorkerCallError, WorkerPool
+from core.llm_worker import Unsendable, WorkerCallError, WorkerPool
 
 log = structlog.get_logger("steward.llm")
 
@@ -377,7 +378,8 @@ class LLMClient:
             pool = self.workers
             worker = pool.pick() if pool is not None and not streamed else None
             if pool is not None and worker is not None:
-                return _from_worker(await pool.call(worker, kwargs))
+                with contextlib.suppress(Unsendable):  # else it runs here, as it would alone
+                    return _from_worker(await pool.call(worker, kwargs))
             if pool is not None:
                 pool.in_process += 1
             try:

@@ -44,7 +44,13 @@ log = structlog.get_logger("steward.llm_worker")
 RESTART_AFTER = 30.0
 #: Seconds a worker may take to import litellm and say it is ready.
 START_TIMEOUT = 120.0
+#: Seconds without a call after which a worker is stopped: its memory back after a burst.
+IDLE_STOP = 600.0
 _HEAD = struct.Struct("!I")
+
+
+class Unsendable(Exception):
+    """The call's arguments cannot be sent to a worker (not picklable): run it here."""
 
 
 class WorkerCallError(Exception):
@@ -81,6 +87,8 @@ class _Worker:
     pending: dict[int, asyncio.Future[Any]] = field(default_factory=dict)
     ready: bool = False
     reading: asyncio.Task[None] | None = None
+    last_used: float = 0.0
+    retiring: bool = False
 
 
 class WorkerPool:
@@ -99,6 +107,10 @@ class WorkerPool:
         self._ids = itertools.count()
         self._turn = itertools.count()
         self._closed = False
+        #: Seconds without a call before a worker stops (IDLE_STOP; tests shorten it).
+        self.idle_stop = IDLE_STOP
+        self._idle_check: asyncio.TimerHandle | None = None
+        self._retired: set[asyncio.Task[None]] = set()  # read to their end, then reaped
 
     def pick(self) -> _Worker | None:
         """A ready worker for the next call, when enough calls are running here that one
@@ -132,20 +144,50 @@ class WorkerPool:
         return self.in_process + sum(len(w.pending) for w in self._slots if w is not None)
 
     async def call(self, worker: _Worker, kwargs: dict[str, Any]) -> dict[str, Any]:
-        """One `litellm.acompletion` in `worker`: the answer's fields, or WorkerCallError."""
+        """One `litellm.acompletion` in `worker`: the answer's fields, or WorkerCallError;
+        Unsendable (nothing sent) when the arguments cannot be pickled."""
         rid = next(self._ids)
+        try:
+            frame = _frame((rid, kwargs))
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:
+            raise Unsendable(str(exc)) from exc
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         worker.pending[rid] = fut
         try:
-            worker.writer.write(_frame((rid, kwargs)))
+            worker.writer.write(frame)
             ok, payload = await fut
         finally:
             worker.pending.pop(rid, None)
+            worker.last_used = time.monotonic()
+            self._arm_idle_check()
         if not ok:
             text, info = payload
             raise WorkerCallError(text, info)
         self.answered += 1
         return payload
+
+    def _arm_idle_check(self) -> None:
+        if self._idle_check is None and not self._closed:
+            loop = asyncio.get_running_loop()
+            self._idle_check = loop.call_later(self.idle_stop, self._retire_idle)
+
+    def _retire_idle(self) -> None:
+        """Stop the workers that answered nothing for `idle_stop` seconds; look again
+        later while some are still busy."""
+        self._idle_check = None
+        now = time.monotonic()
+        for slot, worker in enumerate(self._slots):
+            if worker is None or worker.pending or now - worker.last_used < self.idle_stop:
+                continue
+            self._slots[slot] = None
+            worker.retiring = True
+            if worker.reading is not None:
+                self._retired.add(worker.reading)
+                worker.reading.add_done_callback(self._retired.discard)
+            log.info("llm_worker.idle_stop", slot=slot, pid=worker.process.pid)
+            worker.writer.close()  # the worker reads EOF and exits; _answers reaps it
+        if any(w is not None for w in self._slots):
+            self._arm_idle_check()
 
     def _start_one(self) -> None:
         now = time.monotonic()
@@ -184,12 +226,12 @@ class WorkerPool:
                 hello = await _read(reader)
             if hello != "ready":
                 raise RuntimeError(f"worker said {hello!r}")
-        except (Exception, asyncio.CancelledError) as exc:
-            if not isinstance(exc, asyncio.CancelledError):
-                log.warning("llm_worker.not_ready", slot=slot, error=repr(exc)[:200])
+        except asyncio.CancelledError:  # Steward is stopping
             await self._end(worker)
-            if isinstance(exc, asyncio.CancelledError):
-                raise
+            raise
+        except Exception as exc:
+            log.warning("llm_worker.not_ready", slot=slot, error=repr(exc)[:200])
+            await self._end(worker)
             return
         if self._closed:
             await self._end(worker)
@@ -215,7 +257,7 @@ class WorkerPool:
             lost = [f for f in worker.pending.values() if not f.done()]
             for fut in lost:  # retried by the caller's policy, like a dropped connection
                 fut.set_result((False, ("The model worker process stopped.", _LOST)))
-            if not self._closed:
+            if not self._closed and not worker.retiring:
                 log.warning("llm_worker.exited", slot=slot, calls_in_flight=len(lost))
             await self._end(worker)
 
@@ -229,10 +271,15 @@ class WorkerPool:
     async def stop(self) -> None:
         """Stop every worker (their calls in flight end as lost, for the retry policy)."""
         self._closed = True
+        if self._idle_check is not None:
+            self._idle_check.cancel()
+            self._idle_check = None
         for task in self._starting:
             if task is not None and not task.done():
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
+        if self._retired:
+            await asyncio.gather(*self._retired, return_exceptions=True)
         for i, worker in enumerate(self._slots):
             if worker is None:
                 continue

@@ -125,6 +125,7 @@ async def test_under_load_calls_go_to_the_worker_and_read_the_same(
 async def test_a_worker_killed_mid_call_loses_nothing(llm: ScriptedLLM, pool: WorkerPool) -> None:
     llm.responder = answer
     client = client_for(llm, pool)
+    pool.idle_stop = 0.2  # for the end of this test
     worker = next(w for w in pool._slots if w is not None)
     async with one_call_held(client):
         arrived["in the worker"] = asyncio.Event()
@@ -139,3 +140,13 @@ async def test_a_worker_killed_mid_call_loses_nothing(llm: ScriptedLLM, pool: Wo
     with pytest.raises(ProcessLookupError):
         os.kill(worker.process.pid, 0)
     assert all(w is None for w in pool._slots)
+
+    # A new worker, once it answered nothing for `idle_stop` seconds, is stopped: a burst's
+    # memory comes back.
+    assert await pool.wait_ready()
+    fresh = next(w for w in pool._slots if w is not None)
+    async with one_call_held(client):
+        assert (await client.complete(ask("last one"))).text == "re: last one"
+    assert pool.answered == 1
+    await asyncio.wait_for(fresh.process.wait(), 10)
+    assert pool.pids() == [] and pool.pick() is None  # under the threshold: nothing starts
