@@ -86,6 +86,8 @@ def build_web_app(
                 "ok": not bad and not starting and memory["ok"],
                 "starting": starting,
                 "model": app.llm.describe() if app.llm else None,
+                # Worker processes for model calls under load (core/llm_worker.py).
+                "model_workers": app.llm_workers.snapshot() if app.llm_workers else None,
                 "channels": channels,
                 "memory": memory,
                 "undelivered": UndeliveredStore(app.data_dir).count(),

@@ -135,6 +135,15 @@ class WorkerPool:
             await asyncio.wait(starting, timeout=limit)
         return all(w is not None and w.ready for w in self._slots)
 
+    def snapshot(self) -> dict[str, Any]:
+        """For /healthz: how many workers may run, run now, and what they answered."""
+        return {
+            "size": self.size,
+            "running": len(self.pids()),
+            "answered": self.answered,
+            "in_flight": self.in_flight(),
+        }
+
     def pids(self) -> list[int]:
         """The worker processes running now."""
         return [w.process.pid for w in self._slots if w is not None]
