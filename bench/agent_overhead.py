@@ -4,8 +4,11 @@
 litellm (HTTP to the scripted server), episode write (fsync) and channel. Baselines
 measured in the same run against the same server: a raw HTTP POST (aiohttp), and a
 bare `litellm.acompletion` call, interleaved with the messages (one bare call, one
-message) so a loaded machine slows both alike. The overhead Steward adds is the
-difference of the medians; CPU is process time per call (the scripted server runs in
+message) so a loaded machine slows both alike; and a third, interleaved the same way:
+litellm given the request Steward made for the message before (system prompt, tool
+schemas, messages), which splits what Steward adds into litellm's work on that
+request and Steward's own. The overhead Steward adds (the target's measure) is the
+difference of the medians against the bare call; CPU is process time per call (the scripted server runs in
 this process, equally for both), each call's including the tasks it left behind
 (litellm's deferred success logging, Steward's background writer) until they end.
 """
@@ -13,6 +16,7 @@ this process, equally for both), each call's including the tasks it left behind
 from __future__ import annotations
 
 import asyncio
+import shutil
 import statistics
 import tempfile
 import time
@@ -99,6 +103,20 @@ async def _run() -> None:
                 num_retries=0,
             )
 
+        async def same_call(request: dict[str, Any]) -> None:
+            """litellm with the request Steward made for the message before: its system
+            prompt, tool schemas and messages, as Steward's LLMClient passes them."""
+            await litellm.acompletion(
+                model="openai/scripted",
+                api_base=llm.base_url,
+                api_key="x",
+                messages=request["messages"],
+                tools=request["tools"],
+                tool_choice=request["tool_choice"],
+                timeout=settings.llm_timeout,
+                num_retries=0,
+            )
+
         channel = ReplayChannel(time.monotonic, deliver)
         await app.start([channel])
         bare: list[float] = []
@@ -108,6 +126,8 @@ async def _run() -> None:
         persisted: list[float] = []
         agent_cpu: list[float] = []
         reply_cpu: list[float] = []  # CPU until the reply was handed to the channel
+        same: list[float] = []  # litellm with Steward's own request
+        same_cpu: list[float] = []
         inline_reply: list[float] = []  # the same, with the episode written before the reply
         try:
             # Paired: a bare call, then a message, alternately, so both see the same load.
@@ -130,6 +150,14 @@ async def _run() -> None:
                 t_bare = time.perf_counter() - t0
                 await _settle()  # litellm's deferred logging is the bare call's CPU
                 c_bare = time.process_time() - c0
+                if llm.requests and "tools" in llm.requests[-1]:
+                    c0, t0 = time.process_time(), time.perf_counter()
+                    await same_call(llm.requests[-1])
+                    t_same = time.perf_counter() - t0
+                    await _settle()
+                    if i >= 5:
+                        same.append(t_same)
+                        same_cpu.append(time.process_time() - c0)
                 key = f"replay:c{i}"
                 c0, t0 = time.process_time(), time.perf_counter()
                 await app.dispatcher.handle(
@@ -153,10 +181,11 @@ async def _run() -> None:
                     persisted.append(t_saved)
                     agent_cpu.append(c_agent)
                     reply_cpu.append(replied_cpu[f"c{i}"] - c0)
+            episodes = list((tmp / "data" / "episodes").rglob("*.md"))
         finally:
             await app.stop()
+            shutil.rmtree(tmp, ignore_errors=True)
         assert all(o["text"] == "Noted, nothing to do for that." for o in sink), sink[:1]
-        episodes = list((tmp / "data" / "episodes").rglob("*.md"))
         assert len(episodes) == 2 * (N + 5), f"{len(episodes)} episodes for {2 * (N + 5)} messages"
     med = statistics.median
     m_raw, m_bare, m_agent, m_reply = (med(x) for x in (raw, bare, agent, to_reply))
@@ -181,6 +210,15 @@ async def _run() -> None:
         f"{med(agent_cpu) * 1000:.2f} ms (incl. persistence); added "
         f"{added_cpu * 1000:.2f} ms = {added_cpu / med(bare_cpu):.2f}x bare (target <= 1x); "
         f"until the reply {med(reply_cpu) * 1000:.2f} ms"
+    )
+    m_same = med(same)
+    print(
+        f"litellm with Steward's own request (its system prompt, tool schemas and "
+        f"messages) {_ms(same)}, CPU {med(same_cpu) * 1000:.2f} ms: "
+        f"{(m_same - m_bare) * 1000:+.2f} ms and {(med(same_cpu) - med(bare_cpu)) * 1000:+.2f} "
+        f"ms of CPU over the bare call are litellm's work on what Steward sends; "
+        f"Steward's own work before the reply {(m_reply - m_same) * 1000:.2f} ms, end to end "
+        f"{(m_agent - m_same) * 1000:.2f} ms"
     )
     print(
         f"Steward's own overhead per message (median of paired runs, vs bare litellm): "

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -149,13 +150,14 @@ async def _steward(base_url: str, workers: int) -> _Run:
         await app.persist.drain()
         await app.history.drain()
         drained = time.perf_counter() - t0
+        episodes = len(list((tmp / "data" / "episodes").rglob("*.md"))) - CONVERSATIONS
     finally:
         await app.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
     for c in range(CONVERSATIONS):
         got = answers.get(f"p{c}", [])
         want = [f"re: c{c} m{j}" for j in range(PER_CONVERSATION)]
         assert got == want, f"conversation p{c}: lost, doubled or crossed answers: {got}"
-    episodes = len(list((tmp / "data" / "episodes").rglob("*.md"))) - CONVERSATIONS  # warm-up
     used = [b - a for a, b in zip(before, after, strict=True)]
     return _Run(elapsed, drained, latencies, episodes, int(used[0]), used[1], used[2])
 

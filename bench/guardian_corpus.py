@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import tempfile
 import time
 from collections import Counter
@@ -96,3 +97,4 @@ def main() -> None:
             os.environ.pop("HOME", None)
         else:
             os.environ["HOME"] = old_home
+        shutil.rmtree(base, ignore_errors=True)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -161,6 +162,7 @@ def web_only(llm: ScriptedLLM) -> float:
         return memory(server.pid)[0]
     finally:
         stop(server)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def everything(loop: Loop, llm: ScriptedLLM) -> tuple[float, float, float]:
@@ -221,6 +223,7 @@ def everything(loop: Loop, llm: ScriptedLLM) -> tuple[float, float, float]:
         return idle, rss, peak
     finally:
         stop(server)
+        shutil.rmtree(tmp, ignore_errors=True)
         for fake in fakes:
             try:
                 loop.run(fake.stop())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -48,6 +49,7 @@ async def first_turn() -> dict[str, Any]:
             await app.conversations.wait_idle("replay:c1")
         finally:
             await app.stop()
+            shutil.rmtree(tmp, ignore_errors=True)
         return dict(llm.requests[0])
 
 

@@ -7,11 +7,12 @@ CPU-bound at ~0.5x the throughput of bare litellm (issue 26). A worker process h
 own GIL and core: the serving process only sends the request's arguments and reads the
 answer's fields.
 
-When: a call goes to a worker only while at least `threshold` other calls are in flight
-in this process, so a lone message keeps the lowest latency (no hop between processes),
-and a worker is started the first time that happens, in the background (importing
-litellm takes seconds; calls keep running in process meanwhile). A quiet Steward never
-starts one, so its memory stays as it was; each worker holds its own litellm (~200 MB).
+When: a call goes to a worker only while at least `threshold` other model calls are in
+flight (in this process or in workers), so a lone message keeps the lowest latency (no
+hop between processes), and a worker is started the first time that happens, in the
+background (importing litellm takes seconds; calls keep running in process meanwhile).
+A quiet Steward never starts one, so its memory stays as it was; each worker holds its
+own litellm (~200 MB), and stops after `IDLE_STOP` seconds without a call.
 Streamed calls (the terminal and the web chat show text as it comes) stay in process.
 
 Nothing is lost when a worker dies: its calls in flight fail as a connection error,
@@ -99,7 +100,7 @@ class WorkerPool:
         self.threshold = max(1, threshold)
         #: Calls running in this process now (LLMClient counts them).
         self.in_process = 0
-        #: Calls answered by a worker (for the benches and `steward doctor`).
+        #: Calls answered by a worker (/healthz, the benches).
         self.answered = 0
         self._slots: list[_Worker | None] = [None] * size
         self._starting: list[asyncio.Task[None] | None] = [None] * size
@@ -113,8 +114,9 @@ class WorkerPool:
         self._retired: set[asyncio.Task[None]] = set()  # read to their end, then reaped
 
     def pick(self) -> _Worker | None:
-        """A ready worker for the next call, when enough calls are running here that one
-        more would wait for this process's CPU; starts one when none is ready."""
+        """A ready worker for the next call while at least `threshold` model calls are
+        running (here or in workers): one more here would wait for this process's CPU.
+        Starts a worker when fewer than `size` are up; None: make the call here."""
         if self.size <= 0 or self._closed or self.in_flight() < self.threshold:
             return None
         ready = [w for w in self._slots if w is not None and w.ready]
@@ -347,7 +349,11 @@ async def _serve(fd: int) -> None:
             client = clients[model] = LLMClient(model=model, clock=Clock(), retries=0)
             client._price_once(litellm)
         try:
-            answer = (rid, True, _fields(client, litellm, await litellm.acompletion(**kwargs)))
+            answer: tuple[int, bool, Any] = (
+                rid,
+                True,
+                _fields(client, litellm, await litellm.acompletion(**kwargs)),
+            )
         except Exception as exc:
             answer = (rid, False, _failure(exc))
         writer.write(_frame(answer))
