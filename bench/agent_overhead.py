@@ -8,9 +8,10 @@ message) so a loaded machine slows both alike; and a third, interleaved the same
 litellm given the request Steward made for the message before (system prompt, tool
 schemas, messages), which splits what Steward adds into litellm's work on that
 request and Steward's own. The overhead Steward adds (the target's measure) is the
-difference of the medians against the bare call; CPU is process time per call (the scripted server runs in
-this process, equally for both), each call's including the tasks it left behind
-(litellm's deferred success logging, Steward's background writer) until they end.
+difference of the medians against the bare call; CPU is process time per call (the
+scripted server runs in this process, equally for all), each call's including the tasks
+it left behind (litellm's deferred success logging, Steward's background writer) until
+they end.
 """
 
 from __future__ import annotations
@@ -150,9 +151,10 @@ async def _run() -> None:
                 t_bare = time.perf_counter() - t0
                 await _settle()  # litellm's deferred logging is the bare call's CPU
                 c_bare = time.process_time() - c0
-                if llm.requests and "tools" in llm.requests[-1]:
+                steward_request = next((r for r in reversed(llm.requests) if "tools" in r), None)
+                if steward_request is not None:
                     c0, t0 = time.process_time(), time.perf_counter()
-                    await same_call(llm.requests[-1])
+                    await same_call(steward_request)
                     t_same = time.perf_counter() - t0
                     await _settle()
                     if i >= 5:
