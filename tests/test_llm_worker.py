@@ -10,7 +10,11 @@ import asyncio
 import contextlib
 import os
 import signal
+import subprocess
+import sys
+import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +24,7 @@ from core.llm import LLMClient, LLMError
 from core.llm_worker import WorkerPool
 from tests.fakes.llm import Reply, ScriptedLLM
 
+ROOT = Path(__file__).resolve().parents[1]
 HOLD = "hold this call"  # answered after a long wait: keeps one call in flight in process
 
 
@@ -150,3 +155,47 @@ async def test_a_worker_killed_mid_call_loses_nothing(llm: ScriptedLLM, pool: Wo
     assert pool.answered == 1
     await asyncio.wait_for(fresh.process.wait(), 10)
     assert pool.pids() == [] and pool.pick() is None  # under the threshold: nothing starts
+
+
+def test_a_worker_outlives_no_kill_9_of_steward(tmp_path: Path) -> None:
+    """A deploy or an OOM kill takes Steward down by SIGKILL: its worker reads the end of
+    the socket pair and exits, so no ~200 MB orphan is left behind."""
+    script = (
+        "import asyncio, sys\n"
+        "from core.llm_worker import WorkerPool\n"
+        "async def main():\n"
+        "    pool = WorkerPool(1, threshold=1)\n"
+        "    assert await pool.wait_ready()\n"
+        "    print('worker', pool.pids()[0], flush=True)\n"
+        "    await asyncio.sleep(120)\n"
+        "asyncio.run(main())\n"
+    )
+    steward = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=ROOT
+    )
+    try:
+        assert steward.stdout is not None
+        line = ""
+        while not line.startswith("worker "):  # past the log lines
+            line = steward.stdout.readline()
+            assert line, "the script ended before its worker was ready"
+        worker = int(line.split()[1])
+        assert Path(f"/proc/{worker}").exists()
+        steward.kill()
+        steward.wait(10)
+        deadline = time.monotonic() + 10
+        while _alive(worker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(worker), "the worker outlived Steward"
+    finally:
+        steward.kill()
+        steward.wait(10)
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie (a zombie is gone but for its parent's wait)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
