@@ -281,7 +281,11 @@ class App:
         self.llm: LLMClient | LocalLLM | None = None
         #: Worker processes for model calls under load (core/llm_worker.py).
         self.llm_workers: WorkerPool | None = (
-            WorkerPool(settings.llm_workers, settings.llm_worker_threshold)
+            WorkerPool(
+                settings.llm_workers,
+                settings.llm_worker_threshold,
+                others=lambda: self.conversations.running - 1,
+            )
             if settings.llm_workers > 0 and settings.model_configured
             else None
         )

@@ -43,6 +43,9 @@ class Conversations:
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
         self._convs: dict[str, _Conversation] = {}
+        #: Jobs running now, over every conversation: how loaded the process is
+        #: (core/llm_worker.py sends model calls to a worker above a threshold).
+        self.running = 0
 
     def _get(self, key: str) -> _Conversation:
         return self._convs.setdefault(key, _Conversation())
@@ -89,6 +92,7 @@ class Conversations:
     async def _run(self, key: str, conv: _Conversation, job: Job) -> FollowUp | None:
         """Run a job as the conversation's current (cancellable) task; its follow-up, if any."""
         conv.current = asyncio.create_task(job(), name=f"job:{key}")
+        self.running += 1
         try:
             return await conv.current
         except asyncio.CancelledError:
@@ -102,6 +106,7 @@ class Conversations:
             # Cleared the moment the job ends, before its follow-up: from here on a new
             # message has nothing running ahead of it.
             conv.current = None
+            self.running -= 1
         return None
 
     async def wait_idle(self, key: str) -> None:

@@ -7,9 +7,9 @@ CPU-bound at ~0.5x the throughput of bare litellm (issue 26). A worker process h
 own GIL and core: the serving process only sends the request's arguments and reads the
 answer's fields.
 
-When: a call goes to a worker only while at least `threshold` other model calls are in
-flight (in this process or in workers), so a lone message keeps the lowest latency (no
-hop between processes), and a worker is started the first time that happens, in the
+When: a call goes to a worker only while at least `threshold` other tasks (or model
+calls) are running, so a lone message keeps the lowest latency (no hop between
+processes), and a worker is started the first time that happens, in the
 background (importing litellm takes seconds; calls keep running in process meanwhile).
 A quiet Steward never starts one, so its memory stays as it was; each worker holds its
 own litellm (~200 MB), and stops after `IDLE_STOP` seconds without a call.
@@ -34,6 +34,7 @@ import socket
 import struct
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,9 +96,16 @@ class _Worker:
 class WorkerPool:
     """Up to `size` worker processes, started on demand, answering `LLMClient`'s calls."""
 
-    def __init__(self, size: int, threshold: int) -> None:
+    def __init__(
+        self, size: int, threshold: int, *, others: Callable[[], int] | None = None
+    ) -> None:
         self.size = size
         self.threshold = max(1, threshold)
+        #: Other tasks running besides the caller's (bot/app.py: the conversations'
+        #: jobs). Calls in flight alone are a poor measure of load: a process busy with
+        #: its own work has few calls in flight at any instant, so under load calls
+        #: would keep running here, which is what keeps it busy.
+        self.others = others
         #: Calls running in this process now (LLMClient counts them).
         self.in_process = 0
         #: Calls answered by a worker (/healthz, the benches).
@@ -114,10 +122,10 @@ class WorkerPool:
         self._retired: set[asyncio.Task[None]] = set()  # read to their end, then reaped
 
     def pick(self) -> _Worker | None:
-        """A ready worker for the next call while at least `threshold` model calls are
-        running (here or in workers): one more here would wait for this process's CPU.
+        """A ready worker for the next call while at least `threshold` other model calls
+        or tasks are running (`load`): one more here would wait for this process's CPU.
         Starts a worker when fewer than `size` are up; None: make the call here."""
-        if self.size <= 0 or self._closed or self.in_flight() < self.threshold:
+        if self.size <= 0 or self._closed or self.load() < self.threshold:
             return None
         ready = [w for w in self._slots if w is not None and w.ready]
         if len(ready) < self.size:
@@ -149,6 +157,11 @@ class WorkerPool:
     def pids(self) -> list[int]:
         """The worker processes running now."""
         return [w.process.pid for w in self._slots if w is not None]
+
+    def load(self) -> int:
+        """How much else is running: model calls in flight, or other tasks if more."""
+        others = self.others() if self.others is not None else 0
+        return max(self.in_flight(), others)
 
     def in_flight(self) -> int:
         """Model calls running now, here and in the workers."""

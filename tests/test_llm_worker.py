@@ -199,3 +199,20 @@ def _alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return state != "Z"
+
+
+async def test_other_tasks_running_are_load_too() -> None:
+    """Under load a busy process has few model calls in flight at any instant (its own
+    work is what it is busy with), so the tasks running count: from `threshold` other
+    tasks on, the next call wants a worker, and one is started."""
+    running = {"others": 1}
+    pool = WorkerPool(1, threshold=2, others=lambda: running["others"])
+    try:
+        assert pool.pick() is None and not any(pool._starting)  # one other task: stay here
+        running["others"] = 2
+        assert pool.pick() is None  # none ready yet: this call runs here, meanwhile
+        assert any(t is not None and not t.done() for t in pool._starting)
+        assert pool.load() == 2
+    finally:
+        await pool.stop()
+    assert pool.pids() == []
