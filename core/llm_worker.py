@@ -48,6 +48,9 @@ RESTART_AFTER = 30.0
 START_TIMEOUT = 120.0
 #: Seconds without a call after which a worker is stopped: its memory back after a burst.
 IDLE_STOP = 600.0
+#: Seconds past a call's own timeout after which its worker counts as wedged and is
+#: killed (its calls are then retried like a dropped connection).
+ANSWER_GRACE = 30.0
 _HEAD = struct.Struct("!I")
 
 
@@ -118,6 +121,8 @@ class WorkerPool:
         self._closed = False
         #: Seconds without a call before a worker stops (IDLE_STOP; tests shorten it).
         self.idle_stop = IDLE_STOP
+        #: Seconds past a call's timeout before its worker is killed (tests shorten it).
+        self.answer_grace = ANSWER_GRACE
         self._idle_check: asyncio.TimerHandle | None = None
         self._retired: set[asyncio.Task[None]] = set()  # read to their end, then reaped
 
@@ -177,9 +182,17 @@ class WorkerPool:
             raise Unsendable(str(exc)) from exc
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         worker.pending[rid] = fut
+        limit = float(kwargs.get("timeout") or START_TIMEOUT) + self.answer_grace
         try:
             worker.writer.write(frame)
-            ok, payload = await fut
+            try:
+                ok, payload = await asyncio.wait_for(asyncio.shield(fut), limit)
+            except TimeoutError:
+                # litellm's own timeout would have answered by now: the worker is stuck.
+                log.warning("llm_worker.wedged", pid=worker.process.pid, waited_s=limit)
+                with contextlib.suppress(ProcessLookupError):
+                    worker.process.kill()  # its reader then fails every call it holds
+                ok, payload = await fut
         finally:
             worker.pending.pop(rid, None)
             worker.last_used = time.monotonic()

@@ -201,6 +201,27 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+async def test_a_wedged_worker_is_killed_and_its_call_retried(
+    llm: ScriptedLLM, pool: WorkerPool
+) -> None:
+    """A worker that stops answering (stopped, not dead) is killed once a call waited its
+    timeout and a grace; the call is retried here."""
+    llm.responder = answer
+    client = client_for(llm, pool, timeout=0.5)
+    pool.answer_grace = 0.3
+    worker = next(w for w in pool._slots if w is not None)
+    os.kill(worker.process.pid, signal.SIGSTOP)
+    try:
+        async with one_call_held(client):
+            result = await asyncio.wait_for(client.complete(ask("anyone there?")), 30)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker.process.pid, signal.SIGCONT)
+    assert result.text == "re: anyone there?" and result.attempts == 2
+    await asyncio.wait_for(worker.process.wait(), 10)
+    assert pool.pids() == []
+
+
 async def test_other_tasks_running_are_load_too() -> None:
     """Under load a busy process has few model calls in flight at any instant (its own
     work is what it is busy with), so the tasks running count: from `threshold` other
