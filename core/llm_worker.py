@@ -187,6 +187,12 @@ class WorkerPool:
             worker.writer.write(frame)
             try:
                 ok, payload = await asyncio.wait_for(asyncio.shield(fut), limit)
+            except asyncio.CancelledError:
+                # As in process, where cancelling closes the connection: the provider
+                # stops generating (and billing) for a task nobody waits for any more.
+                if not worker.writer.is_closing():
+                    worker.writer.write(_frame((rid, None)))
+                raise
             except TimeoutError:
                 # litellm's own timeout would have answered by now: the worker is stuck.
                 log.warning("llm_worker.wedged", pid=worker.process.pid, waited_s=limit)
@@ -366,7 +372,7 @@ async def _serve(fd: int) -> None:
     reader, writer = await asyncio.open_connection(sock=socket.socket(fileno=fd))
     writer.write(_frame("ready"))
     clients: dict[str, Any] = {}  # one per model: its pricing is decided once
-    running: set[asyncio.Task[None]] = set()
+    running: dict[int, asyncio.Task[None]] = {}
 
     async def one(rid: int, kwargs: dict[str, Any]) -> None:
         model = str(kwargs.get("model"))
@@ -389,9 +395,13 @@ async def _serve(fd: int) -> None:
             rid, kwargs = await _read(reader)
         except (asyncio.IncompleteReadError, ConnectionError):
             return  # Steward closed the pair or died: nothing left to answer
+        if kwargs is None:  # the caller gave up (a cancelled task): so does the request
+            if (task := running.get(rid)) is not None:
+                task.cancel()
+            continue
         task = asyncio.create_task(one(rid, kwargs))
-        running.add(task)
-        task.add_done_callback(running.discard)
+        running[rid] = task
+        task.add_done_callback(lambda _t, rid=rid: running.pop(rid, None))
 
 
 def main() -> None:

@@ -34,13 +34,16 @@ def ask(text: str) -> list[dict[str, Any]]:
 
 #: Set when the scripted server has a request: the test then knows the call is in flight.
 arrived: dict[str, asyncio.Event] = {}
+#: How long such a request hangs (60 s unless said), after which the fake checks whether
+#: its client is still there.
+hang_for: dict[str, float] = {}
 
 
 def answer(body: dict[str, Any]) -> Reply:
     text = body["messages"][-1]["content"]
     if (event := arrived.get(text)) is not None and not event.is_set():
         event.set()
-        return Reply.hang(60)
+        return Reply.hang(hang_for.get(text, 60))
     if text == "use a tool":
         return Reply.tool("read_file", {"path": "notes.md"})
     return Reply.text(f"re: {text}")
@@ -220,6 +223,25 @@ async def test_a_wedged_worker_is_killed_and_its_call_retried(
     assert result.text == "re: anyone there?" and result.attempts == 2
     await asyncio.wait_for(worker.process.wait(), 10)
     assert pool.pids() == []
+
+
+async def test_a_cancelled_call_is_cancelled_in_the_worker(
+    llm: ScriptedLLM, pool: WorkerPool
+) -> None:
+    """/cancel or a task's timeout: the worker drops the request too (the connection
+    closes, as in process), so the provider is not left generating for nobody."""
+    llm.responder = answer
+    client = client_for(llm, pool)
+    async with one_call_held(client):
+        arrived["long answer"], hang_for["long answer"] = asyncio.Event(), 1.0
+        call = asyncio.create_task(client.complete(ask("long answer")))
+        await asyncio.wait_for(arrived["long answer"].wait(), 30)
+        assert sum(len(w.pending) for w in pool._slots if w) == 1
+        call.cancel()
+        await asyncio.gather(call, return_exceptions=True)
+        await asyncio.sleep(1.5)
+    assert llm.abandoned == 1
+    assert pool.in_flight() == 0 and pool.pids()  # the worker itself carries on
 
 
 async def test_other_tasks_running_are_load_too() -> None:

@@ -141,6 +141,8 @@ class ScriptedLLM:
 
     def __init__(self) -> None:
         self.requests: list[dict[str, Any]] = []
+        #: Requests whose client had gone when their hang ended (it gave up or was cancelled).
+        self.abandoned = 0
         self.base_url: str = ""
         self.responder: Responder | None = None
         self.default_text: str = "(scripted model: nothing queued)"
@@ -298,6 +300,7 @@ class ScriptedLLM:
             use_responder = False
             transport = request.transport
             if transport is None or transport.is_closing():
+                self.abandoned += 1
                 return None  # client gave up: leave the queue for its retry
 
     def _ids_for(self, reply: Reply) -> list[ToolCall]:
