@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import pickle
 import signal
@@ -401,7 +402,11 @@ async def _serve(fd: int) -> None:
             continue
         task = asyncio.create_task(one(rid, kwargs))
         running[rid] = task
-        task.add_done_callback(lambda _t, rid=rid: running.pop(rid, None))
+        task.add_done_callback(functools.partial(_forget, running, rid))
+
+
+def _forget(running: dict[int, asyncio.Task[None]], rid: int, _task: object) -> None:
+    running.pop(rid, None)
 
 
 def main() -> None:
