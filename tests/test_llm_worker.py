@@ -215,7 +215,7 @@ async def test_a_wedged_worker_is_killed_and_its_call_retried(
     worker = next(w for w in pool._slots if w is not None)
     os.kill(worker.process.pid, signal.SIGSTOP)
     try:
-        async with one_call_held(client):
+        async with one_call_held(client_for(llm, pool)):  # its own, unhurried timeout
             result = await asyncio.wait_for(client.complete(ask("anyone there?")), 30)
     finally:
         with contextlib.suppress(ProcessLookupError):
