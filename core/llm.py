@@ -372,25 +372,28 @@ class LLMClient:
                 )
 
         async def call() -> LLMResult:
-            nonlocal attempts, emitted
+            nonlocal attempts
             attempts += 1
             streamed = self.stream and on_text is not None
             pool = self.workers
-            worker = pool.pick() if pool is not None and not streamed else None
-            if pool is not None and worker is not None:
+            if pool is None:
+                return await here(streamed)
+            if not streamed and (worker := pool.pick()) is not None:
                 with contextlib.suppress(Unsendable):  # else it runs here, as it would alone
-                    return _from_worker(await pool.call(worker, kwargs))
-            if pool is not None:
-                pool.in_process += 1
+                    return await pool.call(worker, kwargs)
+            pool.in_process += 1
             try:
-                if streamed:
-                    result = await self._streamed(litellm, kwargs, on_text)
-                    emitted = bool(result.text) and on_text is not None
-                    return result
-                return self._parse(litellm, await litellm.acompletion(**kwargs))
+                return await here(streamed)
             finally:
-                if pool is not None:
-                    pool.in_process -= 1
+                pool.in_process -= 1
+
+        async def here(streamed: bool) -> LLMResult:
+            nonlocal emitted
+            if streamed:
+                result = await self._streamed(litellm, kwargs, on_text)
+                emitted = bool(result.text) and on_text is not None
+                return result
+            return self._parse(litellm, await litellm.acompletion(**kwargs))
 
         try:
             # The first attempt without tenacity's machinery (~85 us a call, before every
@@ -642,17 +645,6 @@ class LLMClient:
             f"than the {window:,} it reads at once (its context window). Ask for a "
             "smaller step, or start a new conversation."
         )
-
-
-def _from_worker(fields: dict[str, Any]) -> LLMResult:
-    """The result of a call a worker process made (core/llm_worker.py sent its fields)."""
-    return LLMResult(
-        text=fields["text"] or "",
-        tool_calls=[ToolCallRequest(id=i, name=n, arguments=a) for i, n, a in fields["tool_calls"]],
-        tokens_in=fields["tokens_in"],
-        tokens_out=fields["tokens_out"],
-        cost_usd=fields["cost_usd"],
-    )
 
 
 def _first_number(patterns: tuple[re.Pattern[str], ...], text: str) -> int | None:

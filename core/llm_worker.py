@@ -14,6 +14,7 @@ background (importing litellm takes seconds; calls keep running in process meanw
 A quiet Steward never starts one, so its memory stays as it was; each worker holds its
 own litellm (~200 MB), and stops after `IDLE_STOP` seconds without a call.
 Streamed calls (the terminal and the web chat show text as it comes) stay in process.
+The worker parses the answer with the same code as in process and sends the LLMResult.
 
 Nothing is lost when a worker dies: its calls in flight fail as a connection error,
 which the caller's retry policy retries (core/llm.py), and the next call in need starts
@@ -37,9 +38,12 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
+
+if TYPE_CHECKING:  # core.llm imports this module
+    from core.llm import LLMResult
 
 log = structlog.get_logger("steward.llm_worker")
 
@@ -85,13 +89,13 @@ async def _read(reader: asyncio.StreamReader) -> Any:
 
 @dataclass(slots=True)
 class _Worker:
-    """One child process and the calls it has not answered yet."""
+    """One child process and the calls it has not answered yet. It is in its pool slot
+    from the moment it said it is ready until it ends."""
 
     process: asyncio.subprocess.Process
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
     pending: dict[int, asyncio.Future[Any]] = field(default_factory=dict)
-    ready: bool = False
     reading: asyncio.Task[None] | None = None
     last_used: float = 0.0
     retiring: bool = False
@@ -133,7 +137,7 @@ class WorkerPool:
         Starts a worker when fewer than `size` are up; None: make the call here."""
         if self.size <= 0 or self._closed or self.load() < self.threshold:
             return None
-        ready = [w for w in self._slots if w is not None and w.ready]
+        ready = [w for w in self._slots if w is not None]
         if len(ready) < self.size:
             self._start_one()
         if not ready:
@@ -149,7 +153,7 @@ class WorkerPool:
         starting = [t for t in self._starting if t is not None and not t.done()]
         if starting:
             await asyncio.wait(starting, timeout=limit)
-        return all(w is not None and w.ready for w in self._slots)
+        return all(w is not None for w in self._slots)
 
     def snapshot(self) -> dict[str, Any]:
         """For /healthz: how many workers may run, run now, and what they answered."""
@@ -173,8 +177,8 @@ class WorkerPool:
         """Model calls running now, here and in the workers."""
         return self.in_process + sum(len(w.pending) for w in self._slots if w is not None)
 
-    async def call(self, worker: _Worker, kwargs: dict[str, Any]) -> dict[str, Any]:
-        """One `litellm.acompletion` in `worker`: the answer's fields, or WorkerCallError;
+    async def call(self, worker: _Worker, kwargs: dict[str, Any]) -> LLMResult:
+        """One `litellm.acompletion` in `worker`: its LLMResult, or WorkerCallError;
         Unsendable (nothing sent) when the arguments cannot be pickled."""
         rid = next(self._ids)
         try:
@@ -208,7 +212,8 @@ class WorkerPool:
             text, info = payload
             raise WorkerCallError(text, info)
         self.answered += 1
-        return payload
+        result: LLMResult = payload
+        return result
 
     def _arm_idle_check(self) -> None:
         if self._idle_check is None and not self._closed:
@@ -280,7 +285,6 @@ class WorkerPool:
         if self._closed:
             await self._end(worker)
             return
-        worker.ready = True
         worker.reading = asyncio.create_task(self._answers(slot, worker))
         self._slots[slot] = worker
         log.info("llm_worker.ready", slot=slot, pid=process.pid)
@@ -297,7 +301,6 @@ class WorkerPool:
         finally:
             if self._slots[slot] is worker:
                 self._slots[slot] = None
-            worker.ready = False
             lost = [f for f in worker.pending.values() if not f.done()]
             for fut in lost:  # retried by the caller's policy, like a dropped connection
                 fut.set_result((False, ("The model worker process stopped.", _LOST)))
@@ -340,17 +343,6 @@ _LOST: dict[str, Any] = {"names": ["APIConnectionError"], "status_code": None}
 # --- the worker process ----------------------------------------------------------------
 
 
-def _fields(client: Any, litellm: Any, resp: Any) -> dict[str, Any]:
-    result = client._parse(litellm, resp)
-    return {
-        "text": result.text,
-        "tool_calls": [(c.id, c.name, c.arguments) for c in result.tool_calls],
-        "tokens_in": result.tokens_in,
-        "tokens_out": result.tokens_out,
-        "cost_usd": result.cost_usd,
-    }
-
-
 def _failure(exc: BaseException) -> tuple[str, dict[str, Any]]:
     from core.llm import _is_malformed, _retry_after
 
@@ -382,10 +374,11 @@ async def _serve(fd: int) -> None:
             client = clients[model] = LLMClient(model=model, clock=Clock(), retries=0)
             client._price_once(litellm)
         try:
+            # The LLMResult as in process (`_parse`: text, tool calls, tokens, cost).
             answer: tuple[int, bool, Any] = (
                 rid,
                 True,
-                _fields(client, litellm, await litellm.acompletion(**kwargs)),
+                client._parse(litellm, await litellm.acompletion(**kwargs)),
             )
         except Exception as exc:
             answer = (rid, False, _failure(exc))
