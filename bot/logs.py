@@ -46,6 +46,30 @@ def open_log_file(path: Path) -> TextIO | None:
         return None
 
 
+class TolerantPrintLogger(structlog.PrintLogger):
+    """A PrintLogger whose line is dropped, not raised, when its stream fails.
+
+    Why: a log line is never a reason to stop. With stderr a pipe whose reader had gone
+    (`steward run 2>&1 | head`, a log shipper that died), every line raised
+    BrokenPipeError, including the shutdown's own: SIGTERM then never reached the
+    index's close, aiosqlite's connection thread (not a daemon) stayed, and the process
+    hung at exit for good."""
+
+    def msg(self, message: str) -> None:
+        try:
+            super().msg(message)
+        except (OSError, ValueError):  # broken pipe, full disk, a closed file
+            pass
+
+    log = debug = info = warn = warning = msg
+    fatal = failure = err = error = critical = exception = msg
+
+
+class TolerantPrintLoggerFactory(structlog.PrintLoggerFactory):
+    def __call__(self, *args: object) -> structlog.PrintLogger:
+        return TolerantPrintLogger(self._file)
+
+
 def redact_fields(
     _logger: object, _method: str, event_dict: structlog.typing.EventDict
 ) -> structlog.typing.EventDict:
@@ -77,7 +101,7 @@ def configure_logging(
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
-        logger_factory=structlog.PrintLoggerFactory(file=out),
+        logger_factory=TolerantPrintLoggerFactory(file=out),
         cache_logger_on_first_use=False,
     )
     # litellm and httpx log through the standard library: keep them quiet unless debugging.

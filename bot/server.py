@@ -158,44 +158,56 @@ async def serve(
                 f"Stop it or set STEWARD_PORT to a free port."
             ) from exc
         raise ConfigError(f"Cannot listen on {settings.host}:{settings.port}: {exc}") from exc
-    await app.start([web_channel])
-    failures: dict[str, BaseException] = {}
-    # Concurrently: one platform down (or slow) must not keep the others (or web) down.
-    for outbox in await app.start(platforms, failures=failures):
-        log.info("channel.started", channel=outbox.name)
-    for name, failure in failures.items():
-        log.error("channel.start_failed", channel=name, error=str(failure)[:300], exc_info=failure)
-        print(f"steward: {name} did not start: {failure}", file=sys.stderr, flush=True)
-    app.warm_up()
-    port = site._server.sockets[0].getsockname()[1] if site._server else settings.port  # type: ignore[attr-defined]
-    url = f"http://{settings.host}:{port}"
-    app.lock.describe(url)  # so a refused `steward chat` can point at the web chat
-    log.info("server.started", url=url, model=app.llm.describe() if app.llm else None)
-    # The login URL carries the secret: printed for the person at this terminal, never
-    # logged (the log may be shipped elsewhere).
-    # Behind a PaaS the address it listens on (0.0.0.0:$PORT) is not one a browser can
-    # open: the login link uses the public URL when there is one.
-    public = settings.public_url.strip().rstrip("/")
-    print(
-        f"Steward is running: open {login.login_url(public or url)} (Ctrl-C to stop)\n"
-        f"  That link logs this browser in to the web chat; keep it to yourself.\n"
-        f"  The dashboard, once logged in: {public or url}/dashboard",
-        file=sys.stderr,
-        flush=True,
-    )
-    if public:
-        log.info("server.public_url", url=public, listening=url)
-    if app.notice:
-        print(app.notice, file=sys.stderr, flush=True)
-    stop = stop_event or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            loop.add_signal_handler(sig, stop.set)
+    # Whatever ends the run (a signal, a failure, stderr gone), the App is stopped after
+    # it: an App left running keeps its index's aiosqlite thread (not a daemon), and the
+    # process never exits.
     try:
+        await app.start([web_channel])
+        failures: dict[str, BaseException] = {}
+        # Concurrently: one platform down (or slow) must not keep the others (or web) down.
+        for outbox in await app.start(platforms, failures=failures):
+            log.info("channel.started", channel=outbox.name)
+        for name, failure in failures.items():
+            log.error(
+                "channel.start_failed", channel=name, error=str(failure)[:300], exc_info=failure
+            )
+            _say(f"steward: {name} did not start: {failure}")
+        app.warm_up()
+        port = site._server.sockets[0].getsockname()[1] if site._server else settings.port  # type: ignore[attr-defined]
+        url = f"http://{settings.host}:{port}"
+        app.lock.describe(url)  # so a refused `steward chat` can point at the web chat
+        log.info("server.started", url=url, model=app.llm.describe() if app.llm else None)
+        # The login URL carries the secret: printed for the person at this terminal, never
+        # logged (the log may be shipped elsewhere).
+        # Behind a PaaS the address it listens on (0.0.0.0:$PORT) is not one a browser can
+        # open: the login link uses the public URL when there is one.
+        public = settings.public_url.strip().rstrip("/")
+        _say(
+            f"Steward is running: open {login.login_url(public or url)} (Ctrl-C to stop)\n"
+            f"  That link logs this browser in to the web chat; keep it to yourself.\n"
+            f"  The dashboard, once logged in: {public or url}/dashboard"
+        )
+        if public:
+            log.info("server.public_url", url=public, listening=url)
+        if app.notice:
+            _say(app.notice)
+        stop = stop_event or asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(sig, stop.set)
         await stop.wait()
     finally:
         log.info("server.stopping")
-        await app.stop()
-        await runner.cleanup()
+        try:
+            await app.stop()
+        finally:
+            await runner.cleanup()
     return 0
+
+
+def _say(text: str) -> None:
+    """A line for the person at the terminal. Not a reason to stop when stderr is gone
+    (`steward run 2>&1 | head` after head exits): the run goes on, its log lines dropped."""
+    with contextlib.suppress(OSError, ValueError):
+        print(text, file=sys.stderr, flush=True)

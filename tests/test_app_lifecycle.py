@@ -10,7 +10,14 @@ and the model streaming every token for a platform that throws the text away.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -239,21 +246,9 @@ async def test_a_slack_reply_refused_five_times_is_delivered_after_a_restart(
         await until(lambda: kept.read_text() == "", what="the kept reply forgotten")
 
 
-def test_sigterm_right_after_start_does_not_wait_for_the_litellm_warm_up(tmp_path) -> None:
-    """`steward run` imports litellm in the background at start (seconds, tens of them on a
-    busy machine). It did so in the loop's executor, whose threads asyncio joins at exit,
-    so a SIGTERM in those first seconds waited for the whole import (25 s measured).
-    The warm-up is a daemon thread now: the process exits at once."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-    import urllib.request
-    from pathlib import Path
-
-    from tests.test_web_e2e import free_port
-
+def start_steward_run(tmp_path: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """`steward run` as a user starts it (its console script, a model configured, nothing
+    called), stderr a pipe the test holds."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEWARD_")}
     env.update(
@@ -268,21 +263,61 @@ def test_sigterm_right_after_start_does_not_wait_for_the_litellm_warm_up(tmp_pat
     proc = subprocess.Popen(
         [steward, "run"], env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
+    return proc, port
+
+
+def wait_healthy(proc: subprocess.Popen[bytes], port: int) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1).close()
+            return
+        except OSError:
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "steward run did not come up"
+            time.sleep(0.1)
+
+
+def test_sigterm_right_after_start_does_not_wait_for_the_litellm_warm_up(tmp_path: Path) -> None:
+    """`steward run` imports litellm in the background at start (seconds, tens of them on a
+    busy machine). It did so in the loop's executor, whose threads asyncio joins at exit,
+    so a SIGTERM in those first seconds waited for the whole import (25 s measured).
+    The warm-up is a daemon thread now: the process exits at once."""
+    proc, port = start_steward_run(tmp_path)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1).close()
-                break
-            except OSError:
-                assert proc.poll() is None, proc.communicate()[1]
-                assert time.monotonic() < deadline, "steward run did not come up"
-                time.sleep(0.1)
+        wait_healthy(proc, port)
         proc.send_signal(signal.SIGTERM)
         t0 = time.monotonic()
         proc.wait(timeout=30)
         assert time.monotonic() - t0 < 5, f"exited {time.monotonic() - t0:.1f}s after SIGTERM"
         assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_sigterm_stops_steward_run_whose_log_reader_has_gone(tmp_path: Path) -> None:
+    """`steward run 2>&1 | head`, or a log shipper that died: stderr is a pipe nobody reads.
+    The shutdown's own log line raised BrokenPipeError, the index was never closed, its
+    aiosqlite thread (not a daemon) stayed and the process hung at exit for good
+    (reproduced). A log line that cannot be written is dropped; the process exits 0."""
+    proc, port = start_steward_run(tmp_path)
+    try:
+        assert proc.stderr is not None
+        seen = b""
+        while b"Steward is running" not in seen:
+            chunk = proc.stderr.read1(65536)
+            assert chunk, f"steward run ended before it was running: {seen.decode()[-2000:]}"
+            seen += chunk
+        proc.stderr.close()  # the reader goes away
+        wait_healthy(proc, port)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            pytest.fail("steward run hung after SIGTERM with its stderr reader gone")
+        assert proc.returncode == 0
     finally:
         if proc.poll() is None:
             proc.kill()

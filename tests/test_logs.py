@@ -90,3 +90,26 @@ def test_redacting_a_log_line_is_cheap() -> None:
         redact_obj(event)
     per_line = (time.perf_counter() - start) / runs
     assert per_line < 0.002, f"{per_line * 1e6:.0f} µs per log line"
+
+
+class BrokenPipe:
+    """A stream whose reader has gone, as stderr is after `steward run 2>&1 | head` ends."""
+
+    def write(self, _text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def flush(self) -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+@pytest.mark.parametrize("level", ["info", "warning", "error", "exception"])
+def test_a_log_line_that_cannot_be_written_is_dropped_not_raised(
+    level: str, request: pytest.FixtureRequest, tmp_path
+) -> None:
+    request.addfinalizer(structlog.reset_defaults)
+    configure_logging("debug", "json", stream=BrokenPipe())  # type: ignore[arg-type]
+    getattr(structlog.get_logger("t"), level)("server.stopping", n=1)
+    closed = open(tmp_path / "log", "w")
+    closed.close()
+    configure_logging("debug", "json", stream=closed)
+    getattr(structlog.get_logger("t"), level)("server.stopping", n=1)  # ValueError: closed file
