@@ -26,6 +26,7 @@ from typing import Any
 import structlog
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
+from core import litellm_tokenizer
 from core.clock import Clock
 from core.lazy_package import defer_tree
 from core.llm_worker import Unsendable, WorkerCallError, WorkerPool
@@ -53,14 +54,16 @@ def load_litellm() -> Any:
         # openai.types' __init__s import every type module of the openai SDK; litellm
         # uses a part of them (~12 MB resident, issue 26; see core/lazy_package.py)
         defer_tree("openai.types")
-        import litellm
+        with litellm_tokenizer.unparsed():  # -16 MB at the import's peak (issue 26)
+            import litellm
+        litellm_tokenizer.read_on_use()
 
         litellm.suppress_debug_info = True
         litellm.disable_hf_tokenizer_download = True
         litellm.telemetry = False
         litellm.drop_params = True
-        # litellm.utils keeps the parsed Anthropic tokenizer JSON (~14 MB of dicts) as a
-        # global nothing reads again (its tokenizer is built from `claude_json_str`):
+        # Had litellm been imported before (its tokenizer JSON parsed), the parsed copy is
+        # a global nothing reads again (the tokenizer is built from `claude_json_str`):
         # dropping it is resident memory back (issue 26).
         utils = sys.modules.get("litellm.utils")
         if getattr(utils, "json_data", None) is not None:
