@@ -4,8 +4,9 @@ Target (issue 26): < 250 MB. `steward run` starts as a subprocess with Slack (So
 Mode), Discord, Telegram, LINE, WhatsApp, Google Chat and Mattermost pointed at the
 local wire fakes (tests/fakes/) plus the web chat, and the scripted OpenAI-compatible
 server as its model. Once /healthz says every channel is connected, one Telegram
-message goes through the agent so the model path (litellm) is warm; then VmRSS and
-VmHWM (peak) are read from /proc/<pid>/status.
+message and one web chat message go through the agent so both of litellm's paths are
+warm (a whole answer, and a streamed one); then VmRSS and VmHWM (peak) are read from
+/proc/<pid>/status.
 
 Baselines from the same run, so the ratios survive a loaded machine: a bare
 `python -c "import litellm"` (the LLM client Steward must load anyway) and
@@ -29,6 +30,9 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+
+from adapters.web_login import read_token
 from tests.fakes.discord import FakeDiscord
 from tests.fakes.googlechat import FakeGoogleChat
 from tests.fakes.line import FakeLine
@@ -66,7 +70,7 @@ class Loop:
         self.thread.start()
 
     def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=60)
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=LIMIT + 10)
 
     def close(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
@@ -219,6 +223,9 @@ def everything(loop: Loop, llm: ScriptedLLM) -> tuple[float, float, float]:
         loop.run(telegram.user_message("hi"))
         wait_for(lambda: len(llm.requests) > asked, "the model request", server)
         wait_for(lambda: any("Hello" in p.raw_text for p in telegram.posted), "the reply", server)
+        # And one in the web chat: its answer streams, litellm's other path (the Quick
+        # start's first message; streaming once loaded ~110 MB of tokenizer tables).
+        loop.run(web_chat_message(port, tmp / "data"))
         rss, peak = memory(server.pid)
         return idle, rss, peak
     finally:
@@ -229,6 +236,22 @@ def everything(loop: Loop, llm: ScriptedLLM) -> tuple[float, float, float]:
                 loop.run(fake.stop())
             except Exception as exc:  # a fake that will not stop must not hide the numbers
                 print(f"  (stopping {type(fake).__name__}: {exc!r})")
+
+
+async def web_chat_message(port: int, data_dir: Path) -> None:
+    """One message through the web chat as the owner sends it; returns with the answer."""
+    url = f"http://127.0.0.1:{port}"
+    jar = aiohttp.CookieJar(unsafe=True)  # the login cookie is for 127.0.0.1
+    async with aiohttp.ClientSession(cookie_jar=jar) as http:
+        async with http.get(f"{url}/?token={read_token(data_dir)}") as page:
+            page.raise_for_status()
+        async with http.ws_connect(f"{url}/ws?session=bench-rss", headers={"Origin": url}) as ws:
+            await ws.send_json({"type": "message", "text": "hi"})
+            async with asyncio.timeout(LIMIT):
+                while True:
+                    frame = await ws.receive_json()
+                    if frame.get("type") == "message" and "Hello" in str(frame.get("text")):
+                        return
 
 
 def main() -> None:

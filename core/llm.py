@@ -62,6 +62,11 @@ def load_litellm() -> Any:
         litellm.disable_hf_tokenizer_download = True
         litellm.telemetry = False
         litellm.drop_params = True
+        # litellm prices a stream the moment it opens, before any chunk, by counting the
+        # prompt with tiktoken: that loads two BPE tables (~120 MB resident for the life of
+        # the process, issue 26) and tokenizes every prompt, for a figure nothing reads.
+        # Providers report usage; where one does not, `_assemble` counts that call's.
+        litellm.disable_token_counter = True
         # Had litellm been imported before (its tokenizer JSON parsed), the parsed copy is
         # a global nothing reads again (the tokenizer is built from `claude_json_str`):
         # dropping it is resident memory back (issue 26).
@@ -70,6 +75,28 @@ def load_litellm() -> Any:
             utils.json_data = None  # type: ignore[union-attr]
         _litellm = litellm
     return _litellm
+
+
+def _assemble(litellm: Any, chunks: list[Any], messages: list[dict[str, Any]]) -> Any:
+    """The streamed chunks as one response, with usage even from a provider that ignores
+    `include_usage` (some local servers): litellm then counts that call's tokens itself,
+    which needs its token counter, off the rest of the time (`load_litellm`). No await
+    happens while it is on, so no other call on this loop sees it."""
+    if any(_reported(chunk) for chunk in chunks):
+        return litellm.stream_chunk_builder(chunks, messages=messages)
+    # With the counter off, litellm ends such a stream with a usage-only chunk of zeros
+    # (no choices): left out, the builder counts the prompt and the answer instead.
+    content = [chunk for chunk in chunks if chunk.choices] or chunks
+    litellm.disable_token_counter = False
+    try:
+        return litellm.stream_chunk_builder(content, messages=messages)
+    finally:
+        litellm.disable_token_counter = True
+
+
+def _reported(chunk: Any) -> bool:
+    usage = getattr(chunk, "usage", None)
+    return bool(usage and (usage.prompt_tokens or usage.completion_tokens))
 
 
 #: Models litellm had no price for, registered with it at price 0 by `_price_once`:
@@ -443,8 +470,7 @@ class LLMClient:
                 await on_text(delta)
         if not chunks:
             raise LLMError("The model sent an empty stream.", kind="empty", retryable=True)
-        resp = litellm.stream_chunk_builder(chunks, messages=kwargs["messages"])
-        return self._parse(litellm, resp)
+        return self._parse(litellm, _assemble(litellm, chunks, kwargs["messages"]))
 
     def _parse(self, litellm: Any, resp: Any) -> LLMResult:
         choice = resp.choices[0]

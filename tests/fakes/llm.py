@@ -146,6 +146,9 @@ class ScriptedLLM:
         self.base_url: str = ""
         self.responder: Responder | None = None
         self.default_text: str = "(scripted model: nothing queued)"
+        #: False: a stream never carries usage, even when asked for it (`stream_options`
+        #: `include_usage`), as some local OpenAI-compatible servers do.
+        self.stream_usage = True
         self._queue: collections.deque[Reply] = collections.deque()
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
@@ -431,7 +434,7 @@ class ScriptedLLM:
             for piece in _split(c.arguments_json(), 2):
                 await send(delta({"tool_calls": [{"index": i, "function": {"arguments": piece}}]}))
         await send(delta({}, "tool_calls" if calls else "stop"))
-        if (body.get("stream_options") or {}).get("include_usage"):
+        if self.stream_usage and (body.get("stream_options") or {}).get("include_usage"):
             await send([], usage=usage)
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
