@@ -116,6 +116,12 @@ def _settings(args: argparse.Namespace) -> Any:
         if not settings.model_configured and not local_model_ready(settings):
             print(f"steward: {no_model_message(settings)}", file=sys.stderr)
             raise SystemExit(EXIT_NO_MODEL)
+    if args.command == "run":
+        from bot.log_format import pretty_logs
+        from bot.unused import skip_unused
+
+        # Before bot.logs imports structlog and bot.server imports httpx (bot/unused.py).
+        skip_unused(terminal=pretty_logs(settings.log_format, sys.stderr))
     from bot.logs import CHAT_LOG_NAME, configure_logging, open_log_file
 
     level = "debug" if args.verbose else settings.log_level
@@ -204,9 +210,6 @@ def _dispatch(args: argparse.Namespace, settings: Any, parser: argparse.Argument
     import asyncio
 
     if args.command == "run":
-        from bot.unused import skip_unused
-
-        skip_unused()  # before bot.server imports httpx (bot/unused.py)
         from bot.malloc import single_arena
         from bot.server import serve
 

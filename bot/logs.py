@@ -20,6 +20,7 @@ from typing import TextIO
 
 import structlog
 
+from bot.log_format import pretty_logs
 from memory.redact import redact_obj
 
 _LEVELS = {
@@ -83,7 +84,7 @@ def configure_logging(
     """Route structlog and the standard library's logging to `stream` (default stderr)."""
     lvl = _LEVELS.get(level, logging.INFO)
     out = stream if stream is not None else sys.stderr
-    pretty = fmt == "console" or (fmt == "auto" and out.isatty())
+    pretty = pretty_logs(fmt, out)
     renderer: structlog.typing.Processor = (
         structlog.dev.ConsoleRenderer(colors=out.isatty())
         if pretty

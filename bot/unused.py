@@ -11,6 +11,14 @@ How: ``sys.modules[name] = None`` is the import system's documented way to make
 main / except ImportError``) and defines a ``main`` that says how to install its CLI,
 so the library is unchanged and only ``httpx.main`` differs. Nothing is modified on
 disk, and a module already imported is left alone.
+
+rich is the same when the logs are JSON (no terminal, the way a service runs):
+structlog's package ``__init__`` imports its console renderer, which imports rich's
+pretty-printer and tracebacks, pygments and attrs (~9 MB resident, issue 26) to draw
+tracebacks on a terminal. Both of structlog's imports of rich are guarded; without it,
+the console renderer draws plain tracebacks, and JSON logs never use it. Nothing else
+`steward run` does imports rich (its terminal chat and progress bars are `steward
+chat`'s and the rebuild command's).
 """
 
 from __future__ import annotations
@@ -19,13 +27,16 @@ import sys
 
 #: Modules no part of `steward run` imports itself, each guarded by its importer.
 UNUSED = ("httpx._main",)
+#: Modules `steward run` only uses to draw on a terminal (pretty log lines).
+TERMINAL_ONLY = ("rich",)
 
 
-def skip_unused() -> list[str]:
-    """Mark each `UNUSED` module as not importable, unless it is loaded already; returns
-    those marked. Call before the libraries that import them (httpx) are imported."""
+def skip_unused(*, terminal: bool = True) -> list[str]:
+    """Mark each `UNUSED` module (and, without a `terminal` to draw on, each
+    `TERMINAL_ONLY` one) as not importable, unless it is loaded already; returns those
+    marked. Call before the libraries that import them (httpx, structlog) are imported."""
     marked = []
-    for name in UNUSED:
+    for name in UNUSED if terminal else UNUSED + TERMINAL_ONLY:
         if name not in sys.modules:
             sys.modules[name] = None  # type: ignore[assignment]
             marked.append(name)

@@ -1,4 +1,5 @@
-"""bot/unused.py: `steward run` never loads httpx's command-line client, and httpx works."""
+"""bot/unused.py: `steward run` never loads httpx's command-line client (httpx works), nor
+rich when its logs are JSON (tracebacks are still logged)."""
 
 from __future__ import annotations
 
@@ -29,3 +30,41 @@ def test_a_module_already_imported_is_left_alone() -> None:
         "print(skip_unused(), sys.modules['httpx._main'] is not None)"
     )
     assert _run(code) == ["[]", "True"]
+
+
+def _run_settings(fmt: str) -> list[str]:
+    """`steward run`'s start in a subprocess whose stderr is a pipe (not a terminal), up
+    to and including configuring the logs; then whether rich is loadable and a log line
+    with a traceback is written."""
+    code = (
+        "import sys; from bot import cli;"
+        "cli._settings(cli._parser().parse_args(['run']));"
+        "import structlog;"
+        "rich = sys.modules.get('rich', 'absent');"
+        "log = structlog.get_logger()\n"
+        "try:\n    1 / 0\nexcept ZeroDivisionError:\n    log.error('boom', exc_info=True)\n"
+        "print('blocked' if rich is None else 'loadable')"
+    )
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "STEWARD_LOG_FORMAT": fmt,
+        "STEWARD_DATA_DIR": "/nonexistent/steward-unused-test",
+        "STEWARD_LOCAL_MODEL": "off",
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    return [out.stdout.strip(), out.stderr]
+
+
+def test_steward_run_with_json_logs_never_loads_rich_and_still_logs_tracebacks() -> None:
+    verdict, logged = _run_settings("auto")  # stderr is a pipe: JSON lines
+    assert verdict == "blocked"
+    assert '"event": "boom"' in logged and "ZeroDivisionError" in logged
+
+
+def test_steward_run_drawing_its_logs_keeps_rich() -> None:
+    verdict, logged = _run_settings("console")
+    assert verdict == "loadable"
+    assert "boom" in logged and "ZeroDivisionError" in logged
