@@ -81,7 +81,9 @@ def _assemble(litellm: Any, chunks: list[Any], messages: list[dict[str, Any]]) -
     """The streamed chunks as one response, with usage even from a provider that ignores
     `include_usage` (some local servers): litellm then counts that call's tokens itself,
     which needs its token counter, off the rest of the time (`load_litellm`). No await
-    happens while it is on, so no other call on this loop sees it."""
+    happens while it is on, so no other call on this loop sees it (a litellm executor
+    thread running meanwhile might count tokens for its call too: work, not a change in
+    any figure Steward reads)."""
     if any(_reported(chunk) for chunk in chunks):
         return litellm.stream_chunk_builder(chunks, messages=messages)
     # With the counter off, litellm ends such a stream with a usage-only chunk of zeros

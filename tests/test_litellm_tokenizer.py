@@ -35,7 +35,11 @@ except AttributeError:
 print(json.dumps(out))
 """
 
-STEWARD = "from core.llm import load_litellm\nlitellm = load_litellm()"
+# Steward keeps litellm's token counter off (core/llm.py): on here, to count with it.
+STEWARD = (
+    "from core.llm import load_litellm\nlitellm = load_litellm()\n"
+    "litellm.disable_token_counter = False"
+)
 PLAIN = "import litellm"
 
 
