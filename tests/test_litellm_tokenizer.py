@@ -6,11 +6,8 @@ applies to the import that creates the module."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.fresh import fresh_python
 
 MESSAGES = [{"role": "user", "content": "Résumé of the 3 failing deploys — and why? 日本語も"}]
 
@@ -44,15 +41,8 @@ PLAIN = "import litellm"
 
 
 def probe(load: str) -> dict[str, object]:
-    done = subprocess.run(
-        [sys.executable, "-c", PROBE.format(load=load), json.dumps(MESSAGES)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    result: dict[str, object] = fresh_python(PROBE.format(load=load), json.dumps(MESSAGES))
+    return result
 
 
 def test_steward_counts_tokens_as_plain_litellm_does() -> None:
@@ -69,14 +59,7 @@ def test_the_tokenizer_json_is_not_parsed_while_litellm_imports() -> None:
     check = (
         STEWARD
         + "\nimport sys\nutils = sys.modules['litellm.utils']\n"
-        + "print('claude_json_str' in vars(utils), getattr(utils, 'json_data', None) is None)"
+        + "import json\nparsed = getattr(utils, 'json_data', None)\n"
+        + "print(json.dumps(['claude_json_str' in vars(utils), parsed is None]))"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", check],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    assert done.stdout.split() == ["False", "True"]
+    assert fresh_python(check) == [False, True]

@@ -4,16 +4,11 @@ are never loaded for a provider that reports usage."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 from core.clock import Clock
 from core.llm import LLMClient, load_litellm
 from tests.fakes.llm import ScriptedLLM
+from tests.fresh import fresh_python
 
-ROOT = Path(__file__).resolve().parents[1]
 ASK = [
     {"role": "system", "content": "You are terse."},
     {"role": "user", "content": "How many deploys failed this week, and which services?"},
@@ -81,10 +76,4 @@ asyncio.run(main())
 
 
 def test_a_reported_stream_loads_no_tokenizer_table() -> None:
-    # A fresh interpreter: another test in this process may have loaded one already.
-    done = subprocess.run(
-        [sys.executable, "-c", PROBE], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    seen = json.loads(done.stdout.strip().splitlines()[-1])
-    assert seen == {"text": "fine, thanks", "encodings": []}
+    assert fresh_python(PROBE) == {"text": "fine, thanks", "encodings": []}
