@@ -30,8 +30,6 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
 from adapters.web_login import read_token
 from tests.fakes.discord import FakeDiscord
 from tests.fakes.googlechat import FakeGoogleChat
@@ -44,6 +42,7 @@ from tests.fakes.telegram import ALICE as TG_ALICE
 from tests.fakes.telegram import TOKEN as TG_TOKEN
 from tests.fakes.telegram import FakeTelegram
 from tests.fakes.whatsapp import FakeWhatsApp
+from tests.test_web_e2e import frames_until, owner_session
 
 STEWARD = str(Path(sys.executable).with_name("steward"))
 TARGET_MB = 250
@@ -241,17 +240,16 @@ def everything(loop: Loop, llm: ScriptedLLM) -> tuple[float, float, float]:
 async def web_chat_message(port: int, data_dir: Path) -> None:
     """One message through the web chat as the owner sends it; returns with the answer."""
     url = f"http://127.0.0.1:{port}"
-    jar = aiohttp.CookieJar(unsafe=True)  # the login cookie is for 127.0.0.1
-    async with aiohttp.ClientSession(cookie_jar=jar) as http:
+    async with owner_session() as http:
         async with http.get(f"{url}/?token={read_token(data_dir)}") as page:
             page.raise_for_status()
         async with http.ws_connect(f"{url}/ws?session=bench-rss", headers={"Origin": url}) as ws:
             await ws.send_json({"type": "message", "text": "hi"})
-            async with asyncio.timeout(LIMIT):
-                while True:
-                    frame = await ws.receive_json()
-                    if frame.get("type") == "message" and "Hello" in str(frame.get("text")):
-                        return
+            await frames_until(ws, _answered, [], limit=LIMIT)
+
+
+def _answered(frame: dict[str, Any]) -> bool:
+    return frame["type"] == "message" and "Hello" in str(frame.get("text"))
 
 
 def main() -> None:
