@@ -162,7 +162,10 @@ _PROBE_SALTS = np.array(
 #: hashed in Python (HashedEmbedder._embed_one): numpy's per-call cost is more there;
 #: longer texts and batches go through numpy.
 ONE_TEXT_WORDS = 12
+#: ... and its character n-grams too when its words take at most this many bytes.
+ONE_TEXT_BYTES = 24
 _PROBE_SALT_INTS = tuple(int(s) for s in _PROBE_SALTS)
+_SEED_TERM_INTS = {size: int(term) for size, term in _SEED_TERM.items()}
 
 
 class HashedEmbedder:
@@ -223,14 +226,26 @@ class HashedEmbedder:
             (_mix_int((a * _BIGRAM_MUL + b + _BIGRAM_ADD) & _MASK), bigram)
             for a, b in itertools.pairwise(hashes)
         ]
-        row = [0.0] * self.dim
+        dim = self.dim
+        word: dict[int, float] = {}
         for feature, weight in features:
             for salt in _PROBE_SALT_INTS:
                 h = _mix_int((feature + salt) & _MASK)
-                row[h % self.dim] += -weight if h >> 63 else weight
-        word = np.array([row])
-        chars = self._char_ngrams([_piece(words)])
-        return unit_rows(_finish(word) + self.char_weight * _finish(chars))
+                bucket = h % dim
+                word[bucket] = word.get(bucket, 0.0) + (-weight if h >> 63 else weight)
+        # Filled sparsely: a dense row from a Python list of 512 floats costs more
+        # (~30 µs) than all of the hashing above.
+        blocks = np.zeros((2, dim))
+        blocks[0, list(word)] = list(word.values())
+        piece = _piece(words)
+        if len(piece) <= ONE_TEXT_BYTES:
+            chars = _char_counts(piece, dim)
+            blocks[1, list(chars)] = list(chars.values())
+        else:
+            blocks[1] = self._char_ngrams([piece])[0]
+        # One _finish for both rows: each row is scaled on its own, as in the batch path.
+        word_row, char_row = _finish(blocks)
+        return unit_rows(word_row + self.char_weight * char_row)
 
     def _stem_hashes(self, words: list[str]) -> list[int]:
         """crc32 of each word's stem, remembered by word (at most ~200k words: the
@@ -307,6 +322,24 @@ class HashedEmbedder:
         signs = np.where((h >> _U64(63)) & _U64(1), -1.0, 1.0)
         # One bincount for all sizes: the sums of ±1 are exact in any order.
         return np.bincount(rows * dim + buckets, weights=signs, minlength=n * dim).reshape(n, dim)
+
+
+def _char_counts(piece: bytes, dim: int) -> dict[int, float]:
+    """`HashedEmbedder._char_ngrams([piece])[0]`'s non-zero buckets, in Python
+    integers, for one short text: the same polynomial hashes, mixes, buckets and signs,
+    summed in another order (exact: every weight is ±1). Below ONE_TEXT_BYTES this is
+    cheaper than the dozen numpy calls of the batch path; above, numpy is."""
+    counts: dict[int, float] = {}
+    end = len(piece)
+    for start in range(end - 2):
+        poly = 0
+        for size in range(1, min(5, end - start) + 1):
+            poly = (poly * _FNV + piece[start + size - 1]) & _MASK
+            if size >= 3:
+                h = _mix_int((poly + _SEED_TERM_INTS[size]) & _MASK)
+                bucket = h % dim
+                counts[bucket] = counts.get(bucket, 0.0) + (-1.0 if h >> 63 else 1.0)
+    return counts
 
 
 def _piece(words: list[str]) -> bytes:

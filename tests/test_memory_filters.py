@@ -49,7 +49,10 @@ async def _both(idx: MemoryIndex, query: str, scope: str) -> tuple[list[Any], li
 
 
 def _view(hits: list[Any]) -> list[Any]:
-    return [(h.id, round(h.score, 12), h.meta["keyword_rank"], h.meta["vector_rank"]) for h in hits]
+    """Everything a hit says, its row included (kept in memory/index/hit_rows.py too)."""
+    return [
+        (h.id, round(h.score, 12), sorted((k, repr(v)) for k, v in h.meta.items())) for h in hits
+    ]
 
 
 async def _check_every_query(idx: MemoryIndex, scopes: list[str]) -> None:
@@ -102,11 +105,53 @@ async def test_kept_filter_rows_give_what_sqlite_gives_after_every_kind_of_write
         }
         await _check_every_query(idx, [a, b])
 
+        # A row rewritten in place (same scope, new outcome and error): its kept hit row
+        # is replaced by the write, not served stale.
+        query = "deploy staging certificate"
+        warm = await idx.search(query, limit=20, kinds="episode", scopes=[b])
+        assert "e-001" in {h.id for h in warm}
+        again = _episode(1, b, request="deploy staging certificate moved to bob")
+        again.outcome, again.error = "failure", "certificate expired"
+        await idx.add_episode_file(await store.write(again))
+        after = await idx.search(query, limit=20, kinds="episode", scopes=[b])
+        row = next(h.meta for h in after if h.id == "e-001")
+        assert (row["outcome"], row["error"]) == ("failure", "certificate expired")
+        await _check_every_query(idx, [a, b])
+
         # A rebuild swaps the connection: the kept rows go with the old one.
         await idx.search("deploy", limit=5, kinds="episode", scopes=[a])
         await idx.rebuild()
         assert idx._filters.misses == 0
         await _check_every_query(idx, [a, b])
+    finally:
+        await idx.close()
+
+
+async def test_a_recall_after_its_own_write_asks_sqlite_nothing(tmp_path: Path) -> None:
+    """The write brings the filter used last up to date and reads its new row back
+    (filters.after_commit), so the next recall of that scope, the usual case (the same
+    person's next message), makes no statement on the search connection (issue 26)."""
+    store = EpisodeStore(tmp_path)
+    a = "person:slack:alice"
+    for i in range(8):
+        await store.write(_episode(i, a))
+    idx = await MemoryIndex.open(tmp_path)
+    try:
+        await idx.keywords_ready()
+        statements: list[str] = []
+        assert idx._reader is not None
+        idx._reader.set_trace_callback(statements.append)
+        first = await idx.search("deploy staging", limit=5, kinds="episode", scopes=[a])
+        assert statements  # a cold cache: the filter's rows and the hits' rows are read
+        for i in range(8, 12):
+            await idx.add_episode_file(await store.write(_episode(i, a, "deploy staging again")))
+            statements.clear()
+            hits = await idx.search("deploy staging", limit=5, kinds="episode", scopes=[a])
+            assert statements == []
+            assert f"e-{i:03d}" in {h.id for h in hits}  # the new episode is found
+        assert first
+        kept, fresh = await _both(idx, "deploy staging", a)
+        assert kept == fresh
     finally:
         await idx.close()
 

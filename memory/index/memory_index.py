@@ -687,7 +687,9 @@ class MemoryIndex:
             if labels:  # vectors no document will point to
                 self._vectors.mark_stale(np.array(list(labels.values()), dtype=np.int64))
             raise
-        self._filters.written([k for k, _ in written], updated, gone)
+        ids = [k for k, _ in written]
+        self._filters.written(ids, updated, gone)
+        self._filters.after_commit(db, ids)
         if stale:
             self._vectors.mark_stale(np.array(stale, dtype=np.int64))
         if written or gone:

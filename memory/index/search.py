@@ -22,9 +22,10 @@ import numpy as np
 
 from memory.index import tuning
 from memory.index.filters import FilterCache, FilterRows
+from memory.index.hit_rows import HitRows
 from memory.index.keywords import WEIGHTS, KeywordIndex, Tokenizer
 from memory.index.query import rrf
-from memory.index.schema import META_COLUMNS, META_NAMES
+from memory.index.schema import META_NAMES
 from memory.vectors import VectorIndex
 
 #: The vector list's graph walks (see run). One thread: searches of one index are
@@ -281,19 +282,16 @@ def hits_of(
     near: list[int],
     sims: dict[int, float],
     limit: int,
+    rows_of: HitRows,
 ) -> list[Hit]:
     """Fuse the two lists and make the top `limit` hits, from the rows (META_COLUMNS
-    and signatures) of the fused documents that can make it; ties by time, then path."""
+    and signatures; kept in `rows_of`, read from `db` when not) of the fused documents
+    that can make it; ties by time, then path."""
     fused = rrf([words, near])
     ranked = contenders(fused, limit)
     if not ranked:
         return []
-    rows = _all(
-        db,
-        f"SELECT {META_COLUMNS}, (SELECT group_concat(sig, char(10)) FROM signatures"
-        f" WHERE doc = docs.id) FROM docs WHERE id IN ({','.join('?' * len(ranked))})",
-        ranked,
-    )
+    rows = rows_of.get(db, ranked)
     word_rank = {d: i for i, d in enumerate(words, start=1)}
     near_rank = {d: i for i, d in enumerate(near, start=1)}
     hits = []
@@ -384,7 +382,7 @@ def run(
         sims: dict[int, float] = {}
         if walked is not None:
             near, sims = vector_ranks(db, walked, where, params, depth, floor, allowed)
-        return hits_of(db, words, near, sims, limit)
+        return hits_of(db, words, near, sims, limit, filters.hit_rows)
 
     if graph is None:
         _settle(out, lambda: finish(found))
