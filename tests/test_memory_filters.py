@@ -40,26 +40,28 @@ def _episode(i: int, scope: str, request: str | None = None) -> Episode:
     )
 
 
-async def _both(idx: MemoryIndex, query: str, scope: str) -> tuple[list[Any], list[Any]]:
-    """The hits with the cache as it is, then with an emptied one (the full statement)."""
-    kept = await idx.search(query, limit=5, kinds="episode", scopes=[scope])
+async def _both(idx: MemoryIndex, query: str, scope: str | None) -> tuple[list[Any], list[Any]]:
+    """The hits with the caches as they are, then with emptied ones (the full
+    statements). No scope: an unfiltered search (its vectors' rows are kept too)."""
+    where: dict[str, Any] = {} if scope is None else {"kinds": "episode", "scopes": [scope]}
+    kept = await idx.search(query, limit=5, **where)
     idx._filters.clear()
-    fresh = await idx.search(query, limit=5, kinds="episode", scopes=[scope])
+    fresh = await idx.search(query, limit=5, **where)
     return _view(kept), _view(fresh)
 
 
 def _view(hits: list[Any]) -> list[Any]:
-    """Everything a hit says, its row included (kept in memory/index/hit_rows.py too)."""
+    """Everything a hit says, its row included (kept in memory/index/kept_rows.py too)."""
     return [
         (h.id, round(h.score, 12), sorted((k, repr(v)) for k, v in h.meta.items())) for h in hits
     ]
 
 
 async def _check_every_query(idx: MemoryIndex, scopes: list[str]) -> None:
-    for scope in scopes:
+    for scope in [*scopes, None]:
         for query in QUERIES:
             # Warm the cache first, so the comparison is a cached use of the filter.
-            await idx.search(query, limit=5, kinds="episode", scopes=[scope])
+            await _both(idx, query, scope)
             kept, fresh = await _both(idx, query, scope)
             assert kept == fresh, (scope, query)
 
@@ -86,6 +88,8 @@ async def test_kept_filter_rows_give_what_sqlite_gives_after_every_kind_of_write
             path = await store.write(_episode(i, a if i % 2 else b))
             await idx.add_episode_file(path)
         await _check_every_query(idx, [a, b])
+        # The unfiltered searches were answered from kept rows (and still equal SQLite's).
+        assert idx._filters.vector_rows.served and idx._filters.hit_rows.served
 
         # An episode moves from scope a to scope b (an update of its row).
         moved = _episode(1, b, request="deploy staging certificate moved to bob")

@@ -25,8 +25,8 @@ The write itself catches up the EAGER filters used last (`after_commit`, in the 
 thread, after its commit, on its own connection): the conversation that just wrote
 is the one likely to search next, and its recall then makes no statement at all for
 its filter (~0.15 ms of it in place, issue 26). The others catch up when next used.
-The cache also holds the rows of the hits (memory/index/hit_rows.py), made exact by
-the same writes.
+The cache also holds the rows of the hits (memory/index/kept_rows.py), made exact by
+the same writes, and the rows of the vectors the searches found.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from memory.index.hit_rows import HitRows
+from memory.index.kept_rows import HIT_SELECT, VECTOR_SELECT, RowCache
 
 #: An allowed row: (docs.id, vector label or None, path).
 Allowed = tuple[int, int | None, str]
@@ -168,8 +168,9 @@ class FilterCache:
         self.limit = limit
         self.rows_max = rows_max
         self._entries: OrderedDict[tuple[str, tuple[Any, ...]], FilterRows | None] = OrderedDict()
-        #: The rows of documents searches returned (made exact by the same writes).
-        self.hit_rows = HitRows()
+        #: The rows of the documents and vectors searches found (memory/index/kept_rows).
+        self.hit_rows = RowCache(HIT_SELECT, key=0)
+        self.vector_rows = RowCache(VECTOR_SELECT, key=1)
         #: Full statements saved and made (for tests).
         self.hits = 0
         self.misses = 0
@@ -251,3 +252,4 @@ class FilterCache:
     def clear(self) -> None:
         self._entries.clear()
         self.hit_rows.clear()
+        self.vector_rows.clear()

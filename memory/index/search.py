@@ -22,7 +22,7 @@ import numpy as np
 
 from memory.index import tuning
 from memory.index.filters import FilterCache, FilterRows
-from memory.index.hit_rows import HitRows
+from memory.index.kept_rows import RowCache
 from memory.index.keywords import WEIGHTS, KeywordIndex, Tokenizer
 from memory.index.query import rrf
 from memory.index.schema import META_NAMES
@@ -230,10 +230,12 @@ def vector_ranks(
     depth: int,
     floor: float,
     allowed: FilterRows | None = None,
+    kept: RowCache | None = None,
 ) -> tuple[list[int], dict[int, float]]:
     """Vector-ranked ids and their similarities, at or above `floor`, from what
     `nearest` found (filtered here in SQL when it says so). With `allowed` (the rows
-    `nearest` searched among) the ids and paths come from it, not from SQL."""
+    `nearest` searched among) the ids and paths come from it, not from SQL; without a
+    filter, from `kept` (the labels' rows kept between searches) when given."""
     labels, scores, post_filter = found
     keep = scores >= floor
     labels, scores = labels[keep], scores[keep]
@@ -244,6 +246,8 @@ def vector_ranks(
     if allowed is not None and not post_filter:
         row_of = allowed.by_label()
         rows = [row_of[x] for x in by_label if x in row_of]
+    elif kept is not None and not post_filter:
+        rows = kept.get(db, list(by_label))
     else:
         marks = ",".join("?" * len(by_label))
         sql = f"SELECT d.id, d.vec, d.path FROM docs d WHERE d.vec IN ({marks})" + (
@@ -282,7 +286,7 @@ def hits_of(
     near: list[int],
     sims: dict[int, float],
     limit: int,
-    rows_of: HitRows,
+    rows_of: RowCache,
 ) -> list[Hit]:
     """Fuse the two lists and make the top `limit` hits, from the rows (META_COLUMNS
     and signatures; kept in `rows_of`, read from `db` when not) of the fused documents
@@ -381,7 +385,9 @@ def run(
         near: list[int] = []
         sims: dict[int, float] = {}
         if walked is not None:
-            near, sims = vector_ranks(db, walked, where, params, depth, floor, allowed)
+            near, sims = vector_ranks(
+                db, walked, where, params, depth, floor, allowed, filters.vector_rows
+            )
         return hits_of(db, words, near, sims, limit, filters.hit_rows)
 
     if graph is None:
