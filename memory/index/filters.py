@@ -21,10 +21,12 @@ Bounded: LIMIT filters and ROWS_MAX rows over all of them (least recently used d
 first), and a filter with more than PENDING_MAX unapplied ids is dropped rather than
 caught up (fetched again in full).
 
-The write itself catches up the EAGER filters used last (`after_commit`, in the write
-thread, after its commit, on its own connection): the conversation that just wrote
-is the one likely to search next, and its recall then makes no statement at all for
-its filter (~0.15 ms of it in place, issue 26). The others catch up when next used.
+The write itself catches up the filter used last when it names the scope of a
+document written (`after_commit`, in the write thread, after its commit, on its own
+connection): the conversation that just wrote is the one likely to search next, and
+its recall then makes no statement at all for its filter (~0.15 ms of it in place,
+issue 26). The others catch up when next used: with many conversations at once,
+catching up every filter at every write would be statements nobody's search needs.
 The cache also holds the rows of the hits (memory/index/kept_rows.py), made exact by
 the same writes, and the rows of the vectors the searches found.
 """
@@ -50,8 +52,6 @@ LIMIT = 64
 ROWS_MAX = 40_000
 #: Ids written since a filter was last used above which it is fetched again instead.
 PENDING_MAX = 2048
-#: Filters the write brings up to date itself (the most recently used ones).
-EAGER = 4
 #: A write of at most this many documents also reads their hit rows back (a live
 #: message's episode, likely to be recalled soon); a rebuild's or an import's batches
 #: do not fill the cache with what nobody asked for.
@@ -227,22 +227,23 @@ class FilterCache:
             if len(entry.pending) > PENDING_MAX:
                 del self._entries[key]
 
-    def after_commit(self, db: sqlite3.Connection, ids: list[int]) -> None:
+    def after_commit(self, db: sqlite3.Connection, ids: list[int], scopes: set[str]) -> None:
         """Right after a committed write (`written` first), in the write thread: the
-        EAGER filters used last brought up to date, and the hit rows of a small write
-        read back, on `db`, the write's own connection (see the module docstring). A
-        filter whose statement fails is dropped: its next search fetches it whole."""
-        for key in list(self._entries)[-EAGER:]:
-            entry = self._entries.get(key)
-            if entry is None or not entry.pending:
-                continue
-            try:
-                entry.refresh(db, key[0], list(key[1]))
-            except sqlite3.Error:
-                del self._entries[key]
-                continue
-            if len(entry) >= self.cap:
-                del self._entries[key]  # grew broad: its next search finds it so
+        filter used last brought up to date when one of its values is the scope of a
+        document written, and the hit rows of a small write read back, on `db`, the
+        write's own connection (see the module docstring). A filter whose statement
+        fails is dropped: its next search fetches it whole."""
+        if self._entries:
+            key = next(reversed(self._entries))
+            entry = self._entries[key]
+            if entry is not None and entry.pending and scopes.intersection(map(str, key[1])):
+                try:
+                    entry.refresh(db, key[0], list(key[1]))
+                except sqlite3.Error:
+                    del self._entries[key]
+                else:
+                    if len(entry) >= self.cap:
+                        del self._entries[key]  # grew broad: its next search finds it so
         if ids and len(ids) <= WARM_MAX:
             try:
                 self.hit_rows.load(db, ids)

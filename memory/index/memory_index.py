@@ -689,7 +689,7 @@ class MemoryIndex:
             raise
         ids = [k for k, _ in written]
         self._filters.written(ids, updated, gone)
-        self._filters.after_commit(db, ids)
+        self._filters.after_commit(db, ids, {doc.scope for _, doc in written})
         if stale:
             self._vectors.mark_stale(np.array(stale, dtype=np.int64))
         if written or gone:
