@@ -573,11 +573,12 @@ class App:
         """Open (and if needed rebuild) the memory index; wire recall and indexing."""
         if self.index is not None:
             return
+        from core.llm import load_litellm
         from core.recall import IndexRecall
         from memory.embedder import make_embedder
         from memory.index import MemoryIndex
 
-        embedder = make_embedder(self.settings.embedding_model.strip() or None)
+        embedder = make_embedder(self.settings.embedding_model.strip() or None, load=load_litellm)
         self.index = await MemoryIndex.open(self.data_dir, embedder, progress=False)
         if self.agent is not None:
             if self.settings.recall_limit:

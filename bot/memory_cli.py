@@ -21,9 +21,10 @@ if TYPE_CHECKING:
 
 
 def _embedder(settings: Settings) -> Any:
+    from core.llm import load_litellm
     from memory.embedder import make_embedder
 
-    return make_embedder(getattr(settings, "embedding_model", "") or None)
+    return make_embedder(getattr(settings, "embedding_model", "") or None, load=load_litellm)
 
 
 def memory_command(settings: Settings, args: argparse.Namespace) -> int:

@@ -27,7 +27,7 @@ import asyncio
 import itertools
 import re
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -360,14 +360,23 @@ class LiteLLMEmbedder:
     """A hosted or local embedding model through litellm (STEWARD_EMBEDDING_MODEL).
 
     litellm is imported on first use only: it takes seconds to import, and a
-    hashed-embedder install never needs it. `dim` is learned from the first answer
+    hashed-embedder install never needs it. `load` imports it: Steward passes its own
+    loader (core.llm.load_litellm: offline, no cost-map download), as memory may not
+    import core, and whichever of the agent and the embedder asks first imports it
+    for both; without one it is a plain import. `dim` is learned from the first answer
     unless given; MemoryIndex.open asks once when it is 0.
     """
 
     min_similarity = MODEL_MIN_SIMILARITY
 
     def __init__(
-        self, model: str, *, dim: int = 0, batch_size: int = 64, **litellm_kwargs: Any
+        self,
+        model: str,
+        *,
+        dim: int = 0,
+        batch_size: int = 64,
+        load: Callable[[], Any] | None = None,
+        **litellm_kwargs: Any,
     ) -> None:
         if not model.strip():
             raise ValueError(
@@ -378,6 +387,7 @@ class LiteLLMEmbedder:
         self.dim = dim
         self.batch_size = batch_size
         self.kwargs = litellm_kwargs
+        self._load = load or _import_litellm
 
     def _rows(self, response: Any) -> np.ndarray:
         data = response["data"] if isinstance(response, dict) else response.data
@@ -393,8 +403,7 @@ class LiteLLMEmbedder:
         return np.zeros((0, self.dim), np.float32)
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
-        import litellm
-
+        litellm = self._load()
         parts = [
             self._rows(litellm.embedding(model=self.model, input=list(chunk), **self.kwargs))
             for chunk in _chunks(texts, self.batch_size)
@@ -402,8 +411,7 @@ class LiteLLMEmbedder:
         return unit_rows(np.vstack(parts)) if parts else self._empty()
 
     async def aembed(self, texts: Sequence[str]) -> np.ndarray:
-        import litellm
-
+        litellm = await asyncio.to_thread(self._load)  # seconds, the first time
         parts = []
         for chunk in _chunks(texts, self.batch_size):
             response = await litellm.aembedding(model=self.model, input=list(chunk), **self.kwargs)
@@ -415,8 +423,17 @@ def _chunks(items: Sequence[str], size: int) -> list[Sequence[str]]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
-def make_embedder(model: str | None = None, **litellm_kwargs: Any) -> Embedder:
-    """The configured embedder: litellm when a model is named, else the hashed default."""
+def _import_litellm() -> Any:
+    import litellm
+
+    return litellm
+
+
+def make_embedder(
+    model: str | None = None, *, load: Callable[[], Any] | None = None, **litellm_kwargs: Any
+) -> Embedder:
+    """The configured embedder: litellm when a model is named (imported by `load`, see
+    LiteLLMEmbedder), else the hashed default."""
     if model and model.strip():
-        return LiteLLMEmbedder(model.strip(), **litellm_kwargs)
+        return LiteLLMEmbedder(model.strip(), load=load, **litellm_kwargs)
     return HashedEmbedder()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import hashlib
 import inspect
 import itertools
 import json
@@ -146,6 +147,10 @@ class ScriptedLLM:
         self.base_url: str = ""
         self.responder: Responder | None = None
         self.default_text: str = "(scripted model: nothing queued)"
+        #: The texts of every /v1/embeddings request, one list per request.
+        self.embedded: list[list[str]] = []
+        #: Dimensions of the vectors /v1/embeddings answers with.
+        self.embedding_dim = 16
         #: False: a stream never carries usage, even when asked for it (`stream_options`
         #: `include_usage`), as some local OpenAI-compatible servers do.
         self.stream_usage = True
@@ -216,6 +221,7 @@ class ScriptedLLM:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/embeddings", self._embeddings)
         self._runner = web.AppRunner(
             app, access_log=None, handle_signals=False, shutdown_timeout=0.5
         )
@@ -331,6 +337,31 @@ class ScriptedLLM:
                 "data": [
                     {"id": self.model_id, "object": "model", "created": 0, "owned_by": "tests"}
                 ],
+            }
+        )
+
+    async def _embeddings(self, request: web.Request) -> web.Response:
+        """OpenAI's embeddings endpoint: one vector per input text, the same for the same
+        text (from its SHA-256), `embedding_dim` floats each."""
+        try:
+            body = await request.json()
+            texts = body["input"]
+            texts = [texts] if isinstance(texts, str) else [str(t) for t in texts]
+        except (ValueError, KeyError, TypeError):
+            return self._json({"error": {"message": "malformed embeddings request"}}, 400)
+        self.embedded.append(texts)
+        data = []
+        for i, text in enumerate(texts):
+            digest = hashlib.sha256(text.encode()).digest()
+            vector = [(digest[j % 32] - 127.5) / 127.5 for j in range(self.embedding_dim)]
+            data.append({"object": "embedding", "index": i, "embedding": vector})
+        tokens = sum(len(t.split()) for t in texts)
+        return self._json(
+            {
+                "object": "list",
+                "data": data,
+                "model": body.get("model", self.model_id),
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
             }
         )
 
