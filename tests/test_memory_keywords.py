@@ -171,6 +171,11 @@ def test_allowed_rows_filter_before_ranking(tmp_path: Path) -> None:
     everything = _mine(kw, tok, "deploy api", 1000)
     got = kw.rank(tok.phrases(["deploy", "api"]), 5, allowed)
     assert got == [r for r in everything if r in set(allowed)][:5]
+    # In any order, repeated, or with rowids that hold nothing: the same rows.
+    shuffled = [*reversed(allowed), *allowed[:5], 10_000]
+    assert kw.rank(tok.phrases(["deploy", "api"]), 5, shuffled) == got
+    assert kw.rank(tok.phrases(["deploy", "api"]), 5, []) == []
+    assert kw.rank(tok.phrases(["deploy", "api"]), 5, [10_000]) == []
 
 
 def _episode(i: int, request: str) -> Episode:

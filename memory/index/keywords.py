@@ -447,7 +447,7 @@ class KeywordIndex:
         allowed: Sequence[int] | np.ndarray | None = None,
     ) -> list[int]:
         """Rowids of the `depth` best rows for the OR of `phrases`, best first, ties by
-        rowid; only rows in `allowed` (rowids) when it is given."""
+        rowid; only rows in `allowed` (rowids, any order) when it is given."""
         if not self.rows or depth <= 0:
             return []
         norm = self._normalisation()
@@ -485,7 +485,17 @@ class KeywordIndex:
         if allowed is not None:
             # Only the matches are looked up in `allowed`, not `allowed` in a map of
             # every row: a scope's few thousand rows cost ~1 us each that way (issue 26).
-            matched = matched[np.isin(self._rowid[matched], np.asarray(allowed, np.int64))]
+            # By binary search in the sorted ids (a filter's are kept sorted): np.isin's
+            # dozen calls cost ~3x more for a scope of a few hundred rows.
+            keys = np.asarray(allowed, np.int64)
+            if len(keys) > 1 and not bool((keys[1:] > keys[:-1]).all()):
+                keys = np.unique(keys)
+            if not len(keys):
+                return []
+            rowids = self._rowid[matched]
+            at = np.searchsorted(keys, rowids)
+            at[at == len(keys)] = 0
+            matched = matched[keys[at] == rowids]
         if len(matched) > depth:
             values = scores[matched]
             kth = np.partition(values, len(values) - depth)[len(values) - depth]
