@@ -10,11 +10,12 @@ never overwritten.
 
 from __future__ import annotations
 
-import copy
 import hashlib
+import os
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,14 @@ class Rule:
             entry["detail"] = detail
         self.history = [*self.history, entry][-HISTORY_KEPT:]
         self.updated = entry["at"]
+
+    def copy(self) -> Rule:
+        """A shallow copy, as copy.copy makes, ~5x faster: the learner copies every rule
+        for every task (RuleStore.load)."""
+        new = object.__new__(Rule)
+        for name, value in zip(Rule.__slots__, _slot_values(self), strict=True):
+            object.__setattr__(new, name, value)
+        return new
 
     def front_matter(self) -> dict[str, Any]:
         return {
@@ -147,6 +156,10 @@ def rule_from(meta: dict[str, Any], body: str, path: Path) -> Rule:
     return rule
 
 
+#: Every slot of a Rule, read in one call (Rule.copy).
+_slot_values = attrgetter(*Rule.__slots__)
+
+
 class RuleStore:
     """Reads every rule fresh (a person or `steward rules` may have changed a file since);
     writes through the DataStore so each change is one commit."""
@@ -155,37 +168,48 @@ class RuleStore:
         self.data_dir = data_dir
         self.root = data_dir / "rules"
         self.store = store or DataStore(data_dir)
-        #: path -> ((mtime_ns, size), parsed rule or problem). Parsing YAML is ~1.5 ms a
-        #: rule and the learner reads every rule twice per task; an unchanged file is
-        #: not parsed again (an edit by hand changes its mtime, so it is picked up).
-        self._parsed: dict[Path, tuple[tuple[int, int], Rule | str]] = {}
+        #: file name -> ((mtime_ns, size), parsed rule or problem). Parsing YAML is ~1.5
+        #: ms a rule and the learner reads every rule twice per task; an unchanged file
+        #: is not parsed again (an edit by hand changes its mtime, so it is picked up).
+        self._parsed: dict[str, tuple[tuple[int, int], Rule | str]] = {}
 
     def load(self) -> tuple[list[Rule], list[str]]:
         """All readable rules (fresh copies: callers may change them), plus one problem
-        line per file that could not be read."""
+        line per file that could not be read.
+
+        The learner calls this before every task's model call and again after it, on
+        the event loop, so it is lean (issue 26): file names from one scandir, a stat
+        each, copies by slot; with 30 rules 0.56 ms a call became ~0.15 (pathlib's
+        objects and copy.copy were two thirds of it). Every call still sees every file
+        as it is on disk."""
         rules: list[Rule] = []
         problems: list[str] = []
-        if not self.root.is_dir():
+        root = str(self.root)
+        try:
+            with os.scandir(root) as entries:
+                names = [e.name for e in entries if e.name.endswith(".md")]
+        except OSError:  # no folder yet (or not one): no rules
             return rules, problems
-        seen = set()
-        for path in sorted(self.root.glob("*.md"), key=_id_order):
-            seen.add(path)
+        names.sort(key=_name_order)
+        parsed = self._parsed
+        for name in names:
             try:
-                st = path.stat()
+                st = os.stat(os.path.join(root, name))
             except OSError:
                 continue  # removed meanwhile
             stamp = (st.st_mtime_ns, st.st_size)
-            cached = self._parsed.get(path)
+            cached = parsed.get(name)
             if cached is None or cached[0] != stamp:
-                cached = (stamp, self._parse(path))
-                self._parsed[path] = cached
+                cached = (stamp, self._parse(self.root / name))
+                parsed[name] = cached
             item = cached[1]
             if isinstance(item, Rule):
-                rules.append(copy.copy(item))  # fields are replaced, never mutated in place
+                rules.append(item.copy())  # fields are replaced, never mutated in place
             else:
                 problems.append(item)
-        for gone in set(self._parsed) - seen:
-            del self._parsed[gone]
+        if len(parsed) > len(names):
+            for gone in parsed.keys() - set(names):
+                del parsed[gone]
         return rules, problems
 
     @staticmethod
@@ -221,9 +245,11 @@ class RuleStore:
         return await self.store.aremove(rule.relpath, commit=message)
 
 
-def _id_order(path: Path) -> tuple[int, str]:
-    m = _ID.match(path.stem)
-    return (int(m.group(1)) if m else 1 << 30, path.stem)
+def _name_order(name: str) -> tuple[int, str]:
+    """r-2.md before r-10.md; names that are no rule id last, by name."""
+    stem = name[:-3]
+    m = _ID.match(stem)
+    return (int(m.group(1)) if m else 1 << 30, stem)
 
 
 __all__ = ["STATUSES", "Rule", "RuleStore", "rule_from", "text_sha"]
