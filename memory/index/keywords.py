@@ -493,9 +493,9 @@ class KeywordIndex:
             if not len(keys):
                 return []
             rowids = self._rowid[matched]
-            at = np.searchsorted(keys, rowids)
-            at[at == len(keys)] = 0
-            matched = matched[keys[at] == rowids]
+            where = np.searchsorted(keys, rowids)
+            where[where == len(keys)] = 0
+            matched = matched[keys[where] == rowids]
         if len(matched) > depth:
             values = scores[matched]
             kth = np.partition(values, len(values) - depth)[len(values) - depth]
