@@ -260,3 +260,31 @@ def test_kept_rows_are_bounded_over_all_filters(tmp_path: Path) -> None:
     wide = FilterCache(100, rows_max=5)
     assert len(wide.rows(db, "d.scope IN (?)", ["s0"]) or []) == 10
     assert not wide._entries
+
+
+async def test_a_catch_up_that_fails_costs_the_write_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The write's catch-up of the kept rows only saves time: a failure there (a bug)
+    is logged, the kept rows are dropped, and the committed write is whole (its
+    keywords and vectors too)."""
+    store = EpisodeStore(tmp_path)
+    a = "person:slack:alice"
+    for i in range(4):
+        await store.write(_episode(i, a))
+    idx = await MemoryIndex.open(tmp_path)
+    try:
+        await idx.keywords_ready()
+        await idx.search("deploy", limit=5, kinds="episode", scopes=[a])
+
+        def broken(*_: Any) -> None:
+            raise RuntimeError("a bug in the catch-up")
+
+        monkeypatch.setattr(FilterCache, "after_commit", broken)
+        await idx.add_episode_file(await store.write(_episode(9, a, "rotate the vault keys")))
+        hits = await idx.search("vault keys", limit=5, kinds="episode", scopes=[a])
+        assert hits and hits[0].id == "e-009"
+        assert hits[0].meta["keyword_rank"] == 1 and hits[0].meta["vector_rank"] == 1
+        await _check_every_query(idx, [a])
+    finally:
+        await idx.close()

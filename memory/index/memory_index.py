@@ -689,7 +689,11 @@ class MemoryIndex:
             raise
         ids = [k for k, _ in written]
         self._filters.written(ids, updated, gone)
-        self._filters.after_commit(db, ids, {doc.scope for _, doc in written})
+        try:  # time saved only: whatever fails here, the next searches ask SQLite
+            self._filters.after_commit(db, ids, {doc.scope for _, doc in written})
+        except Exception:
+            log.warning("memory.index.filters_catch_up_failed", exc_info=True)
+            self._filters.clear()
         if stale:
             self._vectors.mark_stale(np.array(stale, dtype=np.int64))
         if written or gone:
