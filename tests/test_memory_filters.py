@@ -131,17 +131,23 @@ async def test_kept_filter_rows_give_what_sqlite_gives_after_every_kind_of_write
         await idx.close()
 
 
+async def _alice(tmp_path: Path, n: int) -> tuple[EpisodeStore, MemoryIndex, str]:
+    """An index over `n` episodes of alice's scope, its keyword index loaded."""
+    store = EpisodeStore(tmp_path)
+    a = "person:slack:alice"
+    for i in range(n):
+        await store.write(_episode(i, a))
+    idx = await MemoryIndex.open(tmp_path)
+    await idx.keywords_ready()
+    return store, idx, a
+
+
 async def test_a_recall_after_its_own_write_asks_sqlite_nothing(tmp_path: Path) -> None:
     """The write brings the filter used last up to date and reads its new row back
     (filters.after_commit), so the next recall of that scope, the usual case (the same
     person's next message), makes no statement on the search connection (issue 26)."""
-    store = EpisodeStore(tmp_path)
-    a = "person:slack:alice"
-    for i in range(8):
-        await store.write(_episode(i, a))
-    idx = await MemoryIndex.open(tmp_path)
+    store, idx, a = await _alice(tmp_path, 8)
     try:
-        await idx.keywords_ready()
         statements: list[str] = []
         assert idx._reader is not None
         idx._reader.set_trace_callback(statements.append)
@@ -268,13 +274,8 @@ async def test_a_catch_up_that_fails_costs_the_write_nothing(
     """The write's catch-up of the kept rows only saves time: a failure there (a bug)
     is logged, the kept rows are dropped, and the committed write is whole (its
     keywords and vectors too)."""
-    store = EpisodeStore(tmp_path)
-    a = "person:slack:alice"
-    for i in range(4):
-        await store.write(_episode(i, a))
-    idx = await MemoryIndex.open(tmp_path)
+    store, idx, a = await _alice(tmp_path, 4)
     try:
-        await idx.keywords_ready()
         await idx.search("deploy", limit=5, kinds="episode", scopes=[a])
 
         def broken(*_: Any) -> None:
