@@ -388,6 +388,11 @@ class LiteLLMEmbedder:
         self.batch_size = batch_size
         self.kwargs = litellm_kwargs
         self._load = load or _import_litellm
+        self._litellm: Any = None  # the module, once loaded
+
+    def _loaded(self) -> Any:
+        self._litellm = self._load()
+        return self._litellm
 
     def _rows(self, response: Any) -> np.ndarray:
         data = response["data"] if isinstance(response, dict) else response.data
@@ -403,7 +408,7 @@ class LiteLLMEmbedder:
         return np.zeros((0, self.dim), np.float32)
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
-        litellm = self._load()
+        litellm = self._litellm or self._loaded()
         parts = [
             self._rows(litellm.embedding(model=self.model, input=list(chunk), **self.kwargs))
             for chunk in _chunks(texts, self.batch_size)
@@ -411,7 +416,9 @@ class LiteLLMEmbedder:
         return unit_rows(np.vstack(parts)) if parts else self._empty()
 
     async def aembed(self, texts: Sequence[str]) -> np.ndarray:
-        litellm = await asyncio.to_thread(self._load)  # seconds, the first time
+        # Loading takes seconds, so the first call loads in a thread; later ones (a
+        # recall's query, each message) make no thread hop for it.
+        litellm = self._litellm or await asyncio.to_thread(self._loaded)
         parts = []
         for chunk in _chunks(texts, self.batch_size):
             response = await litellm.aembedding(model=self.model, input=list(chunk), **self.kwargs)

@@ -51,12 +51,8 @@ class RowCache:
         self.key = key
         self.rows_max = rows_max
         self._rows: OrderedDict[int, tuple[Any, ...]] = OrderedDict()
-        #: Rows served from memory, and statements made (for tests).
+        #: Rows served from memory (for tests).
         self.served = 0
-        self.fetched = 0
-
-    def __len__(self) -> int:
-        return len(self._rows)
 
     def get(self, db: sqlite3.Connection, keys: Sequence[int]) -> list[tuple[Any, ...]]:
         """The rows of `keys` that exist (in no particular order), reading the ones not
@@ -83,7 +79,6 @@ class RowCache:
             part = keys[start : start + 500]
             sql = self.select + f"({','.join('?' * len(part))})"
             fetched += db.execute(sql, part).fetchall()
-        self.fetched += 1
         key = self.key
         for row in fetched:
             self._rows[row[key]] = row

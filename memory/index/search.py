@@ -229,13 +229,13 @@ def vector_ranks(
     params: list[Any],
     depth: int,
     floor: float,
-    allowed: FilterRows | None = None,
-    kept: RowCache | None = None,
+    allowed: FilterRows | None,
+    kept: RowCache,
 ) -> tuple[list[int], dict[int, float]]:
     """Vector-ranked ids and their similarities, at or above `floor`, from what
     `nearest` found (filtered here in SQL when it says so). With `allowed` (the rows
     `nearest` searched among) the ids and paths come from it, not from SQL; without a
-    filter, from `kept` (the labels' rows kept between searches) when given."""
+    filter, from `kept` (the labels' rows kept between searches)."""
     labels, scores, post_filter = found
     keep = scores >= floor
     labels, scores = labels[keep], scores[keep]
@@ -243,17 +243,15 @@ def vector_ranks(
         return [], {}
     by_label = dict(zip(labels.tolist(), scores.tolist(), strict=True))
     rows: list[Any]
-    if allowed is not None and not post_filter:
+    if post_filter:  # a broad filter, applied here
+        marks = ",".join("?" * len(by_label))
+        sql = f"SELECT d.id, d.vec, d.path FROM docs d WHERE d.vec IN ({marks}) AND {where}"
+        rows = _all(db, sql, [*by_label, *params])
+    elif allowed is not None:
         row_of = allowed.by_label()
         rows = [row_of[x] for x in by_label if x in row_of]
-    elif kept is not None and not post_filter:
-        rows = kept.get(db, list(by_label))
     else:
-        marks = ",".join("?" * len(by_label))
-        sql = f"SELECT d.id, d.vec, d.path FROM docs d WHERE d.vec IN ({marks})" + (
-            f" AND {where}" if post_filter and where else ""
-        )
-        rows = _all(db, sql, [*by_label, *(params if post_filter else [])])
+        rows = kept.get(db, list(by_label))
     # Order by similarity (rounded, so float noise cannot reorder equal texts after a
     # rebuild), then path.
     ranked = sorted(rows, key=lambda r: (-round(by_label[r[1]], 5), r[2]))[:depth]
