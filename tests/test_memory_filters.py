@@ -14,6 +14,7 @@ import pytest
 from memory.episodes import Episode, EpisodeStore
 from memory.index import MemoryIndex
 from memory.index.filters import FilterCache
+from memory.index.kept_rows import LabelRows
 
 REQUESTS = [
     "deploy the billing service to staging",
@@ -46,7 +47,9 @@ async def _both(idx: MemoryIndex, query: str, scope: str | None) -> tuple[list[A
     where: dict[str, Any] = {} if scope is None else {"kinds": "episode", "scopes": [scope]}
     kept = await idx.search(query, limit=5, **where)
     idx._filters.clear()
+    labels, idx._filters.vector_rows = idx._filters.vector_rows, LabelRows()  # from SQLite
     fresh = await idx.search(query, limit=5, **where)
+    idx._filters.vector_rows = labels
     return _view(kept), _view(fresh)
 
 
@@ -286,6 +289,54 @@ async def test_a_catch_up_that_fails_costs_the_write_nothing(
         hits = await idx.search("vault keys", limit=5, kinds="episode", scopes=[a])
         assert hits and hits[0].id == "e-009"
         assert hits[0].meta["keyword_rank"] == 1 and hits[0].meta["vector_rank"] == 1
+        await _check_every_query(idx, [a])
+    finally:
+        await idx.close()
+
+
+def test_label_rows_answer_from_memory_and_ask_sqlite_only_for_what_they_lack(
+    tmp_path: Path,
+) -> None:
+    db = _docs(tmp_path, ["a"] * 6)  # ids 1-6, labels 100-105, paths p0-p5
+    rows = LabelRows()
+    assert sorted(rows.get(db, [101, 104])) == [(2, 101, "p1"), (5, 104, "p4")]  # SQLite
+    rows.add([(9, 300, "new")])  # a write committed while the full read runs
+    rows.install(LabelRows.read(db))
+    assert len(rows) == 7
+    rows.install(LabelRows.read(db))  # a second read: each label still once
+    assert len(rows) == 7
+    db.execute("DELETE FROM docs")  # from here on, SQLite has nothing to give
+    db.commit()
+    served = rows.served
+    assert sorted(rows.get(db, [105, 300, 100, 999])) == [
+        (1, 100, "p0"),
+        (6, 105, "p5"),
+        (9, 300, "new"),
+    ]
+    assert rows.served == served + 3
+    # Out of order (not what one label counter makes): still found, each label once.
+    rows.add([(8, 200, "mid"), (1, 100, "p0")])
+    assert len(rows) == 8
+    assert sorted(rows.get(db, [200, 100, 300])) == [
+        (1, 100, "p0"),
+        (8, 200, "mid"),
+        (9, 300, "new"),
+    ]
+
+
+async def test_every_label_row_is_kept_from_the_open_on(tmp_path: Path) -> None:
+    """After the open, and after each write, an unfiltered search finds its vectors'
+    rows in memory: the label rows asked nothing of SQLite."""
+    store, idx, a = await _alice(tmp_path, 5)
+    try:
+        labels = idx._filters.vector_rows
+        assert len(labels) == 5
+        await idx.add_episode_file(await store.write(_episode(7, a, "rotate the vault keys")))
+        assert len(labels) == 6
+        before = labels._fallback.served, len(labels._fallback._rows)
+        hits = await idx.search("vault keys", limit=5)
+        assert hits[0].id == "e-007" and hits[0].meta["vector_rank"] == 1
+        assert (labels._fallback.served, len(labels._fallback._rows)) == before
         await _check_every_query(idx, [a])
     finally:
         await idx.close()

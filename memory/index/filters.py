@@ -28,7 +28,7 @@ its recall then makes no statement at all for its filter (~0.15 ms of it in plac
 issue 26). The others catch up when next used: with many conversations at once,
 catching up every filter at every write would be statements nobody's search needs.
 The cache also holds the rows of the hits (memory/index/kept_rows.py), made exact by
-the same writes, and the rows of the vectors the searches found.
+the same writes, and the row of every vector label (kept_rows.LabelRows).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from memory.index.kept_rows import HIT_SELECT, VECTOR_SELECT, RowCache
+from memory.index.kept_rows import HIT_SELECT, LabelRows, RowCache
 
 #: An allowed row: (docs.id, vector label or None, path).
 Allowed = tuple[int, int | None, str]
@@ -170,7 +170,7 @@ class FilterCache:
         self._entries: OrderedDict[tuple[str, tuple[Any, ...]], FilterRows | None] = OrderedDict()
         #: The rows of the documents and vectors searches found (memory/index/kept_rows).
         self.hit_rows = RowCache(HIT_SELECT, key=0)
-        self.vector_rows = RowCache(VECTOR_SELECT, key=1)
+        self.vector_rows = LabelRows()
         #: Full statements saved and made (for tests).
         self.hits = 0
         self.misses = 0
@@ -251,6 +251,7 @@ class FilterCache:
                 self.hit_rows.forget(ids)
 
     def clear(self) -> None:
+        """Forget the filters and the hit rows; the label rows stay (a label's row never
+        changes, and only an open or a rebuild reads them all again)."""
         self._entries.clear()
         self.hit_rows.clear()
-        self.vector_rows.clear()

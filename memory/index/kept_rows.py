@@ -18,7 +18,8 @@ path, and a document re-embedded or removed leaves its old label stale, which no
 search returns. A rebuild or a reopen starts new caches. Reads and writes run under
 the index's lock, so no lock of their own is needed.
 
-Bounded: ROWS_MAX rows each, least recently used dropped first.
+A RowCache is bounded: ROWS_MAX rows, least recently used dropped first. LabelRows
+holds every label, compactly (see there).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import sqlite3
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import Any
+
+import numpy as np
 
 from memory.index.schema import META_COLUMNS
 
@@ -92,3 +95,118 @@ class RowCache:
 
     def clear(self) -> None:
         self._rows.clear()
+
+
+class LabelRows:
+    """The row of every vector label (docs.id, label, path), all of them, in memory.
+
+    Why all: without a filter, the vector list's ~40 labels were looked up in SQLite
+    (VECTOR_SELECT) on every search, ~0.2-0.35 ms of a ~1.6-2 ms hybrid search at 100k
+    episodes, where the labels a search finds are mostly new to a bounded cache (issue
+    26). A label's row never changes while the label is live (see the module
+    docstring), so the map only grows: the write thread adds the labels it commits
+    (`add`), and the whole map is read once in the background after an open or a
+    rebuild (`read`, `install`), beside the keyword index's load. Until then, and for
+    any label it lacks, a bounded RowCache over SQLite answers, as before.
+
+    Compact: labels and ids in two int64 arrays sorted by label (labels only grow, so
+    a write appends), paths in a list: ~100 bytes a vector, ~10 MB at 100k. Stale
+    labels keep their entry (no search returns them) until the next open or rebuild.
+    """
+
+    def __init__(self) -> None:
+        self._labels = np.zeros(0, dtype=np.int64)
+        self._ids = np.zeros(0, dtype=np.int64)
+        self._paths: list[str] = []
+        self._n = 0
+        self._fallback = RowCache(VECTOR_SELECT, key=1)
+        #: Rows served from memory (for tests).
+        self.served = 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    @classmethod
+    def read(cls, db: sqlite3.Connection) -> LabelRows:
+        """Every labelled row of `db` (blocking: ~0.3-0.8 s at 100k episodes, so in a
+        worker thread, and `install` only swaps the result in)."""
+        read = cls()
+        read.add(
+            db.execute(
+                "SELECT id, vec, path FROM docs WHERE vec IS NOT NULL ORDER BY vec"
+            ).fetchall()
+        )
+        return read
+
+    def install(self, read: LabelRows) -> None:
+        """Take the rows of `read` (from `read`) as the map, keeping the labels added
+        here since they were read."""
+        labels = self._labels[: self._n]
+        since = labels > read._labels[read._n - 1] if read._n else np.ones(self._n, dtype=bool)
+        read.add(
+            [
+                (int(self._ids[i]), int(labels[i]), self._paths[i])
+                for i in np.flatnonzero(since).tolist()
+            ]
+        )
+        self._labels, self._ids, self._paths, self._n = (
+            read._labels,
+            read._ids,
+            read._paths,
+            read._n,
+        )
+
+    def add(self, rows: Sequence[tuple[int, int, str]]) -> None:
+        """Keep these rows (docs.id, label, path), as committed."""
+        if not rows:
+            return
+        ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+        labels = np.fromiter((r[1] for r in rows), dtype=np.int64, count=len(rows))
+        need = self._n + len(rows)
+        if need > len(self._labels):
+            size = max(need, len(self._labels) * 2, 1024)
+            self._labels = np.resize(self._labels, size)
+            self._ids = np.resize(self._ids, size)
+        self._labels[self._n : need] = labels
+        self._ids[self._n : need] = ids
+        self._paths.extend(r[2] for r in rows)
+        self._n = need
+        kept = self._labels[:need]
+        if need > 1 and not bool((kept[1:] > kept[:-1]).all()):
+            self._resort()
+
+    def _resort(self) -> None:
+        """Sorted by label again, each label once (labels from one counter are appended
+        in order: this is for whatever breaks that)."""
+        labels = self._labels[: self._n]
+        _, first = np.unique(labels, return_index=True)  # sorted, duplicates dropped
+        paths = self._paths
+        self._labels = labels[first].copy()
+        self._ids = self._ids[: self._n][first].copy()
+        self._paths = [paths[i] for i in first.tolist()]
+        self._n = len(first)
+
+    def get(self, db: sqlite3.Connection, keys: Sequence[int]) -> list[tuple[Any, ...]]:
+        """The rows of the labels `keys` that exist (in no particular order); those not
+        in the map are read through the fallback cache."""
+        n = self._n
+        if not n:
+            return self._fallback.get(db, keys)
+        wanted = np.asarray(keys, dtype=np.int64)
+        at = np.searchsorted(self._labels[:n], wanted)
+        at[at == n] = 0
+        known = self._labels[at] == wanted
+        paths = self._paths
+        places = at[known].tolist()
+        found: list[tuple[Any, ...]] = list(
+            zip(
+                self._ids[at[known]].tolist(),
+                wanted[known].tolist(),
+                [paths[i] for i in places],
+                strict=True,
+            )
+        )
+        self.served += len(found)
+        if len(found) < len(keys):
+            found += self._fallback.get(db, wanted[~known].tolist())
+        return found

@@ -41,6 +41,7 @@ from memory.embedder import (
 )
 from memory.index import tuning
 from memory.index.filters import FilterCache
+from memory.index.kept_rows import LabelRows
 from memory.index.keywords import DocTokens, KeywordIndex, Tokenizer
 from memory.index.query import fts_terms, where_clause
 from memory.index.rebuild import (
@@ -689,6 +690,9 @@ class MemoryIndex:
             raise
         ids = [k for k, _ in written]
         self._filters.written(ids, updated, gone)
+        self._filters.vector_rows.add(
+            [(key, labels[doc.path], doc.path) for key, doc in written if doc.path in labels]
+        )
         try:  # time saved only: whatever fails here, the next searches ask SQLite
             self._filters.after_commit(db, ids, {doc.scope for _, doc in written})
         except Exception:
@@ -715,6 +719,7 @@ class MemoryIndex:
         self._keywords_task = asyncio.create_task(self._load_keywords(self._keywords_epoch))
 
     async def _load_keywords(self, epoch: int) -> None:
+        await self._load_labels(epoch)
         try:
             loaded = await asyncio.to_thread(KeywordIndex.load, self.sqlite_path)
         except (sqlite3.Error, OSError) as exc:
@@ -736,6 +741,26 @@ class MemoryIndex:
             await asyncio.to_thread(replay)
             self._keywords = loaded
         log.info("memory.index.keywords_loaded", rows=loaded.rows, tokens=loaded.tokens)
+
+    async def _load_labels(self, epoch: int) -> None:
+        """Every vector label's row into the filter cache (kept_rows.LabelRows), read on
+        its own read-only connection; until then searches read them from SQLite."""
+
+        def read() -> LabelRows:
+            db = connect_reader(self.sqlite_path)
+            try:
+                return LabelRows.read(db)
+            finally:
+                db.close()
+
+        try:
+            rows = await asyncio.to_thread(read)
+        except (sqlite3.Error, OSError) as exc:
+            log.warning("memory.index.labels_failed", error=str(exc))
+            return
+        async with self._lock:
+            if epoch == self._keywords_epoch and self._db is not None:
+                self._filters.vector_rows.install(rows)
 
     async def keywords_ready(self) -> bool:
         """Wait for the keyword index's background load; whether it is in use."""

@@ -22,7 +22,7 @@ import numpy as np
 
 from memory.index import tuning
 from memory.index.filters import FilterCache, FilterRows
-from memory.index.kept_rows import RowCache
+from memory.index.kept_rows import LabelRows, RowCache
 from memory.index.keywords import WEIGHTS, KeywordIndex, Tokenizer
 from memory.index.query import rrf
 from memory.index.schema import META_NAMES
@@ -230,12 +230,12 @@ def vector_ranks(
     depth: int,
     floor: float,
     allowed: FilterRows | None,
-    kept: RowCache,
+    kept: LabelRows,
 ) -> tuple[list[int], dict[int, float]]:
     """Vector-ranked ids and their similarities, at or above `floor`, from what
     `nearest` found (filtered here in SQL when it says so). With `allowed` (the rows
     `nearest` searched among) the ids and paths come from it, not from SQL; without a
-    filter, from `kept` (the labels' rows kept between searches)."""
+    filter, from `kept` (every label's row, in memory)."""
     labels, scores, post_filter = found
     keep = scores >= floor
     labels, scores = labels[keep], scores[keep]
