@@ -66,6 +66,10 @@ def _truth(db: sqlite3.Connection, query: str, depth: int) -> list[int]:
     ]
 
 
+#: 0: `rank` always takes its few-rows path (KeywordIndex._rank_among); 10**9: never.
+FEW_OR_NOT = pytest.mark.parametrize("factor", [0, 10**9], ids=["few-rows", "all-rows"])
+
+
 def _mine(kw: KeywordIndex, tok: Tokenizer, query: str, depth: int) -> list[int]:
     return kw.rank(tok.phrases([t.strip('"') for t in fts_terms(query)]), depth)
 
@@ -132,10 +136,12 @@ def test_a_number_is_its_own_phrase_as_fts5_says() -> None:
     assert asked == ["\u0663", "v2", "123abc"]  # not ASCII digits only: asked of FTS5
 
 
+@FEW_OR_NOT
 def test_writes_deletes_and_merges_keep_it_equal_to_sqlite(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, factor: int
 ) -> None:
     monkeypatch.setattr(keywords_mod, "MERGE_MIN", 20)  # merge often
+    monkeypatch.setattr(keywords_mod, "FEW_ROWS_FACTOR", factor)
     rng = random.Random(2)
     db = _table(tmp_path / "i.sqlite")
     db.executemany("INSERT INTO fts (title, error, body) VALUES (?, ?, ?)", _random_rows(rng, 40))
@@ -160,12 +166,23 @@ def test_writes_deletes_and_merges_keep_it_equal_to_sqlite(
         if step % 10 == 9:
             for query in QUERIES:
                 assert _mine(kw, tok, query, 40) == _truth(db, query, 40), (step, query)
+                # A filter's rows (every third row, and one that holds nothing): the
+                # best of them, in SQLite's order over every match.
+                allowed = [r for r in rowids if r % 3 == 0] + [10_000]
+                words = tok.phrases([t.strip('"') for t in fts_terms(query)])
+                every = _truth(db, query, 10**6)
+                best = [r for r in every if r in set(allowed)][:7]
+                assert kw.rank(words, 7, allowed) == best, (step, query)
     assert kw.rows == db.execute("SELECT count(*) FROM fts").fetchone()[0]
     fresh = KeywordIndex.load(tmp_path / "i.sqlite")
     assert (fresh.rows, fresh.tokens) == (kw.rows, kw.tokens)
 
 
-def test_allowed_rows_filter_before_ranking(tmp_path: Path) -> None:
+@FEW_OR_NOT
+def test_allowed_rows_filter_before_ranking(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, factor: int
+) -> None:
+    monkeypatch.setattr(keywords_mod, "FEW_ROWS_FACTOR", factor)
     _, kw, tok = _loaded(tmp_path / "i.sqlite", 3, 100)
     allowed = list(range(1, 126, 3))
     everything = _mine(kw, tok, "deploy api", 1000)

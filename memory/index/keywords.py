@@ -58,6 +58,10 @@ _OFFSET_MAX = (1 << _COL_SHIFT) - 1
 MERGE_SHARE = 0.02
 MERGE_MIN = 4096
 DEAD_SHARE = 0.2
+#: `rank` scores only the postings of the allowed rows when they are fewer than
+#: 1/FEW_ROWS_FACTOR of the postings plus rows a full ranking goes through: each
+#: allowed row costs a dict lookup (~0.1 us), each posting and row ~5 ns in numpy.
+FEW_ROWS_FACTOR = 16
 _WEIGHT_OF = np.array([*WEIGHTS, 1.0], dtype=np.float64)
 
 Phrase = tuple[str, ...]
@@ -465,6 +469,10 @@ class KeywordIndex:
             found.append((slots, freq, idf))
         if not found:
             return []
+        if allowed is not None:
+            total = sum(len(slots) for slots, _, _ in found)
+            if len(allowed) * FEW_ROWS_FACTOR < total + self._slots:
+                return self._rank_among(found, norm, depth, allowed)
         # fts5Bm25Function's expression, operation for operation (same rounding):
         # idf * ((freq * (k1 + 1)) / (freq + norm)), each phrase's scores computed in
         # place in its slice of one buffer (~30k postings a query at 100k: two fewer
@@ -505,3 +513,44 @@ class KeywordIndex:
             matched = np.concatenate([above, tied])
         order = np.lexsort((self._rowid[matched], -scores[matched]))
         return self._rowid[matched[order]].tolist()
+
+    def _rank_among(
+        self,
+        found: list[tuple[np.ndarray, np.ndarray, float]],
+        norm: np.ndarray,
+        depth: int,
+        allowed: Sequence[int] | np.ndarray,
+    ) -> list[int]:
+        """`rank` for a filter that leaves few rows: only their postings are scored.
+
+        A recall's scope holds a few hundred of 100k episodes, but scoring every match
+        and then keeping the scope's rows cost as much as an unfiltered search (~0.7 ms
+        for ~31k postings, ~1.4 ms in place; issue 26). Here each phrase's postings
+        (sorted by slot) are looked up at the allowed slots by binary search. The
+        arithmetic is `rank`'s, operation for operation and in phrase order from 0.0,
+        so the scores are the same bits; the IDF still counts every row holding the
+        phrase.
+        """
+        slot_of = self._slot_of
+        among = np.array(
+            sorted({s for r in np.asarray(allowed).tolist() if (s := slot_of.get(r)) is not None}),
+            dtype=np.int32,  # the postings' type: another would convert each phrase's
+        )
+        if not len(among):
+            return []
+        scores = np.zeros(len(among), dtype=np.float64)
+        for slots, freq, idf in found:  # (whole arrays, ~0.3 ms a query at 100k)
+            at = np.searchsorted(slots, among)
+            at[at == len(slots)] = 0
+            hit = slots[at] == among
+            f = freq[at[hit]]
+            part = norm[among[hit]]
+            part += f
+            weights = np.divide(f * (K1 + 1.0), part)
+            weights *= idf
+            scores[hit] += weights  # each slot once per phrase: no repeated index
+        keep = scores > 0.0
+        matched, values = among[keep], scores[keep]
+        rowids = self._rowid[matched]
+        order = np.lexsort((rowids, -values))[:depth]
+        return rowids[order].tolist()
