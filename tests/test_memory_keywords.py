@@ -142,6 +142,7 @@ def test_writes_deletes_and_merges_keep_it_equal_to_sqlite(
 ) -> None:
     monkeypatch.setattr(keywords_mod, "MERGE_MIN", 20)  # merge often
     monkeypatch.setattr(keywords_mod, "FEW_ROWS_FACTOR", factor)
+    monkeypatch.setattr(keywords_mod, "FEW_ROWS_MIN", 0)
     rng = random.Random(2)
     db = _table(tmp_path / "i.sqlite")
     db.executemany("INSERT INTO fts (title, error, body) VALUES (?, ?, ?)", _random_rows(rng, 40))
@@ -183,6 +184,7 @@ def test_allowed_rows_filter_before_ranking(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, factor: int
 ) -> None:
     monkeypatch.setattr(keywords_mod, "FEW_ROWS_FACTOR", factor)
+    monkeypatch.setattr(keywords_mod, "FEW_ROWS_MIN", 0)
     _, kw, tok = _loaded(tmp_path / "i.sqlite", 3, 100)
     allowed = list(range(1, 126, 3))
     everything = _mine(kw, tok, "deploy api", 1000)
