@@ -340,3 +340,33 @@ async def test_every_label_row_is_kept_from_the_open_on(tmp_path: Path) -> None:
         await _check_every_query(idx, [a])
     finally:
         await idx.close()
+
+
+async def test_an_index_from_before_gains_the_covering_scope_index_at_open(
+    tmp_path: Path,
+) -> None:
+    """A scope filter's rows come from one index alone (schema.INDEXES_SQL); an index
+    built with the older docs_scope(scope, kind) is brought up to it when opened."""
+    _, idx, a = await _alice(tmp_path, 3)
+    before = _view(await idx.search("deploy", limit=5, kinds="episode", scopes=[a]))
+    assert before
+    await idx.close()
+    db = sqlite3.connect(tmp_path / "index.sqlite")
+    db.executescript("DROP INDEX docs_scope_rows; CREATE INDEX docs_scope ON docs(scope, kind);")
+    db.close()
+    idx = await MemoryIndex.open(tmp_path)
+    try:
+        hits = await idx.search("deploy", limit=5, kinds="episode", scopes=[a])
+        assert _view(hits) == before
+    finally:
+        await idx.close()
+    db = sqlite3.connect(tmp_path / "index.sqlite")
+    names = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    assert "docs_scope_rows" in names and "docs_scope" not in names
+    plan = db.execute(
+        "EXPLAIN QUERY PLAN SELECT d.id, d.vec, d.path FROM docs d"
+        " WHERE d.kind IN (?) AND d.scope IN (?)",
+        ["episode", a],
+    ).fetchall()
+    db.close()
+    assert "COVERING INDEX docs_scope_rows" in str(plan)

@@ -55,6 +55,7 @@ from memory.index.schema import (
     DOC_COLUMNS,
     FAISS_NAME,
     GEN_SHIFT,
+    INDEXES_SQL,
     SCHEMA_VERSION,
     SQLITE_NAME,
     TOKENIZE,
@@ -289,6 +290,10 @@ class MemoryIndex:
         if problem:
             await db.close()
             return problem
+        try:
+            await db.executescript(INDEXES_SQL)
+        except sqlite3.Error as exc:  # only speed is at stake: search works without
+            log.warning("memory.index.indexes_not_updated", error=str(exc))
         try:
             vectors = await asyncio.to_thread(VectorIndex.load, self.faiss_path, self.embedder.dim)
         except VectorIndexError as exc:

@@ -59,10 +59,16 @@ CREATE VIRTUAL TABLE fts USING fts5(
     title, error, body, tokenize = {TOKENIZE}
 );
 """
-# Created after a bulk load: building an index once is cheaper than maintaining it.
+# Created after a bulk load: building an index once is cheaper than maintaining it;
+# also run at each open, so an index built by an older version gains what is new here
+# (a no-op when every index exists). docs_scope_rows covers a scope filter's rows
+# (filters.FilterCache): answered from the index alone, 0.21 ms instead of 0.61 for a
+# 137-row scope at 100k episodes, with no read of the wide docs rows (issue 26). It
+# replaces docs_scope(scope, kind), its prefix.
 INDEXES_SQL = """
 CREATE INDEX IF NOT EXISTS docs_kind_ts ON docs(kind, ts);
-CREATE INDEX IF NOT EXISTS docs_scope ON docs(scope, kind);
+CREATE INDEX IF NOT EXISTS docs_scope_rows ON docs(scope, kind, vec, path);
+DROP INDEX IF EXISTS docs_scope;
 CREATE INDEX IF NOT EXISTS docs_user ON docs(user);
 CREATE INDEX IF NOT EXISTS docs_conversation ON docs(conversation);
 CREATE INDEX IF NOT EXISTS docs_outcome ON docs(outcome);
