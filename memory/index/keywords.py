@@ -538,12 +538,14 @@ class KeywordIndex:
         slot_of = self._slot_of
         among = np.array(
             sorted({s for r in np.asarray(allowed).tolist() if (s := slot_of.get(r)) is not None}),
-            dtype=np.int32,  # the postings' type: another would convert each phrase's
+            # The postings' type: with int64 here, searchsorted converted each phrase's
+            # whole slot array first (~0.1 ms a query at 100k).
+            dtype=np.int32,
         )
         if not len(among):
             return []
         scores = np.zeros(len(among), dtype=np.float64)
-        for slots, freq, idf in found:  # (whole arrays, ~0.3 ms a query at 100k)
+        for slots, freq, idf in found:
             at = np.searchsorted(slots, among)
             at[at == len(slots)] = 0
             hit = slots[at] == among
