@@ -148,6 +148,14 @@ async def serve(
     runner = web.AppRunner(build_web_app(app, web_channel, platforms, login=login), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port)
+    # Before the port opens: a SIGTERM as soon as the health check answers (a supervisor, a
+    # test) must stop the run cleanly, not kill it with the default action while channels
+    # still start (seen in CI: exit -15 between "web.started" and the handlers).
+    stop = stop_event or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(sig, stop.set)
     try:
         await site.start()
     except OSError as exc:
@@ -191,11 +199,6 @@ async def serve(
             log.info("server.public_url", url=public, listening=url)
         if app.notice:
             _say(app.notice)
-        stop = stop_event or asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                loop.add_signal_handler(sig, stop.set)
         await stop.wait()
     finally:
         log.info("server.stopping")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -290,6 +291,30 @@ def test_sigterm_right_after_start_does_not_wait_for_the_litellm_warm_up(tmp_pat
         t0 = time.monotonic()
         proc.wait(timeout=30)
         assert time.monotonic() - t0 < 5, f"exited {time.monotonic() - t0:.1f}s after SIGTERM"
+        assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_sigterm_as_soon_as_the_port_opens_stops_steward_run_cleanly(tmp_path: Path) -> None:
+    """The port opens before the channels start. A SIGTERM in that window (a supervisor that
+    only checks the port) found no handler yet and killed the run with the default action
+    (exit -15, seen in CI); the handlers are installed before the port opens now."""
+    proc, port = start_steward_run(tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert proc.poll() is None, proc.communicate()[1]
+                assert time.monotonic() < deadline, "steward run did not open its port"
+                time.sleep(0.005)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
         assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
     finally:
         if proc.poll() is None:
