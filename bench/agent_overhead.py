@@ -17,6 +17,7 @@ they end.
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import statistics
 import tempfile
@@ -36,6 +37,38 @@ from core.llm import load_litellm
 from tests.fakes.llm import Reply, ScriptedLLM
 
 N = 200
+#: Learned rules on disk before the run (`BENCH_RULES=30 python3 dev.py bench
+#: agent_overhead`): none by default, as the figures of earlier sessions; a team's
+#: Steward that has learned rules matches every request against them.
+RULES = int(os.environ.get("BENCH_RULES", "0") or 0)
+TOPICS = (
+    "deploy the staging cluster after the database migration finished",
+    "rotate the API credentials for the billing service",
+    "the nightly backup job of the postgres replica",
+)
+
+
+async def _seed_rules(data_dir: Path, n: int) -> None:
+    """`n` learned rules (half active, half on trial), about other work than the bench's
+    messages: matched against every request, applied to none."""
+    from memory.rules import Rule, RuleStore
+
+    store = RuleStore(data_dir)
+    try:
+        for i in range(n):
+            topic, mark = TOPICS[i % len(TOPICS)], chr(65 + i % 26)
+            rule = Rule(
+                id=f"r-{i + 1}",
+                text=f"Before you {topic}, check the runbook section {mark}.",
+                status="active" if i % 2 else "candidate",
+                confidence=0.6,
+                signature=f"tool:run_command:Error{i}:{i:04d}",
+                applies_when=f"requests about {topic} variant {mark}",
+                examples=[f"{topic} variant {mark}", f"please {topic} again, variant {mark}"],
+            )
+            await store.save(rule, f"bench rule {i + 1}")
+    finally:
+        store.store.close()
 
 
 async def _settle() -> None:
@@ -83,6 +116,8 @@ async def _run() -> None:
             },
             cwd=tmp,
         )
+        if RULES:
+            await _seed_rules(settings.data_dir, RULES)
         app = App(settings)
         app.access.rules["replay"] = Rules(open=True)
         sink: list[dict[str, Any]] = []
@@ -227,6 +262,7 @@ async def _run() -> None:
         f"before the reply {(m_reply - m_bare) * 1000:.2f} ms (target <= 3), end to end "
         f"{(m_agent - m_bare) * 1000:.2f} ms (target <= 5), over {N} messages; the "
         f"episode and its index entry are written after the end, by a bounded writer"
+        + (f"; {RULES} learned rules on disk (BENCH_RULES)" if RULES else "")
     )
 
 

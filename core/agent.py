@@ -178,6 +178,12 @@ class Agent:
         left = self.context_budget
         used = {"rules": 0, "episodes": 0, "summary": 0, "history": 0}
         if self.learner is not None:
+            if recalling is not None and not recalling.done():
+                # One loop turn for the recall to start its search, which embeds the
+                # request in its thread: the learner's rule matching then waits for that
+                # vector instead of making its own in a thread hop (memory/embedder.py
+                # share_query; ~1 ms a message with learned rules, issue 26).
+                await asyncio.sleep(0)
             try:
                 chosen = await self.learner.select(req.text, budget_tokens=None)
             except Exception:  # rules are a help, never a reason to fail the task

@@ -48,7 +48,7 @@ from core.clock import Clock
 from core.llm import LLMError
 from core.recall import estimate_tokens
 from core.signatures import decision_signature, environmental_signature
-from memory.embedder import Embedder, embed_async
+from memory.embedder import Embedder, embed_async, embed_query
 from memory.episodes import Episode
 from memory.rules import Rule, RuleStore
 from memory.store import DataStore, MalformedFile, parse
@@ -236,7 +236,9 @@ class Learner:
         if not texts:
             return out
         if self._query is None or self._query[0] != request:
-            self._query = (request, (await embed_async(self.embedder, [request]))[0])
+            # The task's recall is embedding the same request in the index's search
+            # thread right now: shared, not made twice (memory/embedder.share_query).
+            self._query = (request, await embed_query(self.embedder, request))
         q = self._query[1]
         sims = dict(zip(texts, (await self._embed(texts)) @ q, strict=True))
         for r in learned:

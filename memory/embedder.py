@@ -24,10 +24,15 @@ vector (about 50 MB at 100k episodes).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import re
+import threading
+import weakref
 import zlib
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, InvalidStateError
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -63,6 +68,146 @@ async def embed_async(embedder: Embedder, texts: Sequence[str]) -> np.ndarray:
     if aembed is not None:
         return unit_rows(np.asarray(await aembed(texts), dtype=np.float32))
     return await asyncio.to_thread(embed_rows, embedder, texts)
+
+
+#: Query texts whose embedding is kept per embedder (newest kept): a task's request is
+#: asked for twice within milliseconds, and never again after.
+SHARED_QUERIES = 16
+
+_shared: weakref.WeakKeyDictionary[Any, OrderedDict[str, Future[np.ndarray]]] = (
+    weakref.WeakKeyDictionary()
+)
+_shared_lock = threading.Lock()
+
+
+def share_query(embedder: Embedder, text: str) -> tuple[Future[np.ndarray], bool]:
+    """The future of `text`'s query vector (a read-only unit row), and whether the caller
+    owns it: then it must compute the vector and set the future (`settle_query`), even
+    on failure. A task's recall (in the index's search thread) and the learner's rule
+    matching embed the same request at the same moment; the second one waits for the
+    first one's vector instead of making its own (issue 26: ~0.5-1 ms a message with
+    rules, an embedding and a thread hop; a network call with a hosted embedder).
+
+    A future that failed or was cancelled is replaced, so an owner that failed leaves
+    the next caller to try again. An embedder that cannot be weakly referenced is never
+    shared (every caller owns a future of its own)."""
+    try:
+        with _shared_lock:
+            kept = _shared.get(embedder)
+            if kept is None:
+                kept = _shared[embedder] = OrderedDict()
+            fut = kept.get(text)
+            if fut is not None and not (fut.done() and fut.exception() is not None):
+                kept.move_to_end(text)
+                return fut, False
+            fut = kept[text] = Future()
+            if len(kept) > SHARED_QUERIES:
+                kept.popitem(last=False)
+            return fut, True
+    except TypeError:  # not weakly referenceable
+        return Future(), True
+
+
+def settle_query(fut: Future[np.ndarray], make: Callable[[], np.ndarray]) -> np.ndarray:
+    """Compute an owned query vector with `make` (blocking) and hand it to the future's
+    other waiters; its error too (they then compute their own)."""
+    try:
+        row = np.asarray(make(), dtype=np.float32).reshape(-1)
+    except BaseException as exc:
+        fail_query(fut, exc)
+        raise
+    row.flags.writeable = False  # shared: a caller that changed it would change all
+    with contextlib.suppress(InvalidStateError):
+        fut.set_result(row)
+    return row
+
+
+def fail_query(fut: Future[np.ndarray], exc: BaseException) -> None:
+    """An owner could not make its vector: its waiters are told with an Exception (never
+    the owner's cancellation, which is not theirs) and make their own."""
+    if not isinstance(exc, Exception):
+        exc = RuntimeError(f"the query was not embedded: {exc!r}")
+    with contextlib.suppress(InvalidStateError):
+        fut.set_exception(exc)
+
+
+def query_row(embedder: Embedder, text: str) -> np.ndarray:
+    """One query's unit row, computed here (blocking)."""
+    return embed_rows(embedder, [text])[0]
+
+
+async def embed_query(embedder: Embedder, text: str) -> np.ndarray:
+    """One query text's unit row (read-only), shared with whoever asks for the same
+    text at the same time (`share_query`)."""
+    fut, owner = share_query(embedder, text)
+    if not owner and fut.done() and fut.exception() is None:
+        return fut.result()  # no loop turn (wrap_future would take one)
+    if not owner:
+        try:
+            # Shielded: a waiter cancelled must not cancel the vector others wait for.
+            return await asyncio.shield(asyncio.wrap_future(fut))
+        except Exception:  # the owner failed: make our own (or wait for a new owner's)
+            fut, owner = share_query(embedder, text)
+            if not owner:
+                return await asyncio.shield(asyncio.wrap_future(fut))
+    if getattr(embedder, "aembed", None) is not None:
+        try:
+            rows = await embed_async(embedder, [text])
+        except BaseException as exc:
+            fail_query(fut, exc)
+            raise
+        return settle_query(fut, lambda: rows[0])
+    return await asyncio.to_thread(settle_query, fut, lambda: query_row(embedder, text))
+
+
+def known_queries(embedder: Embedder, texts: Sequence[str]) -> dict[int, np.ndarray]:
+    """Rows of those `texts` embedded as queries a moment ago (by position): a task's
+    episode is often its request alone, whose vector recall just made."""
+    out: dict[int, np.ndarray] = {}
+    try:
+        with _shared_lock:
+            kept = _shared.get(embedder)
+            if not kept:
+                return out
+            for i, text in enumerate(texts):
+                fut = kept.get(text)
+                if fut is not None and fut.done() and fut.exception() is None:
+                    out[i] = fut.result()
+    except TypeError:  # not weakly referenceable: nothing shared
+        pass
+    return out
+
+
+def _with_known(
+    texts: Sequence[str], known: dict[int, np.ndarray], made: np.ndarray
+) -> np.ndarray:
+    """The rows of `texts`: the known ones, and `made` (the others', in order)."""
+    if not known:
+        return made
+    dim = next(iter(known.values())).shape[0]
+    out = np.empty((len(texts), dim), dtype=np.float32)
+    rest = iter(range(len(made)))
+    for i in range(len(texts)):
+        out[i] = known[i] if i in known else made[next(rest)]
+    return out
+
+
+def embed_rows_reusing(embedder: Embedder, texts: Sequence[str]) -> np.ndarray:
+    """`embed_rows`, taking the rows of texts just embedded as queries (`known_queries`)
+    instead of embedding them again (blocking; the index's write thread)."""
+    known = known_queries(embedder, texts)
+    missing = [t for i, t in enumerate(texts) if i not in known]
+    made = embed_rows(embedder, missing) if missing else np.zeros((0, 0), np.float32)
+    return _with_known(texts, known, made)
+
+
+async def embed_async_reusing(embedder: Embedder, texts: Sequence[str]) -> np.ndarray:
+    """`embed_async`, reusing query rows as `embed_rows_reusing` does: with a hosted
+    model, an episode that is its request alone costs no second API call."""
+    known = known_queries(embedder, texts)
+    missing = [t for i, t in enumerate(texts) if i not in known]
+    made = await embed_async(embedder, missing) if missing else np.zeros((0, 0), np.float32)
+    return _with_known(texts, known, made)
 
 
 def embed_rows(embedder: Embedder, texts: Sequence[str]) -> np.ndarray:

@@ -35,9 +35,14 @@ from memory.embedder import (
     Embedder,
     HashedEmbedder,
     embed_async,
-    embed_rows,
+    embed_async_reusing,
+    embed_query,
+    embed_rows_reusing,
+    fail_query,
     min_similarity,
-    unit_rows,
+    query_row,
+    settle_query,
+    share_query,
 )
 from memory.index import tuning
 from memory.index.filters import FilterCache
@@ -555,7 +560,8 @@ class MemoryIndex:
                 await self._in_writer(self._read_batch, db, batch, read)
                 matrix = None
                 if batch.fresh:
-                    matrix = await embed_async(self.embedder, [d.embed_text for d in batch.fresh])
+                    texts = [d.embed_text for d in batch.fresh]
+                    matrix = await embed_async_reusing(self.embedder, texts)
                 await self._in_writer(self._commit_batch, db, batch, matrix, keywords, journal)
             if batch.keywords_error:
                 # The write itself is committed: rather than fail it, reload the keyword
@@ -589,7 +595,8 @@ class MemoryIndex:
         self._read_batch(db, batch, read)
         matrix = None
         if batch.fresh:
-            matrix = embed_rows(self.embedder, [d.embed_text for d in batch.fresh])
+            # A task's episode is often its request alone, embedded for its recall.
+            matrix = embed_rows_reusing(self.embedder, [d.embed_text for d in batch.fresh])
         self._commit_batch(db, batch, matrix, keywords, journal)
 
     def _read_batch(
@@ -916,7 +923,7 @@ class MemoryIndex:
                 if getattr(self.embedder, "aembed", None) is None:
                     embed_inline = True
                 else:
-                    qv = (await embed_async(self.embedder, [query]))[0]
+                    qv = await embed_query(self.embedder, query)
         floor = min_similarity if min_similarity is not None else _floor(self.embedder)
         embedder = self.embedder
         async with self._lock:
@@ -926,11 +933,24 @@ class MemoryIndex:
             filters = self._filters
 
             found: Future[list[Hit]] = Future()
+            # The query's vector is shared with a caller asking for the same text now
+            # (the learner matching rules to the task's request: memory/embedder.py).
+            # This search makes it when no one else is; when someone is, it makes its
+            # own rather than wait (a search thread never waits for another thread).
+            shared: Future[np.ndarray] | None = None
+            if embed_inline:
+                shared, owner = share_query(embedder, query)
+                if not owner:
+                    if shared.done() and shared.exception() is None:
+                        qv, embed_inline = shared.result(), False
+                    shared = None
 
             def work(qv: np.ndarray | None) -> None:
                 try:
-                    if embed_inline:
-                        qv = unit_rows(np.asarray(embedder.embed([query]), dtype=np.float32))[0]
+                    if shared is not None:
+                        qv = settle_query(shared, lambda: query_row(embedder, query))
+                    elif embed_inline:
+                        qv = query_row(embedder, query)
                 except BaseException as exc:
                     search_fail(found, exc)
                     return
@@ -952,7 +972,12 @@ class MemoryIndex:
             # Not to_thread: `found` is set by whichever search thread finishes last
             # (search.run), and awaiting it is the one hop back to this loop (the
             # submit's own future is not awaited: no second wake-up of the loop).
-            _SEARCHES.submit(work, qv)
+            try:
+                _SEARCHES.submit(work, qv)
+            except BaseException as exc:
+                if shared is not None:  # owned: its waiters must not wait for nothing
+                    fail_query(shared, exc)
+                raise
             # Cancelled (a recall whose task ended), the threads still read the keyword
             # index and the kept filter rows, which a write changes: the lock is held
             # until they are done, as for a write.
