@@ -21,6 +21,7 @@ from typing import Any
 
 import structlog
 
+from memory.dirwatch import DirWatch
 from memory.store import DataStore, parse
 
 log = structlog.get_logger("steward.rules")
@@ -172,16 +173,25 @@ class RuleStore:
         #: ms a rule and the learner reads every rule twice per task; an unchanged file
         #: is not parsed again (an edit by hand changes its mtime, so it is picked up).
         self._parsed: dict[str, tuple[tuple[int, int], Rule | str]] = {}
+        #: Whether anything in the folder changed since the last full look, and what
+        #: that look found (rules as parsed, problems): memory/dirwatch.py.
+        self._watch = DirWatch(self.root)
+        self._last: tuple[list[Rule], list[str]] | None = None
 
     def load(self) -> tuple[list[Rule], list[str]]:
         """All readable rules (fresh copies: callers may change them), plus one problem
         line per file that could not be read.
 
         The learner calls this before every task's model call and again after it, on
-        the event loop, so it is lean (issue 26): file names from one scandir, a stat
-        each, copies by slot; with 30 rules 0.55 ms a call became 0.31 (pathlib's
-        objects and copy.copy were most of it). Every call still sees every file
-        as it is on disk."""
+        the event loop, so it is lean (issue 26): when nothing in the folder changed
+        since the last look (inotify, one system call: memory/dirwatch.py), copies of
+        what that look found; else file names from one scandir, a stat each, and only a
+        changed file parsed again. Every call sees every file as it is on disk (where
+        inotify cannot see every change, a network file system, within MAX_AGE s)."""
+        changed = self._watch.changed()  # first: a change during the look is news next time
+        if self._last is not None and not changed:
+            kept, seen_problems = self._last
+            return [r.copy() for r in kept], list(seen_problems)
         rules: list[Rule] = []
         problems: list[str] = []
         root = str(self.root)
@@ -189,6 +199,7 @@ class RuleStore:
             with os.scandir(root) as entries:
                 names = [e.name for e in entries if e.name.endswith(".md")]
         except OSError:  # no folder yet (or not one): no rules
+            self._last = None
             return rules, problems
         names.sort(key=_name_order)
         parsed = self._parsed
@@ -209,6 +220,7 @@ class RuleStore:
                 problems.append(item)
         for gone in parsed.keys() - set(names):
             del parsed[gone]
+        self._last = ([r.copy() for r in rules], list(problems))
         return rules, problems
 
     @staticmethod
