@@ -200,6 +200,8 @@ class Learner:
         self._vectors: dict[str, np.ndarray] = {}
         #: The last request embedded: select() and observe() of one task ask for the same.
         self._query: tuple[str, np.ndarray] | None = None
+        #: The rules' example texts and their stacked vectors (relevance).
+        self._matrix: tuple[tuple[str, ...], np.ndarray] | None = None
         self._last_pending_try = float("-inf")
 
     # matching -------------------------------------------------------------------------
@@ -240,7 +242,12 @@ class Learner:
             # thread right now: shared, not made twice (memory/embedder.share_query).
             self._query = (request, await embed_query(self.embedder, request))
         q = self._query[1]
-        sims = dict(zip(texts, (await self._embed(texts)) @ q, strict=True))
+        key = tuple(texts)
+        if self._matrix is None or self._matrix[0] != key:
+            # Kept while the rules' texts stay the same: stacking ~90 vectors was most
+            # of this call, twice a message (issue 26).
+            self._matrix = (key, await self._embed(texts))
+        sims = dict(zip(texts, (self._matrix[1] @ q).tolist(), strict=True))
         for r in learned:
             best = max((float(sims[t]) for t in [*r.examples, r.applies_when] if t), default=0.0)
             if best >= self.cfg.match:
