@@ -4,16 +4,21 @@ took a stat of every rule file)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from memory import dirwatch
 from memory.dirwatch import DirWatch
 from memory.rules import Rule, RuleStore
+from tests.fakes.llm import ScriptedLLM
 
 linux = pytest.mark.skipif(sys.platform != "linux", reason="inotify is Linux's")
 
@@ -141,3 +146,48 @@ async def test_rules_edited_added_and_removed_by_hand_are_seen_at_once(
         assert store.load()[1] == problems  # the problem is told every time, as before
     finally:
         store.store.close()
+
+
+async def test_a_rule_edited_by_hand_while_steward_runs_is_in_the_next_prompt(
+    llm: ScriptedLLM, settings_for: Callable[..., Any]
+) -> None:
+    """The assembled product: the learner applies a rule to a task, a person edits the
+    rule's file in place while Steward runs (no restart, no `steward rules`), and the
+    next task's prompt carries the person's words."""
+    from adapters.replay import ReplayChannel
+    from bot.app import App
+    from core.access import Rules
+    from core.events import Message
+
+    settings = settings_for(llm, history_turns=0)
+    request = "deploy the staging cluster"
+    store = RuleStore(settings.data_dir)
+    try:
+        rule = _rule(1, "Before a deploy, check the runbook.")
+        rule.status, rule.confidence, rule.examples = "active", 0.8, [request]
+        await store.save(rule, "seed")
+    finally:
+        store.store.close()
+    app = App(settings)
+    app.access.rules["replay"] = Rules(open=True)
+    channel = ReplayChannel(time.monotonic, lambda _: None)
+    await app.start([channel])
+
+    async def prompt_of(conversation: str) -> str:
+        before = len(llm.requests)
+        llm.reply_text("Deployed.")
+        await app.dispatcher.handle(Message("replay", conversation, "u", request), channel)
+        async with asyncio.timeout(20):
+            await app.conversations.wait_idle(f"replay:{conversation}")
+            await app.clock.activity.wait_idle()
+        return str(llm.requests[before]["messages"][0]["content"])
+
+    try:
+        assert "check the runbook" in await prompt_of("c1")
+        path = settings.data_dir / "rules" / "r-1.md"
+        _write_in_place(path, path.read_text().replace("check the runbook", "ask Dana first"))
+        second = await prompt_of("c2")
+        assert "ask Dana first" in second and "check the runbook" not in second
+        assert "ask Dana first" in path.read_text()  # a person's words are kept
+    finally:
+        await app.stop()
