@@ -17,7 +17,6 @@ picked up within that.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import os
 import struct
@@ -63,8 +62,10 @@ MAX_AGE = 2.0
 
 
 def _libc() -> ctypes.CDLL | None:
+    """The C library's symbols, from the running program's (not ctypes.util.find_library:
+    it runs `ldconfig -p`, ~5 ms of a subprocess, on the event loop's first rule read)."""
     try:
-        lib = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        lib = ctypes.CDLL(None, use_errno=True)
         lib.inotify_init1.argtypes = [ctypes.c_int]
         lib.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
     except (OSError, AttributeError):  # no libc, or one without inotify (not Linux)
