@@ -98,17 +98,17 @@ class DirWatch:
         with self._lock:
             now = self._now()
             if self._wd < 0:
+                # No watch: always look. A new one: the caller never looked under it (and
+                # what was queued before it, an old watch's last events, is no news).
                 self._watch()
-                if self._wd < 0:  # no watch: always look
-                    self._looked = now
-                    return True
-                self._drain()  # events from before the watch are not news
+                if self._wd >= 0:
+                    self._drain()
+                news = True
+            else:
+                news = self._drain() or now - self._looked >= self.max_age
+            if news:
                 self._looked = now
-                return True  # a new watch: the caller has never looked under it
-            if self._drain() or now - self._looked >= self.max_age:
-                self._looked = now
-                return True
-            return False
+            return news
 
     def _watch(self) -> None:
         if not self._tried:

@@ -63,11 +63,17 @@ class Embedder(Protocol):
 
 
 async def embed_async(embedder: Embedder, texts: Sequence[str]) -> np.ndarray:
-    """Embed without blocking the event loop: native async if offered, else a thread."""
+    """Embed without blocking the event loop: native async if offered, else a thread.
+    Texts embedded as queries a moment ago are not embedded again (`known_queries`)."""
     aembed = getattr(embedder, "aembed", None)
-    if aembed is not None:
+    if aembed is None:
+        return await asyncio.to_thread(embed_rows, embedder, texts)
+    known = known_queries(embedder, texts)
+    if not known:
         return unit_rows(np.asarray(await aembed(texts), dtype=np.float32))
-    return await asyncio.to_thread(embed_rows, embedder, texts)
+    missing = [t for i, t in enumerate(texts) if i not in known]
+    made = unit_rows(np.asarray(await aembed(missing), dtype=np.float32)) if missing else None
+    return _with_known(texts, known, made)
 
 
 #: Query texts whose embedding is kept per embedder (newest kept): a task's request is
@@ -78,6 +84,11 @@ _shared: weakref.WeakKeyDictionary[Any, OrderedDict[str, Future[np.ndarray]]] = 
     weakref.WeakKeyDictionary()
 )
 _shared_lock = threading.Lock()
+
+
+def query_ready(fut: Future[np.ndarray]) -> bool:
+    """A shared vector that is there to take (made, not failed)."""
+    return fut.done() and fut.exception() is None
 
 
 def share_query(embedder: Embedder, text: str) -> tuple[Future[np.ndarray], bool]:
@@ -97,7 +108,7 @@ def share_query(embedder: Embedder, text: str) -> tuple[Future[np.ndarray], bool
             if kept is None:
                 kept = _shared[embedder] = OrderedDict()
             fut = kept.get(text)
-            if fut is not None and not (fut.done() and fut.exception() is not None):
+            if fut is not None and (query_ready(fut) or not fut.done()):  # made, or being made
                 kept.move_to_end(text)
                 return fut, False
             fut = kept[text] = Future()
@@ -140,9 +151,9 @@ async def embed_query(embedder: Embedder, text: str) -> np.ndarray:
     """One query text's unit row (read-only), shared with whoever asks for the same
     text at the same time (`share_query`)."""
     fut, owner = share_query(embedder, text)
-    if not owner and fut.done() and fut.exception() is None:
-        return fut.result()  # no loop turn (wrap_future would take one)
     if not owner:
+        if query_ready(fut):
+            return fut.result()  # no loop turn (wrap_future would take one)
         try:
             # Shielded: a waiter cancelled must not cancel the vector others wait for.
             return await asyncio.shield(asyncio.wrap_future(fut))
@@ -171,7 +182,7 @@ def known_queries(embedder: Embedder, texts: Sequence[str]) -> dict[int, np.ndar
                 return out
             for i, text in enumerate(texts):
                 fut = kept.get(text)
-                if fut is not None and fut.done() and fut.exception() is None:
+                if fut is not None and query_ready(fut):
                     out[i] = fut.result()
     except TypeError:  # not weakly referenceable: nothing shared
         pass
@@ -179,42 +190,26 @@ def known_queries(embedder: Embedder, texts: Sequence[str]) -> dict[int, np.ndar
 
 
 def _with_known(
-    texts: Sequence[str], known: dict[int, np.ndarray], made: np.ndarray
+    texts: Sequence[str], known: dict[int, np.ndarray], made: np.ndarray | None
 ) -> np.ndarray:
     """The rows of `texts`: the known ones, and `made` (the others', in order)."""
-    if not known:
-        return made
-    dim = next(iter(known.values())).shape[0]
-    out = np.empty((len(texts), dim), dtype=np.float32)
-    rest = iter(range(len(made)))
+    out = np.empty((len(texts), next(iter(known.values())).shape[0]), dtype=np.float32)
+    rest = iter(made if made is not None else ())
     for i in range(len(texts)):
-        out[i] = known[i] if i in known else made[next(rest)]
+        out[i] = known[i] if i in known else next(rest)
     return out
-
-
-def embed_rows_reusing(embedder: Embedder, texts: Sequence[str]) -> np.ndarray:
-    """`embed_rows`, taking the rows of texts just embedded as queries (`known_queries`)
-    instead of embedding them again (blocking; the index's write thread)."""
-    known = known_queries(embedder, texts)
-    missing = [t for i, t in enumerate(texts) if i not in known]
-    made = embed_rows(embedder, missing) if missing else np.zeros((0, 0), np.float32)
-    return _with_known(texts, known, made)
-
-
-async def embed_async_reusing(embedder: Embedder, texts: Sequence[str]) -> np.ndarray:
-    """`embed_async`, reusing query rows as `embed_rows_reusing` does: with a hosted
-    model, an episode that is its request alone costs no second API call."""
-    known = known_queries(embedder, texts)
-    missing = [t for i, t in enumerate(texts) if i not in known]
-    made = await embed_async(embedder, missing) if missing else np.zeros((0, 0), np.float32)
-    return _with_known(texts, known, made)
 
 
 def embed_rows(embedder: Embedder, texts: Sequence[str]) -> np.ndarray:
     """`embed_async`'s result computed in the calling thread (blocking): for a caller
     already off the event loop (the index's write thread), where another hop would
     only cost CPU."""
-    return unit_rows(np.asarray(embedder.embed(texts), dtype=np.float32))
+    known = known_queries(embedder, texts)
+    if not known:
+        return unit_rows(np.asarray(embedder.embed(texts), dtype=np.float32))
+    missing = [t for i, t in enumerate(texts) if i not in known]
+    made = unit_rows(np.asarray(embedder.embed(missing), dtype=np.float32)) if missing else None
+    return _with_known(texts, known, made)
 
 
 def min_similarity(embedder: Embedder) -> float:

@@ -174,9 +174,9 @@ class RuleStore:
         #: is not parsed again (an edit by hand changes its mtime, so it is picked up).
         self._parsed: dict[str, tuple[tuple[int, int], Rule | str]] = {}
         #: Whether anything in the folder changed since the last full look, and what
-        #: that look found (rules as parsed, problems): memory/dirwatch.py.
+        #: that look found, in order (`_parsed`'s items): memory/dirwatch.py.
         self._watch = DirWatch(self.root)
-        self._last: tuple[list[Rule], list[str]] | None = None
+        self._last: list[Rule | str] | None = None
 
     def load(self) -> tuple[list[Rule], list[str]]:
         """All readable rules (fresh copies: callers may change them), plus one problem
@@ -190,19 +190,17 @@ class RuleStore:
         inotify cannot see every change, a network file system, within MAX_AGE s)."""
         changed = self._watch.changed()  # first: a change during the look is news next time
         if self._last is not None and not changed:
-            kept, seen_problems = self._last
-            return [r.copy() for r in kept], list(seen_problems)
-        rules: list[Rule] = []
-        problems: list[str] = []
+            return _copies(self._last)
         root = str(self.root)
         try:
             with os.scandir(root) as entries:
                 names = [e.name for e in entries if e.name.endswith(".md")]
         except OSError:  # no folder yet (or not one): no rules
             self._last = None
-            return rules, problems
+            return [], []
         names.sort(key=_name_order)
         parsed = self._parsed
+        items: list[Rule | str] = []
         for name in names:
             try:
                 st = os.stat(os.path.join(root, name))
@@ -213,15 +211,11 @@ class RuleStore:
             if cached is None or cached[0] != stamp:
                 cached = (stamp, self._parse(self.root / name))
                 parsed[name] = cached
-            item = cached[1]
-            if isinstance(item, Rule):
-                rules.append(item.copy())  # fields are replaced, never mutated in place
-            else:
-                problems.append(item)
+            items.append(cached[1])
         for gone in parsed.keys() - set(names):
             del parsed[gone]
-        self._last = ([r.copy() for r in rules], list(problems))
-        return rules, problems
+        self._last = items
+        return _copies(items)
 
     @staticmethod
     def _parse(path: Path) -> Rule | str:
@@ -254,6 +248,13 @@ class RuleStore:
 
     async def delete(self, rule: Rule, message: str) -> bool:
         return await self.store.aremove(rule.relpath, commit=message)
+
+
+def _copies(items: list[Rule | str]) -> tuple[list[Rule], list[str]]:
+    """`load`'s answer from parsed files: copies of the rules (callers may change them;
+    the parsed ones are replaced, never mutated in place) and the problems."""
+    rules = [item.copy() for item in items if isinstance(item, Rule)]
+    return rules, [item for item in items if isinstance(item, str)]
 
 
 def _name_order(name: str) -> tuple[int, str]:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from memory.embedder import HashedEmbedder, embed_query, embed_rows, embed_rows_reusing
+from memory.embedder import HashedEmbedder, embed_query, embed_rows
 from memory.index import MemoryIndex
 from memory.rules import Rule, RuleStore
 from tests.fakes.llm import ScriptedLLM
@@ -130,11 +130,11 @@ async def test_a_batch_takes_the_rows_of_texts_just_asked_for_and_embeds_the_res
     await embed_query(e, "restart the queue worker")
     texts = ["a new episode text", "restart the queue worker", "another new one"]
     e.seen.clear()
-    got = embed_rows_reusing(e, texts)
+    got = embed_rows(e, texts)
     assert e.seen == ["a new episode text", "another new one"]
     assert got.tobytes() == embed_rows(HashedEmbedder(), texts).tobytes()  # the same bits
     e.seen.clear()
-    assert embed_rows_reusing(e, ["restart the queue worker"]).shape == (1, 512)
+    assert embed_rows(e, ["restart the queue worker"]).shape == (1, 512)
     assert e.seen == []
 
 

@@ -35,11 +35,11 @@ from memory.embedder import (
     Embedder,
     HashedEmbedder,
     embed_async,
-    embed_async_reusing,
     embed_query,
-    embed_rows_reusing,
+    embed_rows,
     fail_query,
     min_similarity,
+    query_ready,
     query_row,
     settle_query,
     share_query,
@@ -560,8 +560,7 @@ class MemoryIndex:
                 await self._in_writer(self._read_batch, db, batch, read)
                 matrix = None
                 if batch.fresh:
-                    texts = [d.embed_text for d in batch.fresh]
-                    matrix = await embed_async_reusing(self.embedder, texts)
+                    matrix = await embed_async(self.embedder, [d.embed_text for d in batch.fresh])
                 await self._in_writer(self._commit_batch, db, batch, matrix, keywords, journal)
             if batch.keywords_error:
                 # The write itself is committed: rather than fail it, reload the keyword
@@ -595,8 +594,7 @@ class MemoryIndex:
         self._read_batch(db, batch, read)
         matrix = None
         if batch.fresh:
-            # A task's episode is often its request alone, embedded for its recall.
-            matrix = embed_rows_reusing(self.embedder, [d.embed_text for d in batch.fresh])
+            matrix = embed_rows(self.embedder, [d.embed_text for d in batch.fresh])
         self._commit_batch(db, batch, matrix, keywords, journal)
 
     def _read_batch(
@@ -941,7 +939,7 @@ class MemoryIndex:
             if embed_inline:
                 shared, owner = share_query(embedder, query)
                 if not owner:
-                    if shared.done() and shared.exception() is None:
+                    if query_ready(shared):
                         qv, embed_inline = shared.result(), False
                     shared = None
 
