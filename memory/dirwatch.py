@@ -121,9 +121,7 @@ class DirWatch:
                     weakref.finalize(self, os.close, fd)
         if self._fd < 0 or self._lib is None:
             return
-        wd = self._lib.inotify_add_watch(
-            self._fd, os.fsencode(self.folder), WATCHED | IN_ONLYDIR
-        )
+        wd = self._lib.inotify_add_watch(self._fd, os.fsencode(self.folder), WATCHED | IN_ONLYDIR)
         self._wd = wd if wd >= 0 else -1  # ENOENT (no folder yet), ENOSPC (no watches left)
 
     def _drain(self) -> bool:

@@ -136,9 +136,7 @@ async def test_rules_edited_added_and_removed_by_hand_are_seen_at_once(
         _write_in_place(path, text)
         assert {r.id: r.text for r in store.load()[0]}["r-2"] == "Check the runbook, step two."
         (tmp_path / "rules" / "r-1.md").unlink()
-        (tmp_path / "rules" / "r-3.md").write_text(
-            path.read_text().replace("id: r-2", "id: r-3")
-        )
+        (tmp_path / "rules" / "r-3.md").write_text(path.read_text().replace("id: r-2", "id: r-3"))
         assert [r.id for r in store.load()[0]] == ["r-2", "r-3"]
         (tmp_path / "rules" / "broken.md").write_text("---\nid: [\n---\n")
         rules, problems = store.load()

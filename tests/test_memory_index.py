@@ -13,6 +13,7 @@ import asyncio
 import subprocess
 import sys
 import threading
+import time
 import types
 from datetime import UTC, datetime
 from pathlib import Path
@@ -436,6 +437,35 @@ def test_compacted_copy_catches_up_with_changes_made_while_it_was_built() -> Non
     assert 15 not in fresh.search(data[15], 5)[0]
 
 
+def test_the_stale_count_follows_every_change_of_the_stale_marks(tmp_path: Path) -> None:
+    """stale_count is kept as the marks change (a search reads it twice, so it is not
+    summed each time): it must equal the marks themselves after each way they change,
+    over the flat buffer and over the graph, and after a save and a load."""
+    rng = np.random.default_rng(5)
+    n = vectors_mod.EXACT_MAX + 50  # past EXACT_MAX: the graph is built
+    data = rng.standard_normal((n, 8)).astype(np.float32)
+    data /= np.linalg.norm(data, axis=1, keepdims=True)
+    vi = VectorIndex(8)
+
+    def marked() -> int:
+        return int(np.isin(vi.labels(), vi.labels()[vi._stale]).sum())
+
+    vi.add(np.arange(100, dtype=np.int64), data[:100])
+    vi.mark_stale(np.array([3, 4, 4, 999], dtype=np.int64))  # a repeat, an unknown label
+    assert vi.stale_count == marked() == 2
+    vi.mark_stale(np.array([3], dtype=np.int64))  # already stale: no change
+    assert vi.stale_count == 2
+    vi.add(np.arange(100, n, dtype=np.int64), data[100:])  # builds the graph
+    assert vi.has_graph and vi.stale_count == marked() == 2
+    vi.keep_only(np.arange(10, n, dtype=np.int64))
+    assert vi.stale_count == marked() == 10
+    assert not set(vi.search(data[5], 20)[0].tolist()) & set(range(10))
+    vi.save(tmp_path / "v.faiss")
+    back = VectorIndex.load(tmp_path / "v.faiss", 8)
+    back.keep_only(np.arange(10, n, dtype=np.int64))  # an open marks from SQLite
+    assert back.stale_count == 10
+
+
 def _mix_ref(h: int) -> int:
     m = 2**64 - 1
     h ^= h >> 33
@@ -486,10 +516,11 @@ async def _full(idx: MemoryIndex, query: str, **kw: Any) -> list[tuple[str, floa
 async def test_inline_and_threaded_vector_search_give_the_same_hits(
     index: MemoryIndex, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """search.run searches few vectors in its own thread and hands bigger searches to
-    the _GRAPH thread (tuning.VECTOR_THREAD_MIN); the query is embedded in the search's
-    worker thread unless a vector is given. Every path gives the same hits, in the same
-    order, with the same ranks and scores."""
+    """search.run searches few vectors in its own thread before the keyword list, and
+    beside bigger searches ranks the keyword list in the _KEYWORDS thread
+    (tuning.VECTOR_THREAD_MIN); the query is embedded in the search's worker thread
+    unless a vector is given. Every path gives the same hits, in the same order, with
+    the same ranks and scores."""
     import memory.index.tuning as tuning_mod
     from memory.index import search as search_mod
 
@@ -500,13 +531,13 @@ async def test_inline_and_threaded_vector_search_give_the_same_hits(
         {"kinds": "episode", "scopes": ["conversation:slack:C2"], "limit": 1},
     ]
     calls: list[str] = []
-    real_submit = search_mod._GRAPH.submit
+    real_submit = search_mod._KEYWORDS.submit
 
     def counting_submit(fn: Any, *args: Any) -> Any:
         calls.append(fn.__name__)
         return real_submit(fn, *args)
 
-    monkeypatch.setattr(search_mod._GRAPH, "submit", counting_submit)
+    monkeypatch.setattr(search_mod._KEYWORDS, "submit", counting_submit)
     results = {}
     for inline in (True, False):
         monkeypatch.setattr(tuning_mod, "VECTOR_THREAD_MIN", 10**6 if inline else 0)
@@ -527,14 +558,14 @@ async def test_inline_and_threaded_vector_search_give_the_same_hits(
 async def test_an_error_in_either_search_thread_reaches_the_caller(
     index: MemoryIndex, monkeypatch: pytest.MonkeyPatch, broken: str
 ) -> None:
-    """The graph walk runs in search._GRAPH and the keyword list in the search's worker
-    thread, and whichever finishes last hands the hits over (search.run): an error in
-    either is raised by `search`, and the index answers the next search (its lock and
-    its connection are free again)."""
+    """The graph walk runs in the search's worker thread and the keyword list in
+    search._KEYWORDS, and whichever finishes last hands the hits over (search.run): an
+    error in either is raised by `search`, and the index answers the next search (its
+    lock and its connection are free again)."""
     import memory.index.tuning as tuning_mod
     from memory.index import search as search_mod
 
-    monkeypatch.setattr(tuning_mod, "VECTOR_THREAD_MIN", 0)  # the walk goes to _GRAPH
+    monkeypatch.setattr(tuning_mod, "VECTOR_THREAD_MIN", 0)  # the ranking goes to _KEYWORDS
     expected = await _full(index, QUERIES[0])
     real = getattr(search_mod, broken)
     threads: list[str] = []
@@ -546,10 +577,41 @@ async def test_an_error_in_either_search_thread_reaches_the_caller(
     monkeypatch.setattr(search_mod, broken, failing)
     with pytest.raises(RuntimeError, match=f"{broken} failed"):
         await index.search(QUERIES[0])
-    assert threads and threads[0].startswith("steward-vectors") is (broken == "nearest")
+    in_keywords = threads[0].startswith("steward-keywords") if threads else None
+    assert in_keywords is (broken == "cached_keyword_ranks")
     monkeypatch.setattr(search_mod, broken, real)
     assert await _full(index, QUERIES[0]) == expected
     assert expected
+
+
+async def test_a_failed_graph_walk_is_reported_once_the_keyword_ranking_is_done(
+    index: MemoryIndex, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The keyword ranking reads the keyword index and the filter rows, which only the
+    index lock guards: when the walk fails first, `search` raises only after the
+    ranking has ended, so no write can start beside it."""
+    import memory.index.tuning as tuning_mod
+    from memory.index import search as search_mod
+
+    monkeypatch.setattr(tuning_mod, "VECTOR_THREAD_MIN", 0)
+    real_ranks = search_mod.cached_keyword_ranks
+    ended: list[float] = []
+
+    def slow_ranks(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.3)
+        result = real_ranks(*args, **kwargs)
+        ended.append(time.monotonic())
+        return result
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("walk failed")
+
+    monkeypatch.setattr(search_mod, "cached_keyword_ranks", slow_ranks)
+    monkeypatch.setattr(search_mod, "nearest", failing)
+    with pytest.raises(RuntimeError, match="walk failed"):
+        await index.search(QUERIES[0])
+    raised = time.monotonic()
+    assert ended and ended[0] <= raised
 
 
 def test_contenders_are_the_documents_the_rounded_cutoff_keeps() -> None:

@@ -2,11 +2,11 @@
 rows of the best hits.
 
 It is synchronous, on the index's read-only SQLite connection: `MemoryIndex.search`
-starts it in a worker thread under the index lock (a rebuild swaps the connection
-and the vectors), and a graph walk runs meanwhile in _GRAPH (see run). One hop there
-and one back instead of one per SQL statement and per list: at 100k episodes the
-hops and aiosqlite's queue cost more (~2 ms) than the two lists themselves (bm25 in
-memory ~0.6 ms, HNSW ~0.4 ms).
+starts it in a worker thread under the index lock (a rebuild swaps the connection and
+the vectors), which walks the vector graph while the keyword list is ranked in
+_KEYWORDS (see run). One hop there and one back instead of one per SQL statement and
+per list: at 100k episodes the hops and aiosqlite's queue cost more (~2 ms) than the
+two lists themselves (bm25 in memory ~0.6 ms, HNSW ~0.4 ms).
 """
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ from memory.index.query import rrf
 from memory.index.schema import META_NAMES
 from memory.vectors import VectorIndex
 
-#: The vector list's graph walks (see run). One thread: searches of one index are
-#: serialized by its lock, and this thread never waits on anything itself.
-_GRAPH = ThreadPoolExecutor(max_workers=1, thread_name_prefix="steward-vectors")
+#: The keyword list, ranked here while the search's own thread walks the vector graph
+#: (see run). One thread: searches of one index are serialized by its lock, and this
+#: thread never waits on anything itself.
+_KEYWORDS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="steward-keywords")
 
 # bm25 weights of the FTS columns: the request/title says most about a task.
 _BM25 = f"bm25(fts, {', '.join(map(str, WEIGHTS))})"
@@ -208,11 +209,11 @@ def nearest(
 def inline_vectors(vectors: VectorIndex, where: str, allowed: FilterRows | None) -> bool:
     """Whether the vector list is cheap enough to compute in the calling thread.
 
-    Handing it to _GRAPH pays only when the search is long enough to overlap with the
-    keyword list: a few hundred candidates are searched exactly in ~0.05 ms, less than
-    the handoff itself (in a 300-episode index: 0.09 ms inline, 0.14 ms through the
-    thread). Counts are upper bounds (stale vectors are left out later), so the choice
-    never sends a graph walk inline.
+    Ranking the keyword list in _KEYWORDS beside it pays only when the search is long
+    enough to overlap with the ranking: a few hundred candidates are searched exactly in
+    ~0.05 ms, less than the handoff itself (in a 300-episode index: 0.09 ms inline, 0.14
+    ms through the thread). Counts are upper bounds (stale vectors are left out later),
+    so the choice never sends a graph walk inline.
     """
     limit = tuning.VECTOR_THREAD_MIN
     if allowed is not None:
@@ -346,40 +347,45 @@ def run(
     go to `out`. `keywords` None: the keyword list comes from SQLite's bm25
     (keyword_ranks).
 
-    A graph walk runs in the _GRAPH thread while this one ranks the keywords (faiss
-    and numpy release the GIL, so on 2 cores the two overlap), and whichever of the two
-    threads finishes last makes the rest (the vector list's rows, the fusion, the hits)
-    and sets `out`. So nothing waits for a wake-up (~0.2 ms at 100k episodes, of a
-    ~1.5 ms search), and `db` is used by one thread at a time, never while the other
-    list is still being made (SQLite's row steps competed for the GIL with the numpy
-    of the keyword list: ~0.35 ms for a statement of ~0.15 ms alone).
+    When the vector list is a graph walk, the keyword list is ranked in _KEYWORDS while
+    this thread walks the graph, and whichever of the two finishes last makes the rest
+    (the vector list's rows, the fusion, the hits) and sets `out`: nothing waits for a
+    wake-up, and `db` is used by one thread at a time.
+
+    Why the walk here and the ranking there, not the other way round: faiss (and
+    numpy's einsum, for a big exact search) gives the GIL up for the whole walk after a
+    few lines of Python, while the ranking is ~30 numpy calls that each give it up and
+    take it back. A thread woken to walk beside a running ranking got the GIL only
+    when the ranking ended (a waiting thread is handed the GIL only after the 5 ms
+    switch interval; until then the running one takes it back first): at 100k
+    episodes the walk started 0.5-1.1 ms after the search, as the ranking ended, and
+    the two lists ran back to back. Here the walk is in faiss before the ranking
+    thread is awake (measured, 100k, queries alternating: 1.84 against 1.92 ms; 10k,
+    where the vector list is an exact search of 10,000 rows: 2.8-3.0 against 3.6-3.7).
+    The query is embedded before (MemoryIndex.search): the hashed embedder is Python
+    and would hold the GIL against the ranking the same way.
     """
     depth = max(limit * 4, 40)
     allowed: FilterRows | None = None
-    found: tuple[np.ndarray, np.ndarray, bool] | None = None
-    graph: Future[tuple[np.ndarray, np.ndarray, bool]] | None = None
-    words: list[int] = []
     try:
         # A filter's documents, for both lists when they are few (with their paths: the
         # vector list's order needs them), kept between searches (memory/index/filters).
         if where and (terms or qv is not None):
             allowed = filters.rows(db, where, params)
-        if qv is not None:
-            if inline_vectors(vectors, where, allowed):
-                found = nearest(vectors, qv, where, allowed, depth)
-            else:
-                graph = _GRAPH.submit(nearest, vectors, qv, where, allowed, depth)
-        if terms and keywords is not None:
-            words = cached_keyword_ranks(
-                db, keywords, tokenizer, terms, where, params, allowed, depth
-            )
-        elif terms:
-            words = keyword_ranks(db, terms, where, params, depth)
     except BaseException as exc:
         fail(out, exc)
         return
 
-    def finish(walked: tuple[np.ndarray, np.ndarray, bool] | None) -> list[Hit]:
+    def keyword_list() -> list[int]:
+        if not terms:
+            return []
+        if keywords is not None:
+            return cached_keyword_ranks(
+                db, keywords, tokenizer, terms, where, params, allowed, depth
+            )
+        return keyword_ranks(db, terms, where, params, depth)
+
+    def finish(words: list[int], walked: tuple[np.ndarray, np.ndarray, bool] | None) -> list[Hit]:
         near: list[int] = []
         sims: dict[int, float] = {}
         if walked is not None:
@@ -388,8 +394,28 @@ def run(
             )
         return hits_of(db, words, near, sims, limit, filters.hit_rows)
 
-    if graph is None:
-        _settle(out, lambda: finish(found))
-    else:
-        # Runs here if the walk is done, else in _GRAPH when it is.
-        graph.add_done_callback(lambda done: _settle(out, lambda: finish(done.result())))
+    if qv is None or not terms or inline_vectors(vectors, where, allowed):
+        try:
+            found = nearest(vectors, qv, where, allowed, depth) if qv is not None else None
+            words = keyword_list()
+        except BaseException as exc:
+            fail(out, exc)
+            return
+        _settle(out, lambda: finish(words, found))
+        return
+    try:
+        ranked = _KEYWORDS.submit(keyword_list)
+    except BaseException as exc:  # the pool shut down (the interpreter is exiting)
+        fail(out, exc)
+        return
+    try:
+        walked = nearest(vectors, qv, where, allowed, depth)
+    except BaseException as exc:
+        # Reported once the ranking is done too: the caller then lets go of the index
+        # lock, and the ranking reads the keyword index (and `db`) under it. (`exc`
+        # itself is unbound when this block ends, so the callback gets its own name.)
+        error = exc
+        ranked.add_done_callback(lambda _: fail(out, error))
+        return
+    # Runs here if the ranking is done, else in _KEYWORDS when it is.
+    ranked.add_done_callback(lambda done: _settle(out, lambda: finish(done.result(), walked)))

@@ -25,6 +25,6 @@ KEYWORD_CACHE = True
 #: (~0.3 s at 10k); above, it loads in the background (~3 s at 100k).
 KEYWORD_SYNC_MAX = 10_000
 #: Vector searches over fewer candidate vectors than this run in the search's own
-#: thread; larger ones (graph walks, big exact searches) in search._GRAPH, overlapping
-#: the keyword list (search.inline_vectors).
+#: thread before the keyword list; beside larger ones (graph walks, big exact searches)
+#: the keyword list is ranked in a second thread, search._KEYWORDS (search.inline_vectors).
 VECTOR_THREAD_MIN = 1024
