@@ -198,8 +198,6 @@ class Learner:
         self.store: DataStore = rules.store
         self._lock = asyncio.Lock()
         self._vectors: dict[str, np.ndarray] = {}
-        #: The last request embedded: select() and observe() of one task ask for the same.
-        self._query: tuple[str, np.ndarray] | None = None
         #: The rules' example texts and their stacked vectors (relevance).
         self._matrix: tuple[tuple[str, ...], np.ndarray] | None = None
         self._last_pending_try = float("-inf")
@@ -237,11 +235,10 @@ class Learner:
         texts = sorted({t for r in learned for t in [*r.examples, r.applies_when] if t})
         if not texts:
             return out
-        if self._query is None or self._query[0] != request:
-            # The task's recall is embedding the same request in the index's search
-            # thread right now: shared, not made twice (memory/embedder.share_query).
-            self._query = (request, await embed_query(self.embedder, request))
-        q = self._query[1]
+        # The task's recall embeds the same request in the index's search thread, and
+        # select() and observe() of one task both ask: one vector, kept and shared
+        # (memory/embedder.share_query).
+        q = await embed_query(self.embedder, request)
         key = tuple(texts)
         if self._matrix is None or self._matrix[0] != key:
             # Kept while the rules' texts stay the same: stacking ~90 vectors was most
