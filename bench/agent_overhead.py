@@ -20,7 +20,6 @@ import asyncio
 import os
 import shutil
 import statistics
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from typing import Any
 import aiohttp
 
 from adapters.replay import ReplayChannel
+from bench.data_root import bench_dir, describe
 from bot.app import App
 from bot.logs import configure_logging
 from config.settings import load_settings
@@ -106,7 +106,7 @@ async def _run() -> None:
                 async with http.post(llm.base_url + "/chat/completions", json=body) as r:
                     await r.json()
                 raw.append(time.perf_counter() - t0)
-        tmp = Path(tempfile.mkdtemp(prefix="steward-bench-"))
+        tmp = bench_dir("steward-bench-")
         settings = load_settings(
             env={
                 "STEWARD_MODEL": "openai/scripted",
@@ -226,6 +226,7 @@ async def _run() -> None:
         assert len(episodes) == 2 * (N + 5), f"{len(episodes)} episodes for {2 * (N + 5)} messages"
     med = statistics.median
     m_raw, m_bare, m_agent, m_reply = (med(x) for x in (raw, bare, agent, to_reply))
+    print(describe())
     print(f"raw HTTP POST          {_ms(raw)}   (baseline 1)")
     print(f"bare litellm call      {_ms(bare)}   ratio {m_bare / m_raw:.1f}x raw")
     print(

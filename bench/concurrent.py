@@ -21,13 +21,13 @@ import asyncio
 import os
 import shutil
 import statistics
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from adapters.replay import ReplayChannel
+from bench.data_root import bench_dir, describe
 from bot.app import App
 from bot.logs import configure_logging
 from config.settings import load_settings
@@ -89,7 +89,7 @@ def _cpu_of(pid: int) -> float:
 
 
 async def _steward(base_url: str, workers: int) -> _Run:
-    tmp = Path(tempfile.mkdtemp(prefix="steward-bench-"))
+    tmp = bench_dir("steward-bench-")
     settings = load_settings(
         env={
             "STEWARD_MODEL": "openai/scripted",
@@ -184,6 +184,7 @@ async def _run() -> None:
         b3 = await _timed_bare(litellm, llm.base_url)
     bare_lat = b1[1] + b2[1] + b3[1]
     bare_cpu = (b1[2] + b2[2] + b3[2]) / (3 * total)
+    print(describe())
     print(
         f"bare litellm, {CONVERSATIONS} at once: runs "
         + ", ".join(f"{total / b[0]:.1f}" for b in (b1, b2, b3))

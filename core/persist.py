@@ -6,7 +6,8 @@ all of it before the reply was sent (issue 26). The person does not need any of 
 read their answer; recall of this task by a later one can wait a few milliseconds.
 
 Crash safety is kept by the task journal (memory/journal.py), not weakened:
-1. the journal record is written durably before the task's work starts (as before);
+1. the journal record is written when the task starts (durable before any tool runs;
+   in its file, which a killed process keeps, before the reply);
 2. when the task ends, `submit` appends the whole episode to that record
    (`TaskJournal.finished`: one O_APPEND write, no fsync — a process kill cannot lose
    it) and only then is the reply sent;

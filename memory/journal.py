@@ -2,9 +2,10 @@
 
 Why: the platform event is acknowledged and the episode is written only at the end,
 so a process killed mid-task (a deploy, an OOM kill) used to leave no trace and
-nobody was told. The record is written durably (atomic write + fsync) while the first
-model call runs, and is awaited before any tool runs or the reply is sent (core/agent.py:
-a model call takes far longer than the fsync, so it costs the reply nothing), gains a
+nobody was told. The record is written durably (write + fsync) while the first model
+call runs; a tool runs only once it is durable, and the reply once it is in its file
+(core/agent.py: what a killed process keeps; its fsyncs, in a disk thread that gets the
+GIL back only between the model call's own work, held replies back), gains a
 line per tool call as it is made (so a re-run after a crash is a
 decision made knowing what already happened, never a surprise), and is removed once
 the episode is written. What is left at start-up was interrupted.
@@ -84,22 +85,27 @@ class TaskJournal:
             "journal", path, lambda: self._hops.run(partial(atomic_write_text, path, text))
         )
 
-    async def _create(self, record: dict[str, Any]) -> None:
-        """Write a new record (see the module docstring): returns once it is durable."""
+    async def _create(
+        self, record: dict[str, Any], written: Callable[[], None] | None = None
+    ) -> None:
+        """Write a new record (see the module docstring): returns once it is durable;
+        `written` is called once it is in the file, before the fsyncs."""
         data = _render(record).encode("utf-8")
         path = self.path(str(record["id"]))
 
         async def work() -> None:
             fd, folder = self._new_file(path)
             try:
-                written = os.write(fd, data)
-                if written != len(data):  # a full disk mid-write: no partial record
+                count = os.write(fd, data)
+                if count != len(data):  # a full disk mid-write: no partial record
                     raise OSError(errno.ENOSPC, "short write of the journal record", str(path))
             except BaseException:
                 os.close(fd)
                 with contextlib.suppress(OSError):
                     path.unlink()
                 raise
+            if written is not None:
+                written()
             # The hop closes `fd`: awaiting it may be cancelled, the job still runs.
             await self._hops.run(partial(_sync_new, fd, folder))
 
@@ -149,8 +155,11 @@ class TaskJournal:
         started: datetime,
         thread: str | None = None,
         direct: bool = True,
+        written: Callable[[], None] | None = None,
     ) -> None:
-        """Written before the task's work starts; the task goes on if it fails (logged)."""
+        """Written before the task's work starts; the task goes on if it fails (logged).
+        Returns once the record is durable; `written` is called as soon as it is in the
+        file (a killed process no longer loses it: see `finished`), before its fsyncs."""
         record: dict[str, Any] = {
             "id": task_id,
             "status": OPEN,
@@ -166,7 +175,7 @@ class TaskJournal:
         }
         self._records[task_id] = record
         try:
-            await self._create(record)
+            await self._create(record, written)
         except Exception:  # losing the journal must never cost the task itself
             log.warning("journal.write_failed", task_id=task_id, exc_info=True)
 

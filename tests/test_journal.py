@@ -223,3 +223,76 @@ def test_records_cut_short_while_created_are_removed_and_others_kept(tmp_path: P
     assert [r["id"] for r in records] == ["t-good"]
     left = sorted(p.name for p in root.iterdir())
     assert left == ["t-good.jsonl", "t-lines.jsonl", "t-mismatch.jsonl"]
+
+
+async def test_the_reply_waits_for_the_record_in_its_file_and_a_tool_for_its_fsync(
+    llm: ScriptedLLM, settings_for: Callable[..., Any], monkeypatch: Any
+) -> None:
+    """Issue 26: with the journal's fsyncs held back (a slow disk), a task without tools
+    answers at once, its record already in its file (what a killed process keeps); a
+    tool waits until its task's record is durable."""
+    import asyncio
+    import threading
+    import time
+
+    from adapters.replay import ReplayChannel
+    from bot.app import App
+    from core.access import Rules
+    from core.events import Message
+    from core.llm import load_litellm
+
+    settings = settings_for(llm)
+    folder = str(settings.data_dir / "journal")
+    held, holding = threading.Event(), threading.Event()
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(folder):
+            holding.set()
+            held.wait(10)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    seen: list[tuple[str, list[str]]] = []  # each reply, and the records' text when sent
+
+    def deliver(event: dict[str, Any]) -> None:
+        texts = [p.read_text() for p in journal_files(settings)]
+        seen.append((str(event.get("text")), texts))
+
+    app = App(settings)
+    app.access.rules["replay"] = Rules(open=True)
+    channel = ReplayChannel(time.monotonic, deliver)
+    await app.start([channel])
+    await asyncio.to_thread(load_litellm)
+    try:
+        llm.reply_text("Noted.")
+        await app.dispatcher.handle(Message("replay", "c1", "alice", "note this"), channel)
+        async with asyncio.timeout(10):
+            await app.conversations.wait_idle("replay:c1")
+        assert holding.is_set() and not held.is_set()  # its record is not durable yet
+        [(reply, records)] = seen
+        assert reply == "Noted."
+        [record] = records
+        assert json.loads(record.splitlines()[0])["request"] == "note this"
+
+        held.set()
+        async with asyncio.timeout(10):
+            await app.clock.activity.wait_idle()
+        assert journal_files(settings) == []  # closed once its episode was written
+        held.clear()
+        holding.clear()
+
+        llm.reply_tool("write_file", {"path": "notes/a.txt", "content": "hi\n"})
+        llm.reply_text("Wrote notes/a.txt.")
+        await app.dispatcher.handle(Message("replay", "c2", "alice", REQUEST), channel)
+        assert await asyncio.to_thread(holding.wait, 10)  # its record's fsync is held
+        await asyncio.sleep(0.3)
+        assert not (settings.workspace / "notes" / "a.txt").exists()  # waits for the fsync
+        held.set()
+        async with asyncio.timeout(10):
+            await app.conversations.wait_idle("replay:c2")
+        assert (settings.workspace / "notes" / "a.txt").read_text() == "hi\n"
+        assert seen[-1][0].startswith("Wrote notes/a.txt.")
+    finally:
+        held.set()
+        await app.stop()
