@@ -47,3 +47,21 @@ def local_model_ready(settings: Settings, env: Mapping[str, str] | None = None) 
     from core.local_model import availability
 
     return availability(settings.local_model_path.strip()).ok
+
+
+def embedding_error(model: str, exc: BaseException) -> str:
+    """What to fix when the embedding model (STEWARD_EMBEDDING_MODEL) did not answer the
+    index's first question, its vectors' size, at start: the setting, what it answered,
+    and which credentials it reads (its provider's own, through litellm: not
+    STEWARD_API_KEY / STEWARD_API_BASE, which are the chat model's)."""
+    provider = model.split("/", 1)[0] if "/" in model else "openai"
+    detail = " ".join(str(exc).split())[:300] or type(exc).__name__
+    prefix = provider.upper().replace("-", "_")
+    return (
+        f"STEWARD_EMBEDDING_MODEL={model}: the embedding model did not answer "
+        f"({type(exc).__name__}: {detail}). It is reached through litellm with its "
+        f"provider's own settings, not STEWARD_API_KEY or STEWARD_API_BASE (those are the "
+        f"chat model's): set {prefix}_API_KEY (and {prefix}_BASE_URL or {prefix}_API_BASE "
+        "for a server of your own, as litellm reads them), check that the server is up, "
+        "or leave STEWARD_EMBEDDING_MODEL empty to use the built-in offline embedder."
+    )

@@ -339,3 +339,30 @@ def test_no_model_is_decided_without_settings_only_for_a_plain_environment() -> 
     assert not surely_no_model({**plain, "OPENAI_API_KEY": "sk-1"})
     assert not surely_no_model({**plain, "STEWARD_LOCAL_MODEL": "auto"})  # may be installed
     assert not surely_no_model({**plain, "STEWARD_DATA_DIR": " "})  # a config error
+
+
+def test_run_with_an_embedding_model_it_cannot_ask_names_the_setting(tmp_path: Path) -> None:
+    """A hosted embedder without its provider's credentials (only the chat model's
+    STEWARD_API_* set): `steward run` stops with one line naming the setting and the
+    variables it reads, exit 2, no traceback."""
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("STEWARD_", "OPENAI_")) and k != "LITELLM_API_KEY"
+    }
+    env = {
+        **base,
+        **make_env(tmp_path, None),
+        "STEWARD_MODEL": "openai/scripted",
+        "STEWARD_API_BASE": "http://127.0.0.1:9/v1",
+        "STEWARD_API_KEY": "x",
+        "STEWARD_EMBEDDING_MODEL": "openai/embed-small",
+    }
+    res = subprocess.run(
+        [STEWARD, "run"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert res.returncode == 2, res.stderr
+    [line] = [x for x in res.stderr.splitlines() if x.startswith("steward: ")]
+    assert line.startswith("steward: STEWARD_EMBEDDING_MODEL=openai/embed-small: ")
+    assert "OPENAI_API_KEY" in line and "STEWARD_API_KEY" in line
+    assert "Traceback" not in res.stderr
