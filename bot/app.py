@@ -21,7 +21,7 @@ from bot.commands.rules import RulesCommands
 from bot.dispatcher import Dispatcher
 from bot.goal_commands import GoalCommands
 from bot.goal_commands import register as register_goal_commands
-from bot.model_check import NO_MODEL_MESSAGE, embedding_error, no_model_message
+from bot.model_check import NO_MODEL_MESSAGE, configured_embedder, no_model_message
 from bot.schedule_commands import ScheduleCommands
 from bot.schedule_commands import register as register_schedule_commands
 from bot.undo_commands import register as register_undo_commands
@@ -573,22 +573,10 @@ class App:
         """Open (and if needed rebuild) the memory index; wire recall and indexing."""
         if self.index is not None:
             return
-        from core.llm import load_litellm
         from core.recall import IndexRecall
-        from memory.embedder import make_embedder
         from memory.index import MemoryIndex
 
-        embedder = make_embedder(self.settings.embedding_model.strip() or None, load=load_litellm)
-        if not embedder.dim:
-            # A model's vector size is learned by asking it once; a model that cannot be
-            # asked (no credentials, no server) is a set-up to fix, said in one line.
-            from memory.embedder import embed_async
-
-            try:
-                await embed_async(embedder, ["dimension probe"])
-            except Exception as exc:
-                model = self.settings.embedding_model.strip()
-                raise ConfigError(embedding_error(model, exc)) from exc
+        embedder = await configured_embedder(self.settings)
         self.index = await MemoryIndex.open(self.data_dir, embedder, progress=False)
         if self.agent is not None:
             if self.settings.recall_limit:

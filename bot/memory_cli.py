@@ -20,13 +20,6 @@ if TYPE_CHECKING:
     from config.settings import Settings
 
 
-def _embedder(settings: Settings) -> Any:
-    from core.llm import load_litellm
-    from memory.embedder import make_embedder
-
-    return make_embedder(getattr(settings, "embedding_model", "") or None, load=load_litellm)
-
-
 def memory_command(settings: Settings, args: argparse.Namespace) -> int:
     action = args.memory_command or "stats"
     import sqlite3
@@ -44,6 +37,7 @@ def memory_command(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def _run(settings: Settings, args: argparse.Namespace, action: str) -> int:
+    from bot.model_check import configured_embedder
     from memory.index import MemoryIndex
     from memory.lock import DataDirLocked, acquire
 
@@ -57,7 +51,7 @@ async def _run(settings: Settings, args: argparse.Namespace, action: str) -> int
             )
             return 2
     index = await MemoryIndex.open(
-        settings.data_dir, _embedder(settings), rebuild=action == "rebuild"
+        settings.data_dir, await configured_embedder(settings), rebuild=action == "rebuild"
     )
     try:
         if action == "search":

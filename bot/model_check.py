@@ -13,6 +13,7 @@ from config.providers import embedded_wanted
 
 if TYPE_CHECKING:  # this module is read before the settings exist (bot/cli.py)
     from config.settings import Settings
+    from memory.embedder import Embedder
 
 #: `steward chat` exit code when there is no model to work with.
 EXIT_NO_MODEL = 3
@@ -65,3 +66,22 @@ def embedding_error(model: str, exc: BaseException) -> str:
         "for a server of your own, as litellm reads them), check that the server is up, "
         "or leave STEWARD_EMBEDDING_MODEL empty to use the built-in offline embedder."
     )
+
+
+async def configured_embedder(settings: Settings) -> Embedder:
+    """The embedder STEWARD_EMBEDDING_MODEL names (the built-in one when empty), its
+    vectors' size known: a model is asked it once here, before any index opens, so
+    that one that cannot be asked stops `steward run` and `steward memory` alike with
+    a ConfigError naming the setting, not a traceback from inside the index."""
+    from config.settings import ConfigError
+    from core.llm import load_litellm
+    from memory.embedder import embed_async, make_embedder
+
+    model = settings.embedding_model.strip()
+    embedder = make_embedder(model or None, load=load_litellm)
+    if not embedder.dim:
+        try:
+            await embed_async(embedder, ["dimension probe"])
+        except Exception as exc:
+            raise ConfigError(embedding_error(model, exc)) from exc
+    return embedder

@@ -341,10 +341,8 @@ def test_no_model_is_decided_without_settings_only_for_a_plain_environment() -> 
     assert not surely_no_model({**plain, "STEWARD_DATA_DIR": " "})  # a config error
 
 
-def test_run_with_an_embedding_model_it_cannot_ask_names_the_setting(tmp_path: Path) -> None:
-    """A hosted embedder without its provider's credentials (only the chat model's
-    STEWARD_API_* set): `steward run` stops with one line naming the setting and the
-    variables it reads, exit 2, no traceback."""
+def _without_embedding_credentials(tmp_path: Path) -> dict[str, str]:
+    """A hosted embedder named, only the chat model's STEWARD_API_* set."""
     base = {
         k: v
         for k, v in os.environ.items()
@@ -358,6 +356,14 @@ def test_run_with_an_embedding_model_it_cannot_ask_names_the_setting(tmp_path: P
         "STEWARD_API_KEY": "x",
         "STEWARD_EMBEDDING_MODEL": "openai/embed-small",
     }
+    return env
+
+
+def test_run_with_an_embedding_model_it_cannot_ask_names_the_setting(tmp_path: Path) -> None:
+    """A hosted embedder without its provider's credentials (only the chat model's
+    STEWARD_API_* set): `steward run` stops with one line naming the setting and the
+    variables it reads, exit 2, no traceback."""
+    env = _without_embedding_credentials(tmp_path)
     res = subprocess.run(
         [STEWARD, "run"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120
     )
@@ -365,4 +371,22 @@ def test_run_with_an_embedding_model_it_cannot_ask_names_the_setting(tmp_path: P
     [line] = [x for x in res.stderr.splitlines() if x.startswith("steward: ")]
     assert line.startswith("steward: STEWARD_EMBEDDING_MODEL=openai/embed-small: ")
     assert "OPENAI_API_KEY" in line and "STEWARD_API_KEY" in line
+    assert "Traceback" not in res.stderr
+
+
+def test_memory_search_with_an_embedding_model_it_cannot_ask_names_the_setting(
+    tmp_path: Path,
+) -> None:
+    """`steward memory` opens the index with the same embedder, asked the same way."""
+    env = _without_embedding_credentials(tmp_path)
+    res = subprocess.run(
+        [STEWARD, "memory", "search", "deploy"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.startswith("steward: STEWARD_EMBEDDING_MODEL=openai/embed-small: ")
     assert "Traceback" not in res.stderr
