@@ -341,8 +341,11 @@ def test_no_model_is_decided_without_settings_only_for_a_plain_environment() -> 
     assert not surely_no_model({**plain, "STEWARD_DATA_DIR": " "})  # a config error
 
 
-def _without_embedding_credentials(tmp_path: Path) -> dict[str, str]:
-    """A hosted embedder named, only the chat model's STEWARD_API_* set."""
+def _without_embedding_credentials(
+    args: list[str], tmp_path: Path
+) -> subprocess.CompletedProcess[str]:
+    """`steward <args>` with a hosted embedder named and only the chat model's
+    STEWARD_API_* set (no OPENAI_* in its environment at all)."""
     base = {
         k: v
         for k, v in os.environ.items()
@@ -356,17 +359,16 @@ def _without_embedding_credentials(tmp_path: Path) -> dict[str, str]:
         "STEWARD_API_KEY": "x",
         "STEWARD_EMBEDDING_MODEL": "openai/embed-small",
     }
-    return env
+    return subprocess.run(
+        [STEWARD, *args], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_run_with_an_embedding_model_it_cannot_ask_names_the_setting(tmp_path: Path) -> None:
     """A hosted embedder without its provider's credentials (only the chat model's
     STEWARD_API_* set): `steward run` stops with one line naming the setting and the
     variables it reads, exit 2, no traceback."""
-    env = _without_embedding_credentials(tmp_path)
-    res = subprocess.run(
-        [STEWARD, "run"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120
-    )
+    res = _without_embedding_credentials(["run"], tmp_path)
     assert res.returncode == 2, res.stderr
     [line] = [x for x in res.stderr.splitlines() if x.startswith("steward: ")]
     assert line.startswith("steward: STEWARD_EMBEDDING_MODEL=openai/embed-small: ")
@@ -378,15 +380,7 @@ def test_memory_search_with_an_embedding_model_it_cannot_ask_names_the_setting(
     tmp_path: Path,
 ) -> None:
     """`steward memory` opens the index with the same embedder, asked the same way."""
-    env = _without_embedding_credentials(tmp_path)
-    res = subprocess.run(
-        [STEWARD, "memory", "search", "deploy"],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    res = _without_embedding_credentials(["memory", "search", "deploy"], tmp_path)
     assert res.returncode == 2, res.stderr
     assert res.stderr.startswith("steward: STEWARD_EMBEDDING_MODEL=openai/embed-small: ")
     assert "Traceback" not in res.stderr
