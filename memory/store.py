@@ -71,6 +71,7 @@ from dulwich.refs import HEADREF
 from dulwich.repo import Repo
 
 from memory.atomic import atomic_write_bytes
+from memory.front_matter import dump as dump_front_matter
 from memory.redact import redact, redact_obj
 
 log = structlog.get_logger("steward.memory.store")
@@ -137,7 +138,6 @@ class Revision(NamedTuple):
 
 # libyaml when present: parsing is ~10x faster, which a rebuild over 100k episodes feels.
 _Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-_Dumper: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 _OPEN = re.compile(r"---[ \t]*\r?\n")
 _CLOSE = re.compile(r"^(?:---|\.\.\.)[ \t]*(?:\r?\n|\Z)", re.M)
@@ -145,7 +145,7 @@ _CLOSE = re.compile(r"^(?:---|\.\.\.)[ \t]*(?:\r?\n|\Z)", re.M)
 
 def render(front_matter: dict[str, Any], body: str) -> str:
     """The file text: `---`, YAML front matter, `---`, blank line, body (newline-terminated)."""
-    head = yaml.dump(front_matter, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100)
+    head = dump_front_matter(front_matter)  # yaml.dump's text (see memory/front_matter.py)
     if body and not body.endswith("\n"):
         body += "\n"
     return f"---\n{head}---\n\n{body}" if body else f"---\n{head}---\n"
