@@ -130,7 +130,7 @@ def test_a_number_is_its_own_phrase_as_fts5_says() -> None:
     for n in numbers:
         real.execute("INSERT INTO t (rowid, body) VALUES (1, ?)", (n,))
         got = tuple(t for (t,) in real.execute("SELECT term FROM v"))
-        real.execute("DELETE FROM t")
+        real.execute("INSERT INTO t (t) VALUES ('delete-all')")
         assert got == (n,), n
     assert fast.phrases(["\u0663", "v2", "123abc"]) == [("\u0663",), ("v2",), ("123abc",)]
     assert asked == ["\u0663", "v2", "123abc"]  # not ASCII digits only: asked of FTS5
