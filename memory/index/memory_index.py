@@ -498,7 +498,7 @@ class MemoryIndex:
                     with contextlib.suppress(ValueError):
                         relative = path.resolve().relative_to(root)
                 kind = kind_of_relative(relative, path.suffix) if relative is not None else None
-                if kind is None:
+                if relative is None or kind is None:
                     raise ValueError(f"{path} is not a Markdown file under the data dir")
                 rel = relative.as_posix()
                 if isinstance(file, Written):
