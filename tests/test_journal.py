@@ -296,3 +296,60 @@ async def test_the_reply_waits_for_the_record_in_its_file_and_a_tool_for_its_fsy
     finally:
         held.set()
         await app.stop()
+
+
+async def _open(journal: TaskJournal, task_id: str, request: str) -> None:
+    await journal.open(
+        task_id,
+        channel="web",
+        conversation="c",
+        user="u",
+        request=request,
+        started=datetime(2026, 12, 1, tzinfo=UTC),
+    )
+
+
+async def test_ended_records_files_are_reused_emptied_and_never_read_as_records(
+    tmp_path: Path,
+) -> None:
+    """An ended task's file becomes the next record (no file created: issue 26), holding
+    only that record; spares are bounded and invisible to the start-up's reading."""
+    from memory.journal import MAX_SPARES
+
+    journal = TaskJournal(tmp_path)
+    root = tmp_path / "journal"
+    await _open(journal, "t1", "a long first request " * 20)
+    first = (root / "t1.jsonl").stat().st_ino
+    journal.finished("t1", {"id": "t1", "outcome": "success"})
+    await journal.close("t1")
+    assert sorted(p.name for p in root.glob("*.jsonl")) == []
+    assert [p.stat().st_size for p in root.iterdir()] == [0]  # one spare, emptied
+    await _open(journal, "t2", "short")
+    assert (root / "t2.jsonl").stat().st_ino == first
+    [record] = TaskJournal(tmp_path).load()
+    assert record["id"] == "t2" and record["request"] == "short" and record["tools"] == []
+    assert (root / "t2.jsonl").read_text().count("\n") == 1  # nothing of t1 left
+
+    ids = [f"m{i}" for i in range(MAX_SPARES + 5)]
+    for task_id in ids:
+        await _open(journal, task_id, "many at once")
+    unlink = journal.closing(["t2", *ids])
+    assert unlink is not None
+    unlink()
+    assert TaskJournal(tmp_path).load() == []
+    assert len(list(root.iterdir())) == MAX_SPARES
+
+
+async def test_a_spare_left_with_content_by_a_crash_is_reused_empty(tmp_path: Path) -> None:
+    """Killed between renaming an ended record and emptying it: the next run takes the
+    spare and the new record holds nothing else."""
+    root = tmp_path / "journal"
+    root.mkdir()
+    stale = json.dumps({"id": "old", "status": "open", "request": "x" * 500}) + "\n"
+    (root / ".spare-0123456789ab").write_text(stale * 3)
+    journal = TaskJournal(tmp_path)
+    await _open(journal, "t1", "hi")
+    assert not (root / ".spare-0123456789ab").exists()
+    [record] = TaskJournal(tmp_path).load()
+    assert record["id"] == "t1" and record["request"] == "hi"
+    assert "old" not in (root / "t1.jsonl").read_text()
