@@ -12,9 +12,10 @@ the style libyaml picks for them (plain when the resolver reads the text back as
 string and no indicator forbids it, else single-quoted). Anything else in a top-level
 entry (a long or multi-line or non-ASCII string, a date, a nested list of lists…)
 has that whole entry written by `yaml.dump` itself; an entry's text does not depend
-on the others'. A document where one list or dict object appears twice goes to
-`yaml.dump` whole (it writes anchors and aliases for those). A test holds the output
-to `yaml.dump`'s on real records and on thousands of generated ones.
+on the others'. A document where one object yaml.dump would write as an alias (a
+list, a dict, a date…) appears twice goes to `yaml.dump` whole (it writes an anchor and
+an alias for it). A test holds the output to `yaml.dump`'s on real records and on
+thousands of generated ones.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ class _Unsupported(Exception):
 
 
 class _Shared(Exception):
-    """A list or dict object occurs twice: yaml.dump writes an anchor and an alias."""
+    """An object occurs twice: yaml.dump writes an anchor and an alias."""
 
 
 #: Strings already looked at (keys, tool names, outcomes… recur in every record), as
@@ -84,7 +85,7 @@ def dump(front_matter: dict[str, Any]) -> str:
 
 
 def _note(value: Any, seen: set[int]) -> None:
-    """Count a list or dict object in; a second sighting is an alias to write."""
+    """Count an object in (by identity); a second sighting is an alias to write."""
     if id(value) in seen:
         raise _Shared
     seen.add(id(value))

@@ -14,7 +14,7 @@ the episode is written. What is left at start-up was interrupted.
 first line is the record. A new record is created and written in one write on the event
 loop (O_EXCL: a new file, never a half-replaced one; tens of microseconds, like the
 done line; or an ended record's emptied file, `.spare-*`, renamed to the new name, as
-creating a file costs up to ~0.8 ms of CPU on some disks), and made durable in the
+creating a file costs up to ~1.3 ms of CPU on some disks), and made durable in the
 thread hop (fsync of the file, then of the folder):
 awaiting it is awaiting durability, as before. It used to be a temp file, fsync and
 rename in the thread: a dozen system calls, each taking the GIL back from the model
@@ -127,7 +127,7 @@ class TaskJournal:
 
         An ended task's emptied file is renamed to the new record's name when there is
         one (`_recycle`), instead of a file being created: on some disks creating a file
-        costs far more than renaming one (0.02-0.8 ms of CPU on this project's test
+        costs far more than renaming one (0.03-1.3 ms of CPU on this project's test
         VM, varying with the folder and the hour), and this is on the way to the reply
         (issue 26). The folder's fsync after the write covers the rename as it covers a
         creation."""
@@ -161,9 +161,7 @@ class TaskJournal:
             fd = os.open(self.root, os.O_RDONLY | os.O_CLOEXEC)
             self._folder = (fd, weakref.finalize(self, os.close, fd))
             # Spares an earlier run left (each is emptied again when it is taken).
-            self._spares[:] = sorted(n for n in os.listdir(self.root) if _is_spare(n))[
-                :MAX_SPARES
-            ]
+            self._spares[:] = sorted(n for n in os.listdir(self.root) if _is_spare(n))[:MAX_SPARES]
         return self._folder[0]
 
     def _close_folder(self) -> None:

@@ -120,6 +120,17 @@ def test_strings_near_the_width_and_every_piece_alone_match_yaml_dump() -> None:
             assert ours == theirs, repr(piece)
 
 
+def test_lines_ending_at_the_width_and_just_past_it_match_yaml_dump() -> None:
+    """libyaml folds at a space only once a line passes the width (100)."""
+    for key in ("k", "request"):
+        for end in range(94, 107):
+            for filler in ("ab ", "a'b ", "a: b "):  # plain, plain with a quote, quoted
+                start = len(key) + 2
+                text = (filler * 40)[: end - start].strip() or "x"
+                ours, theirs = _both({key: text, "tools": [{"name": text}]})
+                assert ours == theirs, (key, end, filler)
+
+
 def _episode(i: int) -> Episode:
     failed = i % 3 == 0
     tools = [ToolRecord(name="shell", ok=True, args={"command": f"ls -la dir{i}"})]
