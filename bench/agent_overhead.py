@@ -27,7 +27,7 @@ from typing import Any
 import aiohttp
 
 from adapters.replay import ReplayChannel
-from bench.data_root import bench_dir, describe
+from bench.data_root import bench_dir, describe, describe_folder
 from bot.app import App
 from bot.logs import configure_logging
 from config.settings import load_settings
@@ -219,6 +219,11 @@ async def _run() -> None:
                     agent_cpu.append(c_agent)
                     reply_cpu.append(replied_cpu[f"c{i}"] - c0)
             episodes = list((tmp / "data" / "episodes").rglob("*.md"))
+            folder_cost = ""
+            if episodes:
+                where = episodes[-1].parent
+                name = f"{where.relative_to(tmp / 'data').as_posix()}/"
+                folder_cost = describe_folder(where, name)
         finally:
             await app.stop()
             shutil.rmtree(tmp, ignore_errors=True)
@@ -227,6 +232,8 @@ async def _run() -> None:
     med = statistics.median
     m_raw, m_bare, m_agent, m_reply = (med(x) for x in (raw, bare, agent, to_reply))
     print(describe())
+    if folder_cost:
+        print(folder_cost)
     print(f"raw HTTP POST          {_ms(raw)}   (baseline 1)")
     print(f"bare litellm call      {_ms(bare)}   ratio {m_bare / m_raw:.1f}x raw")
     print(

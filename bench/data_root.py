@@ -1,12 +1,14 @@
 """Where the message-path benches keep their data dir: beside Steward's default one.
 
 Why: Steward's data dir defaults to `./.steward`, on the working directory's file
-system, and every message creates a file there (its journal record) before the reply.
-How much that costs depends on the file system: on the 2-core machine of issue 26,
-creating a file under /tmp took 0.2-1.4 ms of CPU (its ext4 block group), and 0.015 ms
-anywhere else on the same disk, so a bench in /tmp measured /tmp. The benches make
-their temporary data dir under the working directory, as a deployment's is, and print
-what creating a file costs there; `BENCH_DATA_ROOT=/tmp` measures another place.
+system, and every message creates files there (its episode; a new conversation's
+transcript; its journal record when no ended task's file is there to reuse). What a
+creation costs depends on the folder: on the 2-core machine of issue 26 it took 0.02 to
+1.3 ms of CPU, with the folder (its ext4 block group) and the hour: /tmp was the slow
+place one day and a fast one the next. The benches make their temporary data dir under
+the working directory, as a deployment's is, and print what creating a file costs in a
+new folder there and, after the run, in the folder the episodes went to;
+`BENCH_DATA_ROOT=/tmp` measures another place.
 """
 
 from __future__ import annotations
@@ -31,20 +33,23 @@ def bench_dir(prefix: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=f".{prefix}", dir=data_root()))
 
 
-def create_cost_ms() -> float:
-    """Median time to create (and close) a new file in a new folder of the data root:
-    what each message's journal record costs the event loop there."""
+def create_cost_ms(folder: Path | None = None) -> float:
+    """Median time to create (and close) a new file in `folder` (default: a new folder
+    of the data root), the probe files removed after: what each file a message creates
+    costs there."""
     probe = Path(tempfile.mkdtemp(prefix=".create-probe-", dir=data_root()))
+    where = folder or probe
+    names = [where / f".create-probe-{i}.tmp" for i in range(SAMPLES)]
     times = []
     try:
-        for i in range(SAMPLES):
+        for name in names:
             t0 = time.perf_counter()
-            fd = os.open(probe / f"{i}.jsonl", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             times.append(time.perf_counter() - t0)
             os.close(fd)
     finally:
-        for i in range(SAMPLES):
-            (probe / f"{i}.jsonl").unlink(missing_ok=True)
+        for name in names:
+            name.unlink(missing_ok=True)
         probe.rmdir()
     return statistics.median(times) * 1000
 
@@ -54,4 +59,12 @@ def describe() -> str:
     return (
         f"data dir under {data_root()} (BENCH_DATA_ROOT): creating a file there takes "
         f"{create_cost_ms():.3f} ms (median of {SAMPLES})"
+    )
+
+
+def describe_folder(folder: Path, name: str) -> str:
+    """One line: what creating a file costs in a folder the run wrote to (`name`)."""
+    return (
+        f"creating a file in {name}, a folder the run wrote to, takes "
+        f"{create_cost_ms(folder):.3f} ms (median of {SAMPLES})"
     )
