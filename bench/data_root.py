@@ -33,13 +33,10 @@ def bench_dir(prefix: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=f".{prefix}", dir=data_root()))
 
 
-def create_cost_ms(folder: Path | None = None) -> float:
-    """Median time to create (and close) a new file in `folder` (default: a new folder
-    of the data root), the probe files removed after: what each file a message creates
-    costs there."""
-    probe = Path(tempfile.mkdtemp(prefix=".create-probe-", dir=data_root()))
-    where = folder or probe
-    names = [where / f".create-probe-{i}.tmp" for i in range(SAMPLES)]
+def create_cost_ms(folder: Path) -> float:
+    """Median time to create (and close) a new file in `folder`, the probe files
+    removed after: what each file a message creates costs there."""
+    names = [folder / f".create-probe-{i}.tmp" for i in range(SAMPLES)]
     times = []
     try:
         for name in names:
@@ -50,15 +47,20 @@ def create_cost_ms(folder: Path | None = None) -> float:
     finally:
         for name in names:
             name.unlink(missing_ok=True)
-        probe.rmdir()
     return statistics.median(times) * 1000
 
 
 def describe() -> str:
-    """One line for a bench's output: where its data dir is and what a file costs there."""
+    """One line for a bench's output: where its data dir is and what creating a file
+    costs in a new folder there (as the bench's data dir was)."""
+    probe = Path(tempfile.mkdtemp(prefix=".create-probe-", dir=data_root()))
+    try:
+        cost = create_cost_ms(probe)
+    finally:
+        probe.rmdir()
     return (
         f"data dir under {data_root()} (BENCH_DATA_ROOT): creating a file there takes "
-        f"{create_cost_ms():.3f} ms (median of {SAMPLES})"
+        f"{cost:.3f} ms (median of {SAMPLES})"
     )
 
 

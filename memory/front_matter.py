@@ -93,16 +93,12 @@ def _note(value: Any, seen: set[int]) -> None:
 
 def _note_collections(value: Any, seen: set[int]) -> None:
     """`_note` for every object inside `value` (an entry yaml.dump writes) that its
-    representer could write as an alias: all but None, (), and str, bytes, bool, int
-    and float values (SafeRepresenter.ignore_aliases), a date or a tuple included."""
+    representer would write as an alias the second time (the dumper's own
+    `ignore_aliases` says which: a date or a tuple is one, a string or a number not)."""
     stack = [value]
     while stack:
         item = stack.pop()
-        if (
-            item is None
-            or (isinstance(item, tuple) and item == ())
-            or isinstance(item, (str, bytes, bool, int, float))
-        ):
+        if _Dumper.ignore_aliases(None, item):
             continue
         _note(item, seen)
         if isinstance(item, dict):

@@ -132,10 +132,10 @@ class TaskJournal:
         (issue 26). The folder's fsync after the write covers the rename as it covers a
         creation."""
         folder = self._folder_fd()
-        while self._spares:
+        while True:
             try:
                 spare = self._spares.pop()
-            except IndexError:  # taken meanwhile
+            except IndexError:  # none left (or taken meanwhile): create one below
                 break
             if os.path.lexists(path):  # never over a record (O_EXCL's promise)
                 self._spares.append(spare)

@@ -114,6 +114,10 @@ class DocTokens:
     length: int = 0
 
 
+#: Empties the tokenizer's contentless scratch table in one statement.
+_EMPTY = "INSERT INTO t (t) VALUES ('delete-all')"
+
+
 class Tokenizer:
     """FTS5's tokenizer (schema.TOKENIZE) on a private in-memory FTS5 table.
 
@@ -160,7 +164,7 @@ class Tokenizer:
                     tokens.terms[term] = (freq + WEIGHTS[c], positions)
                     tokens.length += 1
             finally:
-                self._db.execute("INSERT INTO t (t) VALUES ('delete-all')")
+                self._db.execute(_EMPTY)
         return out
 
     def phrases(self, words: Sequence[str]) -> list[Phrase]:
@@ -188,7 +192,7 @@ class Tokenizer:
                     for term, doc, offset in self._db.execute("SELECT term, doc, offset FROM v"):
                         found.setdefault(doc, []).append((offset, term))
                 finally:
-                    self._db.execute("INSERT INTO t (t) VALUES ('delete-all')")
+                    self._db.execute(_EMPTY)
                 if len(self._phrases) > 50_000:  # bounded: query words are open-ended
                     self._phrases.clear()
                 for i, word in enumerate(missing, start=1):
