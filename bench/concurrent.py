@@ -5,7 +5,7 @@ each making 10 bare `litellm.acompletion` calls in a row. Steward: 100 conversat
 each sent its 10 messages one after another (a person waits for the answer before the
 next), all conversations at once, through the real dispatcher, agent, journal, channel
 and the background episode writer (core/persist.py). Steward runs twice: with the
-default settings (model calls under load in a worker process, core/llm_worker.py) and
+default settings (model calls under load in worker processes, core/llm_worker.py) and
 with every call in its one process (`llm_workers = 0`). Each run is warmed up first as
 the baseline is (one message a conversation, the worker started), and sits between two
 bare runs whose rates are averaged, so a load change on the machine during the run
@@ -80,6 +80,7 @@ class _Run:
     by_workers: int  # calls the model worker processes answered
     cpu: float  # seconds of this process (the scripted server's share included)
     cpu_workers: float  # seconds of the worker processes
+    workers: int  # the run's llm_workers
 
 
 def _cpu_of(pid: int) -> float:
@@ -88,18 +89,18 @@ def _cpu_of(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def _steward(base_url: str, workers: int) -> _Run:
+async def _steward(base_url: str, workers: int | None) -> _Run:
+    """One run; `workers` None: the default `llm_workers` (config/default.toml)."""
     tmp = bench_dir("steward-bench-")
-    settings = load_settings(
-        env={
-            "STEWARD_MODEL": "openai/scripted",
-            "STEWARD_API_BASE": base_url,
-            "STEWARD_DATA_DIR": str(tmp / "data"),
-            "STEWARD_WORKSPACE": str(tmp / "ws"),
-            "STEWARD_LLM_WORKERS": str(workers),
-        },
-        cwd=tmp,
-    )
+    env = {
+        "STEWARD_MODEL": "openai/scripted",
+        "STEWARD_API_BASE": base_url,
+        "STEWARD_DATA_DIR": str(tmp / "data"),
+        "STEWARD_WORKSPACE": str(tmp / "ws"),
+    }
+    if workers is not None:
+        env["STEWARD_LLM_WORKERS"] = str(workers)
+    settings = load_settings(env=env, cwd=tmp)
     app = App(settings)
     app.access.rules["replay"] = Rules(open=True)
     answers: dict[str, list[str]] = {}
@@ -159,7 +160,9 @@ async def _steward(base_url: str, workers: int) -> _Run:
         want = [f"re: c{c} m{j}" for j in range(PER_CONVERSATION)]
         assert got == want, f"conversation p{c}: lost, doubled or crossed answers: {got}"
     used = [b - a for a, b in zip(before, after, strict=True)]
-    return _Run(elapsed, drained, latencies, episodes, int(used[0]), used[1], used[2])
+    return _Run(
+        elapsed, drained, latencies, episodes, int(used[0]), used[1], used[2], settings.llm_workers
+    )
 
 
 async def _timed_bare(litellm: Any, base_url: str) -> tuple[float, list[float], float]:
@@ -178,7 +181,7 @@ async def _run() -> None:
         # Each Steward run between two bare runs, averaged, so a load change on the
         # machine hurts neither side alone.
         b1 = await _timed_bare(litellm, llm.base_url)
-        pooled = await _steward(llm.base_url, workers=1)  # the default settings
+        pooled = await _steward(llm.base_url, workers=None)  # the default settings
         b2 = await _timed_bare(litellm, llm.base_url)
         alone = await _steward(llm.base_url, workers=0)  # every call in the one process
         b3 = await _timed_bare(litellm, llm.base_url)
@@ -192,7 +195,7 @@ async def _run() -> None:
         f"CPU {bare_cpu * 1000:.1f} ms a call"
     )
     for name, run, around in (
-        ("llm_workers = 1 (default)", pooled, (b1, b2)),
+        (f"llm_workers = {pooled.workers} (default)", pooled, (b1, b2)),
         ("llm_workers = 0 (one process)", alone, (b2, b3)),
     ):
         bare_rate = total / ((around[0][0] + around[1][0]) / 2)

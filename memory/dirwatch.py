@@ -7,6 +7,10 @@ message, issue 26). Linux's inotify queues an event for every change in the fold
 it happens; a non-blocking read of its descriptor that finds none means nothing
 changed, whoever changed it (an editor, `steward rules`, the learner itself).
 
+A folder that does not exist yet (no rules learned so far, the usual case) is not
+looked for on every call either: its parent is watched for entries created in it, and
+only such an event (or `max_age`) sends the next call to look for the folder again.
+
 Where inotify is missing (not Linux, no libc, no watches left) or cannot see every
 change (a network file system, where another machine's writes raise no event), the
 answer falls back to "maybe": every `changed()` is True while there is no watch, and
@@ -39,6 +43,9 @@ IN_MOVE_SELF = 0x800
 IN_Q_OVERFLOW = 0x4000
 IN_IGNORED = 0x8000
 IN_ONLYDIR = 0x01000000
+#: What a parent is watched for while the folder is missing: an entry created or moved
+#: in (the folder, perhaps), or the parent itself gone.
+PARENT_WATCHED = IN_CREATE | IN_MOVED_TO | IN_DELETE_SELF | IN_MOVE_SELF
 IN_NONBLOCK = os.O_NONBLOCK
 IN_CLOEXEC = 0o2000000
 
@@ -86,6 +93,7 @@ class DirWatch:
         self._lock = threading.Lock()
         self._fd = -1
         self._wd = -1
+        self._pwd = -1  # the parent's watch, while the folder is missing
         self._looked = float("-inf")  # when changed() last said True
         self._tried = False
         self._lib: ctypes.CDLL | None = None
@@ -98,6 +106,10 @@ class DirWatch:
         with self._lock:
             now = self._now()
             if self._wd < 0:
+                # No folder when last looked, and nothing created in its parent since:
+                # still none (the caller's last look, "no rules", stands).
+                if self._pwd >= 0 and not self._drain() and now - self._looked < self.max_age:
+                    return False
                 # No watch: always look. A new one: the caller never looked under it (and
                 # what was queued before it, an old watch's last events, is no news).
                 self._watch()
@@ -106,6 +118,10 @@ class DirWatch:
                 news = True
             else:
                 news = self._drain() or now - self._looked >= self.max_age
+                if self._wd < 0:  # the folder went: watched again, or its parent, at once
+                    self._watch()
+                    if self._wd >= 0:
+                        self._drain()
             if news:
                 self._looked = now
             return news
@@ -121,8 +137,29 @@ class DirWatch:
                     weakref.finalize(self, os.close, fd)
         if self._fd < 0 or self._lib is None:
             return
-        wd = self._lib.inotify_add_watch(self._fd, os.fsencode(self.folder), WATCHED | IN_ONLYDIR)
-        self._wd = wd if wd >= 0 else -1  # ENOENT (no folder yet), ENOSPC (no watches left)
+        self._wd = self._add(self.folder, WATCHED)
+        if self._wd >= 0:
+            if self._pwd >= 0:  # found: the parent's watch has done its job
+                self._lib.inotify_rm_watch(self._fd, self._pwd)
+                self._pwd = -1
+            return
+        if ctypes.get_errno() != errno.ENOENT or self._pwd >= 0:
+            return  # ENOSPC (no watches left), not a folder: no watch, always look
+        # No folder yet: watch its parent for it, then look once more (it may have been
+        # made between the two calls, before the parent's watch could see it).
+        self._pwd = self._add(self.folder.parent, PARENT_WATCHED)
+        if self._pwd >= 0:
+            self._wd = self._add(self.folder, WATCHED)
+            if self._wd >= 0:
+                self._lib.inotify_rm_watch(self._fd, self._pwd)
+                self._pwd = -1
+
+    def _add(self, folder: Path, mask: int) -> int:
+        """A watch's descriptor, or -1 (errno says why: ENOENT, ENOSPC, ENOTDIR)."""
+        assert self._lib is not None
+        ctypes.set_errno(0)
+        wd = self._lib.inotify_add_watch(self._fd, os.fsencode(folder), mask | IN_ONLYDIR)
+        return wd if wd >= 0 else -1
 
     def _drain(self) -> bool:
         """Read every queued event; True when there was any."""
@@ -134,7 +171,7 @@ class DirWatch:
                 return seen
             except OSError as exc:  # the descriptor broke: no watch from now on
                 if exc.errno != errno.EINTR:
-                    self._wd = -1
+                    self._wd = self._pwd = -1
                     return True
                 continue
             if not data:
@@ -152,3 +189,7 @@ class DirWatch:
                     if mask & IN_MOVE_SELF and self._lib is not None:
                         self._lib.inotify_rm_watch(self._fd, wd)
                     self._wd = -1
+                elif wd == self._pwd and mask & _GONE:
+                    if mask & IN_MOVE_SELF and self._lib is not None:
+                        self._lib.inotify_rm_watch(self._fd, wd)
+                    self._pwd = -1  # the parent gone too: always look until it is back

@@ -195,8 +195,8 @@ class RuleStore:
         try:
             with os.scandir(root) as entries:
                 names = [e.name for e in entries if e.name.endswith(".md")]
-        except OSError:  # no folder yet (or not one): no rules
-            self._last = None
+        except OSError:  # no folder yet (or not one): no rules, until the watch says
+            self._last = []
             return [], []
         names.sort(key=_name_order)
         parsed = self._parsed

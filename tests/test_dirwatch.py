@@ -36,8 +36,15 @@ def test_changes_of_every_kind_are_news_once_and_quiet_is_quiet(tmp_path: Path) 
     folder = tmp_path / "rules"
     clock = Clock()
     watch = DirWatch(folder, now=clock)
-    assert watch.changed() and watch.changed()  # no folder: always look
+    assert watch.changed()  # no folder: look once (and find none) ...
+    assert not watch.changed()  # ... then none still, while nothing is made beside it
     assert not watch.watching
+    (tmp_path / "other.txt").write_text("made beside it")
+    assert watch.changed()  # maybe the folder: looked for again
+    assert not watch.changed()
+    clock.t += dirwatch.MAX_AGE
+    assert watch.changed()  # looked for again after a while all the same
+    assert not watch.changed()
     folder.mkdir()
     assert watch.changed()  # a new watch: the caller never looked under it
     assert watch.watching
@@ -72,7 +79,7 @@ def test_a_folder_removed_or_moved_away_is_watched_again_when_it_is_back(
     assert watch.changed() and not watch.changed()
     shutil.rmtree(folder)
     assert watch.changed()
-    assert watch.changed()  # nothing to watch: always look
+    assert not watch.changed()  # gone, and nothing made in its place
     folder.mkdir()
     assert watch.changed() and watch.watching
     assert not watch.changed()
@@ -86,6 +93,21 @@ def test_a_folder_removed_or_moved_away_is_watched_again_when_it_is_back(
     assert not watch.changed()
     (folder / "z.md").write_text("news")
     assert watch.changed()
+
+
+@linux
+def test_with_neither_the_folder_nor_its_parent_every_call_says_look(tmp_path: Path) -> None:
+    folder = tmp_path / "data" / "rules"
+    watch = DirWatch(folder)
+    assert watch.changed() and watch.changed()  # no parent to watch: always look
+    folder.parent.mkdir()
+    assert watch.changed()  # the parent watched from now on
+    assert not watch.changed()
+    shutil.rmtree(folder.parent)
+    assert watch.changed() and watch.changed()  # the parent gone: always look again
+    folder.mkdir(parents=True)
+    assert watch.changed() and watch.watching
+    assert not watch.changed()
 
 
 def test_without_inotify_every_call_says_look(
