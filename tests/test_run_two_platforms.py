@@ -99,7 +99,7 @@ def test_two_platforms_and_a_pending_approval_across_a_restart(
             assert set(channels) == {"web", "telegram", "mattermost"}
             # One message at a time never needs a model worker process: none started.
             workers = healthz(port)["model_workers"]
-            assert workers == {"size": 1, "running": 0, "answered": 0, "in_flight": 0}
+            assert workers == {"size": 2, "running": 0, "answered": 0, "in_flight": 0}
     finally:
         telegram.stop_thread()
         mattermost.stop_thread()
