@@ -13,6 +13,7 @@ import json
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,14 +54,26 @@ async def first_turn() -> dict[str, Any]:
         return dict(llm.requests[0])
 
 
-def main() -> None:
-    configure_logging("warning", "json")
-    litellm = load_litellm()
-    body = asyncio.run(first_turn())
+def counter(litellm: Any) -> Callable[[str], int]:
+    """cl100k token counts of a text. Steward turns litellm's counter off (core/llm.py:
+    providers report usage), and a counter that is off answers 0 for everything: it is
+    switched on for each count only, so a test process running this bench is left as
+    Steward set it."""
 
     def count(text: str) -> int:
-        return int(litellm.token_counter(model="gpt-4o", text=text))
+        was = litellm.disable_token_counter
+        litellm.disable_token_counter = False
+        try:
+            return int(litellm.token_counter(model="gpt-4o", text=text))
+        finally:
+            litellm.disable_token_counter = was
 
+    return count
+
+
+def measure(body: dict[str, Any]) -> dict[str, Any]:
+    """A request's parts in tokens: system prompt, tool schemas (each and all), the rest."""
+    count = counter(load_litellm())
     system = "\n".join(
         str(m.get("content") or "") for m in body["messages"] if m.get("role") == "system"
     )
@@ -68,11 +81,27 @@ def main() -> None:
         str(m.get("content") or "") for m in body["messages"] if m.get("role") != "system"
     )
     tools = body.get("tools") or []
-    schemas = count(json.dumps(tools, separators=(",", ":")))
-    total = count(system) + schemas + count(others)
-    print(f"tools: {len(tools)} schemas, {schemas} tokens ({schemas / total:.0%} of the prompt)")
-    for tool in tools:
-        fn = tool.get("function", {})
-        print(f"  {fn.get('name', '?'):14s} {count(json.dumps(tool, separators=(',', ':')))}")
-    print(f"system prompt: {count(system)} tokens; the message: {count(others)} tokens")
+    parts = {
+        "system": count(system),
+        "schemas": count(json.dumps(tools, separators=(",", ":"))),
+        "message": count(others),
+    }
+    each = {
+        str(t.get("function", {}).get("name", "?")): count(json.dumps(t, separators=(",", ":")))
+        for t in tools
+    }
+    return {**parts, "total": sum(parts.values()), "tools": each}
+
+
+def main() -> None:
+    configure_logging("warning", "json")
+    got = measure(asyncio.run(first_turn()))
+    schemas, total = got["schemas"], got["total"]
+    print(
+        f"tools: {len(got['tools'])} schemas, {schemas} tokens "
+        f"({schemas / total:.0%} of the prompt)"
+    )
+    for name, tokens in got["tools"].items():
+        print(f"  {name:14s} {tokens}")
+    print(f"system prompt: {got['system']} tokens; the message: {got['message']} tokens")
     print(f"first turn's prompt: {total} tokens (cl100k; the JSON as sent, compacted)")
