@@ -33,7 +33,7 @@ def _write(folder: Path, now: datetime) -> None:
             tokens_in=1000,
             tokens_out=100,
             cost_usd=0.001,
-            tools=[ToolRecord("shell", True, arguments="ls")],
+            tools=[ToolRecord("shell", True, args={"command": "ls"})],
         )
         path = store.path_for(e)
         path.parent.mkdir(parents=True, exist_ok=True)
