@@ -223,7 +223,9 @@ async def _run() -> None:
             if episodes:
                 where = episodes[-1].parent
                 name = f"{where.relative_to(tmp / 'data').as_posix()}/"
-                folder_cost = describe_folder(where, name)
+                # Each message's new files: its episode, and the transcript of its
+                # conversation (a new one per message here); the journal reuses its own.
+                folder_cost = describe_folder(where, name, files_a_message=2)
         finally:
             await app.stop()
             shutil.rmtree(tmp, ignore_errors=True)

@@ -64,9 +64,24 @@ def describe() -> str:
     )
 
 
-def describe_folder(folder: Path, name: str) -> str:
-    """One line: what creating a file costs in a folder the run wrote to (`name`)."""
-    return (
-        f"creating a file in {name}, a folder the run wrote to, takes "
-        f"{create_cost_ms(folder):.3f} ms (median of {SAMPLES})"
+#: Milliseconds above which creating a file counts as slow: a journaled ext4 or a
+#: quiet disk takes ~0.01-0.05 ms on this project's VM.
+SLOW_CREATE_MS = 0.1
+
+
+def describe_folder(folder: Path, name: str, *, files_a_message: int = 0) -> str:
+    """One line: what creating a file costs in a folder the run wrote to (`name`), and
+    when that is slow, how much of each message's CPU it may be and the likely cause."""
+    cost = create_cost_ms(folder)
+    line = (
+        f"creating a file in {name}, a folder the run wrote to, takes {cost:.3f} ms "
+        f"(median of {SAMPLES})"
     )
+    if cost > SLOW_CREATE_MS and files_a_message:
+        line += (
+            f"; slow: each message creates {files_a_message} files, ~{cost * files_a_message:.2f}"
+            " ms of its CPU. On ext4 without a journal, files deleted in the last minutes"
+            " (an earlier bench's clean-up) slow every creation (README -> Performance):"
+            " leave a few minutes between runs"
+        )
+    return line
