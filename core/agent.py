@@ -45,6 +45,10 @@ Observer = Callable[[Progress], Awaitable[None]]
 
 EMPTY_ANSWER = "(The model finished without saying anything.)"
 
+#: Seconds the journal record waits for recall's search before it is written anyway
+#: (see Agent._open_journal): a search takes ~1-2 ms, a hosted embedder longer.
+RECALL_FIRST = 0.05
+
 SYSTEM_PROMPT = """You are Steward, an AI agent working for a team through chat, with tools \
 in the workspace {workspace} (paths are relative to it).
 - Act through tools; never claim what no tool call in this task did.
@@ -235,8 +239,9 @@ class Agent:
             task_id=task_id, conversation=req.conversation, channel=req.channel.name
         ):
             # Recall first: its search runs in a worker thread while the task is set up
-            # (its episode, the task_start progress, the journal record), instead of
-            # after. A task that ends before its prompt is made does not leave it behind.
+            # (its episode, the task_start progress; the journal record follows the
+            # search: _open_journal), instead of after. A task that ends before its
+            # prompt is made does not leave it behind.
             recalling = None
             if self.recall is not None:
                 recalling = asyncio.ensure_future(self._recall(self.recall, req))
@@ -287,11 +292,13 @@ class Agent:
         await emit(Progress("task_start", task_id))
 
         kind = ""  # the failure's class, for the task's own error signature
-        # The journal record is written while recall and the first model call run, not
-        # before them: it must be durable before a tool runs (awaited there), and in the
-        # file before the reply (`written`; see below).
+        # The journal record is written while the first model call runs, not before it:
+        # it must be durable before a tool runs (awaited there), and in the file before
+        # the reply (`written`; see below).
         written: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        opened = asyncio.ensure_future(self._open_journal(req, task_id, episode, written))
+        opened = asyncio.ensure_future(
+            self._open_journal(req, task_id, episode, written, after=recalling)
+        )
         try:
             async with asyncio.timeout(self.task_timeout):
                 reply = await self._loop(req, task_id, episode, emit, bound, opened, recalling)
@@ -419,10 +426,24 @@ class Agent:
         return path
 
     async def _open_journal(
-        self, req: TaskRequest, task_id: str, episode: Episode, written: asyncio.Future[None]
+        self,
+        req: TaskRequest,
+        task_id: str,
+        episode: Episode,
+        written: asyncio.Future[None],
+        *,
+        after: asyncio.Future[list[Recalled]] | None = None,
     ) -> None:
         """Write the task's journal record; `written` is done once it is in the file (or
-        there is none to write, or its write failed), before the record is durable."""
+        there is none to write, or its write failed), before the record is durable.
+
+        After recall's search (`after`, at most RECALL_FIRST s): the model call waits
+        for the search, not for the record, and written beside the search the record's
+        file work and the search's thread took the GIL from each other (issue 26: the
+        search ended 0.4-0.45 ms later, and the record is written during the model call
+        anyway, its durability awaited only before a tool runs)."""
+        if after is not None and not after.done():
+            await asyncio.wait([after], timeout=RECALL_FIRST)
 
         def done() -> None:
             if not written.done():

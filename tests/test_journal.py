@@ -3,6 +3,7 @@ made, and runs again only on a press of [Run it again] by the person who asked."
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import stat
@@ -11,9 +12,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from core import agent
+from core.events import Message
 from core.interrupted import question
+from core.recall import Recalled
 from memory.journal import TaskJournal
 from tests.fakes.llm import ScriptedLLM
+from tests.test_concurrency import start_app
 from tests.test_replay_e2e import episodes, replay
 
 REQUEST = "write notes/a.txt saying hi"
@@ -353,3 +360,44 @@ async def test_a_spare_left_with_content_by_a_crash_is_reused_empty(tmp_path: Pa
     [record] = TaskJournal(tmp_path).load()
     assert record["id"] == "t1" and record["request"] == "hi"
     assert "old" not in (root / "t1.jsonl").read_text()
+
+
+class _SlowRecall:
+    """Recall that answers when let go: a hosted embedder taking its time."""
+
+    def __init__(self) -> None:
+        self.asked = asyncio.Event()
+        self.go = asyncio.Event()
+
+    async def similar(self, text: str, *, scope: str, limit: int) -> list[Recalled]:
+        self.asked.set()
+        await self.go.wait()
+        return []
+
+
+async def test_the_record_waits_for_recall_a_moment_not_for_a_slow_one(
+    llm: ScriptedLLM, settings_for: Callable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The record is written after recall's search (the two no longer compete for the
+    GIL before the model call, issue 26), but no longer than RECALL_FIRST: a recall
+    that takes its time does not leave a task unrecorded."""
+    monkeypatch.setattr(agent, "RECALL_FIRST", 1.0)  # a moment long enough to see on a busy CI
+    llm.reply_text("Hello, Alice.")
+    s = settings_for(llm)
+    app, channel = await start_app(s)
+    recall = _SlowRecall()
+    app.agent.recall = recall
+    try:
+        await app.dispatcher.handle(Message("replay", "c1", "alice", "say hello"), channel)
+        await asyncio.wait_for(recall.asked.wait(), 10)
+        assert journal_files(s) == []  # not before recall has had its moment
+        await asyncio.sleep(agent.RECALL_FIRST + 0.5)
+        [record] = journal_files(s)  # written while recall still runs
+        assert json.loads(record.read_text().splitlines()[0])["request"] == "say hello"
+        assert llm.requests == []  # the model call still waits for recall
+        recall.go.set()
+        await asyncio.wait_for(app.conversations.wait_idle("replay:c1"), 10)
+    finally:
+        await app.stop()
+    assert [o["text"] for o in channel.outbound] == ["Hello, Alice."]
+    assert journal_files(s) == []  # ended: no record left
