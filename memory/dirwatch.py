@@ -105,23 +105,19 @@ class DirWatch:
     def changed(self) -> bool:
         with self._lock:
             now = self._now()
-            if self._wd < 0:
+            if self._wd < 0 and self._pwd >= 0:
                 # No folder when last looked, and nothing created in its parent since:
                 # still none (the caller's last look, "no rules", stands).
-                if self._pwd >= 0 and not self._drain() and now - self._looked < self.max_age:
+                if not self._drain() and now - self._looked < self.max_age:
                     return False
-                # No watch: always look. A new one: the caller never looked under it (and
-                # what was queued before it, an old watch's last events, is no news).
+            news = self._wd < 0 or self._drain() or now - self._looked >= self.max_age
+            if self._wd < 0:
+                # No watch (none yet, or the folder went just now): watched again, or its
+                # parent. A new one: the caller never looked under it (and what was
+                # queued before it, an old watch's last events, is no news).
                 self._watch()
                 if self._wd >= 0:
                     self._drain()
-                news = True
-            else:
-                news = self._drain() or now - self._looked >= self.max_age
-                if self._wd < 0:  # the folder went: watched again, or its parent, at once
-                    self._watch()
-                    if self._wd >= 0:
-                        self._drain()
             if news:
                 self._looked = now
             return news
@@ -138,26 +134,20 @@ class DirWatch:
         if self._fd < 0 or self._lib is None:
             return
         self._wd = self._add(self.folder, WATCHED)
-        if self._wd >= 0:
-            if self._pwd >= 0:  # found: the parent's watch has done its job
-                self._lib.inotify_rm_watch(self._fd, self._pwd)
-                self._pwd = -1
-            return
-        if ctypes.get_errno() != errno.ENOENT or self._pwd >= 0:
-            return  # ENOSPC (no watches left), not a folder: no watch, always look
-        # No folder yet: watch its parent for it, then look once more (it may have been
-        # made between the two calls, before the parent's watch could see it).
-        self._pwd = self._add(self.folder.parent, PARENT_WATCHED)
-        if self._pwd >= 0:
-            self._wd = self._add(self.folder, WATCHED)
-            if self._wd >= 0:
-                self._lib.inotify_rm_watch(self._fd, self._pwd)
-                self._pwd = -1
+        # ENOSPC (no watches left), not a folder: no watch, always look. No folder yet:
+        # its parent watched for it, then looked for once more (it may have been made
+        # between the two calls, before the parent's watch could see it).
+        if self._wd < 0 and self._pwd < 0 and ctypes.get_errno() == errno.ENOENT:
+            self._pwd = self._add(self.folder.parent, PARENT_WATCHED)
+            if self._pwd >= 0:
+                self._wd = self._add(self.folder, WATCHED)
+        if self._wd >= 0 and self._pwd >= 0:  # found: the parent's watch has done its job
+            self._lib.inotify_rm_watch(self._fd, self._pwd)
+            self._pwd = -1
 
     def _add(self, folder: Path, mask: int) -> int:
         """A watch's descriptor, or -1 (errno says why: ENOENT, ENOSPC, ENOTDIR)."""
         assert self._lib is not None
-        ctypes.set_errno(0)
         wd = self._lib.inotify_add_watch(self._fd, os.fsencode(folder), mask | IN_ONLYDIR)
         return wd if wd >= 0 else -1
 
@@ -183,13 +173,13 @@ class DirWatch:
                 at += _EVENT.size + size
                 if mask & IN_Q_OVERFLOW:
                     continue  # events were lost: `seen` already says look
-                if wd == self._wd and mask & _GONE:
-                    # Watched again (if it exists) at the next call. A folder moved away
-                    # keeps its watch: dropped, or its events would still come.
+                if mask & _GONE and wd in (self._wd, self._pwd):
+                    # Watched again (if it exists) at the next call; a parent gone too:
+                    # always look until it is back. A folder moved away keeps its watch:
+                    # dropped, or its events would still come.
                     if mask & IN_MOVE_SELF and self._lib is not None:
                         self._lib.inotify_rm_watch(self._fd, wd)
-                    self._wd = -1
-                elif wd == self._pwd and mask & _GONE:
-                    if mask & IN_MOVE_SELF and self._lib is not None:
-                        self._lib.inotify_rm_watch(self._fd, wd)
-                    self._pwd = -1  # the parent gone too: always look until it is back
+                    if wd == self._wd:
+                        self._wd = -1
+                    else:
+                        self._pwd = -1
