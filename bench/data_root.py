@@ -69,7 +69,7 @@ def describe() -> str:
 SLOW_CREATE_MS = 0.1
 
 
-def describe_folder(folder: Path, name: str, *, files_a_message: int = 0) -> str:
+def describe_folder(folder: Path, name: str, *, files_a_message: int) -> str:
     """One line: what creating a file costs in a folder the run wrote to (`name`), and
     when that is slow, how much of each message's CPU it may be and the likely cause."""
     cost = create_cost_ms(folder)
@@ -77,7 +77,7 @@ def describe_folder(folder: Path, name: str, *, files_a_message: int = 0) -> str
         f"creating a file in {name}, a folder the run wrote to, takes {cost:.3f} ms "
         f"(median of {SAMPLES})"
     )
-    if cost > SLOW_CREATE_MS and files_a_message:
+    if cost > SLOW_CREATE_MS:
         line += (
             f"; slow: each message creates {files_a_message} files, ~{cost * files_a_message:.2f}"
             " ms of its CPU. On ext4 without a journal, files deleted in the last minutes"

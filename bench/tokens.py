@@ -13,7 +13,6 @@ import json
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ from bot.logs import configure_logging
 from config.settings import load_settings
 from core.access import Rules
 from core.events import Message
-from core.llm import load_litellm
+from core.llm import load_litellm, token_counting
 from tests.fakes.llm import Reply, ScriptedLLM
 
 
@@ -54,26 +53,13 @@ async def first_turn() -> dict[str, Any]:
         return dict(llm.requests[0])
 
 
-def counter(litellm: Any) -> Callable[[str], int]:
-    """cl100k token counts of a text. Steward turns litellm's counter off (core/llm.py:
-    providers report usage), and a counter that is off answers 0 for everything: it is
-    switched on for each count only, so a test process running this bench is left as
-    Steward set it."""
-
-    def count(text: str) -> int:
-        was = litellm.disable_token_counter
-        litellm.disable_token_counter = False
-        try:
-            return int(litellm.token_counter(model="gpt-4o", text=text))
-        finally:
-            litellm.disable_token_counter = was
-
-    return count
-
-
 def measure(body: dict[str, Any]) -> dict[str, Any]:
     """A request's parts in tokens: system prompt, tool schemas (each and all), the rest."""
-    count = counter(load_litellm())
+    litellm = load_litellm()
+
+    def count(text: str) -> int:
+        return int(litellm.token_counter(model="gpt-4o", text=text))
+
     system = "\n".join(
         str(m.get("content") or "") for m in body["messages"] if m.get("role") == "system"
     )
@@ -81,15 +67,16 @@ def measure(body: dict[str, Any]) -> dict[str, Any]:
         str(m.get("content") or "") for m in body["messages"] if m.get("role") != "system"
     )
     tools = body.get("tools") or []
-    parts = {
-        "system": count(system),
-        "schemas": count(json.dumps(tools, separators=(",", ":"))),
-        "message": count(others),
-    }
-    each = {
-        str(t.get("function", {}).get("name", "?")): count(json.dumps(t, separators=(",", ":")))
-        for t in tools
-    }
+    with token_counting(litellm):  # Steward keeps it off: it would answer 0
+        parts = {
+            "system": count(system),
+            "schemas": count(json.dumps(tools, separators=(",", ":"))),
+            "message": count(others),
+        }
+        each = {
+            str(t.get("function", {}).get("name", "?")): count(json.dumps(t, separators=(",", ":")))
+            for t in tools
+        }
     return {**parts, "total": sum(parts.values()), "tools": each}
 
 

@@ -19,7 +19,7 @@ import random
 import re
 import sys
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,11 +91,20 @@ def _assemble(litellm: Any, chunks: list[Any], messages: list[dict[str, Any]]) -
     # With the counter off, litellm ends such a stream with a usage-only chunk of zeros
     # (no choices): left out, the builder counts the prompt and the answer instead.
     content = [chunk for chunk in chunks if chunk.choices] or chunks
+    with token_counting(litellm):
+        return litellm.stream_chunk_builder(content, messages=messages)
+
+
+@contextlib.contextmanager
+def token_counting(litellm: Any) -> Iterator[None]:
+    """litellm's token counter on for a block of code without an await: `load_litellm`
+    turns it off (a counter that is off answers 0), for the few places that count."""
+    was = litellm.disable_token_counter
     litellm.disable_token_counter = False
     try:
-        return litellm.stream_chunk_builder(content, messages=messages)
+        yield
     finally:
-        litellm.disable_token_counter = True
+        litellm.disable_token_counter = was
 
 
 def _reported(chunk: Any) -> bool:
