@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -166,6 +167,13 @@ async def test_dashboard_follows_a_task_approves_it_and_shows_its_spend(
         for outside in ("../copied.md", "/etc/passwd", ""):
             async with http.get(url + "/api/artifacts/raw", params={"path": outside}) as r:
                 assert r.status == 404, outside
+        # Planted by a command: a link to a file outside, and a FIFO that would block a
+        # read forever. Neither is followed or read; the answer comes at once.
+        (s.workspace / "notes" / "link.md").symlink_to(tmp_path / "copied.md")
+        os.mkfifo(s.workspace / "notes" / "pipe.md")
+        for planted in ("notes/link.md", "notes/pipe.md"):
+            async with http.get(url + "/api/artifacts/raw", params={"path": planted}) as r:
+                assert r.status == 404, planted
 
         rules = (await get(http, url + "/api/rules"))["rules"]
         [rule] = rules

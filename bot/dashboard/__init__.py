@@ -48,6 +48,7 @@ from bot.commands.rules import Caller
 from bot.dashboard import data
 from bot.dashboard.goals import ACTIONS as GOAL_ACTIONS
 from bot.dashboard.goals import NOT_ENABLED, GoalsLike, goal_json
+from core import io_threads
 from core.approvals import ALWAYS, APPROVE, DENY, SESSION
 
 log = structlog.get_logger("steward.dashboard")
@@ -65,6 +66,8 @@ RULE_ACTIONS = ("promote", "demote", "disable")
 #: How often an open events stream re-checks the stores that do not push (seconds), and
 #: how often it sends a keep-alive comment through proxies.
 POLL_SECONDS = 1.0
+#: How long listing or reading the workspace for the artifacts view may take.
+ARTIFACT_SECONDS = 10.0
 KEEPALIVE_SECONDS = 15.0
 #: Decided approvals listed under the pending ones.
 DECIDED_SHOWN = 20
@@ -318,18 +321,27 @@ class Dashboard:
     # ------------------------------------------------------------------ artifacts
 
     async def _artifacts(self, _request: web.Request) -> web.Response:
-        items = await asyncio.to_thread(data.artifacts, self.app.workspace)
+        try:
+            items = await io_threads.run(
+                data.artifacts, self.app.workspace, within=ARTIFACT_SECONDS
+            )
+        except (TimeoutError, io_threads.Saturated):
+            return _error(503, "Listing the workspace did not finish; try again later.")
         return _json({"workspace": str(self.app.workspace), "items": items})
 
     async def _artifact_raw(self, request: web.Request) -> web.StreamResponse:
         rel = request.query.get("path", "")
-        path = await asyncio.to_thread(data.artifact_path, self.app.workspace, rel)
-        if path is None:
+        try:
+            found = await io_threads.run(
+                data.read_artifact, self.app.workspace, rel, within=ARTIFACT_SECONDS
+            )
+        except (TimeoutError, io_threads.Saturated):
+            return _error(503, f"Reading {rel[:200]!r} did not finish; try again later.")
+        if found is None:
             return _error(404, f"No such file in the workspace: {rel[:200]!r}.")
-        size = path.stat().st_size
-        if size > data.ARTIFACT_MAX_BYTES:
-            return _error(413, f"{rel} is {size} bytes; the dashboard shows files up to 5 MB.")
-        body = await asyncio.to_thread(path.read_bytes)
+        if isinstance(found, int):
+            return _error(413, f"{rel} is {found} bytes; the dashboard shows files up to 5 MB.")
+        path, body = found
         kind = data.artifact_type(path)
         headers = {
             "Cache-Control": "no-cache",

@@ -21,6 +21,7 @@ from typing import Any
 
 import structlog
 
+from core import safe_fs
 from memory.atomic import atomic_write_text
 from memory.records import RecordStore
 from memory.store import MalformedFile
@@ -401,17 +402,32 @@ def artifact_kind(name: str) -> str:
     return "text"
 
 
-def artifact_path(workspace: Path, rel: str) -> Path | None:
-    """The workspace file `rel` names, or None when it is outside, hidden or not a file."""
-    if not rel or "\x00" in rel:
+def read_artifact(workspace: Path, rel: str) -> tuple[Path, bytes] | int | None:
+    """The workspace file `rel` names and its bytes: None when it is outside, hidden or
+    not a regular file (a link is never followed, a FIFO never opened for reading, core/
+    safe_fs.py); its size when it is larger than ARTIFACT_MAX_BYTES. Blocking: run it on
+    the workspace threads (core/io_threads.py)."""
+    if not rel or "\x00" in rel or safe_fs.suspicious_character(rel):
         return None
-    root = workspace.resolve()
-    path = (root / rel).resolve()
-    if not path.is_relative_to(root) or path == root or not path.is_file():
+    try:
+        clean = safe_fs.normalize(rel)
+    except safe_fs.Escape:
         return None
-    if any(part.startswith(".") for part in path.relative_to(root).parts):
+    if not clean or any(part.startswith(".") for part in clean.split("/")):
         return None
-    return path
+    try:
+        root = safe_fs.open_root(workspace)
+    except OSError:
+        return None
+    try:
+        read = safe_fs.read_regular(root, clean, ARTIFACT_MAX_BYTES)
+    except OSError:
+        return None
+    finally:
+        os.close(root)
+    if not read.complete:
+        return read.st.st_size
+    return workspace / clean, read.data
 
 
 def artifact_type(path: Path) -> str:

@@ -15,6 +15,13 @@ What is not snapshotted (and so never touched by a restore): folders named in `s
 workspace ignores, sockets and devices, and files over `max_file_bytes` (their size is
 noted so a restore can say it left them alone).
 
+How the workspace is read: it is shaped by whatever ran in it, so the walk goes by
+descriptors (core/safe_fs.py), lstat only, never into a link; only regular files are
+opened (O_NONBLOCK, fstat first) and read up to `max_file_bytes`, a .gitignore up to
+GITIGNORE_MAX_BYTES; a snapshot gives up after `max_seconds`. A link to /dev/zero or a
+FIFO named .gitignore is skipped, not read. A restore writes the same way, so a link a
+command put in place of a folder is replaced, never written through.
+
 Crash safety: objects are written whole (dulwich writes a temp file and renames it) and
 before anything names them, so a kill during a snapshot leaves at most unreferenced
 objects, which `prune` removes. A restore writes an intent file first and each file by
@@ -28,7 +35,9 @@ lock and one cache; split, each half would need the other's internals.
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import io
 import json
 import os
 import pickle
@@ -44,6 +53,7 @@ from dulwich.ignore import IgnoreFilter, read_ignore_patterns
 from dulwich.object_store import DiskObjectStore
 from dulwich.objects import Blob, ObjectID, Tree
 
+from core import safe_fs
 from memory.atomic import atomic_write_bytes, atomic_write_text
 
 #: Folders never snapshotted, whatever the settings: version control, dependencies and
@@ -53,6 +63,19 @@ DEFAULT_SKIP = (".git", "node_modules", ".venv", "venv", "__pycache__", ".mypy_c
 #: The temp name a restore writes a file under before renaming it into place. Fixed per
 #: path, so re-running a restore after a crash overwrites (never multiplies) leftovers.
 TEMP_SUFFIX = ".steward-restore"
+
+#: Bytes of a .gitignore that are read: patterns past this are not applied (a huge or
+#: endless one, such as a link to /dev/zero, must not make every snapshot fail).
+GITIGNORE_MAX_BYTES = 1_000_000
+
+#: Seconds a snapshot may take before it gives up (what it hashed so far is kept, so the
+#: next one goes further): a snapshot holds the store's lock, and every changing tool
+#: call of every conversation waits for one.
+SNAPSHOT_SECONDS = 120.0
+
+#: Bytes of a file a restore reads to compare it with what it should be: no snapshot or
+#: kept original is bigger (OUTSIDE_MAX_BYTES in undo.py is the same 50 MB).
+CURRENT_MAX = 50_000_000
 
 FILE = 0o100644
 EXEC = 0o100755
@@ -64,6 +87,12 @@ _Cached = tuple[tuple[int, int, int, int, int], bytes, int, bytes]
 
 #: path -> (mode, blob id) or None (absent): what a restore makes true.
 Target = dict[str, tuple[int, str] | None]
+
+
+class SnapshotTimeout(Exception):
+    """The snapshot did not finish within its time (or the lock stayed taken). Not an
+    OSError (as TimeoutError is): the walk skips files that fail with OSError, and this
+    must end the walk instead."""
 
 
 @dataclass(slots=True)
@@ -107,13 +136,21 @@ class SnapshotStore:
         skip: Iterable[str] = (),
         max_file_bytes: int = 50_000_000,
         exclude: Iterable[Path] = (),
+        max_seconds: float = SNAPSHOT_SECONDS,
     ) -> None:
         self.root = Path(root)
         self.workspace = Path(workspace).resolve()
         self.skip = frozenset(DEFAULT_SKIP) | {s.strip().strip("/") for s in skip if s.strip()}
         self.max_file_bytes = max_file_bytes
+        self.max_seconds = max_seconds
         #: Absolute folders inside the workspace never snapshotted (Steward's data dir).
         self.exclude = frozenset(os.path.realpath(p) for p in exclude)
+        #: The same, relative to the workspace (what the walk compares).
+        self._exclude_rel = frozenset(
+            os.path.relpath(x, self.workspace)
+            for x in self.exclude
+            if x.startswith(str(self.workspace) + os.sep)
+        )
         self.lock = threading.RLock()
         objects = self.root / "objects"
         if not (objects / "pack").is_dir():
@@ -159,9 +196,30 @@ class SnapshotStore:
             self._stat_dirty = False
 
     # ── taking a snapshot ───────────────────────────────────────────────────────
+    @contextlib.contextmanager
+    def _locked(self, seconds: float) -> Iterator[None]:
+        """The store's lock, waited for at most `seconds`: a walk stuck on a hung
+        filesystem must not make every later snapshot wait forever behind it."""
+        if not self.lock.acquire(timeout=max(seconds, 0.001)):
+            raise SnapshotTimeout(
+                f"the snapshot store of {self.workspace} stayed busy for {seconds:g}s "
+                "(another snapshot or an undo still running)"
+            )
+        try:
+            yield
+        finally:
+            self.lock.release()
+
     def snapshot(self) -> str:
-        """The workspace now, as a tree id (hex). Writes only blobs and trees not stored yet."""
-        with self.lock:
+        """The workspace now, as a tree id (hex). Writes only blobs and trees not stored yet.
+
+        Walked by descriptors (core/safe_fs.py): a link is recorded as a link and never
+        followed, a folder is entered only if it still is one, and only regular files are
+        opened (O_NONBLOCK, fstat first), up to `max_file_bytes`: a FIFO, a device or a
+        link to /dev/zero (also as .gitignore) is skipped, not read. Gives up with
+        SnapshotTimeout after `max_seconds`, keeping what it hashed for the next one."""
+        deadline = time.monotonic() + self.max_seconds
+        with self._locked(self.max_seconds):
             seen: dict[str, _Cached] = {}
             self.too_big = {}
             self._ignores_seen = {}
@@ -170,7 +228,19 @@ class SnapshotStore:
             was_enabled = gc.isenabled()
             gc.disable()
             try:
-                tree = self._tree_of(str(self.workspace), "", [], seen)
+                try:
+                    root = safe_fs.open_root(self.workspace)
+                except (FileNotFoundError, NotADirectoryError):
+                    tree = None
+                else:
+                    try:
+                        tree = self._tree_of(root, "", [], seen, deadline=deadline)
+                    finally:
+                        os.close(root)
+            except SnapshotTimeout:
+                self._stat.update(seen)  # hashed already: the next walk need not again
+                self._stat_dirty = True
+                raise
             finally:
                 if was_enabled:
                     gc.enable()
@@ -185,17 +255,25 @@ class SnapshotStore:
             return tree.decode()
 
     @staticmethod
-    def _gitignore(absdir: str) -> IgnoreFilter | None:
+    def _gitignore(dir_fd: int) -> IgnoreFilter | None:
+        """The .gitignore of the folder `dir_fd`, if it is a regular file: a link (to
+        /dev/zero, say) or a FIFO is not read; a huge one is read to GITIGNORE_MAX_BYTES
+        (whole lines)."""
         try:
-            with open(os.path.join(absdir, ".gitignore"), "rb") as fh:
-                return IgnoreFilter(list(read_ignore_patterns(fh)))
-        except (OSError, ValueError):
+            got = safe_fs.read_regular(dir_fd, ".gitignore", GITIGNORE_MAX_BYTES)
+        except OSError:
+            return None
+        data = got.data if got.complete else got.data[: got.data.rfind(b"\n") + 1]
+        try:
+            return IgnoreFilter(list(read_ignore_patterns(io.BytesIO(data))))
+        except ValueError:
             return None
 
-    def covers(self, real: str, *, cap: int = 20_000) -> bool:
+    def covers(self, real: str, *, cap: int = 20_000, seconds: float = 10.0) -> bool:
         """Whether a snapshot holds all of `real` (a real path in the workspace), so that
-        deleting it can be undone: nothing on the way skipped or .gitignore'd, and for a
-        folder nothing under it either (looked at up to `cap` entries; more: no)."""
+        deleting it can be undone: nothing on the way skipped, .gitignore'd or a link,
+        and for a folder nothing under it either (looked at up to `cap` entries and
+        `seconds`; more: no). Read by descriptors, as the snapshot is."""
         root = str(self.workspace)
         if real != root and not real.startswith(root + os.sep):
             return False
@@ -208,35 +286,68 @@ class SnapshotStore:
             for x in self.exclude
         ):
             return False
-        is_dir = os.path.isdir(real) and not os.path.islink(real)
-        # Each folder from the root down: its .gitignore on the rest of the path.
-        folder = root
-        for i in range(len(parts)):
-            flt = self._gitignore(folder)
-            if flt is not None:
+        try:
+            fd = safe_fs.open_root(root)
+        except OSError:
+            return False
+        try:
+            return self._covers(fd, parts, cap, time.monotonic() + seconds)
+        finally:
+            os.close(fd)
+
+    def _covers(self, fd: int, parts: list[str], cap: int, deadline: float) -> bool:
+        # Each folder from the root down: its .gitignore, applied to the rest of the path.
+        filters: list[IgnoreFilter | None] = []
+        opened: list[int] = []
+        try:
+            for i, part in enumerate(parts):
+                filters.append(self._gitignore(fd))
+                if i == len(parts) - 1:
+                    break
+                try:
+                    fd = os.open(part, safe_fs.DIR_FLAGS, dir_fd=fd)
+                except FileNotFoundError:
+                    return True  # nothing there: nothing to lose
+                except OSError:
+                    return False  # a link or a file on the way: not the workspace's to promise
+                opened.append(fd)
+            st: os.stat_result | None = None
+            if parts:
+                try:
+                    st = os.stat(parts[-1], dir_fd=fd, follow_symlinks=False)
+                except OSError:
+                    return True  # nothing there: nothing to lose
+            is_dir = st is None or stat.S_ISDIR(st.st_mode)
+            for i, flt in enumerate(filters):
+                if flt is None:
+                    continue
                 for j in range(i, len(parts)):
                     sub = "/".join(parts[i : j + 1])
                     last = j == len(parts) - 1
                     if flt.is_ignored(sub + "/" if (not last or is_dir) else sub):
                         return False
-            folder = os.path.join(folder, parts[i])
-        if not is_dir:
+            if st is not None and not is_dir:
+                return st.st_size <= self.max_file_bytes
             try:
-                return os.lstat(real).st_size <= self.max_file_bytes
+                folder = os.open(parts[-1], safe_fs.DIR_FLAGS, dir_fd=fd) if parts else os.dup(fd)
             except OSError:
-                return True  # nothing there: nothing to lose
-        seen = 0
-        for dirpath, dirs, files in os.walk(real):
-            seen += len(dirs) + len(files)
-            if seen > cap or ".gitignore" in files or any(d in self.skip for d in dirs):
                 return False
-            for name in files:
-                try:
-                    if os.lstat(os.path.join(dirpath, name)).st_size > self.max_file_bytes:
+            try:
+                walk = safe_fs.Walk(folder, max_entries=cap + 1, deadline=deadline)
+                for e in walk:
+                    if e.is_dir:
+                        if e.name in self.skip:
+                            return False
+                    elif e.name == ".gitignore":
                         return False
-                except OSError:
-                    continue
-        return True
+                    elif stat.S_ISREG(e.st.st_mode) and e.st.st_size > self.max_file_bytes:
+                        return False
+                return not walk.stopped and walk.count <= cap
+            finally:
+                os.close(folder)
+        finally:
+            for x in opened:
+                os.close(x)
 
     def _ignored(self, rel: str, is_dir: bool, filters: list[tuple[str, IgnoreFilter]]) -> bool:
         for base, flt in filters:
@@ -247,29 +358,42 @@ class SnapshotStore:
 
     def _tree_of(
         self,
-        absdir: str,
+        dir_fd: int,
         rel: str,
         filters: list[tuple[str, IgnoreFilter]],
         seen: dict[str, _Cached],
         strict: bool = False,
+        *,
+        deadline: float,
+        depth: int = 0,
     ) -> bytes | None:
-        """The tree id of one folder (None: nothing to keep in it). `strict`: a .gitignore
-        above changed since the last walk, so cached files are checked against it again
-        (otherwise a cached file was not ignored then, and no rule changed since)."""
+        """The tree id of one folder, open as `dir_fd` (None: nothing to keep in it).
+        `strict`: a .gitignore above changed since the last walk, so cached files are
+        checked against it again (otherwise a cached file was not ignored then, and no
+        rule changed since)."""
+        if time.monotonic() > deadline:
+            raise SnapshotTimeout(
+                f"the snapshot of {self.workspace} took longer than {self.max_seconds:g}s "
+                f"(stopped in {rel or './'}); list bulky folders in snapshot_skip"
+            )
         try:
-            with os.scandir(absdir) as it:
+            with os.scandir(dir_fd) as it:
                 items = list(it)  # directory order: Tree sorts on its own
-        except (FileNotFoundError, NotADirectoryError, PermissionError):
+        except OSError:
             return None
-        if any(e.name == ".gitignore" for e in items):
-            flt = self._gitignore(absdir)
-            if flt is not None:
-                filters = [*filters, (rel, flt)]
+        ignore = next((e for e in items if e.name == ".gitignore"), None)
+        if ignore is not None:
             try:
-                gst = os.stat(os.path.join(absdir, ".gitignore"))
-                stamp = (gst.st_size, gst.st_mtime_ns, gst.st_ctime_ns, gst.st_ino)
+                gst: os.stat_result | None = ignore.stat(follow_symlinks=False)
             except OSError:
-                stamp = None
+                gst = None
+            stamp = None
+            if gst is not None:
+                stamp = (gst.st_size, gst.st_mtime_ns, gst.st_ctime_ns, gst.st_ino, gst.st_mode)
+                if stat.S_ISREG(gst.st_mode):  # a link or a FIFO there is never read
+                    flt = self._gitignore(dir_fd)
+                    if flt is not None:
+                        filters = [*filters, (rel, flt)]
             self._ignores_seen[rel] = stamp
             strict = strict or self._ignores.get(rel) != stamp
         cache = self._stat
@@ -279,11 +403,28 @@ class SnapshotStore:
             path = rel + name
             try:
                 if e.is_dir(follow_symlinks=False):
-                    if name in self.skip or (self.exclude and e.path in self.exclude):
+                    if name in self.skip or (self._exclude_rel and path in self._exclude_rel):
                         continue
                     if filters and self._ignored(path, True, filters):
                         continue
-                    sub = self._tree_of(e.path, path + "/", filters, seen, strict)
+                    if depth >= safe_fs.MAX_DEPTH:
+                        continue
+                    try:
+                        sub_fd = os.open(name, safe_fs.DIR_FLAGS, dir_fd=dir_fd)
+                    except OSError:
+                        continue  # gone, or swapped for a link since the listing
+                    try:
+                        sub = self._tree_of(
+                            sub_fd,
+                            path + "/",
+                            filters,
+                            seen,
+                            strict,
+                            deadline=deadline,
+                            depth=depth + 1,
+                        )
+                    finally:
+                        os.close(sub_fd)
                     if sub is not None:
                         entries.append((name.encode("utf-8", "surrogateescape"), DIR, sub))
                     continue
@@ -313,10 +454,13 @@ class SnapshotStore:
                 continue
             try:
                 if mode == LINK:
-                    data = os.fsencode(os.readlink(e.path))
-                else:
-                    with open(e.path, "rb") as fh:
-                        data = fh.read()
+                    data = os.fsencode(os.readlink(name, dir_fd=dir_fd))
+                else:  # opened only if still a regular file, read only up to the bound
+                    got = safe_fs.read_regular(dir_fd, name, self.max_file_bytes)
+                    if not got.complete:
+                        self.too_big[path] = got.st.st_size
+                        continue
+                    data = got.data
             except OSError:
                 continue
             blob = Blob.from_string(data)
@@ -470,90 +614,174 @@ class SnapshotStore:
             return intent, done
 
     def _apply(self, target: Target, outside: Target) -> Restored:
+        """Make the paths what they say, through descriptors (core/safe_fs.py): a
+        workspace path is reached beneath the workspace and an outside one beneath "/",
+        neither through a link, so a link a later command put in place of a folder never
+        leads a removal or a write elsewhere (a restore puts the folder back instead)."""
         done = Restored()
-        jobs = [(self.workspace / p, p, t) for p, t in target.items()]
-        jobs += [(Path(p), p, t) for p, t in outside.items()]
-        # Removals first, deepest first: a file may come back where a folder was.
-        for path, shown, want in sorted(jobs, key=lambda j: -len(j[0].parts)):
-            if want is None and not self._through_workspace(path, shown):
-                continue  # a folder on the way is now a link out of the workspace: not ours
-            if want is None and (path.is_symlink() or path.exists()):
-                if path.is_dir() and not path.is_symlink():
-                    shutil.rmtree(path)
-                else:
-                    path.unlink()
-                done.removed.append(shown)
-                self._prune_empty(path.parent)
-        for path, shown, want in jobs:
-            if want is None:
-                continue
-            mode, sha = want
-            current = self._current(path)
-            if current == (mode, sha):
-                continue
-            existed = path.is_symlink() or path.exists()
-            self._write(path, mode, self.blob(sha))
-            (done.restored if existed else done.recreated).append(shown)
+        jobs = [(p, False, t) for p, t in target.items()]
+        jobs += [(p, True, t) for p, t in outside.items()]
+        root = safe_fs.open_root(self.workspace)
+        slash = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) if outside else -1
+        try:
+            # Removals first, deepest first: a file may come back where a folder was.
+            for shown, out, want in sorted(jobs, key=lambda j: -len(Path(j[0]).parts)):
+                if want is None and self._remove(slash if out else root, shown, prune=not out):
+                    done.removed.append(shown)
+            for shown, out, want in jobs:
+                if want is None:
+                    continue
+                base, rel = (slash if out else root), safe_fs.normalize(shown)
+                mode, sha = want
+                current = self._current(base, rel)
+                if current == (mode, sha):
+                    continue
+                existed = current is not None or self._lstat(base, rel) is not None
+                self._write(base, rel, mode, self.blob(sha), inside=not out)
+                (done.restored if existed else done.recreated).append(shown)
+        finally:
+            os.close(root)
+            if slash != -1:
+                os.close(slash)
         for lst in (done.restored, done.recreated, done.removed):
             lst.sort()
         self._forget_stats(target)
         return done
 
-    def _through_workspace(self, path: Path, shown: str) -> bool:
-        """A workspace path whose folders still lie inside the workspace (a link a later
-        command put on the way must not lead a removal outside). Outside paths (absolute
-        in `outside`) are taken as approved."""
-        if Path(shown).is_absolute():
-            return True
-        real = os.path.realpath(path.parent)
-        root = str(self.workspace)
-        return real == root or real.startswith(root + os.sep)
-
-    def _current(self, path: Path) -> tuple[int, str] | None:
+    @staticmethod
+    def _folder(base: int, rel: str) -> int | None:
+        """A descriptor of the folder holding `rel`, reached without links (None: it is
+        not there, or a link or a file stands on the way)."""
         try:
-            st = path.lstat()
-        except (FileNotFoundError, NotADirectoryError):
+            return safe_fs.make_dirs(base, safe_fs.split(rel)[0], create=False)
+        except OSError:
             return None
-        if stat.S_ISLNK(st.st_mode):
-            return (LINK, Blob.from_string(os.fsencode(os.readlink(path))).id.decode())
-        if not stat.S_ISREG(st.st_mode):
+
+    def _lstat(self, base: int, rel: str) -> os.stat_result | None:
+        folder = self._folder(base, rel)
+        if folder is None:
             return None
-        mode = EXEC if st.st_mode & 0o111 else FILE
-        return (mode, Blob.from_string(path.read_bytes()).id.decode())
+        try:
+            return os.stat(safe_fs.split(rel)[1], dir_fd=folder, follow_symlinks=False)
+        except OSError:
+            return None
+        finally:
+            os.close(folder)
 
-    def _write(self, path: Path, mode: int, data: bytes) -> None:
-        parent = path.parent
-        for up in [*reversed(parent.parents), parent]:  # a file where a folder must be
-            if up.is_symlink() or (up.exists() and not up.is_dir()):
-                if str(up).startswith(str(self.workspace)) and len(up.parts) > len(
-                    self.workspace.parts
-                ):
-                    up.unlink()
-        parent.mkdir(parents=True, exist_ok=True)
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        tmp = path.with_name(path.name + TEMP_SUFFIX)
-        if tmp.is_symlink() or tmp.exists():
-            tmp.unlink()
-        if mode == LINK:
-            os.symlink(os.fsdecode(data), tmp)
-        else:
-            # No fsync per file: a killed process loses nothing the kernel has, and the
-            # intent makes a restore cut short by power loss run again at start.
-            with open(tmp, "wb") as fh:
-                fh.write(data)
-            os.chmod(tmp, 0o755 if mode == EXEC else 0o644)
-        os.replace(tmp, path)
-
-    def _prune_empty(self, folder: Path) -> None:
-        """Folders a removal left empty go too (git keeps no empty folders either)."""
-        root = self.workspace
-        while folder != root and root in folder.parents:
+    def _remove(self, base: int, shown: str, *, prune: bool) -> bool:
+        """Remove `shown` (a folder with all in it); False if nothing was there, or if it
+        is only reached through a link (not the workspace's any more: left alone)."""
+        rel = safe_fs.normalize(shown)
+        head, name = safe_fs.split(rel)
+        folder = self._folder(base, rel)
+        if folder is None:
+            return False
+        try:
             try:
-                folder.rmdir()
+                st = os.stat(name, dir_fd=folder, follow_symlinks=False)
+            except FileNotFoundError:
+                return False
+            if stat.S_ISDIR(st.st_mode):
+                shutil.rmtree(name, dir_fd=folder)
+            else:
+                os.unlink(name, dir_fd=folder)
+        finally:
+            os.close(folder)
+        if prune:
+            self._prune_empty(base, head)
+        return True
+
+    def _current(self, base: int, rel: str) -> tuple[int, str] | None:
+        """(mode, blob id) of what is at `rel` now: a link's target, a regular file's
+        bytes (read only up to a bound: a bigger one matches no snapshot anyway), None
+        for nothing, a folder or a special file."""
+        folder = self._folder(base, rel)
+        if folder is None:
+            return None
+        name = safe_fs.split(rel)[1]
+        try:
+            try:
+                st = os.stat(name, dir_fd=folder, follow_symlinks=False)
+            except (FileNotFoundError, NotADirectoryError):
+                return None
+            if stat.S_ISLNK(st.st_mode):
+                target = os.fsencode(os.readlink(name, dir_fd=folder))
+                return (LINK, Blob.from_string(target).id.decode())
+            if not stat.S_ISREG(st.st_mode):
+                return None
+            mode = EXEC if st.st_mode & 0o111 else FILE
+            try:
+                got = safe_fs.read_regular(folder, name, max(self.max_file_bytes, CURRENT_MAX))
+            except safe_fs.NotRegularFile:
+                return None
+            if not got.complete:
+                return (mode, "")  # no snapshot holds a file this big: it matches none
+            return (mode, Blob.from_string(got.data).id.decode())
+        finally:
+            os.close(folder)
+
+    def _write(self, base: int, rel: str, mode: int, data: bytes, *, inside: bool) -> None:
+        """Put `data` at `rel` by rename from a fixed temp name beside it. In the
+        workspace, a link or a file where a folder must be is removed (never followed) and
+        the folder made; as root, what is written takes its folder's owner (outside the
+        workspace, a file replaced keeps its own)."""
+        head, name = safe_fs.split(rel)
+        folder = safe_fs.make_dirs(base, head, create=True, clear_in_way=inside)
+        try:
+            try:
+                st: os.stat_result | None = os.stat(name, dir_fd=folder, follow_symlinks=False)
+            except FileNotFoundError:
+                st = None
+            if st is not None and stat.S_ISDIR(st.st_mode):
+                shutil.rmtree(name, dir_fd=folder)
+            tmp = name + TEMP_SUFFIX
+            with contextlib.suppress(FileNotFoundError):
+                tst = os.stat(tmp, dir_fd=folder, follow_symlinks=False)
+                if stat.S_ISDIR(tst.st_mode):
+                    shutil.rmtree(tmp, dir_fd=folder)
+                else:
+                    os.unlink(tmp, dir_fd=folder)
+            owner = None
+            if os.geteuid() == 0:  # outside, a file replaced keeps its owner
+                keep = not inside and st is not None and stat.S_ISREG(st.st_mode)
+                owner = st if keep else os.fstat(folder)
+            if mode == LINK:
+                os.symlink(os.fsdecode(data), tmp, dir_fd=folder)
+                if owner is not None:
+                    os.chown(tmp, owner.st_uid, owner.st_gid, dir_fd=folder, follow_symlinks=False)
+            else:
+                # No fsync per file: a killed process loses nothing the kernel has, and the
+                # intent makes a restore cut short by power loss run again at start.
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+                fd = os.open(tmp, flags, 0o600, dir_fd=folder)
+                try:
+                    view = memoryview(data)
+                    while view:
+                        view = view[os.write(fd, view) :]
+                    if owner is not None:
+                        os.fchown(fd, owner.st_uid, owner.st_gid)
+                    os.fchmod(fd, 0o755 if mode == EXEC else 0o644)
+                finally:
+                    os.close(fd)
+            os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
+        finally:
+            os.close(folder)
+
+    def _prune_empty(self, base: int, head: str) -> None:
+        """Folders a removal left empty go too (git keeps no empty folders either), up to
+        (not including) the workspace; each removed through its parent's descriptor."""
+        parts = head.split("/") if head else []
+        while parts:
+            parent = self._folder(base, "/".join(parts))  # the folder holding parts[-1]
+            if parent is None:
+                return
+            try:
+                os.rmdir(parts[-1], dir_fd=parent)
             except OSError:
                 return
-            folder = folder.parent
+            finally:
+                os.close(parent)
+            parts.pop()
 
     def _forget_stats(self, paths: Iterable[str]) -> None:
         for p in paths:

@@ -33,6 +33,7 @@ from typing import Any
 
 import structlog
 
+from core import io_threads, safe_fs
 from core.snapshots.store import EXEC, FILE, Change, Restored, SnapshotStore
 from core.tools.base import READ_ONLY_TOOLS
 from memory.atomic import atomic_write_text
@@ -116,6 +117,9 @@ class Undo:
         self._last_prune = time.monotonic()
         self._pruning: asyncio.Task[int] | None = None
         self._warming: asyncio.Task[None] | None = None
+        #: How long a walk of the workspace may keep a caller waiting: the store's own
+        #: limit, plus a little for a walk that ends just then.
+        self._walk_limit = store.max_seconds + 5.0
 
     # ── records ─────────────────────────────────────────────────────────────────
     def _path(self, record_id: str) -> Path:
@@ -169,7 +173,9 @@ class Undo:
         flight = self._inflight.get(task_id)
         if flight is None:
             t0 = time.perf_counter()
-            before = await asyncio.to_thread(self.store.snapshot)
+            # On the workspace's own daemon threads, bounded: a walk stuck on a hung
+            # filesystem fails this call ("the snapshot failed") instead of every later one.
+            before = await io_threads.run(self.store.snapshot, within=self._walk_limit)
             record: dict[str, Any] = {
                 "id": task_id,
                 "kind": "task",
@@ -183,16 +189,16 @@ class Undo:
                 "undone_by": None,
                 "undoes": None,
             }
-            await asyncio.to_thread(partial(self._write, record, durable=False))
+            await io_threads.run(partial(self._write, record, durable=False), within=None)
             flight = self._inflight[task_id] = _InFlight(record)
             log.info("snapshot.taken", tree=before, ms=round((time.perf_counter() - t0) * 1e3, 1))
         for path in outside:
             if path not in flight.outside_seen:
                 flight.outside_seen.add(path)
-                original = await asyncio.to_thread(self._keep_outside, path)
+                original = await io_threads.run(self._keep_outside, path, within=self._walk_limit)
                 if original is not False:
                     flight.record["outside"][path] = [original, None]
-                    await asyncio.to_thread(self._write, flight.record)
+                    await io_threads.run(self._write, flight.record, within=None)
 
     def _keep_outside(self, path: str) -> Entry | bool:
         """The original of an outside file (None: it did not exist); False: not a file we
@@ -205,8 +211,14 @@ class Undo:
             return False
         if not stat_mod.S_ISREG(st.st_mode) or st.st_size > OUTSIDE_MAX_BYTES:
             return False
-        mode = EXEC if st.st_mode & 0o111 else FILE
-        return [mode, self.store.store_bytes(Path(path).read_bytes())]
+        try:  # opened without following a link and only if still a regular file
+            got = safe_fs.read_regular_path(path, OUTSIDE_MAX_BYTES)
+        except OSError:
+            return False
+        if not got.complete:
+            return False
+        mode = EXEC if got.st.st_mode & 0o111 else FILE
+        return [mode, self.store.store_bytes(got.data)]
 
     def _current_outside(self, path: str) -> Entry:
         try:
@@ -215,8 +227,14 @@ class Undo:
             return None
         if not stat_mod.S_ISREG(st.st_mode):
             return None
-        mode = EXEC if st.st_mode & 0o111 else FILE
-        return [mode, self.store.store_bytes(Path(path).read_bytes())]
+        try:
+            got = safe_fs.read_regular_path(path, OUTSIDE_MAX_BYTES + 1)
+        except OSError:
+            return None
+        mode = EXEC if got.st.st_mode & 0o111 else FILE
+        if not got.complete:  # bigger than any original kept: differs from all of them
+            return [mode, ""]
+        return [mode, self.store.store_bytes(got.data)]
 
     def after_tool(self, task_id: str, tool: str) -> None:
         """A tool that may have changed the workspace has returned: start measuring what
@@ -240,7 +258,9 @@ class Undo:
                 await previous
         if flight.measuring is not asyncio.current_task():
             return None  # a later tool call ran meanwhile: its measure is the one
-        return await asyncio.to_thread(self._measure, copy.deepcopy(flight.record))
+        return await io_threads.run(
+            self._measure, copy.deepcopy(flight.record), within=self._walk_limit
+        )
 
     def changing(self, task_id: str) -> bool:
         """The task snapshotted before a tool (so `after_task` has work to do): a task
@@ -260,9 +280,9 @@ class Undo:
             except Exception:  # measure again below; a failed walk must not lose the record
                 log.warning("snapshot.measure_failed", task=task_id, exc_info=True)
         if measured is None:
-            record = await asyncio.to_thread(self._close, flight.record)
+            record = await io_threads.run(self._close, flight.record, within=self._walk_limit)
         else:
-            record = await asyncio.to_thread(self._commit, measured)
+            record = await io_threads.run(self._commit, measured, within=None)
         self._maybe_prune()
         if record is None:
             return ""
@@ -342,7 +362,9 @@ class Undo:
         files = record.get("files", {})
         outside = record.get("outside", {})
         touched = [p for p, (b, _a) in files.items() if b is not None]
-        if not touched and not outside:
+        # Outside too: a file the task created (an approved new file) is only added.
+        touched += [p for p, (b, _a) in outside.items() if b is not None]
+        if not touched:
             return ""
         # What was there before first (edited, then removed), then what is new.
         rank = {p: (b is None, a is None and b is not None) for p, (b, a) in files.items()}
@@ -357,7 +379,7 @@ class Undo:
         that never finished. Returns what was done, for the log."""
         async with self._lock:
             try:
-                return await asyncio.to_thread(self._recover)
+                return await io_threads.run(self._recover, within=None)
             except Exception:  # a damaged store must not keep Steward from starting
                 log.exception("undo.recover_failed")
                 return []
@@ -370,8 +392,8 @@ class Undo:
 
     async def _warm(self) -> None:
         try:
-            await asyncio.to_thread(self.store.snapshot)
-            await asyncio.to_thread(self.store.save_stat_cache)
+            await io_threads.run(self.store.snapshot, within=self._walk_limit)
+            await io_threads.run(self.store.save_stat_cache, within=None)
         except Exception:  # the first task will take it, and say so if it fails
             log.warning("snapshot.warm_failed", exc_info=True)
 
@@ -404,7 +426,7 @@ class Undo:
     async def undo(self, conversation: str, record_id: str = "") -> UndoOutcome:
         """Undo the last task of `conversation` that changed files (or `record_id`)."""
         async with self._lock:
-            return await asyncio.to_thread(self._undo, conversation, record_id.strip())
+            return await io_threads.run(self._undo, conversation, record_id.strip(), within=None)
 
     def _undo(self, conversation: str, record_id: str) -> UndoOutcome:
         self._recover_quietly()
@@ -510,7 +532,7 @@ class Undo:
 
     async def records_of(self, conversation: str) -> list[dict[str, Any]]:
         """The records of one conversation ("": every one), oldest first: `/undo list`."""
-        return await asyncio.to_thread(self._mine, conversation)
+        return await io_threads.run(self._mine, conversation, within=None)
 
     # ── retention ──────────────────────────────────────────────────────────────
     def _maybe_prune(self) -> None:
@@ -526,7 +548,7 @@ class Undo:
         objects only they reached. Returns how many objects were deleted."""
         async with self._lock:
             try:
-                return await asyncio.to_thread(self._prune, grace)
+                return await io_threads.run(self._prune, grace, within=None)
             except Exception:
                 log.exception("undo.prune_failed")
                 return 0

@@ -1,5 +1,7 @@
 """edit_file: exact search and replace in a workspace file, written atomically.
 
+The file is read and rewritten through one descriptor of its folder, opened beneath the
+workspace without following links (core/safe_fs.py), so what is edited is what was read.
 The edited file is read back and compared byte for byte (core/tools/workspace.py
 `write_verified`); the result gives the size and characters of the inserted text, quoted,
 and the size and short sha256 of the whole file as it now is on disk.
@@ -7,23 +9,32 @@ and the size and short sha256 of the whole file as it now is on disk.
 
 from __future__ import annotations
 
-import asyncio
 import difflib
+import os
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from core import safe_fs
 from core.tools.base import Tool, ToolContext, ToolError
 from core.tools.workspace import (
-    display,
+    Target,
     encode_text,
+    explained,
+    in_thread,
     looks_binary,
+    opened_base,
+    parse_path,
     plural,
     quote_text,
-    resolve_in_workspace,
     short_hash,
     size_of,
     write_verified,
 )
+
+#: Files bigger than this are not edited: edit_file holds the file twice in memory, and
+#: text a model edits by exact search is never this big.
+MAX_EDIT_BYTES = 20_000_000
 
 
 def _closest_hint(text: str, old: str) -> str:
@@ -40,9 +51,30 @@ def _closest_hint(text: str, old: str) -> str:
     return f" Closest line ({lineno}): {lines[lineno - 1][:200]!r}. Copy the text exactly."
 
 
-def _edit(path: Path, shown: str, old: str, new: str, replace_all: bool) -> tuple[int, bytes]:
-    """Replace and write; returns the number of replacements and the bytes now on disk."""
-    raw = path.read_bytes()
+def _edit(ws: Path, target: Target, old: str, new: str, replace_all: bool) -> tuple[int, bytes]:
+    """Read, replace and write through one folder descriptor; returns the number of
+    replacements and the bytes now on disk."""
+    if not target.name:
+        raise ToolError(f"{target.shown} is a folder, not a file")
+    with opened_base(ws, target) as base, explained(ws, base, target, action="edit"):
+        folder = safe_fs.make_dirs(base, safe_fs.split(target.rel)[0], create=False)
+        try:
+            return _edit_in(folder, target, old, new, replace_all)
+        finally:
+            os.close(folder)
+
+
+def _edit_in(
+    folder: int, target: Target, old: str, new: str, replace_all: bool
+) -> tuple[int, bytes]:
+    shown = target.shown
+    got = safe_fs.read_regular(folder, target.name, MAX_EDIT_BYTES)
+    if not got.complete:
+        raise ToolError(
+            f"{shown} is too big to edit ({got.st.st_size} bytes; edit_file edits files up to "
+            f"{MAX_EDIT_BYTES} bytes)"
+        )
+    raw = got.data
     if looks_binary(raw):
         raise ToolError(f"{shown} is a binary file; edit_file only edits text")
     try:
@@ -58,18 +90,17 @@ def _edit(path: Path, shown: str, old: str, new: str, replace_all: bool) -> tupl
             "it unique, or set replace_all to true"
         )
     data = text.replace(old, new).encode("utf-8")  # both parts checked by encode_text
-    write_verified(path, shown, data)
+    write_verified(folder, target, data)
     return count, data
 
 
 async def run(ctx: ToolContext, args: dict[str, Any]) -> str:
-    path = resolve_in_workspace(
+    target = parse_path(
         ctx.workspace,
         args.get("path", ""),
-        must_exist=True,
         granted=ctx.grant.write if ctx.grant is not None else (),
     )
-    shown = display(ctx.workspace, path)
+    shown = target.shown
     old, new = args.get("old_text"), args.get("new_text")
     if not isinstance(old, str) or not old:
         raise ToolError("old_text must be a non-empty string copied exactly from the file")
@@ -80,12 +111,9 @@ async def run(ctx: ToolContext, args: dict[str, Any]) -> str:
         raise ToolError("replace_all must be true or false")
     encode_text(old, "old_text")
     added = encode_text(new, "new_text")
-    if path.is_dir():
-        raise ToolError(f"{shown} is a folder, not a file")
-    try:
-        count, data = await asyncio.to_thread(_edit, path, shown, old, new, replace_all)
-    except OSError as exc:
-        raise ToolError(f"Could not edit {shown}: {exc.strerror or exc}") from exc
+    count, data = await in_thread(
+        ctx, "edit_file", target, partial(_edit, ctx.workspace, target, old, new, replace_all)
+    )
     return (
         f"Replaced {count} occurrence{'s' if count != 1 else ''} in {shown} with "
         f"{size_of(new, added)}: {quote_text(new)}; {shown} is now "

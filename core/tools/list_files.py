@@ -2,78 +2,100 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
+import stat
+import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from core import safe_fs
 from core.tools.base import Tool, ToolContext, ToolError, cap_output
-from core.tools.workspace import SKIP_DIRS, display, resolve_in_workspace
+from core.tools.workspace import (
+    SKIP_DIRS,
+    Target,
+    explained,
+    in_thread,
+    opened_base,
+    parse_path,
+)
 
 DEFAULT_MAX_ENTRIES = 200
 #: Past this many entries a recursive listing stops counting and says "more than".
 COUNT_LIMIT = 100_000
 
 
-def _entry_line(rel: str, entry: os.DirEntry[str]) -> str:
-    try:
-        if entry.is_symlink():
-            return f"{rel} -> {os.readlink(entry.path)}"
-        if entry.is_dir():
-            return f"{rel}/"
-        return f"{rel}  ({entry.stat().st_size} bytes)"
-    except OSError:
-        return f"{rel}  (unreadable)"
-
-
-def _walk(folder: Path, recursive: bool) -> list[tuple[str, os.DirEntry[str]]]:
-    """(relative name, entry) pairs in sorted, depth-first order; .git is skipped."""
-    out: list[tuple[str, os.DirEntry[str]]] = []
-    stack: list[tuple[Path, str]] = [(folder, "")]
-    while stack and len(out) < COUNT_LIMIT:
-        current, prefix = stack.pop()
+def _entry_line(rel: str, st: os.stat_result, readlink: Any) -> str:
+    """One line: a link with where it points (never followed), a folder with "/", a file
+    with its size, anything else with what it is."""
+    mode = st.st_mode
+    if stat.S_ISLNK(mode):
         try:
-            entries = sorted(os.scandir(current), key=lambda e: e.name)
+            return f"{rel} -> {readlink()}"
         except OSError:
-            continue
-        subdirs: list[tuple[Path, str]] = []
-        for entry in entries:
-            if entry.name in SKIP_DIRS:
+            return f"{rel} -> (unreadable link)"
+    if stat.S_ISDIR(mode):
+        return f"{rel}/"
+    if stat.S_ISREG(mode):
+        return f"{rel}  ({st.st_size} bytes)"
+    return f"{rel}  ({safe_fs.kind_of(mode).split(' (')[0]})"
+
+
+def _list(ws: Path, target: Target, recursive: bool, max_entries: int, deadline: float) -> str:
+    with opened_base(ws, target) as base, explained(ws, base, target, what="folder"):
+        st = safe_fs.lstat_beneath(base, target.rel)
+        if not stat.S_ISDIR(st.st_mode):
+            return _entry_line(
+                target.shown, st, partial(safe_fs.readlink_beneath, base, target.rel)
+            )
+        folder = safe_fs.open_beneath(base, target.rel, safe_fs.DIR_FLAGS)
+    try:
+        walk = safe_fs.Walk(
+            folder,
+            max_entries=COUNT_LIMIT,
+            deadline=deadline,
+            recursive=recursive,
+            skip=lambda _rel, name: name in SKIP_DIRS,
+        )
+        lines: list[tuple[list[str], str]] = []
+        for e in walk:
+            if e.name in SKIP_DIRS:
                 continue
-            rel = prefix + entry.name
-            out.append((rel, entry))
-            if recursive and entry.is_dir(follow_symlinks=False):
-                subdirs.append((Path(entry.path), rel + "/"))
-        stack.extend(reversed(subdirs))
-    if recursive:
-        out.sort(key=lambda pair: pair[0].split("/"))
-    return out
-
-
-def _list(folder: Path, recursive: bool, max_entries: int) -> str:
-    pairs = _walk(folder, recursive)
-    if not pairs:
+            line = _entry_line(e.rel, e.st, partial(os.readlink, e.name, dir_fd=e.dir_fd))
+            lines.append((e.rel.split("/"), line))
+    finally:
+        os.close(folder)
+    if not lines:
         return "(empty folder)"
-    lines = [_entry_line(rel, entry) for rel, entry in pairs[:max_entries]]
-    if len(pairs) > max_entries:
-        more = len(pairs) - max_entries
-        count = f"more than {more}" if len(pairs) >= COUNT_LIMIT else str(more)
-        lines.append(f"[{count} more entries not shown; list a subfolder or raise max_entries]")
-    return "\n".join(lines)
+    if recursive:
+        lines.sort(key=lambda pair: pair[0])
+    shown = [line for _key, line in lines[:max_entries]]
+    more = len(lines) - max_entries
+    if walk.stopped == "time":
+        shown.append(
+            f"[listing stopped after {len(lines)} entries: the time limit passed; list a subfolder]"
+        )
+    elif more > 0 or walk.stopped:
+        count = f"more than {max(more, 0)}" if walk.stopped else str(more)
+        shown.append(f"[{count} more entries not shown; list a subfolder or raise max_entries]")
+    return "\n".join(shown)
 
 
 async def run(ctx: ToolContext, args: dict[str, Any]) -> str:
-    path = resolve_in_workspace(ctx.workspace, args.get("path") or ".", must_exist=True)
+    target = parse_path(ctx.workspace, args.get("path") or ".")
     recursive = args.get("recursive", False)
     if not isinstance(recursive, bool):
         raise ToolError("recursive must be true or false")
     max_entries = args.get("max_entries", DEFAULT_MAX_ENTRIES)
     if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
         raise ToolError(f"max_entries must be a whole number of at least 1, got {max_entries!r}")
-    shown = display(ctx.workspace, path)
-    if not path.is_dir():
-        return f"{shown}  ({path.stat().st_size} bytes)"
-    text = await asyncio.to_thread(_list, path, recursive, max_entries)
+    deadline = time.monotonic() + ctx.shell_timeout * 0.9
+    text = await in_thread(
+        ctx,
+        "list_files",
+        target,
+        partial(_list, ctx.workspace, target, recursive, max_entries, deadline),
+    )
     return cap_output(text, ctx.output_cap)
 
 

@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
-import asyncio
+import os
+import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from core import safe_fs
 from core.tools.base import Tool, ToolContext, ToolError, cap_output
-from core.tools.workspace import SNIFF_BYTES, display, looks_binary, resolve_in_workspace
+from core.tools.workspace import (
+    SNIFF_BYTES,
+    Target,
+    explained,
+    in_thread,
+    looks_binary,
+    opened_base,
+    parse_path,
+)
 
 
 def _positive_int(args: dict[str, Any], name: str) -> int | None:
@@ -19,26 +30,46 @@ def _positive_int(args: dict[str, Any], name: str) -> int | None:
     return value
 
 
-def _read(path: Path, shown: str, offset: int, limit: int | None, cap: int) -> str:
-    """Stream the lines so a huge file costs memory only for what is shown."""
-    with path.open("rb") as fh:
-        if looks_binary(fh.read(SNIFF_BYTES)):
-            size = path.stat().st_size
-            raise ToolError(f"{shown} is a binary file ({size} bytes); read_file only reads text")
-        fh.seek(0)
-        kept: list[str] = []
-        kept_chars = 0
-        total = 0
-        last = offset - 1
-        for total, raw in enumerate(fh, start=1):
-            if total < offset or (limit is not None and total >= offset + limit):
-                continue
-            if kept_chars > cap:
-                continue
-            line = raw.decode("utf-8", errors="replace")
-            kept.append(line)
-            kept_chars += len(line)
-            last = total
+def _read(
+    ws: Path, target: Target, offset: int, limit: int | None, cap: int, deadline: float
+) -> str:
+    """Stream the lines so a huge file costs memory only for what is shown. Opened beneath
+    the workspace without following links, and only if it is a regular file (a FIFO would
+    block, /dev/zero would never end); counting lines stops at the deadline."""
+    shown = target.shown
+    with opened_base(ws, target) as base, explained(ws, base, target):
+        try:
+            fd, st = safe_fs.open_regular(base, target.rel)
+        except safe_fs.NotRegularFile as exc:
+            if exc.kind == "folder":
+                raise ToolError(
+                    f"{shown} is a folder, not a file; use list_files to see what is in it"
+                ) from None
+            raise
+        with os.fdopen(fd, "rb") as fh:
+            if looks_binary(fh.read(SNIFF_BYTES)):
+                raise ToolError(
+                    f"{shown} is a binary file ({st.st_size} bytes); read_file only reads text"
+                )
+            fh.seek(0)
+            kept: list[str] = []
+            kept_chars = 0
+            total = 0
+            last = offset - 1
+            for total, raw in enumerate(fh, start=1):
+                if not total % 4096 and time.monotonic() > deadline:
+                    raise ToolError(
+                        f"read_file timed out counting the lines of {shown} (more than "
+                        f"{total}); read it with offset and limit"
+                    )
+                if total < offset or (limit is not None and total >= offset + limit):
+                    continue
+                if kept_chars > cap:
+                    continue
+                line = raw.decode("utf-8", errors="replace")
+                kept.append(line)
+                kept_chars += len(line)
+                last = total
     if offset > max(total, 1):
         raise ToolError(f"offset {offset} is past the end of {shown} ({total} lines)")
     text = "".join(kept)
@@ -51,16 +82,16 @@ def _read(path: Path, shown: str, offset: int, limit: int | None, cap: int) -> s
 
 
 async def run(ctx: ToolContext, args: dict[str, Any]) -> str:
-    path = resolve_in_workspace(ctx.workspace, args.get("path", ""), must_exist=True)
-    shown = display(ctx.workspace, path)
-    if path.is_dir():
-        raise ToolError(f"{shown} is a folder, not a file; use list_files to see what is in it")
+    target = parse_path(ctx.workspace, args.get("path", ""))
     offset = _positive_int(args, "offset") or 1
     limit = _positive_int(args, "limit")
-    try:
-        return await asyncio.to_thread(_read, path, shown, offset, limit, ctx.output_cap)
-    except OSError as exc:
-        raise ToolError(f"Could not read {shown}: {exc.strerror or exc}") from exc
+    deadline = time.monotonic() + ctx.shell_timeout
+    return await in_thread(
+        ctx,
+        "read_file",
+        target,
+        partial(_read, ctx.workspace, target, offset, limit, ctx.output_cap, deadline),
+    )
 
 
 TOOL = Tool(

@@ -1,47 +1,71 @@
 """write_file: create or replace a file in the workspace, atomically.
 
-The write goes through memory.atomic (temp file in the same folder + fsync + os.replace),
-so a crash or a concurrent reader never sees half a file. The file is then read back and
-compared byte for byte; the result gives bytes, characters, a short sha256 and the text
-itself (quoted, cut when long), so a character lost before the call (a model that could
-not produce an emoji) is visible to the person, not hidden behind "Wrote 6 bytes".
+The write goes through core/safe_fs.py: the folders are opened (and made) beneath the
+workspace one component at a time, following no link, and the file is a temp file in
+that folder's descriptor + fsync + os.replace within it, so a crash or a concurrent
+reader never sees half a file and a folder swapped for a link cannot send it elsewhere.
+The file is then read back and compared byte for byte; the result gives bytes,
+characters, a short sha256 and the text itself (quoted, cut when long), so a character
+lost before the call (a model that could not produce an emoji) is visible to the person,
+not hidden behind "Wrote 6 bytes".
 """
 
 from __future__ import annotations
 
-import asyncio
+import os
+from functools import partial
+from pathlib import Path
 from typing import Any
 
+from core import safe_fs
 from core.tools.base import Tool, ToolContext, ToolError
 from core.tools.workspace import (
-    display,
+    Target,
     encode_text,
+    explained,
+    in_thread,
+    opened_base,
+    parse_path,
     quote_text,
-    resolve_in_workspace,
     short_hash,
     size_of,
     write_verified,
 )
 
 
+def _write(ws: Path, target: Target, data: bytes) -> None:
+    """Its folders made in the workspace as needed (an approved file outside must have
+    one already: the grant is for that file, not for folders), then written and verified."""
+    if not target.name:
+        raise ToolError(f"{target.shown} is a folder; give a file path inside it")
+    with opened_base(ws, target) as base, explained(ws, base, target, action="write"):
+        head = safe_fs.split(target.rel)[0]
+        folder = safe_fs.make_dirs(base, head, create=not target.outside)
+        try:
+            try:
+                st = os.stat(target.name, dir_fd=folder, follow_symlinks=False)
+            except FileNotFoundError:
+                pass
+            else:
+                if safe_fs.kind_of(st.st_mode) == "folder":
+                    raise ToolError(f"{target.shown} is a folder; give a file path inside it")
+            write_verified(folder, target, data)
+        finally:
+            os.close(folder)
+
+
 async def run(ctx: ToolContext, args: dict[str, Any]) -> str:
-    path = resolve_in_workspace(
+    target = parse_path(
         ctx.workspace,
         args.get("path", ""),
-        must_exist=False,
         granted=ctx.grant.write if ctx.grant is not None else (),
     )
-    shown = display(ctx.workspace, path)
+    shown = target.shown
     content = args.get("content")
     if not isinstance(content, str):
         raise ToolError("content must be a string (the whole new text of the file)")
-    if path.is_dir():
-        raise ToolError(f"{shown} is a folder; give a file path inside it")
     data = encode_text(content, "content")
-    try:
-        await asyncio.to_thread(write_verified, path, shown, data)
-    except OSError as exc:
-        raise ToolError(f"Could not write {shown}: {exc.strerror or exc}") from exc
+    await in_thread(ctx, "write_file", target, partial(_write, ctx.workspace, target, data))
     return (
         f"Wrote {size_of(content, data)} to {shown}, verified on disk "
         f"(sha256 {short_hash(data)}): {quote_text(content)}"
