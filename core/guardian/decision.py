@@ -33,7 +33,8 @@ class CallDecision:
     reason: str
     #: For an approval, what the command needs beyond the OS sandbox (core/sandbox.py):
     #: "network", "write:PATH", or "unsandboxed"; empty means "unsandboxed" (what the
-    #: guardian cannot name is asked for as the widest grant).
+    #: guardian cannot name is asked for as the widest grant). A web_fetch approval
+    #: names the host it would reach: "host:NAME" (what its grants are kept per).
     needs: tuple[str, ...] = ()
     #: What the call reads, writes, deletes, fetches and runs, worked out while judging
     #: it; the tool log keeps it and the answer gates (core/gates) read it. Not part of

@@ -1,17 +1,21 @@
 """web_fetch: a web page as readable text (HTML stripped to its words), or text/JSON as is.
 
 The body is streamed and cut at fetch_max_bytes so a huge download cannot fill memory;
-the page is data for the model to read, never instructions to follow.
+the page is data for the model to read, never instructions to follow. Every connection,
+each redirect hop's too, goes through the egress policy (core/egress): resolved, checked
+and pinned to the checked address, so a name or a redirect that leads to this machine,
+a private network or a metadata service is refused before anything is sent.
 """
 
 from __future__ import annotations
 
 import re
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 
+from core.egress import EgressPolicy, EgressRefused, parse_url
+from core.egress.transport import egress_client
 from core.tools.base import Tool, ToolContext, ToolError, cap_output
 
 MAX_REDIRECTS = 5
@@ -68,8 +72,10 @@ def html_to_text(data: bytes, charset: str | None) -> tuple[str, str]:
 
 async def _download(ctx: ToolContext, url: str) -> tuple[httpx.Response, bytes, bool]:
     """GET with redirects followed; the body is cut at fetch_max_bytes (the flag says so)."""
+    policy = ctx.egress if ctx.egress is not None else EgressPolicy()
     async with (
-        httpx.AsyncClient(
+        egress_client(
+            policy,
             timeout=ctx.fetch_timeout,
             follow_redirects=True,
             max_redirects=MAX_REDIRECTS,
@@ -97,9 +103,12 @@ async def run(ctx: ToolContext, args: dict[str, Any]) -> str:
     if not isinstance(url, str) or not url.strip():
         raise ToolError("url must be a string such as https://example.com/page")
     url = url.strip()
-    parts = urlsplit(url)
-    if parts.scheme.lower() not in ("http", "https") or not parts.netloc:
+    if "://" not in url or url.split("://", 1)[0].lower() not in ("http", "https"):
         raise ToolError(f"Only http:// and https:// URLs can be fetched, not {url!r}")
+    try:
+        target = parse_url(url)
+    except ValueError as exc:
+        raise ToolError(f"Cannot fetch {url[:200]!r}: {exc}") from None
     max_chars = args.get("max_chars")
     limit = ctx.output_cap
     if max_chars is not None:
@@ -108,6 +117,13 @@ async def run(ctx: ToolContext, args: dict[str, Any]) -> str:
         limit = min(max_chars, ctx.output_cap)
     try:
         resp, body, cut = await _download(ctx, url)
+    except EgressRefused as exc:
+        first = (exc.host, exc.port) == (target.host, target.port)
+        hop = "" if first else f" (a redirect led to {exc.host}:{exc.port})"
+        raise ToolError(
+            f"Not fetched{hop}: {exc}. Nothing was sent there; do not retry it — fetch another "
+            "address, or tell the person what the owner would have to allow."
+        ) from None
     except httpx.TooManyRedirects as exc:
         raise ToolError(f"Too many redirects (more than {MAX_REDIRECTS}) for {url}") from exc
     except httpx.TimeoutException as exc:
