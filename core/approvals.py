@@ -5,6 +5,14 @@ the server. A request is decided once (double clicks, two approvers at once and
 replayed callbacks are no-ops), only by a configured approver (default: the person
 who asked), and an unanswered one is denied at expiry. Every request is stored, so
 after a restart it is expired with a visible edit, never silently lost or approved.
+
+"Approve for this session" belongs to the person who pressed it: it covers later
+identical calls that same person asks in that conversation, nobody else's. An approver
+pressing it on someone else's request approves that request, and covers their own
+later calls, not the asker's (a session grant never lets anyone run unasked what they
+could not approve themselves). A grant also names the content of the files the call
+reads (`pin`), so it ends when one of them changes. For web_fetch a grant and an
+"Always for this host" rule cover the URL's host, not only the exact URL.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import structlog
 
 from core.clock import Clock, Waiter
 from core.events import ApprovalRequest, Button, Channel, MessageRef
+from core.policy import HOST_PREFIX, url_host
 from memory.approvals import ApprovalStore
 
 log = structlog.get_logger("steward.approvals")
@@ -34,6 +43,10 @@ ACTIONS = (APPROVE, SESSION, ALWAYS, DENY)
 RESTART_REASON = "Steward restarted before this was answered; the task stopped. Ask again."
 
 AlwaysAllow = Callable[[str, dict[str, Any], str], str]
+#: What a session grant keeps of the files a call reads (`Guardian.pin`): the same
+#: files with the same content give the same text; "" none; None: a file cannot be
+#: named, so no grant can cover the call.
+Pin = Callable[[str, dict[str, Any]], str | None]
 
 
 @dataclass(slots=True)
@@ -64,18 +77,36 @@ class _Pending:
     tool: str
     args: dict[str, Any]
     record: dict[str, Any]
+    #: What a session grant of this call keeps of its files (None: no grant possible).
+    pin: str | None = ""
 
 
-def _grant_key(conversation_key: str, tool: str, args: dict[str, Any]) -> str:
-    return f"{conversation_key}\x00{tool}\x00{json.dumps(args, sort_keys=True)}"
+def fetch_host(tool: str, args: dict[str, Any]) -> str | None:
+    """The host a web_fetch call fetches from (`example.com`), None for other calls."""
+    url = args.get("url") if tool == "web_fetch" else None
+    found = url_host(url) if isinstance(url, str) else None
+    return found[len(HOST_PREFIX) :] if found else None
 
 
-def approval_buttons(rid: str) -> list[Button]:
-    """The four choices of an approval request; a press carries `<choice>:<request id>`."""
+def _grant_key(
+    conversation_key: str, person: str, tool: str, args: dict[str, Any], pin: str = ""
+) -> str:
+    """One session grant: a conversation, the person it belongs to, the call (for
+    web_fetch its host) and the content of the files it reads."""
+    host = fetch_host(tool, args)
+    what = f"{HOST_PREFIX}{host}" if host is not None else json.dumps(args, sort_keys=True)
+    return "\x00".join((conversation_key, person, tool, what, pin))
+
+
+def approval_buttons(rid: str, tool: str = "") -> list[Button]:
+    """The four choices of an approval request; a press carries `<choice>:<request id>`.
+    A web_fetch request is approved per host: its "always" button says so."""
     return [
         Button("Approve once", f"{APPROVE}:{rid}", "primary"),
         Button("Approve for this session", f"{SESSION}:{rid}"),
-        Button("Always allow", f"{ALWAYS}:{rid}"),
+        Button(
+            "Always for this host" if tool == "web_fetch" else "Always allow", f"{ALWAYS}:{rid}"
+        ),
         Button("Deny", f"{DENY}:{rid}", "danger"),
     ]
 
@@ -91,12 +122,14 @@ class Approvals:
         timeout: float = 600.0,
         approvers: dict[str, list[str]] | None = None,
         always_allow: AlwaysAllow | None = None,
+        pin: Pin | None = None,
     ) -> None:
         self.clock = clock
         self.store = store
         self.timeout = timeout
         self.approvers = approvers or {}
         self.always_allow = always_allow
+        self.pin = pin
         self._pending: dict[str, _Pending] = {}
         self._decided: dict[str, ApprovalDecision] = {}
         self._grants: set[str] = set()
@@ -193,11 +226,21 @@ class Approvals:
         thread: str | None = None,
         task_id: str = "",
     ) -> ApprovalDecision:
-        """Send the request and wait for a decision; a person's silence is a denial."""
-        grant = _grant_key(f"{channel.name}:{conversation}", tool, args)
-        if grant in self._grants:
-            log.info("approval.session_grant_used", tool=tool, conversation=conversation)
-            return ApprovalDecision(True, "session", "approved earlier for this session")
+        """Send the request and wait for a decision; a person's silence is a denial.
+
+        A session grant the asker holds for this call in this conversation (their own
+        press of "Approve for this session") approves it without asking."""
+        pin = await self._pin(tool, args)
+        if pin is not None:
+            grant = _grant_key(f"{channel.name}:{conversation}", asked_by, tool, args, pin)
+            if grant in self._grants:
+                log.info(
+                    "approval.session_grant_used",
+                    tool=tool,
+                    conversation=conversation,
+                    asked_by=asked_by,
+                )
+                return ApprovalDecision(True, "session", "approved earlier for this session")
         if not channel.capabilities.interactive:
             log.info("approval.unavailable", channel=channel.name, what=what)
             return ApprovalDecision(
@@ -216,7 +259,7 @@ class Approvals:
             channel=channel.name,
             expires_at=self.clock.now() + self.timeout,
             task_id=task_id,
-            buttons=approval_buttons(rid),
+            buttons=approval_buttons(rid, tool),
         )
         approvers = self.approvers_for(channel.name, conversation, asked_by)
         record: dict[str, Any] = {
@@ -238,7 +281,7 @@ class Approvals:
             "message_id": None,
         }
         waiter: Waiter[ApprovalDecision] = Waiter(self.clock, deadline=request.expires_at)
-        pending = _Pending(request, channel, None, waiter, approvers, tool, args, record)
+        pending = _Pending(request, channel, None, waiter, approvers, tool, args, record, pin)
         self._pending[rid] = pending
         await self.store.save(record)
         log.info("approval.requested", approval=rid, what=what, conversation=conversation)
@@ -260,6 +303,16 @@ class Approvals:
             )
             await self._finish(rid, decision)
             return decision
+
+    async def _pin(self, tool: str, args: dict[str, Any]) -> str | None:
+        """`pin` off the event loop (it hashes files); an error means no grant (None)."""
+        if self.pin is None:
+            return ""
+        try:
+            return await asyncio.to_thread(self.pin, tool, args)
+        except Exception:
+            log.exception("approval.pin_failed", tool=tool)
+            return None
 
     def pending_records(self) -> list[dict[str, Any]]:
         """The stored record of each request waiting now (tool, arguments, approvers): what
@@ -294,14 +347,7 @@ class Approvals:
         if action == DENY:
             decision = ApprovalDecision(False, user, "denied")
         elif action == SESSION:
-            self._grants.add(
-                _grant_key(
-                    f"{pending.channel.name}:{pending.request.conversation}",
-                    pending.tool,
-                    pending.args,
-                )
-            )
-            decision = ApprovalDecision(True, user, "approved for this session")
+            decision = ApprovalDecision(True, user, self._grant_session(pending, user))
         elif action == ALWAYS:
             if self.always_allow is None:
                 return PressAnswer(
@@ -311,13 +357,38 @@ class Approvals:
                 rule = self.always_allow(pending.tool, pending.args, user)
             except (ValueError, OSError) as exc:
                 return PressAnswer(f"Could not add an always-allow rule: {exc}", private=True)
+            host = fetch_host(pending.tool, pending.args)
             decision = ApprovalDecision(
-                True, user, f"always allowed (rule {rule}; /policy to revoke)"
+                True,
+                user,
+                f"always allowed{f' for {host}' if host else ''} (rule {rule}; /policy to revoke)",
             )
         else:
             decision = ApprovalDecision(True, user, "approved once")
         await self._finish(rid, decision)
         return PressAnswer(f"{'Approved' if decision.approved else 'Denied'}.", decided=True)
+
+    def _grant_session(self, pending: _Pending, user: str) -> str:
+        """Keep the session grant a press of "Approve for this session" gives `user` (the
+        presser: later identical calls *they* ask in this conversation); returns the
+        reason shown on the decided request."""
+        host = fetch_host(pending.tool, pending.args)
+        reason = f"approved for this session{f' for {host}' if host else ''}"
+        if pending.pin is None:
+            return "approved once (a file it reads cannot be checked, so no session grant)"
+        conversation = f"{pending.channel.name}:{pending.request.conversation}"
+        self._grants.add(_grant_key(conversation, user, pending.tool, pending.args, pending.pin))
+        asker = pending.request.asked_by
+        log.info(
+            "approval.session_granted",
+            tool=pending.tool,
+            conversation=pending.request.conversation,
+            to=user,
+            asked_by=asker,
+        )
+        if user != asker:
+            return f"{reason}, for calls {user} asks; {asker}'s next one is asked again"
+        return reason
 
     async def _finish(self, rid: str, decision: ApprovalDecision) -> None:
         pending = self._pending.pop(rid, None)

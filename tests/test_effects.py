@@ -86,7 +86,27 @@ def effects(guardian: Guardian, command: str) -> Effects:
             "cd sub && echo hi > n.md",
             Effects(writes=("sub/n.md",), runs=_cmds("cd sub", "echo hi")),
         ),
-        ("make 2>&1 > /dev/null", Effects(runs=_cmds("make"))),
+        (  # the makefile it reads: none exists here, so any of the names make tries
+            "make 2>&1 > /dev/null",
+            Effects(reads=("GNUmakefile", "makefile", "Makefile"), runs=_cmds("make")),
+        ),
+        ("bash deploy.sh", Effects(reads=("deploy.sh",), runs=_cmds("bash deploy.sh"))),
+        ("./run.sh x", Effects(reads=("run.sh",), runs=_cmds("./run.sh x"))),
+        ("python build.py", Effects(reads=("build.py",), runs=_cmds("python build.py"))),
+        (
+            "pip install -r requirements.txt -c constraints.txt",
+            Effects(
+                reads=("requirements.txt", "constraints.txt"),
+                runs=_cmds("pip install -r requirements.txt -c constraints.txt"),
+            ),
+        ),
+        (
+            "npm ci",
+            Effects(
+                reads=("package.json", "package-lock.json", "npm-shrinkwrap.json"),
+                runs=_cmds("npm ci"),
+            ),
+        ),
         ("sort < in.txt", Effects(reads=("in.txt",), runs=_cmds("sort"))),
         (
             "timeout 60 python -m pytest -q",

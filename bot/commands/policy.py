@@ -59,7 +59,11 @@ def describe(view: OverlayView) -> str:
         for r in doc.always_allow:
             by = f" by {r.added_by}" if r.added_by else ""
             at = f" {r.added_at[:10]}" if r.added_at else ""
-            lines.append(f"  {r.id}  {r.tool} `{_short(r.match, 60)}`{by}{at}")
+            what = f"any URL on {r.host}" if r.host is not None else f"`{_short(r.match, 60)}`"
+            lines.append(f"  {r.id}  {r.tool} {what}{by}{at}")
+            if r.reads:
+                files = ", ".join(f"{_short(path, 60)} ({_state(s)})" for path, s in r.reads)
+                lines.append(f"    while these files are unchanged: {files}")
         lines.append("Revoke one with /policy revoke RULE_ID.")
     for note in view.notes:
         lines.append(f"Note: {note}")
@@ -93,6 +97,11 @@ def register(router: CommandRouter[Dispatcher]) -> None:
         revoke,
         filters=[_OVERLAY, admin_only("Only an admin can change the policy.")],
     )
+
+
+def _state(state: str) -> str:
+    """A file's state as a rule names it, short: `sha256:1a2b3c4d5e6f…` or `missing`."""
+    return state[: len("sha256:") + 12] + "…" if state.startswith("sha256:") else state
 
 
 def _short(text: str, limit: int) -> str:

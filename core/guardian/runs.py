@@ -283,6 +283,8 @@ class _Runs:
             self.flag(Verdict.APPROVAL, f"{where} runs `{word.raw}`, only known at run time")
             return
         p = self.path(word.value, scope)
+        if p.real is None or p.real not in self.written:  # its text is in the command
+            self.note("reads", word, scope)
         if p.real is not None and p.real in self.downloaded:
             self.flag(Verdict.FORBID, f"{where} runs a file just downloaded from the network")
         elif not self.inside(p) or p.real is None:
@@ -435,6 +437,7 @@ class _Runs:
             else [w for w in cmd.args if not w.text.startswith("-") or w.text in allowed]
         )
         sub = positionals[0].text if positionals else ""
+        self.note_install_files(cmd, tool, sub)
         if sub in rules.forbid:
             self.flag(Verdict.FORBID, f"{cmd.snippet} {rules.forbid[sub]}")
             return _Flow()
@@ -459,6 +462,79 @@ class _Runs:
             shown = f"{cmd.name} {sub}".strip()
             self.flag(Verdict.APPROVAL, f"`{shown}` is not on the read-only allowlist")
         return _Flow(cmd.stdin.taint)
+
+    # ── files an installer reads ────────────────────────────────────────────────
+    def note_install_files(self: _Analysis, cmd: _Cmd, tool: str, sub: str) -> None:
+        """Note the files that say what an installer installs (and whose scripts it runs):
+        requirement and constraint files given to pip (and those they include), a
+        project's manifest and lock file. An always-allow rule for the command names their
+        content, so a rewritten file is asked again."""
+        for name in INSTALL_FILES.get((tool, sub), ()):
+            self.note("reads", _Word(name, name), cmd.scope)
+        if tool != "pip" or sub not in ("install", "download", "wheel"):
+            return
+        args = cmd.args
+        for i, word in enumerate(args):
+            text, named = word.text, None
+            if text in _PIP_FILE_OPTIONS and i + 1 < len(args):
+                named = args[i + 1]
+            elif text.partition("=")[0] in _PIP_FILE_OPTIONS and "=" in text:
+                value = text.partition("=")[2]
+                named = _Word(value, value if word.value is not None else None)
+            elif re.fullmatch(r"-[rc].+", text):
+                named = _Word(text[2:], text[2:] if word.value is not None else None)
+            elif (
+                not text.startswith("-")
+                and "://" not in text
+                and (i == 0 or args[i - 1].text not in _PIP_FILE_OPTIONS)
+                and re.search(r"\.(whl|zip|tar\.gz|tgz|tar\.bz2)$", text)
+            ):
+                self.note("reads", word, cmd.scope)  # a local package file
+            if named is not None:
+                self.note_requirements(named, cmd.scope, 0)
+
+    def note_requirements(self: _Analysis, word: _Word, scope: _Scope, depth: int) -> None:
+        """A requirements file, and the ones it includes (`-r other.txt`, `-c c.txt`,
+        relative to it), as far as they are in the workspace."""
+        self.note("reads", word, scope)
+        if word.value is None or depth >= MAX_INCLUDED_DEPTH:
+            return
+        p = self.path(word.value, scope)
+        if p.real is None or p.lexical is None or not self.inside(p):
+            return
+        try:
+            with open(p.real, "rb") as fh:
+                text = fh.read(MAX_SCRIPT_BYTES).decode("utf-8", "replace")
+        except OSError:
+            return
+        folder = os.path.dirname(p.lexical)
+        for line in text.splitlines():
+            m = _INCLUDE_RE.match(line)
+            if m is not None:
+                path = os.path.join(folder, m.group(1))
+                self.note_requirements(_Word(path, path), scope, depth + 1)
+
+
+#: (program, subcommand) → the files it reads to know what to install: an always-allow
+#: rule for such a command names their content (and that a missing one is missing).
+INSTALL_FILES: dict[tuple[str, str], tuple[str, ...]] = {
+    **dict.fromkeys(
+        (("npm", "ci"), ("npm", "install"), ("npm", "i"), ("npm", "in")),
+        ("package.json", "package-lock.json", "npm-shrinkwrap.json"),
+    ),
+    **dict.fromkeys((("yarn", ""), ("yarn", "install")), ("package.json", "yarn.lock")),
+    **dict.fromkeys((("pnpm", "install"), ("pnpm", "i")), ("package.json", "pnpm-lock.yaml")),
+    ("uv", "sync"): ("pyproject.toml", "uv.lock"),
+    **dict.fromkeys((("poetry", "install"), ("poetry", "sync")), ("pyproject.toml", "poetry.lock")),
+    **dict.fromkeys((("pdm", "install"), ("pdm", "sync")), ("pyproject.toml", "pdm.lock")),
+    **dict.fromkeys((("pipenv", "install"), ("pipenv", "sync")), ("Pipfile", "Pipfile.lock")),
+}
+#: pip options whose value is a file of requirements (normalised: `-r FILE`).
+_PIP_FILE_OPTIONS = frozenset({"-r", "--requirement", "-c", "--constraint"})
+#: A line of a requirements file that includes another file.
+_INCLUDE_RE = re.compile(r"^\s*(?:-r|-c|--requirement|--constraint)(?:\s*=\s*|\s+|(?=[^\s-]))(\S+)")
+#: How deep includes of requirement files are followed.
+MAX_INCLUDED_DEPTH = 5
 
 
 #: Workspace writers whose last operand (or `-t DIR`) is written and the others read

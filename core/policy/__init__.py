@@ -26,7 +26,15 @@ turns it into "refuse every call" (fail-closed), never into "ignore the file".
 
 from __future__ import annotations
 
-from core.policy.merge import Credential, NameTable, Policy, Subcommands, merge, rule_match
+from core.policy.merge import (
+    Credential,
+    NameTable,
+    Policy,
+    Subcommands,
+    merge,
+    rule_match,
+    url_host,
+)
 from core.policy.overlay import (
     OVERLAY_HEADER,
     OverlayView,
@@ -38,6 +46,9 @@ from core.policy.overlay import (
 )
 from core.policy.schema import (
     BUILTIN_NAME,
+    DIGEST_PREFIX,
+    HOST_PREFIX,
+    MISSING,
     NO_SUBCOMMAND,
     RULE_ARGUMENT,
     AlwaysAllowRule,
@@ -55,6 +66,9 @@ from core.policy.schema import (
 
 __all__ = [
     "BUILTIN_NAME",
+    "DIGEST_PREFIX",
+    "HOST_PREFIX",
+    "MISSING",
     "NO_SUBCOMMAND",
     "OVERLAY_HEADER",
     "RULE_ARGUMENT",
@@ -81,4 +95,5 @@ __all__ = [
     "rule_id",
     "rule_match",
     "toml_str",
+    "url_host",
 ]

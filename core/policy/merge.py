@@ -15,14 +15,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from core.policy.schema import (
+    HOST_PREFIX,
     NO_SUBCOMMAND,
     RULE_ARGUMENT,
     AlwaysAllowRule,
     CredentialSpec,
     OptionRisks,
     PolicyDoc,
+    valid_rule_host,
 )
 
 # A credential piece must stand as whole path components: a boundary on the left
@@ -114,19 +117,37 @@ class Policy:
         return self.env_file_re.match(name) is not None
 
     def rule_for(self, tool: str, args: Mapping[str, Any]) -> AlwaysAllowRule | None:
-        """The always-allow rule that matches this exact call, if any."""
-        if not self.always_allow:
-            return None
-        value = rule_match(tool, args)
-        if value is None:
-            return None
-        return next(
-            (r for r in self.always_allow if r.tool == tool and r.match.strip() == value), None
-        )
+        """The first always-allow rule that matches this call, if any (`rules_for`)."""
+        rules = self.rules_for(tool, args)
+        return rules[0] if rules else None
+
+    def rules_for(self, tool: str, args: Mapping[str, Any]) -> tuple[AlwaysAllowRule, ...]:
+        """The always-allow rules that match this call by its argument, in file order.
+
+        A rule matches its exact argument (command, path, URL). A web_fetch rule written
+        as `host:NAME` matches every URL on that host (any path, http or https, the
+        scheme's default port left out, names compared in lower case); an exact-URL
+        web_fetch rule matches that URL only. Whether the files a shell rule names
+        (`reads`) still hold what they held is the guardian's check, not this one."""
+        exact = _argument(tool, args)
+        if not self.always_allow or exact is None:
+            return ()
+        value = url_host(exact) if tool == "web_fetch" else exact
+        out = []
+        for rule in self.always_allow:
+            if rule.tool != tool:
+                continue
+            host = rule.host
+            if host is not None:
+                if value is not None and f"{HOST_PREFIX}{host}" == value:
+                    out.append(rule)
+            elif rule.match.strip() == exact:
+                out.append(rule)
+        return tuple(out)
 
 
-def rule_match(tool: str, args: Mapping[str, Any]) -> str | None:
-    """The argument an always-allow rule compares for this tool (None: no rule can match)."""
+def _argument(tool: str, args: Mapping[str, Any]) -> str | None:
+    """The argument a rule names, stripped (None: missing or not text)."""
     name = RULE_ARGUMENT.get(tool)
     if name is None:
         return None
@@ -134,6 +155,34 @@ def rule_match(tool: str, args: Mapping[str, Any]) -> str | None:
         name, "." if name == "path" and tool in ("list_files", "search_files") else None
     )
     return value.strip() if isinstance(value, str) else None
+
+
+def url_host(url: str) -> str | None:
+    """The host form of an http(s) URL, as a web_fetch host rule names it: `host:NAME`,
+    `host:NAME:PORT` for a port that is not the scheme's default (None: no such form)."""
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port
+    except ValueError:  # a port that is not a number, brackets that do not close …
+        return None
+    scheme = parts.scheme.lower()
+    name = (parts.hostname or "").rstrip(".")
+    if scheme not in ("http", "https") or not name:
+        return None
+    if ":" in name:  # an IPv6 literal keeps its brackets, so a port can follow
+        name = f"[{name}]"
+    if port is not None and port != {"http": 80, "https": 443}[scheme]:
+        name = f"{name}:{port}"
+    return f"{HOST_PREFIX}{name}" if valid_rule_host(name) else None
+
+
+def rule_match(tool: str, args: Mapping[str, Any]) -> str | None:
+    """What an always-allow rule for this call matches (None: no rule can match): the
+    exact argument for most tools, the URL's host (`url_host`) for web_fetch."""
+    value = _argument(tool, args)
+    if value is not None and tool == "web_fetch":
+        return url_host(value)
+    return value
 
 
 def _compile_credential(spec: CredentialSpec) -> tuple[Credential, list[str]]:

@@ -1,7 +1,9 @@
 """Editing the deployment's overlay (<data dir>/policy.toml) without losing what a person wrote.
 
-The "Always allow" button adds an `[[always_allow]]` rule and `/policy revoke`
-removes one. Both edit the file with tomlkit, which keeps comments, order and
+The "Always allow" button adds an `[[always_allow]]` rule (a shell rule with the
+content hashes of the files its command reads, `reads = { "FILE" = "sha256:…" }`;
+a web_fetch rule naming a host, `match = "host:NAME"`) and `/policy revoke` removes
+one. Both edit the file with tomlkit, which keeps comments, order and
 formatting of everything else; rules written as an inline array
 (`always_allow = [{…}]`) are edited in place as such. The result is validated
 like any overlay before it is returned, so an edit can never leave a file that
@@ -33,7 +35,10 @@ OVERLAY_HEADER = """\
 # (config/policy.toml, which explains every section): it may tighten anything, may
 # relax "approval" to "allow" only through [allow] entries or the exact
 # [[always_allow]] rules below, and can never allow a forbidden call.
-# The "Always allow" button appends rules here; /policy in chat lists them.
+# The "Always allow" button appends rules here; /policy in chat lists them. A shell
+# rule's `reads` names the content (sha256) of the workspace files its command reads or
+# runs: once one changes, the rule no longer matches and the command is asked again.
+# A web_fetch rule with match = "host:NAME" allows every page of that host.
 # Test a change with: steward policy check -- 'COMMAND'
 """
 
@@ -63,12 +68,25 @@ def toml_str(text: str) -> str:
     return tomlkit.string(text).as_string()
 
 
+def _rule_items(rule: AlwaysAllowRule) -> list[tuple[str, Any]]:
+    """A rule's keys in the order written; `reads` as one inline table a person can read
+    (`reads = { "requirements.txt" = "sha256:…" }`), only when the rule names files."""
+    import tomlkit
+
+    items: list[tuple[str, Any]] = [(name, getattr(rule, name)) for name in _RULE_FIELDS]
+    if rule.reads is not None:
+        reads = tomlkit.inline_table()
+        reads.update(dict(rule.reads))
+        items.append(("reads", reads))
+    return items
+
+
 def _rule_table(rule: AlwaysAllowRule) -> Table:
     import tomlkit
 
     table = tomlkit.table()
-    for name in _RULE_FIELDS:
-        table.add(name, getattr(rule, name))
+    for name, value in _rule_items(rule):
+        table.add(name, value)
     return table
 
 
@@ -192,7 +210,7 @@ def overlay_text_with_rule(text: str, rule: AlwaysAllowRule, origin: str) -> str
     rules: Any = doc.get("always_allow")
     if isinstance(rules, Array):  # written inline: stay inline
         inline = tomlkit.inline_table()
-        inline.update({name: getattr(rule, name) for name in _RULE_FIELDS})
+        inline.update(dict(_rule_items(rule)))
         rules.append(inline)
     elif isinstance(rules, AoT):
         rules.append(_rule_table(rule))

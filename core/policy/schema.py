@@ -42,6 +42,15 @@ RULE_ARGUMENT = {
     "search_files": "path",
     "web_fetch": "url",
 }
+#: A web_fetch rule whose match starts so allows every URL on that host (`host:example.com`,
+#: `host:example.com:8080` for a port that is not the scheme's default).
+HOST_PREFIX = "host:"
+#: How a shell rule names a file's content (`reads`): its SHA-256, or that it did not exist.
+DIGEST_PREFIX = "sha256:"
+MISSING = "missing"
+_DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+#: A host rule's host: a name or [IPv6] literal, a port maybe; no path, user or query.
+_HOST_RE = re.compile(r"^(?:[^\s/?#@\\\[\]:]+|\[[0-9a-f:.]+\])(?::[0-9]{1,5})?$")
 
 _NAME_RE = re.compile(r"^\S+$")
 #: A variable name, or `PREFIX*` for a family (GIT_CONFIG_KEY_0, BASH_FUNC_ls%%).
@@ -93,7 +102,14 @@ class OptionRisks:
 
 @dataclass(frozen=True)
 class AlwaysAllowRule:
-    """One exact call a person chose to always allow (the "Always allow" button)."""
+    """One exact call a person chose to always allow (the "Always allow" button).
+
+    `match` is the exact argument (shell command, path, URL), or for web_fetch a host
+    (`host:example.com`). `reads` (shell rules) names the content of each workspace file
+    the command read or ran when it was allowed (path → "sha256:…" or "missing"): the
+    rule no longer matches once one of them changed. None: a rule written before files
+    were named, or by hand without them; it matches by its command alone.
+    """
 
     id: str
     tool: str
@@ -101,6 +117,14 @@ class AlwaysAllowRule:
     added_by: str = ""
     added_at: str = ""
     reason: str = ""
+    reads: tuple[tuple[str, str], ...] | None = None
+
+    @property
+    def host(self) -> str | None:
+        """The host a web_fetch host rule allows (None: not a host rule)."""
+        if self.tool != "web_fetch" or not self.match.strip().lower().startswith(HOST_PREFIX):
+            return None
+        return self.match.strip()[len(HOST_PREFIX) :].strip().lower().rstrip(".")
 
 
 @dataclass
@@ -124,6 +148,11 @@ class PolicyDoc:
 
     def is_empty(self) -> bool:
         return self == PolicyDoc()
+
+
+def valid_rule_host(host: str) -> bool:
+    """A host as a web_fetch host rule may name it (`example.com`, `[::1]:8080`)."""
+    return _HOST_RE.match(host) is not None
 
 
 def rule_id(tool: str, match: str) -> str:
@@ -430,6 +459,21 @@ def _match(value: Any) -> str:
     return value
 
 
+def _reads(value: Any) -> dict[str, str]:
+    """`reads = { "requirements.txt" = "sha256:…" }`: what the "Always allow" button writes."""
+    fix = (
+        'Write it as reads = { "requirements.txt" = "sha256:<64 hex digits>" } (or "missing"), '
+        'or remove `reads` and press "Always allow" again to have it written'
+    )
+    data = _table(value, 'reads = { "FILE" = "sha256:…" }')
+    for path, state in data.items():
+        if not path.strip():
+            raise _problem("an empty file name", fix + ".")
+        if not isinstance(state, str) or not (state == MISSING or _DIGEST_RE.match(state)):
+            raise _problem(f"{state!r} (for {path!r}) is not a file's content hash", fix + ".")
+    return dict(data)
+
+
 class _Rule(_Table):
     example = '[[always_allow]] with tool = "…" and match = "…"'
     id: Text = ""
@@ -438,6 +482,25 @@ class _Rule(_Table):
     added_by: Text = ""
     added_at: Text = ""
     reason: Text = ""
+    reads: Annotated[dict[str, str] | None, BeforeValidator(_reads)] = None
+
+    @_model_validator(mode="after")
+    def _fits_its_tool(self) -> _Rule:
+        if self.reads is not None and self.tool != "shell":
+            raise _problem(
+                f"`reads` names files a shell command reads; a {self.tool} rule cannot have it",
+                "Remove `reads` from this rule.",
+            )
+        match = self.match.strip()
+        if self.tool == "web_fetch" and match.lower().startswith(HOST_PREFIX):
+            host = match[len(HOST_PREFIX) :].strip().lower().rstrip(".")
+            if not valid_rule_host(host):
+                raise _problem(
+                    f"{host!r} is not a host name",
+                    'Write match = "host:example.com" (or "host:example.com:8080"), or the '
+                    "exact URL.",
+                )
+        return self
 
 
 def _rules(value: Any) -> list[Any]:
@@ -515,7 +578,15 @@ class _OverlayFile(_BuiltinFile):
     def doc(self, origin: str) -> PolicyDoc:
         doc = super().doc(origin)
         doc.always_allow = [
-            AlwaysAllowRule(r.id, r.tool, r.match, r.added_by, r.added_at, r.reason)
+            AlwaysAllowRule(
+                r.id,
+                r.tool,
+                r.match,
+                r.added_by,
+                r.added_at,
+                r.reason,
+                None if r.reads is None else tuple(r.reads.items()),
+            )
             for r in self.always_allow
         ]
         return doc

@@ -265,6 +265,13 @@ def _make(a: _Analysis, cmd: _Cmd) -> None:
         if real in a.written:
             a.flag(Verdict.APPROVAL, f"{cmd.snippet} runs a makefile this same command writes")
             return
+    # The makefile it reads (its recipes are what runs): each -f file, else the default
+    # names up to the first that exists (one made later with an earlier name wins).
+    for name in candidates:
+        path = os.path.join(folder, os.path.expanduser(name))
+        a.note("reads", _Word(path, path))
+        if not files and os.path.isfile(path):
+            break
 
 
 #: Variables that, set on make's command line, change what every recipe runs.
