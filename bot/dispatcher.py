@@ -40,6 +40,7 @@ from core.events import (
 from core.history import History
 from core.interrupted import DROP, RERUN
 from core.suggestions import Suggestions
+from memory.seen import SeenEvents
 
 log = structlog.get_logger("steward.dispatcher")
 
@@ -95,6 +96,9 @@ class Dispatcher:
     #: Sees every task's progress whatever the channel shows (core/activity.Activity's
     #: `observe`, the dashboard's Now page): (channel, conversation, user, request, event).
     monitor: Callable[[str, str, str, str, Progress], None] | None = None
+    #: memory/seen.SeenEvents: messages already taken, remembered across restarts, so a
+    #: platform's redelivery runs nothing (None: only the adapters' in-memory filters).
+    seen: SeenEvents | None = None
     #: Commands and button presses (bot/commands); register more with `router.command`.
     router: CommandRouter[Dispatcher] = field(default_factory=builtin_router)
     last_results: dict[str, TaskResult] = field(default_factory=dict)
@@ -137,6 +141,8 @@ class Dispatcher:
             text = event.text.strip()
             if not text:
                 return
+            if event.id and self.seen is not None and not await self._first_time(event, channel):
+                return
             self._arrived(event, channel)
             if text.startswith("/"):
                 await self._command(event, channel, text)
@@ -148,6 +154,25 @@ class Dispatcher:
                         event="message",
                     )
                 await self._task(event, channel, text)
+
+    async def _first_time(self, msg: Message, channel: Channel) -> bool:
+        """Whether this message was never taken before, by this run or an earlier one
+        (its key is durable before it becomes a task or a command). A redelivery is
+        logged and dropped without a word; a failing store never costs the message."""
+        assert self.seen is not None
+        try:
+            fresh = await self.seen.first_time(channel.name, msg.conversation, msg.id)
+        except Exception:
+            log.exception("dispatch.seen_failed", channel=channel.name)
+            return True
+        if not fresh:
+            log.info(
+                "dispatch.duplicate",
+                channel=channel.name,
+                conversation=msg.conversation,
+                id=msg.id,
+            )
+        return fresh
 
     def _arrived(self, msg: Message, channel: Channel) -> None:
         if self.proactive is None or not msg.id:

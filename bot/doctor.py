@@ -25,6 +25,7 @@ from core.local_model import (
     provider_key_present,
     server_for,
 )
+from memory.redact import redact_shown
 
 
 @dataclass(slots=True)
@@ -50,10 +51,15 @@ def _dirs(settings: Settings) -> list[Check]:
 
 def _sandbox(settings: Settings) -> Check:
     """Whether shell commands run in the OS sandbox here, and if not why (README → Sandbox)."""
-    from core.sandbox import SandboxRequired, setup
+    from core.sandbox import SandboxRequired, parse_user, setup
 
     try:
-        found = setup(settings.sandbox, settings.workspace)
+        found = setup(
+            settings.sandbox,
+            settings.workspace,
+            user=parse_user(settings.sandbox_user),
+            hand_over_workspace=False,
+        )
     except SandboxRequired as exc:
         return Check("sandbox", False, str(exc), "see README → Sandbox")
     if found.fallback:
@@ -385,9 +391,11 @@ async def run_doctor(settings: Settings) -> int:
     failed = 0
     for c in checks:
         mark = "!" if c.warn else ("✓" if c.ok else "✗")
-        print(f"{mark} {c.name}: {c.detail}")
+        # Doctor output gets pasted into bug reports: a URL setting (api_base, a server)
+        # or an error naming one is shown without its password or token.
+        print(f"{mark} {c.name}: {redact_shown(c.detail)}")
         if c.fix and (not c.ok or c.warn):
-            print(f"    fix: {c.fix}")
+            print(f"    fix: {redact_shown(c.fix)}")
         failed += 0 if c.ok else 1
     print("all good" if not failed else f"{failed} problem(s) to fix", file=sys.stderr)
     return 0 if not failed else 1

@@ -8,6 +8,7 @@ import errno
 import ipaddress
 import signal
 import sys
+from typing import Any
 
 import structlog
 from aiohttp import web
@@ -20,7 +21,7 @@ from bot.dashboard import Dashboard
 from config.settings import ConfigError, Settings
 from core.clock import Clock
 from core.events import Channel
-from memory.redact import redact
+from memory.redact import redact, redact_shown
 
 log = structlog.get_logger("steward.server")
 
@@ -74,7 +75,8 @@ def build_web_app(
     public.update(r for r in server.router.resources() if r not in private)
 
     async def healthz(_request: web.Request) -> web.Response:
-        channels = {c.name: c.health.to_json() for c in app.channels}
+        # No login here: nothing shown may carry a secret (a URL's password or token).
+        channels = {c.name: _shown_health(c.health.to_json()) for c in app.channels}
         bad = [n for n, h in channels.items() if h["state"] in ("down", "deaf")]
         # Until the first channel is up (memory opened, adapters started) Steward is not
         # ready: a load balancer or a test must not send it work yet.
@@ -85,7 +87,7 @@ def build_web_app(
             {
                 "ok": not bad and not starting and memory["ok"],
                 "starting": starting,
-                "model": app.llm.describe() if app.llm else None,
+                "model": redact_shown(app.llm.describe()) if app.llm else None,
                 # Worker processes for model calls under load (core/llm_worker.py).
                 "model_workers": app.llm_workers.snapshot() if app.llm_workers else None,
                 "channels": channels,
@@ -97,6 +99,14 @@ def build_web_app(
 
     public.add(server.router.add_get("/healthz", healthz).resource)  # type: ignore[arg-type]
     return server
+
+
+def _shown_health(health: dict[str, Any]) -> dict[str, Any]:
+    """A channel's health for /healthz: its detail may name a URL (a webhook, a server)."""
+    detail = health.get("detail")
+    if isinstance(detail, str) and detail:
+        health["detail"] = redact_shown(detail)
+    return health
 
 
 def login_command(settings: Settings, *, new: bool = False) -> int:
@@ -183,8 +193,11 @@ async def serve(
         app.warm_up()
         port = site._server.sockets[0].getsockname()[1] if site._server else settings.port  # type: ignore[attr-defined]
         url = f"http://{settings.host}:{port}"
+        if port != settings.port:  # port 0: the tools learn the real one now
+            app.egress.protect(settings.host, port, "Steward's own web server")
         app.lock.describe(url)  # so a refused `steward chat` can point at the web chat
-        log.info("server.started", url=url, model=app.llm.describe() if app.llm else None)
+        model = redact_shown(app.llm.describe()) if app.llm else None
+        log.info("server.started", url=url, model=model)
         # The login URL carries the secret: printed for the person at this terminal, never
         # logged (the log may be shipped elsewhere).
         # Behind a PaaS the address it listens on (0.0.0.0:$PORT) is not one a browser can
@@ -193,10 +206,10 @@ async def serve(
         _say(
             f"Steward is running: open {login.login_url(public or url)} (Ctrl-C to stop)\n"
             f"  That link logs this browser in to the web chat; keep it to yourself.\n"
-            f"  The dashboard, once logged in: {public or url}/dashboard"
+            f"  The dashboard, once logged in: {redact_shown(public or url)}/dashboard"
         )
         if public:
-            log.info("server.public_url", url=public, listening=url)
+            log.info("server.public_url", url=redact_shown(public), listening=url)
         if app.notice:
             _say(app.notice)
         await stop.wait()

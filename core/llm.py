@@ -30,6 +30,7 @@ from core import litellm_file_ids, litellm_tokenizer
 from core.clock import Clock
 from core.lazy_package import defer_tree
 from core.llm_worker import Unsendable, WorkerCallError, WorkerPool
+from memory.redact import redact_shown
 
 log = structlog.get_logger("steward.llm")
 
@@ -330,7 +331,9 @@ class LLMClient:
         self._priced: bool | None = None
 
     def describe(self) -> str:
-        return f"{self.model}" + (f" at {self.api_base}" if self.api_base else "")
+        """The model and its server as shown to people (errors in chat, /healthz, the
+        dashboard, doctor): a password or key in the `api_base` URL is redacted."""
+        return redact_shown(f"{self.model}" + (f" at {self.api_base}" if self.api_base else ""))
 
     def _kwargs(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> dict:
         kwargs: dict[str, Any] = {

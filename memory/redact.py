@@ -547,6 +547,60 @@ def _redact_obj(obj: Any, key: Any) -> Any:
     return obj
 
 
+# --- URLs shown to people (settings, status, health) ------------------------------
+
+_URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.\-]*://[^\s'\"<>`]+")
+#: Query (or fragment) parameter names whose value is a credential whatever it looks
+#: like: `?key=abc`, `?api-key=`, `?access_token=…`, `&sig=…`, `?X-Amz-Signature=…`
+#: (a short word such as key or sig counts alone or after a separator: not `monkey`).
+_SECRET_PARAM = re.compile(
+    r"(?:^|[_.\-]|api|access|secret|private|subscription)(?:key|sig|pass|auth)$"
+    r"|(?:token|secret|password|passwd|pwd|signature|credentials?)$",
+    re.IGNORECASE,
+)
+
+
+def redact_shown(text: str) -> str:
+    """A setting or status line about to be shown (`/healthz`, `steward doctor`, the
+    start-up log, the dashboard): `redact`, and in every URL the userinfo password
+    (`https://user:[REDACTED:url_password]@host/`) and the value of each query or
+    fragment parameter named like a credential (`?key=`, `?token=`, `&sig=`), however
+    short or plain it is. A person configured the URL, so nothing is guessed: a shown
+    URL never carries its secret."""
+    text = redact(text)
+    if "://" not in text:
+        return text
+    return _URL.sub(lambda m: _redact_url(m.group(0)), text)
+
+
+def _redact_url(url: str) -> str:
+    scheme, _, rest = url.partition("://")
+    cut = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    authority, tail = rest[:cut], rest[cut:]
+    at = authority.rfind("@")
+    if at >= 0:
+        user, colon, password = authority[:at].partition(":")
+        if colon and password and not _MARKER_RE.fullmatch(password):
+            authority = f"{user}:{MARKER.format(kind='url_password')}{authority[at:]}"
+    path, hash_, fragment = tail.partition("#")
+    path, question, query = path.partition("?")
+    if question:
+        query = _redact_params(query)
+    if hash_ and "=" in fragment:
+        fragment = _redact_params(fragment)
+    return f"{scheme}://{authority}{path}{question}{query}{hash_}{fragment}"
+
+
+def _redact_params(query: str) -> str:
+    parts = []
+    for part in query.split("&"):
+        name, eq, value = part.partition("=")
+        if eq and value and _SECRET_PARAM.search(name) and not _MARKER_RE.search(value):
+            part = f"{name}={MARKER.format(kind=_kind_for(name))}"
+        parts.append(part)
+    return "&".join(parts)
+
+
 def kinds() -> list[str]:
     """Every `<kind>` a marker can carry (for docs and the report)."""
     names = {p.kind for p in PATTERNS}
