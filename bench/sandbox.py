@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from core.sandbox import Sandbox, detect
+from core.sandbox import detect, setup
 from core.tools.base import ToolContext
 from core.tools.shell import run
 
@@ -52,7 +52,8 @@ def main() -> None:
         ws = Path(tmp).resolve()
         subprocess.run(["git", "init", "-q", str(ws)], check=True)  # .git protected too
         plain = ToolContext(workspace=ws)
-        boxed = ToolContext(workspace=ws, sandbox=Sandbox(bwrap=found.bwrap, workspace=ws))
+        # As `steward run` sets it up: the sandbox user, limits, Steward's files hidden.
+        boxed = ToolContext(workspace=ws, sandbox=setup("auto", ws).sandbox)
         base = asyncio.run(_measure(plain, RUNS))
         sand = asyncio.run(_measure(boxed, RUNS))
     b50 = statistics.median(base)

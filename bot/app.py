@@ -32,6 +32,8 @@ from core.agent import Agent
 from core.approvals import Approvals
 from core.clock import Clock
 from core.conversations import Conversations
+from core.egress.policy import from_settings as egress_from_settings
+from core.egress.policy import server_endpoints
 from core.events import Channel
 from core.goal_queue import GoalQueue
 from core.goal_terms import GoalConfig
@@ -53,7 +55,7 @@ from core.local_model import (
 from core.persist import EpisodeWriter
 from core.proactive import Config as ProactiveConfig
 from core.proactive import Proactive
-from core.sandbox import SandboxRequired
+from core.sandbox import Limits, SandboxRequired, own_paths, parse_user
 from core.sandbox import setup as sandbox_setup
 from core.schedules import Deps, ScheduleConfig, Scheduler
 from core.snapshots import from_settings as undo_from_settings
@@ -70,6 +72,7 @@ from memory.lock import DataDirLocked, acquire
 from memory.records import Written
 from memory.rules import RuleStore
 from memory.schedules import ScheduleStore
+from memory.seen import SeenEvents
 from memory.store import DataStore
 from memory.transcripts import TranscriptStore
 
@@ -236,7 +239,16 @@ class App:
         # Decided once, before anything runs: sandboxed, opted out, or fail-closed.
         try:
             self.sandbox = sandbox_setup(
-                settings.sandbox, self.workspace, [self.data_dir, *config_files(settings)]
+                settings.sandbox,
+                self.workspace,
+                [self.data_dir, *config_files(settings)],
+                user=parse_user(settings.sandbox_user),
+                limits=Limits(
+                    processes=settings.sandbox_max_processes,
+                    memory_mb=settings.sandbox_max_memory,
+                    file_size_mb=settings.sandbox_max_file_size,
+                    cpu_seconds=settings.sandbox_max_cpu,
+                ),
             )
         except SandboxRequired as exc:
             raise ConfigError(str(exc)) from None
@@ -258,6 +270,11 @@ class App:
         # Snapshots before a task's changes (core/snapshots): /undo, and deletions inside
         # the workspace that a snapshot covers need no approval (`undoable_deletes`).
         self.undo = undo_from_settings(settings, self.workspace, self.data_dir)
+        # Where the tools' connections may go (core/egress): the internet and the owner's
+        # `egress_allow`, never Steward's own servers (the embedded model's, once it runs).
+        self.egress = egress_from_settings(
+            settings, more_protected=lambda: server_endpoints(getattr(self, "local", None))
+        )
         self.guardian = Guardian(
             self.workspace,
             overlay_path=self.data_dir / "policy.toml",
@@ -266,6 +283,8 @@ class App:
                 if self.undo is not None and undoable_deletes(settings, self.undo)
                 else None
             ),
+            egress=self.egress,
+            own_paths=[*config_files(settings), *own_paths()],
         )
         self.access = Access.from_settings(settings, data_dir=self.data_dir, clock=self.clock)
         self.suggestions = Suggestions(self.clock, self.data_dir)
@@ -277,6 +296,7 @@ class App:
             always_allow=lambda tool, args, user: self.guardian.always_allow(
                 tool, args, added_by=user
             ),
+            pin=self.guardian.pin,
         )
         self.llm: LLMClient | LocalLLM | None = None
         #: Worker processes for model calls under load (core/llm_worker.py).
@@ -338,6 +358,8 @@ class App:
                     fetch_timeout=settings.fetch_timeout,
                     fetch_max_bytes=settings.fetch_max_bytes,
                     sandbox=self.sandbox.sandbox,
+                    sandbox_env=tuple(settings.sandbox_env),
+                    egress=self.egress,
                 ),
                 ask_every_shell=self.sandbox.fallback,
                 guardian=self.guardian,
@@ -414,6 +436,9 @@ class App:
                 self.journal, self.episodes, self.clock, after_episode=self._index_episode
             ),
             write_health=self.health,
+            # Redeliveries are dropped across restarts; not in replay, whose message ids
+            # are a scenario's line numbers, the same in every run on a data dir.
+            seen=SeenEvents(self.data_dir) if subcommand != "replay" else None,
         )
         #: Running and recent tasks of every channel, from the same progress events the
         #: chat gets (the dashboard's Now page).
@@ -564,6 +589,8 @@ class App:
         await self.open_memory()
         if not self._initialized:
             self._initialized = True
+            if self.dispatcher.seen is not None:  # read off the loop, before any message
+                await asyncio.to_thread(self.dispatcher.seen.load)
             if self.undo is not None:  # an undo a crash cut short is finished first
                 await self.undo.recover()
                 self.undo.warm()

@@ -61,9 +61,16 @@ class _CoreSettings(BaseModel):
     summary_budget: int = Field(ge=50)
     shell_timeout: float = Field(gt=0)
     sandbox: Literal["auto", "off", "required"]
+    sandbox_user: str
+    sandbox_env: list[str]
+    sandbox_max_processes: int = Field(ge=0)
+    sandbox_max_memory: int = Field(ge=0)
+    sandbox_max_file_size: int = Field(ge=0)
+    sandbox_max_cpu: int = Field(ge=0)
     output_cap: int = Field(ge=200)
     fetch_timeout: float = Field(gt=0)
     fetch_max_bytes: int = Field(ge=1024)
+    egress_allow: list[str]
     approval_timeout: float = Field(gt=0)
     log_format: Literal["auto", "json", "console"]
     log_level: Literal["debug", "info", "warning", "error"]
@@ -179,6 +186,38 @@ class _CoreSettings(BaseModel):
                 f"{value!r} is not a known IANA time zone (e.g. UTC, Europe/Berlin)"
             ) from None
         return value.strip() or "UTC"
+
+    @field_validator("egress_allow", "sandbox_env", mode="before")
+    @classmethod
+    def _split_list(cls, value: Any) -> Any:
+        """Accept the env form "wiki.internal, 10.0.0.0/8" (commas or semicolons) as well
+        as a TOML list; egress entries are checked when the policy is built (core/egress)."""
+        if isinstance(value, str):
+            return [part.strip() for part in value.replace(";", ",").split(",") if part.strip()]
+        return value
+
+    @field_validator("sandbox_user")
+    @classmethod
+    def _check_sandbox_user(cls, value: str) -> str:
+        """ "auto", or the user as "uid:gid" (a name is looked up here, once)."""
+        text = value.strip()
+        if text in ("", "auto"):
+            return "auto"
+        name, _, group = text.partition(":")
+        try:
+            if name.isdigit():
+                uid = int(name)
+                gid = int(group) if group else uid
+            else:
+                import pwd
+
+                entry = pwd.getpwnam(name)
+                uid, gid = entry.pw_uid, int(group) if group else entry.pw_gid
+        except (KeyError, ValueError):
+            raise ValueError('not a user: give a uid, uid:gid, a user name, or "auto"') from None
+        if uid == 0:
+            raise ValueError('may not be root (uid 0); use "auto" or an unprivileged user')
+        return f"{uid}:{gid}"
 
     @field_validator("approvers", mode="before")
     @classmethod

@@ -28,12 +28,14 @@ import structlog
 
 from core.approvals import Approvals
 from core.clock import Clock
+from core.egress import urls_in
 from core.events import Channel, Progress
 from core.gates import check_answer, honest_suffix, retry_instruction
 from core.guardian import CallDecision, Guardian, Verdict
 from core.llm import LLMClient, LLMError, LLMResult, ToolCallRequest
 from core.recall import Recall, Recalled, estimate_tokens, render
 from core.sandbox import NETWORK, UNSANDBOXED, Grant
+from core.sandbox.hosts import hosts_for
 from core.signatures import is_decision, is_environmental, signature
 from core.tools.base import Tool, ToolContext, ToolError
 from memory.episodes import Episode, EpisodeStore, ToolRecord
@@ -607,7 +609,9 @@ class Agent:
                 "tool_start", task_id, tool=call.name, text=_summary(args), data={"args": args}
             )
         )
-        checked = await self.guardian.check(call.name, args)
+        # A URL the person wrote is fetched without a question (core/egress/urls.py).
+        person = _person_urls(req) if call.name == "web_fetch" else None
+        checked = await self.guardian.check(call.name, args, person_urls=person)
         record.effects = checked.effects  # what the call would do, for the answer gates
         decision = self._sandbox_decision(call.name, args, checked)
         record.verdict = str(decision.verdict)
@@ -622,7 +626,10 @@ class Agent:
         # always-allow rule of the person's kept what the call needed).
         grant: Grant | None = None
         if call.name == "shell" and (decision.verdict == Verdict.APPROVAL or decision.needs):
-            grant = Grant.from_needs(decision.needs)
+            listed = args.get("hosts")
+            named = [str(h) for h in listed] if isinstance(listed, list) else []
+            hosts = hosts_for(str(args.get("command") or ""), checked.effects.runs, named)
+            grant = Grant.from_needs(decision.needs, hosts)
         elif call.name in ("write_file", "edit_file") and decision.needs:
             # Only the path it named: a file tool never runs anything, so no other grant.
             grant = Grant(write=tuple(n.split(":", 1)[1] for n in decision.needs if ":" in n))
@@ -631,6 +638,11 @@ class Agent:
             risk = f"if approved, this one call may {grant.describe()}"
         elif grant is not None and self.tool_context.sandbox is not None:
             risk = f"if approved, this one command may {grant.describe()}"
+            if self.tool_context.sandbox.as_root(grant):
+                risk += (
+                    " (to write there it runs as root, as Steward does, so it can also read "
+                    "files only root may read)"
+                )
         if decision.verdict == Verdict.APPROVAL:
             answer = await self.approvals.ask(
                 req.channel,
@@ -715,6 +727,13 @@ class Agent:
             needs = tuple(sorted({*(decision.needs or (UNSANDBOXED,)), NETWORK}))
             return dataclasses.replace(decision, needs=needs)
         return decision
+
+
+def _person_urls(req: TaskRequest) -> frozenset[str]:
+    """The URLs the person wrote in this conversation: the request and the earlier user
+    turns it carries (compacted turns only survive as the model's summary: not theirs)."""
+    said = [str(t.get("content") or "") for t in req.history if t.get("role") == "user"]
+    return urls_in([req.text, *said])
 
 
 def _summary(args: dict[str, Any]) -> str:

@@ -50,7 +50,7 @@ async def test_approved_write_outside_writes_that_file_only(
         drain=60,
     )
     [approval] = [o for o in out if o["kind"] == "approval"]
-    assert "may write to the file" in approval["text"] and str(target) in approval["text"]
+    assert "may create the file" in approval["text"] and str(target) in approval["text"]
     assert target.read_text(encoding="utf-8") == "quarterly 🚀\n"
     # The grant was for that one call: the same write again asks again.
     llm.reply_tool("write_file", {"path": "../report.txt", "content": "again\n"})

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-import core.sandbox
+import core.sandbox.configure
 from bot.app import App
 from bot.doctor import _sandbox
 from config.settings import ConfigError
@@ -23,7 +23,7 @@ WHY = "user namespaces are disabled here (test)"
 @pytest.fixture
 def no_sandbox(monkeypatch: pytest.MonkeyPatch) -> None:
     """This machine as one without user namespaces."""
-    monkeypatch.setattr(core.sandbox, "detect", lambda: Availability(False, None, WHY))
+    monkeypatch.setattr(core.sandbox.configure, "detect", lambda: Availability(False, None, WHY))
 
 
 def test_required_refuses_to_start_without_a_sandbox(
@@ -81,7 +81,7 @@ def test_doctor_says_whether_commands_are_sandboxed(
         check = _sandbox(s)
         assert check.ok and not check.warn and check.detail.startswith("on (bubblewrap")
     assert "off" in _sandbox(settings_for(None, sandbox="off")).detail
-    monkeypatch.setattr(core.sandbox, "detect", lambda: Availability(False, None, WHY))
+    monkeypatch.setattr(core.sandbox.configure, "detect", lambda: Availability(False, None, WHY))
     check = _sandbox(s)
     assert check.ok and check.warn and WHY in check.detail and "asks for approval" in check.detail
     check = _sandbox(settings_for(None, sandbox="required"))

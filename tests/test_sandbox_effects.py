@@ -30,7 +30,9 @@ from pathlib import Path
 
 import pytest
 
-from core.sandbox import Grant, Sandbox, detect
+from core.egress import EgressPolicy
+from core.sandbox import Grant, Sandbox, SandboxUser, detect
+from core.sandbox.identity import choose_user, hand_over
 from core.tools.base import ToolContext, ToolError
 from core.tools.shell import run as shell_run
 from tests.fakes.llm import ScriptedLLM
@@ -53,6 +55,15 @@ SLEEP = f"{4000 + secrets.randbelow(5000)}.{secrets.randbelow(10**6):06d}"
 #: environment; only reading the parent process (/proc, ps e) could find it.
 ENV_SECRET_NAME = "STEWARD_SANDBOX_CANARY_TOKEN"
 ENV_SECRET = "STEWARD_SECRET_env_" + secrets.token_hex(8)
+
+
+def as_the_product_would(ws: Path) -> SandboxUser | None:
+    """The sandbox user `steward run` would choose (nobody, where the tests run as
+    root), with the workspace handed to it as at start-up."""
+    user = choose_user(None, ws.resolve())
+    if user is not None:
+        hand_over(ws.resolve(), user)
+    return user
 
 
 def corpus() -> list[tuple[str, str]]:
@@ -123,9 +134,15 @@ class World:
     secrets: list[str]
     sandbox: Sandbox
 
-    def ctx(self, grant: Grant | None = None, timeout: float = 15) -> ToolContext:
+    def ctx(
+        self, grant: Grant | None = None, timeout: float = 15, egress: EgressPolicy | None = None
+    ) -> ToolContext:
         return ToolContext(
-            workspace=self.ws, shell_timeout=timeout, sandbox=self.sandbox, grant=grant
+            workspace=self.ws,
+            shell_timeout=timeout,
+            sandbox=self.sandbox,
+            grant=grant,
+            egress=egress,
         )
 
     def fill(self, command: str, port: int) -> str:
@@ -194,6 +211,7 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
         workspace=ws.resolve(),
         hidden=(data, config),
         home=str(home),
+        user=as_the_product_would(ws),
     )
     tmpmark = Path("/tmp") / f"steward-sandbox-mark-{secrets.token_hex(6)}"
     yield World(root, ws, data, config, home, tmpmark, [*found, ENV_SECRET], sandbox)
@@ -304,13 +322,40 @@ async def test_git_commits_work_but_config_and_hooks_stay_read_only(world: World
 async def test_a_network_grant_reaches_the_network_for_that_command_only(
     world: World, listener: Listener
 ) -> None:
+    """Granted, the command reaches the hosts it was granted through Steward's proxy, and
+    nothing else: not another host, not the host's own addresses (unless the owner
+    listed one, as this test does for its server), not its abstract Unix sockets."""
+    listed = EgressPolicy([f"127.0.0.1:{listener.port}"])
     command = f"curl -s --max-time 3 http://127.0.0.1:{listener.port}/"
     before = listener.connections
-    out = await run_shell(world.ctx(Grant(network=True)), command)
+    grant = Grant.from_needs(["network"], ["127.0.0.1"])
+    out = await run_shell(world.ctx(grant, egress=listed), command)
     assert "reached" in out and listener.connections == before + 1
     out = await run_shell(world.ctx(), command)
     assert "reached" not in out and listener.connections == before + 1
     assert "no network" in out  # the model is told why, and how to ask
+    # The grant names its hosts: another one is refused by the proxy, and said so.
+    other = f"curl -s --max-time 3 http://{host_ip()}:{listener.port}/"
+    out = await run_shell(world.ctx(grant, egress=listed), other)
+    assert "reached" not in out and listener.connections == before + 1
+    assert "network: refused" in out
+    # Not listed by the owner: the host's own address stays out of reach, granted or not.
+    out = await run_shell(world.ctx(Grant(network=True)), command)
+    assert "reached" not in out and listener.connections == before + 1
+    # The sandbox never shares the host's network namespace: no abstract Unix socket.
+    name = f"steward-test-{secrets.token_hex(4)}"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind("\0" + name)
+    server.listen(1)
+    try:
+        probe = (
+            "python3 -c \"import socket; s = socket.socket(socket.AF_UNIX); "
+            f"s.connect('\\0{name}'); print('connected')\""
+        )
+        out = await run_shell(world.ctx(grant, egress=listed), probe)
+        assert "connected" not in out.split("\n", 1)[1]
+    finally:
+        server.close()
 
 
 async def test_a_write_grant_opens_exactly_that_path(world: World) -> None:
@@ -319,18 +364,37 @@ async def test_a_write_grant_opens_exactly_that_path(world: World) -> None:
     out = await run_shell(ctx, f"echo granted > {target}; echo x > {world.root}/other.txt")
     assert target.read_text() == "granted\n"
     assert not (world.root / "other.txt").exists()  # written to the sandbox's own /tmp
-    # A new file outside: its folder is granted, and said so; the data dir stays hidden.
-    grant = Grant.from_needs([f"write:{world.root}/new.txt"])
-    assert grant.write == (str(world.root.resolve()),)
-    assert f"write to the folder {world.root.resolve()}" in grant.describe()
+    # A new file outside: only that name is granted (never its folder), and said so.
+    new = world.root / "new.txt"
+    grant = Grant.from_needs([f"write:{new}"])
+    assert grant.write == (str(new.parent.resolve() / "new.txt"),)
+    assert f"create the file {new.parent.resolve() / 'new.txt'}" in grant.describe()
     out = await run_shell(
-        world.ctx(grant), f"echo new > {world.root}/new.txt; cat {world.data}/access.json"
+        world.ctx(grant),
+        f"echo new > {new}; echo x > {world.root}/sibling.txt; ls {world.root}; "
+        f"cat {world.data}/access.json {world.home}/.ssh/id_rsa",
     )
-    assert (world.root / "new.txt").read_text() == "new\n"
+    assert new.read_text() == "new\n"
+    assert not (world.root / "sibling.txt").exists()
+    assert "canary.txt" not in out  # the folder around it is not visible either
     assert not any(s in out for s in world.secrets)
     assert (world.ws / ".git" / "hooks").is_dir()
     out = await run_shell(world.ctx(grant), "echo x > .git/hooks/pre-commit")
     assert "Read-only" in out
+    # Granted but left alone: the empty placeholder is removed again.
+    unused = Grant.from_needs([f"write:{world.root}/unused.txt"])
+    await run_shell(world.ctx(unused), "true")
+    assert not (world.root / "unused.txt").exists()
+
+
+async def test_steward_s_own_files_are_never_grantable(world: World) -> None:
+    """A grant of the data dir, the config, or a folder holding one, runs nothing."""
+    for path in (world.data / "policy.toml", world.config, world.root):
+        grant = Grant.from_needs([f"write:{path}"])
+        out = await run_shell(world.ctx(grant), f"echo pwned > {path}/x; echo ran > ran.txt")
+        assert "did not run" in out and "Steward's own" in out, out
+        assert not (world.ws / "ran.txt").exists()
+    assert not (world.data / "policy.toml").exists()
 
 
 def test_what_the_guardian_cannot_name_is_asked_as_unsandboxed() -> None:
@@ -339,7 +403,8 @@ def test_what_the_guardian_cannot_name_is_asked_as_unsandboxed() -> None:
     assert Grant.from_needs(["write:/"]).unsandboxed
     assert Grant.from_needs(["network"]) == Grant(network=True)
     assert "without the sandbox" in Grant(unsandboxed=True).describe()
-    assert Grant(network=True).describe() == "use the network"
+    assert Grant(network=True).describe().startswith("use the network to reach any public host")
+    assert "pypi.org" in Grant.from_needs(["network"], ["PyPI.org"]).describe()
 
 
 async def test_the_timeout_kills_everything_in_the_sandbox(world: World) -> None:
@@ -354,7 +419,7 @@ async def test_approved_network_reaches_the_server_once_through_the_product(
     """`steward replay`: the guardian asks for the network for a `curl --data` upload,
     the approval message says so, the approved command reaches the local server; the
     next command, allowed by the guardian but not granted anything, cannot."""
-    s = settings_for(llm)
+    s = settings_for(llm, egress_allow=f"127.0.0.1:{listener.port}")
     url = f"http://127.0.0.1:{listener.port}/"
     llm.reply_tool("shell", {"command": f"curl -s --max-time 3 --data hello {url}"})
     llm.reply_tool("shell", {"command": f"curl -s --max-time 3 {url}"})
@@ -388,6 +453,7 @@ async def test_data_and_config_inside_the_workspace_stay_hidden(world: World) ->
         workspace=world.ws.resolve(),
         hidden=(data, config),
         home=world.sandbox.home,
+        user=as_the_product_would(world.ws),
     )
     ctx = ToolContext(workspace=world.ws, shell_timeout=10, sandbox=sandbox)
     out = await run_shell(

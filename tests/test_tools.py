@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
+from core.egress import EgressPolicy
 from core.tools import ALL_TOOLS, tool_schemas
 from core.tools.base import ToolContext, ToolError
-from core.tools.workspace import display, resolve_in_workspace
+from core.tools.workspace import Target, display, parse_path
 
 
 @pytest.fixture
@@ -64,13 +65,15 @@ def test_registry_order_and_schemas() -> None:
 # ── workspace confinement ───────────────────────────────────────────────────────
 
 
-def test_resolve_relative_absolute_and_new_paths(ws: Path) -> None:
+def test_parse_relative_absolute_and_new_paths(ws: Path) -> None:
     (ws / "a.txt").write_text("x")
     real = Path(os.path.realpath(ws))
-    assert resolve_in_workspace(ws, "a.txt", must_exist=True) == real / "a.txt"
-    assert resolve_in_workspace(ws, str(ws / "a.txt"), must_exist=True) == real / "a.txt"
-    assert resolve_in_workspace(ws, "new/dir/b.txt", must_exist=False) == real / "new/dir/b.txt"
-    assert resolve_in_workspace(ws, "sub/../a.txt", must_exist=True) == real / "a.txt"
+    assert parse_path(ws, "a.txt") == Target("a.txt", "a.txt", "a.txt")
+    assert parse_path(ws, str(ws / "a.txt")).rel == "a.txt"
+    assert parse_path(ws, str(real / "a.txt")).rel == "a.txt"
+    assert parse_path(ws, "new/dir/b.txt").rel == "new/dir/b.txt"
+    assert parse_path(ws, "sub/../a.txt").rel == "a.txt"
+    assert parse_path(ws, "./").shown == "."
     assert display(ws, real / "new/dir/b.txt") == "new/dir/b.txt"
     assert display(ws, real) == "."
 
@@ -82,7 +85,7 @@ def test_resolve_refuses_escapes(ws: Path, path: str) -> None:
     with pytest.raises(
         ToolError, match=r"is outside the workspace .*file tools only work inside it"
     ):
-        resolve_in_workspace(ws, path, must_exist=False)
+        parse_path(ws, path)
 
 
 async def test_symlink_out_of_the_workspace_is_refused_for_read_and_write(
@@ -304,10 +307,15 @@ def lossy_replace(monkeypatch: pytest.MonkeyPatch, drop: int) -> None:
     moves the file, then the file is cut."""
     real = os.replace
 
-    def replace(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
-        real(src, dst)
-        size = os.path.getsize(dst)
-        os.truncate(dst, max(size - drop, 0))
+    def replace(
+        src: str, dst: str, *, src_dir_fd: int | None = None, dst_dir_fd: int | None = None
+    ) -> None:
+        real(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
+        fd = os.open(dst, os.O_WRONLY, dir_fd=dst_dir_fd)  # written beneath a folder fd
+        try:
+            os.ftruncate(fd, max(os.fstat(fd).st_size - drop, 0))
+        finally:
+            os.close(fd)
 
     monkeypatch.setattr(os, "replace", replace)
 
@@ -442,22 +450,29 @@ async def test_shell_timeout_kills_the_whole_group(ctx: ToolContext) -> None:
     assert _group_gone(pgid, within=2.0)
 
 
-async def test_shell_hides_secrets(monkeypatch: pytest.MonkeyPatch, ws: Path) -> None:
+async def test_shell_env_is_an_allowlist(monkeypatch: pytest.MonkeyPatch, ws: Path) -> None:
+    """Only the allowlist and what the owner lists in `sandbox_env` cross: a secret with
+    an ordinary name (DATABASE_URL) stays out as surely as one called *_TOKEN."""
     monkeypatch.setenv("FOO_API_KEY", "s3cret-key")
     monkeypatch.setenv("GITHUB_TOKEN", "s3cret-token")
     monkeypatch.setenv("STEWARD_SLACK_SIGNING", "s3cret-steward")
-    monkeypatch.setenv("DB_PASSWORD", "s3cret-pw")
+    monkeypatch.setenv("DATABASE_URL", "postgres://u:s3cret-db@h/d")
     monkeypatch.setenv("HARMLESS_SETTING", "visible")
-    ctx = ToolContext(workspace=ws, env={"EXTRA": "given"})
+    monkeypatch.setenv("LC_TIME", "C.UTF-8")
+    ctx = ToolContext(
+        workspace=ws,
+        env={"EXTRA": "given"},
+        sandbox_env=("HARMLESS_SETTING", "STEWARD_SLACK_SIGNING"),
+    )
     out = await call(
         ctx,
         "shell",
-        command='echo "[$FOO_API_KEY][$GITHUB_TOKEN][$STEWARD_SLACK_SIGNING][$DB_PASSWORD]"; '
-        'echo "$HARMLESS_SETTING $EXTRA"; env',
+        command='echo "[$FOO_API_KEY][$GITHUB_TOKEN][$STEWARD_SLACK_SIGNING][$DATABASE_URL]"; '
+        'echo "$HARMLESS_SETTING $EXTRA $LC_TIME"; env',
     )
     assert "[][][][]" in out
-    assert "visible given" in out
-    assert "s3cret" not in out
+    assert "visible given C.UTF-8" in out  # listed, set by Steward, and the locale
+    assert "s3cret" not in out  # STEWARD_* never crosses, even when listed
     assert "PATH=" in out
 
 
@@ -532,10 +547,15 @@ async def site() -> AsyncIterator[str]:
 
 
 @pytest.fixture
-def fetch_ctx(ws: Path, monkeypatch: pytest.MonkeyPatch) -> ToolContext:
-    for var in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
-        monkeypatch.delenv(var, raising=False)
-    return ToolContext(workspace=ws, fetch_timeout=5, fetch_max_bytes=10_000, output_cap=5000)
+def fetch_ctx(ws: Path, site: str) -> ToolContext:
+    """The test site is on 127.0.0.1, which the egress policy refuses unless listed."""
+    return ToolContext(
+        workspace=ws,
+        fetch_timeout=5,
+        fetch_max_bytes=10_000,
+        output_cap=5000,
+        egress=EgressPolicy([site.removeprefix("http://")]),
+    )
 
 
 async def test_web_fetch_html_becomes_text(site: str, fetch_ctx: ToolContext) -> None:
@@ -568,3 +588,18 @@ async def test_web_fetch_errors(site: str, fetch_ctx: ToolContext) -> None:
     for url in ("file:///etc/passwd", "ftp://example.com/x", "javascript:alert(1)", "example.com"):
         with pytest.raises(ToolError, match="Only http:// and https://"):
             await call(fetch_ctx, "web_fetch", url=url)
+
+
+async def test_web_fetch_refuses_what_the_egress_policy_refuses(
+    site: str, ws: Path
+) -> None:
+    """No egress_allow: the test site on 127.0.0.1 is this machine, refused before any
+    request, with the setting that would allow it named."""
+    ctx = ToolContext(workspace=ws, fetch_timeout=5)
+    with pytest.raises(ToolError) as refused:
+        await call(ctx, "web_fetch", url=f"{site}/page")
+    message = str(refused.value)
+    assert message.startswith("Not fetched: 127.0.0.1 is a loopback address")
+    assert "STEWARD_EGRESS_ALLOW=127.0.0.1:" in message
+    with pytest.raises(ToolError, match="ambiguous"):
+        await call(ctx, "web_fetch", url="http://ex ample.com/")

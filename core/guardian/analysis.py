@@ -109,6 +109,8 @@ class _Analysis(_Runs, _PathChecks):
         #: Whether deleting a real path can be undone (Guardian.undoable); findings marked
         #: undoable need no approval then. None: undo is off, they are asked.
         self.undoable: Callable[[str], bool] | None = None
+        #: Steward's checkout, virtual environment and config (Guardian.own_paths).
+        self.own: frozenset[str] = frozenset()
 
     # ── findings ────────────────────────────────────────────────────────────────
     def flag(

@@ -9,20 +9,29 @@ always-allow rules are written and revoked here, and handed as data to /policy a
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import os
+import stat
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import structlog
+
+from core.egress import EgressPolicy, parse_url
+from core.git_control import is_control_path
 from core.guardian.analysis import _Analysis
 from core.guardian.decision import CallDecision, Verdict
 from core.guardian.knowledge import INTERPRETER_ALIASES, INTERPRETERS, SHELLS, WRAPPERS
 from core.guardian.programs import _HANDLERS
 from core.guardian.shell_text import _norm, _Scope, _short, _Unparseable, _Word
 from core.policy import (
+    DIGEST_PREFIX,
+    MISSING,
     AlwaysAllowRule,
     OverlayView,
     Policy,
@@ -48,6 +57,52 @@ FILE_TOOLS = frozenset({"read_file", "write_file", "edit_file", "list_files", "s
 ENGINE_COMMANDS = frozenset({*_HANDLERS, *INTERPRETERS, *INTERPRETER_ALIASES, *WRAPPERS, *SHELLS})
 
 _UNLOADED = object()
+
+log = structlog.get_logger("steward.policy")
+
+#: A file an always-allow rule names is hashed on every matching call: larger ones cannot
+#: be named (the "Always allow" press says so; approve once instead).
+MAX_PINNED_BYTES = 64 * 1024 * 1024
+#: A read noted as written (`$OUT`, `*.txt`): not one file that can be named.
+_UNKNOWN_PATH_CHARS = frozenset("$`*?[")
+
+
+class _Unpinnable(Exception):
+    """A file a rule would name cannot be hashed (unreadable, too large)."""
+
+
+def _file_state(path: str) -> str | None:
+    """What a rule keeps of one file: "sha256:…" of its content, "missing" when there is
+    nothing there, None when it is not a regular file (a folder is not named). Raises
+    `_Unpinnable` when it cannot be read or is too large to hash on every call.
+
+    Opened without blocking and checked after opening, so a FIFO or device put in a
+    file's place is never read."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except (FileNotFoundError, NotADirectoryError):
+        return MISSING
+    except IsADirectoryError:
+        return None
+    except OSError as exc:
+        raise _Unpinnable(f"cannot be read ({exc.strerror or exc})") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        digest, size = hashlib.sha256(), 0
+        while chunk := os.read(fd, 1 << 20):
+            size += len(chunk)
+            if size > MAX_PINNED_BYTES:
+                raise _Unpinnable(
+                    f"is larger than {MAX_PINNED_BYTES >> 20} MiB, too large to check on every call"
+                )
+            digest.update(chunk)
+        return DIGEST_PREFIX + digest.hexdigest()
+    except OSError as exc:
+        raise _Unpinnable(f"cannot be read ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
 
 
 def _stamp(path: Path | None) -> object:
@@ -81,8 +136,18 @@ class Guardian:
         policy_path: Path | None = None,
         data_dir: Path | None = None,
         undoable: Callable[[str], bool] | None = None,
+        egress: EgressPolicy | None = None,
+        own_paths: Iterable[Path] = (),
     ) -> None:
         self.workspace = Path(workspace)
+        #: Steward's checkout, virtual environment and config files (the sandbox hides
+        #: them): no tool may write there, and no approval can grant it.
+        self.own_paths = frozenset(
+            x for p in own_paths for x in (_norm(os.path.abspath(p)), os.path.realpath(p))
+        )
+        #: Where web_fetch may connect (core/egress): a literal private host is refused
+        #: up front unless it lists it. None: the rules with no exceptions.
+        self.egress = egress if egress is not None else EgressPolicy()
         #: With workspace snapshots (core/snapshots) and `undoable_deletes` on: whether a
         #: real path's deletion can be undone (covered by the snapshots). Deletions it
         #: covers need no approval. None: every such deletion is asked as before.
@@ -137,11 +202,17 @@ class Guardian:
         return frozenset(out)
 
     # ── checks ──────────────────────────────────────────────────────────────────
-    async def check(self, tool: str, args: dict) -> CallDecision:
-        """The decision for one call. Never raises: an error or a slow check is a refusal."""
+    async def check(
+        self, tool: str, args: dict, *, person_urls: frozenset[str] | None = None
+    ) -> CallDecision:
+        """The decision for one call. Never raises: an error or a slow check is a refusal.
+
+        `person_urls`: the (normalised, core/egress/urls.py) URLs the person wrote in this
+        conversation; a web_fetch of one of them needs no approval. None: no such URLs."""
+        extra = {} if person_urls is None else {"person_urls": person_urls}
         try:
             return await asyncio.wait_for(
-                asyncio.to_thread(self.check_sync, tool, args), self.timeout
+                asyncio.to_thread(self.check_sync, tool, args, **extra), self.timeout
             )
         except TimeoutError:
             return CallDecision(
@@ -154,11 +225,15 @@ class Guardian:
                 f"guardian error: {type(exc).__name__}: {exc}; refused to be safe",
             )
 
-    def check_sync(self, tool: str, args: dict) -> CallDecision:
+    def check_sync(
+        self, tool: str, args: dict, *, person_urls: frozenset[str] | None = None
+    ) -> CallDecision:
         """The classification itself (synchronous; `check` adds the timeout and error floor).
 
         The built-in verdict is decided first; an always-allow rule can then lift an
-        approval to allow, but never a forbid.
+        approval to allow, but never a forbid. A shell rule whose files (`reads`) changed
+        since it was allowed no longer matches: the call is asked again, and its reason
+        says which file changed (logged as `policy.rule_stale`).
         """
         if not isinstance(args, dict):
             return CallDecision(Verdict.FORBID, "tool arguments must be a JSON object")
@@ -169,44 +244,110 @@ class Guardian:
                 Verdict.FORBID,
                 f"the guardian's policy could not be loaded, so every tool call is refused: {exc}",
             )
-        decision = self._classify(policy, tool, args)
-        rule = policy.rule_for(tool, args)
-        if rule is None:
+        decision = self._classify(policy, tool, args, person_urls=person_urls)
+        rules = policy.rules_for(tool, args)
+        if not rules:
             return decision
         if decision.verdict == Verdict.FORBID:
             return CallDecision(
                 Verdict.FORBID,
-                f"{decision.reason} (always-allow rule {rule.id} matches, but a forbidden "
+                f"{decision.reason} (always-allow rule {rules[0].id} matches, but a forbidden "
                 "call is never allowed)",
                 effects=decision.effects,
             )
-        # The person's "always allow" of this exact call keeps what it needed to work.
+        stale: list[tuple[AlwaysAllowRule, list[str]]] = []
+        for rule in rules:
+            changed = self._changed_reads(rule)
+            if not changed:
+                # The person's "always allow" of this call keeps what it needed to work.
+                return CallDecision(
+                    Verdict.ALLOW,
+                    f"allowed by always-allow rule {rule.id}",
+                    decision.needs,
+                    decision.effects,
+                )
+            stale.append((rule, changed))
+        if decision.verdict == Verdict.ALLOW:
+            return decision
+        for rule, changed in stale:
+            log.info("policy.rule_stale", rule=rule.id, file=changed[0], files=changed)
+        rule, changed = stale[0]
         return CallDecision(
-            Verdict.ALLOW,
-            f"allowed by always-allow rule {rule.id}",
+            decision.verdict,
+            f"{decision.reason} (always-allow rule {rule.id} no longer matches because "
+            f"{', '.join(changed)} changed since it was allowed)",
             decision.needs,
             decision.effects,
+            decision.undoable,
         )
 
-    def _classify(self, policy: Policy, tool: str, args: dict) -> CallDecision:
+    def _classify(
+        self, policy: Policy, tool: str, args: dict, *, person_urls: frozenset[str] | None = None
+    ) -> CallDecision:
         if tool == "shell":
             return self.check_shell(args.get("command"), policy)
         if tool in FILE_TOOLS:
             return self.check_file_tool(tool, args, policy)
         if tool == "web_fetch":
-            return self.check_fetch(args.get("url"), policy)
+            return self.check_fetch(args.get("url"), policy, person_urls=person_urls)
         return CallDecision(
             Verdict.FORBID, f"unknown tool `{tool}`: there is no rule that allows it"
         )
 
     # ── the overlay's always-allow rules ───────────────────────────────────────
+    def _pins(self, effects: Effects) -> dict[str, str]:
+        """The workspace files a shell command reads or runs (as its effects note them),
+        each with its content's hash, or "missing". Files outside the workspace are not
+        named: the agent cannot change them without asking. Raises `_Unpinnable`."""
+        out: dict[str, str] = {}
+        for path in effects.reads:
+            if os.path.isabs(path) or path == ".." or path.startswith("../"):
+                continue
+            full = os.path.join(self.workspace, path)
+            if any(c in path for c in _UNKNOWN_PATH_CHARS) and not os.path.lexists(full):
+                continue  # only known at run time (`$OUT`), or a pattern
+            try:
+                state = _file_state(full)
+            except _Unpinnable as exc:
+                raise _Unpinnable(f"{path} {exc}") from None
+            if state is not None:
+                out[path] = state
+        return out
+
+    def _changed_reads(self, rule: AlwaysAllowRule) -> list[str]:
+        """The files a rule names whose content is no longer what it was when allowed."""
+        changed = []
+        for path, state in rule.reads or ():
+            try:
+                now = _file_state(os.path.join(self.workspace, path))
+            except _Unpinnable:
+                now = None
+            if now != state:
+                changed.append(path)
+        return changed
+
+    def pin(self, tool: str, args: dict) -> str | None:
+        """What a session approval of this call keeps of the files it reads (one string:
+        the same files with the same content give the same one); "" when it reads none,
+        None when one cannot be named (then no grant can cover it)."""
+        if tool != "shell" or not isinstance(args, dict):
+            return ""
+        try:
+            pins = self._pins(self.check_sync(tool, args).effects)
+        except _Unpinnable:
+            return None
+        return json.dumps(pins, sort_keys=True) if pins else ""
+
     def always_allow(self, tool: str, args: dict, *, added_by: str) -> str:
         """Write a narrow rule allowing exactly this call from now on; returns the rule id.
 
-        Narrow means exact: the same shell command string (or the same path, or URL), not
-        a pattern. Raises ValueError for a call that is forbidden (never offered for
-        forbidden classes), for a tool no rule can name, or when there is no overlay.
-        The same call twice gives the same id and one rule.
+        Narrow means exact: the same shell command string (or the same path, or URL; for
+        web_fetch, the URL's host), not a pattern. A shell rule also names the content
+        (sha256) of each workspace file the command reads or runs, so it stops matching
+        when one changes. Raises ValueError for a call that is forbidden (never offered
+        for forbidden classes), for a tool no rule can name, for a file that cannot be
+        named, or when there is no overlay. The same call twice gives the same id and one
+        rule; pressed again after a file changed, the rule is written anew (same id).
         """
         if self.overlay_path is None:
             raise ValueError(
@@ -222,20 +363,34 @@ class Guardian:
             if decision.verdict == Verdict.FORBID:
                 raise ValueError(f"a forbidden call cannot be always-allowed: {decision.reason}")
             policy = self.policy()
-            existing = policy.rule_for(tool, args)
-            if existing is not None:
-                return existing.id
+            for existing in policy.rules_for(tool, args):
+                if not self._changed_reads(existing):
+                    return existing.id
+            judged = self._classify(policy, tool, args)  # its own reason, not a rule's
+            reads: tuple[tuple[str, str], ...] | None = None
+            if tool == "shell":
+                try:
+                    reads = tuple(self._pins(judged.effects).items()) or None
+                except _Unpinnable as exc:
+                    raise ValueError(f"{exc}; approve it once instead") from None
             rule = AlwaysAllowRule(
                 id=rule_id(tool, match),
                 tool=tool,
                 match=match,
                 added_by=added_by,
                 added_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                reason=decision.reason,
+                reason=judged.reason,
+                reads=reads,
             )
             path = self.overlay_path
             text = path.read_text(encoding="utf-8") if path.exists() else ""
-            atomic_write_text(path, overlay_text_with_rule(text, rule, str(path)))
+            # The same rule written before a file changed: replaced, so its id stays one.
+            text = overlay_text_without_rule(text, rule.id, str(path)) or text
+            try:
+                new_text = overlay_text_with_rule(text, rule, str(path))
+            except PolicyError as exc:
+                raise ValueError(str(exc)) from None
+            atomic_write_text(path, new_text)
             self._stamps = _UNLOADED
             return rule.id
 
@@ -276,6 +431,7 @@ class Guardian:
         policy = policy or self.policy()
         analysis = _Analysis(root, home, policy, self._guarded_paths, self._private_paths())
         analysis.undoable = self.undoable
+        analysis.own = self.own_paths
         return analysis
 
     def _private_paths(self) -> frozenset[str]:
@@ -342,12 +498,21 @@ class Guardian:
                     )
                 elif os.path.basename(real) == "steward.toml":
                     analysis.flag(Verdict.FORBID, f"{where} is Steward's configuration")
+                elif analysis.is_own(target):
+                    analysis.flag(Verdict.FORBID, analysis.own_reason(where))
                 else:
                     analysis.flag(
                         Verdict.APPROVAL,
                         f"{where} writes outside the workspace ({real})",
                         (f"write:{real}",),
                     )
+            elif is_control_path(target.lexical or real) or is_control_path(real):
+                analysis.flag(
+                    Verdict.APPROVAL,
+                    f"{where} changes one of git's control files, which decide what programs "
+                    "a person's own git runs (config, hooks, .gitattributes, .gitmodules, "
+                    "gitdir pointers)",
+                )
         decision = analysis.decision()
         if decision.verdict == Verdict.ALLOW:
             return CallDecision(
@@ -355,11 +520,26 @@ class Guardian:
             )
         return decision
 
-    def check_fetch(self, url: Any, policy: Policy | None = None) -> CallDecision:
+    def check_fetch(
+        self,
+        url: Any,
+        policy: Policy | None = None,
+        *,
+        person_urls: frozenset[str] | None = None,
+    ) -> CallDecision:
+        """A GET of a URL the person wrote in this conversation (`person_urls`, normalised)
+        is allowed; any other needs approval naming its host (`needs` holds `host:NAME`, what
+        a session or always grant keys on). A host written as a private, loopback or
+        metadata address (127.0.0.1, localhost, 2130706433, [::1] ...) or one of Steward's
+        own endpoints is refused here; a name that resolves to one is refused when web_fetch
+        connects (core/egress), and so is each redirect hop."""
         if not isinstance(url, str):
             return CallDecision(Verdict.FORBID, "web_fetch: url must be a string")
         effects = Effects(fetches=(url.strip(),))
-        scheme = urlsplit(url.strip()).scheme.lower()
+        try:
+            scheme = urlsplit(url.strip()).scheme.lower()
+        except ValueError:
+            scheme = ""
         if scheme not in ("http", "https"):
             return CallDecision(
                 Verdict.FORBID, f"web_fetch only fetches http(s) URLs, not `{_short(url)}`"
@@ -369,4 +549,24 @@ class Guardian:
                 return CallDecision(
                     Verdict.FORBID, f"web_fetch `{_short(url)}` reads {cred.what}", effects=effects
                 )
-        return CallDecision(Verdict.ALLOW, "web_fetch is a read-only http(s) GET", effects=effects)
+        try:
+            target = parse_url(url)
+        except ValueError as exc:
+            return CallDecision(Verdict.FORBID, f"web_fetch: {exc}", effects=effects)
+        refused = self.egress.literal_refusal(target.host, target.port)
+        if refused is not None:
+            return CallDecision(
+                Verdict.FORBID, f"web_fetch `{_short(url)}`: {refused}", effects=effects
+            )
+        if person_urls and target.url in person_urls:
+            return CallDecision(
+                Verdict.ALLOW,
+                "web_fetch of a URL the person gave in this conversation (a read-only GET)",
+                effects=effects,
+            )
+        return CallDecision(
+            Verdict.APPROVAL,
+            f"web_fetch {_short(url)} — {target.host} is not a site you gave in this conversation",
+            (f"host:{target.host}",),
+            effects=effects,
+        )

@@ -74,6 +74,20 @@ class _PathChecks:
         except Exception:  # fail-closed: it is asked
             return False
 
+    def is_own(self: _Analysis, p: _Path) -> bool:
+        """Is `p` Steward's checkout, virtual environment or config, or inside one? No
+        approval can open them (the sandbox refuses such a grant too)."""
+        return any(
+            x is not None and _under(x, own) for x in (p.lexical, p.real) for own in self.own
+        )
+
+    @staticmethod
+    def own_reason(where: str) -> str:
+        return (
+            f"{where} is in Steward's own files (its code, virtual environment or "
+            "configuration): not the agent's to change, and no approval can open them"
+        )
+
     def is_protected(self: _Analysis, p: _Path) -> bool:
         return any(x is not None and x in self.protected for x in (p.lexical, p.real))
 
@@ -292,6 +306,8 @@ class _PathChecks:
                 Verdict.APPROVAL,
                 f"{where} {verb} `{value}` after changing to a folder only known at run time",
             )
+        elif not self.inside(p) and self.is_own(p):
+            self.flag(Verdict.FORBID, self.own_reason(f"{where} {verb} `{value}`:"))
         elif not self.inside(p):
             self.flag(
                 Verdict.APPROVAL,
@@ -299,8 +315,11 @@ class _PathChecks:
                 (f"write:{p.real}",),
             )
         elif verb != "uses" and (_git_runs_it(p.lexical) or _git_runs_it(p.real)):
+            # Granted, exactly that file becomes writable in the sandbox (the rest stays).
             self.flag(
                 Verdict.APPROVAL,
-                f"{where} {verb} `{value}`: git's config and hooks decide what programs git "
-                "runs later",
+                f"{where} {verb} `{value}`: git's control files (config, hooks, "
+                ".gitattributes, .gitmodules, gitdir pointers) decide what programs git runs "
+                "later",
+                (f"write:{p.real}",),
             )

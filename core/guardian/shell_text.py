@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.git_control import is_control_path
 from core.guardian.decision import _RANK, Verdict
 from core.guardian.knowledge import DECODERS, DOWNLOADERS, OPTION_SPECS, OptionSpec
 from core.policy import (
@@ -230,21 +231,11 @@ def _operands(words: list[_Word], spec: OptionSpec) -> list[_Word]:
 
 
 def _git_runs_it(path: str | None) -> bool:
-    """Is `path` a git repository's config, a hook, or the `.git` entry itself (a `.git`
-    file may point anywhere with `gitdir:`)? Writing them turns a later `git status`
-    or `git commit` into any program."""
-    if path is None:
-        return False
-    parts = path.split("/")
-    if ".git" not in parts:
-        return False
-    after = parts[len(parts) - parts[::-1].index(".git") :]
-    return (
-        not after
-        or after[-1] == "config"
-        or "hooks" in after
-        or after[:2] == ["info", "attributes"]
-    )
+    """Is `path` one of git's control files (a repository's config or hooks, a `.git`
+    entry, which may point anywhere with `gitdir:`, a commondir, `.gitattributes`,
+    `.gitmodules`, at any depth, also in a bare repository)? Writing them turns a later
+    `git status` or `git commit` into any program (core/git_control.py)."""
+    return path is not None and is_control_path(path)
 
 
 def _risky_env(policy: Policy, name: str) -> bool:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 READ_ONLY_TOOLS = frozenset({"read_file", "list_files", "search_files", "web_fetch"})
 
 if TYPE_CHECKING:
+    from core.egress import EgressPolicy
     from core.sandbox import Grant, Sandbox
 
 
@@ -33,13 +34,19 @@ class ToolContext:
     output_cap: int = 20_000
     fetch_timeout: float = 20.0
     fetch_max_bytes: int = 2_000_000
-    #: Extra environment for the shell (secrets are already removed by the shell tool).
+    #: Extra environment Steward itself sets for commands (added after the allowlist).
     env: dict[str, str] = field(default_factory=dict)
-    #: The OS sandbox every shell command runs in (core/sandbox.py); None: no sandbox
+    #: Names of Steward's environment variables the owner lets commands see
+    #: (`sandbox_env`), beside the allowlist of core/sandbox/environment.py.
+    sandbox_env: tuple[str, ...] = ()
+    #: The OS sandbox every shell command runs in (core/sandbox); None: no sandbox
     #: (`sandbox = "off"`, or none possible, where the agent asks before every command).
     sandbox: Sandbox | None = None
     #: What an approval granted the one call this context is for (None: nothing extra).
     grant: Grant | None = None
+    #: Where the tools' network connections may go (core/egress; `egress_allow`). None:
+    #: the egress rules with no exceptions (still no loopback, private or metadata hosts).
+    egress: EgressPolicy | None = None
 
 
 ToolFn = Callable[[ToolContext, dict[str, Any]], Awaitable[str]]
