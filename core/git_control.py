@@ -128,7 +128,7 @@ SAFE_CONFIG = frozenset(
 #: What ConfigUnreadable says when there is no git to read a config with.
 NO_GIT = "git is not installed on this machine"
 #: How much of one config file is read to check it.
-MAX_CONFIG_BYTES = 1_000_000
+MAX_CONFIG_BYTES = 256_000
 
 
 def gitdir_control(rest: Sequence[str]) -> bool:

@@ -621,3 +621,32 @@ def scan(fd: int) -> list[tuple[str, os.stat_result]]:
         return []
     out.sort(key=lambda pair: pair[0])
     return out
+
+
+def remove_tree(fd: int, name: str) -> None:
+    """Remove a folder and everything in it, by descriptors, never following a link
+    and without recursion (a command may have nested folders thousands deep)."""
+    top = os.open(name, DIR_FLAGS, dir_fd=fd)
+    #: (folder, its name in the parent, what is left to remove in it): open folders = depth.
+    stack: list[tuple[int, str | None, list[tuple[str, os.stat_result]]]] = [
+        (top, None, scan(top))
+    ]
+    try:
+        while stack:
+            current, own, left = stack[-1]
+            if left:
+                entry, st = left.pop()
+                if stat.S_ISDIR(st.st_mode):
+                    child = os.open(entry, DIR_FLAGS, dir_fd=current)
+                    stack.append((child, entry, scan(child)))
+                else:
+                    os.unlink(entry, dir_fd=current)
+                continue
+            stack.pop()
+            os.close(current)
+            if own is not None:
+                os.rmdir(own, dir_fd=stack[-1][0])
+    finally:
+        for held, _own, _left in stack:
+            os.close(held)
+    os.rmdir(name, dir_fd=fd)

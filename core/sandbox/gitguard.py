@@ -4,18 +4,32 @@ Why both: the repositories that exist when a command starts have their control f
 (config, hooks, commondir, gitdir files, info/attributes, alternates; core/git_control)
 bound read-only into the sandbox, and each repository folder bound onto itself so it
 cannot be renamed away and replaced. But a command can also create a repository (or a
-`.git` file pointing at one, or a folder that looks like a bare repository) and plant
+`.git` file pointing at one, or a folder git takes for a bare repository) and plant
 `core.fsmonitor` or a hook in it, which nothing could bind in advance. So the
-workspace is scanned before and after every sandboxed command, at any depth, and what
-the command added is checked: config entries that would run a program are removed
-(what `git init` and `git clone` write stays), hooks other than git's `*.sample` files
-are deleted, pointers that lead out of the workspace are deleted, and a `.gitmodules`
-gaining `update = !command` is put back. The model is told what was undone and that
-changing git's control files needs the person's approval (the file tools ask).
+workspace is scanned before and after every sandboxed command, at any depth, and every
+control entry that is not one Steward already knows to be the person's or already
+checked is checked: config entries that would run a program are removed (what `git
+init` and `git clone` write stays), hooks other than git's `*.sample` files are
+deleted, pointers that lead out of the workspace or to something that is not a
+repository are deleted, and a `.gitmodules` gaining `update = !command` is put back.
+The model is told what was undone and that changing git's control files needs the
+person's approval (the file tools ask).
+
+What counts as a repository is what git itself accepts (`is_git_directory`): a `HEAD`
+and `objects/` and `refs/`, the last two possibly through a `commondir` file. Every
+pointer (a `.git` file or link, `gitdir`, `commondir`) is followed inside the
+workspace and its target's control files are checked too, wherever it is (also inside
+another `.git`, which the walk itself does not enter).
+
+Trust: what is there when Steward first scans a workspace is the person's own (their
+aliases and hooks stay). After that, an entry is trusted only once it was checked; an
+entry a check could not finish (time, an error) stays unchecked and is checked again
+after the next command, so a plant cannot outlast one failed check.
 
 A scan costs one `stat` per folder once the folder is known: a folder whose inode,
 mtime and ctime are unchanged keeps the names found last time (ctime moves on every
-change of the folder and cannot be set back by a command).
+change of the folder and cannot be set back by a command). Folders are visited
+shallow ones first, within a bound; a scan or a repair that did not finish says so.
 
 Every read and change here goes through directory descriptors without following
 links: the workspace belongs to the command, which may have planted a link anywhere.
@@ -23,6 +37,8 @@ links: the workspace belongs to the command, which may have planted a link anywh
 
 from __future__ import annotations
 
+import collections
+import hashlib
 import os
 import stat
 import threading
@@ -37,12 +53,20 @@ from core import git_control, safe_fs
 log = structlog.get_logger("steward.sandbox")
 
 #: A scan stops after this many folders or seconds and says it is incomplete.
-SCAN_FOLDERS = 100_000
-SCAN_SECONDS = 5.0
+SCAN_FOLDERS = 300_000
+SCAN_SECONDS = 20.0
+#: A repair stops after this long; what it did not reach is checked after the next command.
+REPAIR_SECONDS = 20.0
 #: Bytes of a `.gitmodules` kept to put it back.
 KEEP_BYTES = 256_000
 #: Bytes of a pointer file (commondir, gitdir, a `.git` file) read to see where it leads.
 POINTER_BYTES = 4096
+#: Config texts already read by git, by sha256 (a thousand `git init`s cost one read).
+PARSED_KEPT = 1024
+#: Rounds of following pointers to more repositories, at most, per scan.
+FOLLOWED = 64
+#: What a config that cannot be checked is replaced with.
+MINIMAL_CONFIG = b"[core]\n\trepositoryformatversion = 0\n"
 
 _DIR_FLAGS = safe_fs.DIR_FLAGS
 
@@ -55,6 +79,8 @@ POINTER = "pointer"
 ATTRIBUTES = "attributes"
 MODULES = "modules"
 
+Sig = tuple[int, int, int, int, int]
+
 
 @dataclass(frozen=True, slots=True)
 class Mark:
@@ -62,7 +88,7 @@ class Mark:
 
     role: str
     #: File type and what identifies this version (inode, size, mtime, ctime).
-    sig: tuple[int, int, int, int, int]
+    sig: Sig
 
 
 @dataclass(slots=True)
@@ -73,7 +99,16 @@ class Scan:
     gitdirs: list[str] = field(default_factory=list)
     #: Contents of the `.gitmodules` files, to put one back.
     kept: dict[str, bytes] = field(default_factory=dict)
-    complete: bool = True
+    #: Folders the scan could not reach (its bound); 0 when complete.
+    missed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Parsed:
+    """A config text as git read it, and the entries of it that would run a program."""
+
+    entries: list[git_control.Entry]
+    unsafe: list[git_control.Entry]
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,65 +121,109 @@ class _Known:
     gitdir: bool
 
 
-def _sig(st: os.stat_result) -> tuple[int, int, int, int, int]:
+def _sig(st: os.stat_result) -> Sig:
     return (stat.S_IFMT(st.st_mode), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 class GitGuard:
-    """Scans one workspace; keeps what it learned about folders between scans."""
+    """Scans one workspace; keeps what it learned about folders between scans, and
+    which control entries are the person's or were checked."""
 
     def __init__(self, workspace: str) -> None:
         self.workspace = workspace.rstrip("/") or "/"
         self._known: dict[str, _Known] = {}
+        #: Control entries trusted as they are (path → signature); None: not scanned yet.
+        self._trusted: dict[str, Sig] | None = None
+        self._parsed: collections.OrderedDict[str, _Parsed] = collections.OrderedDict()
         self._lock = threading.Lock()
 
     # ── scanning ────────────────────────────────────────────────────────────────
     def scan(self) -> Scan:
-        """Every control entry of every repository in the workspace, now. Blocking."""
+        """Every control entry of every repository in the workspace, now. Blocking. The
+        first scan of a workspace is the person's own state: trusted as it is."""
         out = Scan()
-        deadline = time.monotonic() + SCAN_SECONDS
-        folders = 0
         try:
-            root = os.open(self.workspace, _DIR_FLAGS)
+            root = safe_fs.open_root(self.workspace)
         except OSError:
             return out
-        stack: list[tuple[int, str]] = [(root, "")]
-        seen: dict[str, _Known] = {}
         try:
-            while stack:
-                fd, rel = stack.pop()
-                try:
-                    folders += 1
-                    if folders > SCAN_FOLDERS or time.monotonic() > deadline:
-                        out.complete = False
-                        log.warning("sandbox.git_scan_incomplete", folders=folders)
-                        break
-                    known = self._folder(fd, rel)
-                    seen[rel] = known
-                    if known.gitdir or os.path.basename(rel) == ".git":
-                        self._gitdir(fd, rel, out)
-                        continue
-                    for name in known.names:
-                        self._mark_tree_entry(fd, rel, name, out, stack)
-                    for name in known.subdirs:
-                        if name == ".git":
-                            continue  # marked (and entered) above
-                        try:
-                            stack.append((os.open(name, _DIR_FLAGS, dir_fd=fd), _join(rel, name)))
-                        except OSError:
-                            continue
-                finally:
-                    os.close(fd)
+            self._walk(root, out)
+            self._follow(root, out)
         finally:
-            for fd, _rel in stack:
+            os.close(root)
+        out.gitdirs = sorted(set(out.gitdirs), key=lambda p: (p.count("/"), p))
+        with self._lock:
+            if self._trusted is None:
+                self._trusted = {p: m.sig for p, m in out.marks.items()}
+        return out
+
+    def _walk(self, root: int, out: Scan) -> None:
+        """Breadth first (shallow repositories are never starved by a deep tree)."""
+        deadline = time.monotonic() + SCAN_SECONDS
+        queue: collections.deque[str] = collections.deque([""])
+        seen: dict[str, _Known] = {}
+        folders = 0
+        while queue:
+            folders += 1
+            if folders > SCAN_FOLDERS or time.monotonic() > deadline:
+                out.missed = len(queue)
+                log.warning("sandbox.git_scan_incomplete", folders=folders, missed=out.missed)
+                break
+            rel = queue.popleft()
+            fd = _open_dir(root, rel)
+            if fd is None:
+                continue
+            try:
+                known = self._folder(fd, rel)
+                seen[rel] = known
+                if known.gitdir or os.path.basename(rel) == ".git":
+                    self._gitdir(fd, rel, out)
+                    continue
+                for name in known.names:
+                    self._mark_tree_entry(fd, rel, name, out, queue)
+                queue.extend(_join(rel, n) for n in known.subdirs if n != ".git")
+            finally:
                 os.close(fd)
         with self._lock:
-            if out.complete:
+            if not out.missed:
                 self._known = seen
             else:
                 self._known.update(seen)
-        out.gitdirs.sort(key=lambda p: (p.count("/"), p))
-        return out
+
+    def _follow(self, root: int, out: Scan) -> None:
+        """Every pointer's target inside the workspace is a repository whose control
+        files count too, wherever it is (inside another `.git` the walk does not
+        enter, or a common dir without a HEAD of its own)."""
+        done: set[str] = set(out.gitdirs)
+        for _ in range(FOLLOWED):
+            todo = [
+                (path, target)
+                for path, mark in list(out.marks.items())
+                if mark.role == POINTER
+                for target in [self._target(root, path, mark)]
+                if target is not None and target not in done
+            ]
+            if not todo:
+                return
+            for _path, target in todo:
+                done.add(target)
+                fd = _open_dir(root, os.path.relpath(target, self.workspace))
+                if fd is None:
+                    continue
+                try:
+                    if _common_dir(fd) or _git_directory(fd):
+                        self._gitdir(fd, os.path.relpath(target, self.workspace), out)
+                finally:
+                    os.close(fd)
+
+    def _target(self, root: int, path: str, mark: Mark) -> str | None:
+        """Where a pointer leads, when that is a folder inside the workspace."""
+        if os.path.basename(path) == "alternates":
+            return None
+        lands = self._lands(path, mark.sig[0])
+        if lands is None or not self._inside(lands):
+            return None
+        return lands
 
     def _folder(self, fd: int, rel: str) -> _Known:
         st = os.fstat(fd)
@@ -155,27 +234,15 @@ class GitGuard:
             return known
         subdirs: list[str] = []
         names: list[str] = []
-        kinds: dict[str, int] = {}
-        with os.scandir(fd) as entries:
-            for entry in entries:
-                try:
-                    mode = entry.stat(follow_symlinks=False).st_mode
-                except OSError:
-                    continue
-                kinds[entry.name] = stat.S_IFMT(mode)
-                if stat.S_ISDIR(mode):
-                    subdirs.append(entry.name)
-                if entry.name == ".git" or entry.name in git_control.TREE_FILES:
-                    names.append(entry.name)
-        gitdir = (
-            kinds.get("HEAD") == stat.S_IFREG
-            and kinds.get("objects") == stat.S_IFDIR
-            and kinds.get("refs") == stat.S_IFDIR
-        )
-        return _Known(ident, tuple(sorted(subdirs)), tuple(sorted(names)), gitdir)
+        for name, est in safe_fs.scan(fd):
+            if stat.S_ISDIR(est.st_mode):
+                subdirs.append(name)
+            if name == ".git" or name in git_control.TREE_FILES:
+                names.append(name)
+        return _Known(ident, tuple(subdirs), tuple(names), _git_directory(fd))
 
     def _mark_tree_entry(
-        self, fd: int, rel: str, name: str, out: Scan, stack: list[tuple[int, str]]
+        self, fd: int, rel: str, name: str, out: Scan, queue: collections.deque[str]
     ) -> None:
         try:
             st = os.stat(name, dir_fd=fd, follow_symlinks=False)
@@ -184,10 +251,7 @@ class GitGuard:
         path = self._real(_join(rel, name))
         if name == ".git":
             if stat.S_ISDIR(st.st_mode):
-                try:
-                    stack.append((os.open(name, _DIR_FLAGS, dir_fd=fd), _join(rel, name)))
-                except OSError:
-                    pass
+                queue.appendleft(_join(rel, name))  # a repository: before what is deeper
                 return
             out.marks[path] = Mark(POINTER, _sig(st))  # a gitdir file, or a link
             return
@@ -202,6 +266,8 @@ class GitGuard:
         """A git dir: its control entries, and the nested git dirs of its submodules
         and worktrees (never its objects, refs or logs)."""
         path = self._real(rel)
+        if path in out.gitdirs:
+            return
         out.gitdirs.append(path)
         out.marks[path] = Mark(GITDIR, _sig(os.fstat(fd)))
         for name in git_control.GITDIR_FILES:
@@ -225,8 +291,8 @@ class GitGuard:
         if child is None:
             return
         try:
-            names = set(_names(child, "."))
-            if {"HEAD", "objects", "refs"} <= names or "commondir" in names:
+            names = {n for n, _st in safe_fs.scan(child)}
+            if _git_directory(child) or "commondir" in names or "HEAD" in names:
                 self._gitdir(child, _join(rel, sub), out)
                 return
             for name in sorted(names):
@@ -244,6 +310,9 @@ class GitGuard:
 
     def _real(self, rel: str) -> str:
         return f"{self.workspace}/{rel}" if rel else self.workspace
+
+    def _inside(self, path: str) -> bool:
+        return path == self.workspace or path.startswith(self.workspace + "/")
 
     # ── during the command ──────────────────────────────────────────────────────
     @staticmethod
@@ -268,19 +337,40 @@ class GitGuard:
 
     # ── after the command ───────────────────────────────────────────────────────
     def repair(self, before: Scan, after: Scan, writable: Iterable[str] = ()) -> list[str]:
-        """Undo what the command planted; returns one line per thing undone. Blocking."""
+        """Check every control entry that is neither trusted nor granted and undo what
+        was planted; returns one line per thing undone (and per thing not reached).
+        Blocking."""
         granted = tuple(writable)
         notes: list[str] = []
-        for path, mark in after.marks.items():
-            if before.marks.get(path) == mark or _covered(path, granted):
+        with self._lock:
+            trusted = dict(self._trusted or {})
+        deadline = time.monotonic() + REPAIR_SECONDS
+        unchecked = 0
+        for path, mark in sorted(after.marks.items(), key=lambda pm: (pm[0].count("/"), pm[0])):
+            if trusted.get(path) == mark.sig or _covered(path, granted):
+                continue
+            if time.monotonic() > deadline:
+                unchecked += 1
                 continue
             try:
                 note = self._check(path, mark, before)
-            except OSError as exc:
-                log.warning("sandbox.git_repair_failed", path=path, error=str(exc))
-                note = f"could not check {self._shown(path)} ({exc.strerror or exc})"
+                now = self._lstat(path)
+                if now is not None:
+                    trusted[path] = _sig(now)
+            except Exception as exc:  # one entry must not stop the rest
+                log.warning("sandbox.git_repair_failed", path=path, error=repr(exc)[:200])
+                note = f"could not check {self._shown(path)} ({type(exc).__name__})"
             if note:
                 notes.append(note)
+        with self._lock:
+            self._trusted = trusted
+        if unchecked:
+            notes.append(f"{unchecked} more control files are checked after the next command")
+        if after.missed:
+            notes.append(
+                f"{after.missed} folders were not reached in time (the workspace is very "
+                "large); what is planted there is checked after the next command"
+            )
         if notes:
             log.warning("sandbox.git_control_undone", undone=notes)
         return notes
@@ -301,75 +391,123 @@ class GitGuard:
         if mark.role == CONFIG:
             return self._check_config(path, shown, kind)
         if mark.role == POINTER:
-            return self._check_pointer(path, shown, kind)
+            return self._check_pointer(path, shown, kind, before)
         if mark.role == MODULES:
             return self._check_modules(path, shown, kind, before)
         return ""
 
-    def _entries(self, path: str) -> list[git_control.Entry] | None:
-        """The entries git reads from a config-format file (None: gone, or git cannot
-        read it either, so it runs nothing from it). Raises ConfigUnreadable when git
-        is not installed."""
-        data = self._read(path, git_control.MAX_CONFIG_BYTES)
-        if data is None:
+    def _entries(self, path: str) -> _Parsed | None:
+        """The entries git reads from a config-format file, and the unsafe ones (None:
+        gone, or git cannot read it either, so it runs nothing from it). Raises
+        ConfigUnreadable when git is not installed, ValueError when the file is larger
+        than anyone's config. Cached by content: a thousand copies cost one reading."""
+        read = self._read(path, git_control.MAX_CONFIG_BYTES)
+        if read is None:
             return None
+        if not read.complete:
+            raise ValueError("larger than a config file")
+        key = hashlib.sha256(read.data).hexdigest()
+        with self._lock:
+            if key in self._parsed:
+                self._parsed.move_to_end(key)
+                return self._parsed[key]
         try:
-            return git_control.read_entries(data)
+            entries = git_control.read_entries(read.data)
         except git_control.ConfigUnreadable as exc:
             if git_control.NO_GIT in str(exc):
                 raise
             return None
+        parsed = _Parsed(entries, git_control.unsafe(entries))
+        with self._lock:
+            self._parsed[key] = parsed
+            while len(self._parsed) > PARSED_KEPT:
+                self._parsed.popitem(last=False)
+        return parsed
 
     def _check_config(self, path: str, shown: str, kind: int) -> str:
         if kind != stat.S_IFREG:
             self._remove(path)
             return f"deleted {shown} (a git config may only be a plain file)"
         try:
-            entries = self._entries(path)
+            parsed = self._entries(path)
         except git_control.ConfigUnreadable:
-            self._write(path, b"[core]\n\trepositoryformatversion = 0\n")
+            self._write(path, MINIMAL_CONFIG)
             return f"reset {shown} (git is not installed here to check it)"
-        if entries is None:
+        except ValueError as exc:
+            self._write(path, MINIMAL_CONFIG)
+            return f"reset {shown} ({exc})"
+        if parsed is None or not parsed.unsafe:
             return ""
-        bad = git_control.unsafe(entries)
-        if not bad:
-            return ""
-        kept = [e for e in entries if e.safe()]
+        bad = parsed.unsafe
+        kept = [e for e in parsed.entries if e.safe()]
         self._write(path, git_control.render(kept).encode("utf-8", "surrogateescape"))
         names = ", ".join(sorted({e.name for e in bad}))
         return f"removed {names} from {shown}"
 
-    def _check_pointer(self, path: str, shown: str, kind: int) -> str:
+    def _lands(self, path: str, kind: int) -> str | None:
+        """The real path a pointer names, read as git reads it (the whole file, a
+        trailing newline dropped; `gitdir: ` for a `.git` file); None when it names
+        nothing."""
         folder = os.path.dirname(path)
         if kind == stat.S_IFLNK:
             target = self._readlink(path)
         elif kind == stat.S_IFREG:
-            data = self._read(path, POINTER_BYTES) or b""
-            text = data.decode("utf-8", "replace").strip()
+            read = self._read(path, POINTER_BYTES)
+            if read is None:
+                return None
+            text = read.data.decode("utf-8", "surrogateescape").rstrip("\r\n")
             if os.path.basename(path) == ".git":
-                text = text.removeprefix("gitdir:").strip() if text.startswith("gitdir:") else ""
-            target = text.splitlines()[0].strip() if text else ""
+                if not text.startswith("gitdir: "):
+                    return None
+                text = text[len("gitdir: ") :]
+            target = text
         else:
+            return None
+        if not target:
+            return None
+        return os.path.realpath(os.path.join(folder, target))
+
+    def _check_pointer(self, path: str, shown: str, kind: int, before: Scan) -> str:
+        if kind not in (stat.S_IFREG, stat.S_IFLNK):
             self._remove(path)
             return f"deleted {shown} (not a file)"
-        if not target:
+        if os.path.basename(path) == "alternates":
+            return ""  # objects only: it runs nothing
+        lands = self._lands(path, kind)
+        if lands is None:
             return ""
-        lands = os.path.realpath(os.path.join(folder, target))
-        inside = lands == self.workspace or lands.startswith(self.workspace + "/")
-        if inside and (os.path.basename(path) == "alternates" or _repository(lands)):
-            return ""  # a repository of the workspace: its own files were checked
+        if self._inside(lands) and (
+            os.path.basename(path) == "gitdir" or self._repository(lands, path)
+        ):
+            # A repository of the workspace (its own files are checked too), or, for a
+            # worktree's `gitdir` file, the worktree's `.git` file it names.
+            return ""
         self._remove(path)
-        where = "outside the workspace" if not inside else "not at a repository"
+        where = "outside the workspace" if not self._inside(lands) else "not at a repository"
         return f"deleted {shown} (it pointed git at {lands}, {where})"
+
+    def _repository(self, lands: str, pointer: str) -> bool:
+        fd = _open_dir_at(self.workspace, os.path.relpath(lands, self.workspace))
+        if fd is None:
+            return False
+        try:
+            if os.path.basename(pointer) == "commondir":
+                return _common_dir(fd)
+            return _git_directory(fd)
+        finally:
+            os.close(fd)
 
     def _check_modules(self, path: str, shown: str, kind: int, before: Scan) -> str:
         if kind != stat.S_IFREG:
             self._remove(path)
             return f"deleted {shown} (not a plain file)"
         try:
-            entries = self._entries(path) or []
+            parsed = self._entries(path)
+            entries = parsed.entries if parsed is not None else []
         except git_control.ConfigUnreadable:
             entries = []  # no git here: nobody runs `git submodule update` with it
+        except ValueError:
+            entries = [git_control.Entry("submodule.x.update", "!")]  # too large: not kept
         commands = [e for e in entries if e.key == "update" and e.value.startswith("!")]
         if not commands:
             return ""
@@ -394,21 +532,35 @@ class GitGuard:
         finally:
             os.close(root)
 
+    def _lstat(self, path: str) -> os.stat_result | None:
+        try:
+            fd, name = self._parent(path)
+        except OSError:
+            return None
+        try:
+            return os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+
     def _remove(self, path: str) -> None:
         fd, name = self._parent(path)
         try:
             st = os.stat(name, dir_fd=fd, follow_symlinks=False)
             if stat.S_ISDIR(st.st_mode):
-                _remove_tree(fd, name)
+                safe_fs.remove_tree(fd, name)
             else:
                 os.unlink(name, dir_fd=fd)
         finally:
             os.close(fd)
 
-    def _read(self, path: str, limit: int) -> bytes | None:
+    def _read(self, path: str, limit: int) -> safe_fs.Read | None:
         fd, name = self._parent(path)
         try:
-            return _read(fd, name, limit)
+            return safe_fs.read_regular(fd, name, limit)
+        except OSError:
+            return None
         finally:
             os.close(fd)
 
@@ -435,17 +587,57 @@ def _join(rel: str, name: str) -> str:
     return f"{rel}/{name}" if rel else name
 
 
-def _repository(folder: str) -> bool:
-    """A git dir, or a worktree's admin folder (which has its own `commondir`): what a
-    pointer may lead to. Anything else could hold a config the scan never checked."""
-    if git_control.looks_like_gitdir(folder):
-        return True
+def _head(fd: int) -> bool:
+    """A HEAD git would accept: a file starting with `ref:` or a hex object id, or a
+    link (to refs/…)."""
     try:
-        return stat.S_ISREG(os.lstat(os.path.join(folder, "commondir")).st_mode) and (
-            stat.S_ISREG(os.lstat(os.path.join(folder, "HEAD")).st_mode)
-        )
+        st = os.stat("HEAD", dir_fd=fd, follow_symlinks=False)
     except OSError:
         return False
+    if stat.S_ISLNK(st.st_mode):
+        return True
+    data = _read(fd, "HEAD", 128)
+    if data is None:
+        return False
+    text = data.strip()
+    return text.startswith(b"ref:") or (
+        len(text) >= 40 and all(c in b"0123456789abcdef" for c in text[:40])
+    )
+
+
+def _objects_and_refs(fd: int) -> bool:
+    try:
+        objects = os.stat("objects", dir_fd=fd)
+        refs = os.stat("refs", dir_fd=fd)
+    except OSError:
+        return False
+    return stat.S_ISDIR(objects.st_mode) and stat.S_ISDIR(refs.st_mode)
+
+
+def _common_dir(fd: int) -> bool:
+    """What a `commondir` file may lead to: a folder with objects/ and refs/."""
+    return _objects_and_refs(fd)
+
+
+def _git_directory(fd: int) -> bool:
+    """git's own test (setup.c `is_git_directory`): a valid HEAD, and objects/ and
+    refs/ here or in the folder a `commondir` file names."""
+    if not _head(fd):
+        return False
+    if _objects_and_refs(fd):
+        return True
+    data = _read(fd, "commondir", POINTER_BYTES)
+    if not data:
+        return False
+    common = data.decode("utf-8", "surrogateescape").rstrip("\r\n")
+    try:
+        target = os.open(common, _DIR_FLAGS, dir_fd=fd)  # relative to this folder, or absolute
+    except OSError:
+        return False
+    try:
+        return _objects_and_refs(target)
+    finally:
+        os.close(target)
 
 
 def _covered(path: str, granted: Iterable[str]) -> bool:
@@ -457,9 +649,7 @@ def _names(fd: int, sub: str) -> Iterator[str]:
     if child is None:
         return iter(())
     try:
-        return iter(sorted(os.listdir(child)))
-    except OSError:
-        return iter(())
+        return iter([name for name, _st in safe_fs.scan(child)])
     finally:
         os.close(child)
 
@@ -472,23 +662,20 @@ def _open_dir(fd: int, sub: str) -> int | None:
         return None
 
 
+def _open_dir_at(workspace: str, rel: str) -> int | None:
+    try:
+        root = safe_fs.open_root(workspace)
+    except OSError:
+        return None
+    try:
+        return _open_dir(root, rel)
+    finally:
+        os.close(root)
+
+
 def _read(fd: int, name: str, limit: int) -> bytes | None:
     """A regular file's first `limit` bytes (None: not a regular file, or gone)."""
     try:
         return safe_fs.read_regular(fd, name, limit).data
     except OSError:
         return None
-
-
-def _remove_tree(fd: int, name: str) -> None:
-    child = os.open(name, _DIR_FLAGS, dir_fd=fd)
-    try:
-        for entry in os.listdir(child):
-            st = os.stat(entry, dir_fd=child, follow_symlinks=False)
-            if stat.S_ISDIR(st.st_mode):
-                _remove_tree(child, entry)
-            else:
-                os.unlink(entry, dir_fd=child)
-    finally:
-        os.close(child)
-    os.rmdir(name, dir_fd=fd)

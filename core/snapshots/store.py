@@ -41,7 +41,6 @@ import io
 import json
 import os
 import pickle
-import shutil
 import stat
 import threading
 import time
@@ -682,7 +681,7 @@ class SnapshotStore:
             except FileNotFoundError:
                 return False
             if stat.S_ISDIR(st.st_mode):
-                shutil.rmtree(name, dir_fd=folder)
+                safe_fs.remove_tree(folder, name)
             else:
                 os.unlink(name, dir_fd=folder)
         finally:
@@ -733,12 +732,12 @@ class SnapshotStore:
             except FileNotFoundError:
                 st = None
             if st is not None and stat.S_ISDIR(st.st_mode):
-                shutil.rmtree(name, dir_fd=folder)
+                safe_fs.remove_tree(folder, name)
             tmp = name + TEMP_SUFFIX
             with contextlib.suppress(FileNotFoundError):
                 tst = os.stat(tmp, dir_fd=folder, follow_symlinks=False)
                 if stat.S_ISDIR(tst.st_mode):
-                    shutil.rmtree(tmp, dir_fd=folder)
+                    safe_fs.remove_tree(folder, tmp)
                 else:
                     os.unlink(tmp, dir_fd=folder)
             owner = None
