@@ -1,7 +1,9 @@
 """Per-message overhead of the agent loop with a zero-latency model.
 
-200 messages, each in its own conversation, through the real dispatcher, agent,
-litellm (HTTP to the scripted server), episode write (fsync) and channel. Baselines
+200 messages, each in its own conversation and with a message id as a platform gives
+one (so the durable redelivery record, memory/seen.py, is paid as on a platform),
+through the real dispatcher, agent, litellm (HTTP to the scripted server), episode
+write (fsync) and channel. Baselines
 measured in the same run against the same server: a raw HTTP POST (aiohttp), and a
 bare `litellm.acompletion` call, interleaved with the messages (one bare call, one
 message) so a loaded machine slows both alike; and a third, interleaved the same way:
@@ -174,7 +176,7 @@ async def _run() -> None:
                 key = f"replay:i{i}"
                 t0 = time.perf_counter()
                 await app.dispatcher.handle(
-                    Message("replay", f"i{i}", "bench", f"message {i}"), channel
+                    Message("replay", f"i{i}", "bench", f"message {i}", id=f"i{i}"), channel
                 )
                 await app.conversations.wait_idle(key)
                 await _settle()
@@ -198,7 +200,7 @@ async def _run() -> None:
                 key = f"replay:c{i}"
                 c0, t0 = time.process_time(), time.perf_counter()
                 await app.dispatcher.handle(
-                    Message("replay", f"c{i}", "bench", f"message {i}"), channel
+                    Message("replay", f"c{i}", "bench", f"message {i}", id=f"c{i}"), channel
                 )
                 await app.conversations.wait_idle(key)
                 t_end = time.perf_counter() - t0

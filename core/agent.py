@@ -633,12 +633,27 @@ class Agent:
         elif call.name in ("write_file", "edit_file") and decision.needs:
             # Only the path it named: a file tool never runs anything, so no other grant.
             grant = Grant(write=tuple(n.split(":", 1)[1] for n in decision.needs if ":" in n))
+        sandbox = self.tool_context.sandbox
+        as_root = (
+            call.name == "shell"
+            and grant is not None
+            and sandbox is not None
+            and sandbox.as_root(grant)
+        )
+        if as_root and decision.verdict == Verdict.ALLOW:
+            # An always-allow rule never lifts a command that runs as root: the rule
+            # names the command, not the code it runs (which a later task can change).
+            decision = dataclasses.replace(
+                decision,
+                verdict=Verdict.APPROVAL,
+                reason=f"{decision.reason}, but it runs as root, so it is asked every time",
+            )
         risk = "changes things outside the workspace or is not known to be safe"
         if grant is not None and call.name != "shell":
             risk = f"if approved, this one call may {grant.describe()}"
         elif grant is not None and self.tool_context.sandbox is not None:
             risk = f"if approved, this one command may {grant.describe()}"
-            if self.tool_context.sandbox.as_root(grant):
+            if as_root:
                 risk += (
                     " (to write there it runs as root, as Steward does, so it can also read "
                     "files only root may read)"
@@ -655,6 +670,7 @@ class Agent:
                 conversation=req.conversation,
                 thread=req.thread,
                 task_id=task_id,
+                once_only=as_root,
             )
             if not answer.approved:
                 msg = f"Not approved ({answer.reason}); the call did not run: {decision.reason}."

@@ -79,6 +79,9 @@ class _Pending:
     record: dict[str, Any]
     #: What a session grant of this call keeps of its files (None: no grant possible).
     pin: str | None = ""
+    #: Only "Approve once" and "Deny" are offered (and accepted): a call that must be
+    #: asked every time (one that runs as root to write outside the workspace).
+    once_only: bool = False
 
 
 def fetch_host(tool: str, args: dict[str, Any]) -> str | None:
@@ -98,9 +101,15 @@ def _grant_key(
     return "\x00".join((conversation_key, person, tool, what, pin))
 
 
-def approval_buttons(rid: str, tool: str = "") -> list[Button]:
+def approval_buttons(rid: str, tool: str = "", *, once_only: bool = False) -> list[Button]:
     """The four choices of an approval request; a press carries `<choice>:<request id>`.
-    A web_fetch request is approved per host: its "always" button says so."""
+    A web_fetch request is approved per host: its "always" button says so. `once_only`:
+    only "Approve once" and "Deny"."""
+    if once_only:
+        return [
+            Button("Approve once", f"{APPROVE}:{rid}", "primary"),
+            Button("Deny", f"{DENY}:{rid}", "danger"),
+        ]
     return [
         Button("Approve once", f"{APPROVE}:{rid}", "primary"),
         Button("Approve for this session", f"{SESSION}:{rid}"),
@@ -225,12 +234,14 @@ class Approvals:
         conversation: str,
         thread: str | None = None,
         task_id: str = "",
+        once_only: bool = False,
     ) -> ApprovalDecision:
         """Send the request and wait for a decision; a person's silence is a denial.
 
         A session grant the asker holds for this call in this conversation (their own
-        press of "Approve for this session") approves it without asking."""
-        pin = await self._pin(tool, args)
+        press of "Approve for this session") approves it without asking, unless
+        `once_only` (the call is asked every time, and only "Approve once" is offered)."""
+        pin = None if once_only else await self._pin(tool, args)
         if pin is not None:
             grant = _grant_key(f"{channel.name}:{conversation}", asked_by, tool, args, pin)
             if grant in self._grants:
@@ -259,7 +270,7 @@ class Approvals:
             channel=channel.name,
             expires_at=self.clock.now() + self.timeout,
             task_id=task_id,
-            buttons=approval_buttons(rid, tool),
+            buttons=approval_buttons(rid, tool, once_only=once_only),
         )
         approvers = self.approvers_for(channel.name, conversation, asked_by)
         record: dict[str, Any] = {
@@ -281,7 +292,9 @@ class Approvals:
             "message_id": None,
         }
         waiter: Waiter[ApprovalDecision] = Waiter(self.clock, deadline=request.expires_at)
-        pending = _Pending(request, channel, None, waiter, approvers, tool, args, record, pin)
+        pending = _Pending(
+            request, channel, None, waiter, approvers, tool, args, record, pin, once_only
+        )
         self._pending[rid] = pending
         await self.store.save(record)
         log.info("approval.requested", approval=rid, what=what, conversation=conversation)
@@ -344,6 +357,11 @@ class Approvals:
         if not owner and user not in pending.approvers:
             log.warning("approval.refused_presser", approval=rid, user=user)
             return PressAnswer("You are not an approver for this request.", private=True)
+        if pending.once_only and action in (SESSION, ALWAYS):
+            return PressAnswer(
+                "This call can only be approved once: it runs as root, so it is asked every time.",
+                private=True,
+            )
         if action == DENY:
             decision = ApprovalDecision(False, user, "denied")
         elif action == SESSION:

@@ -382,3 +382,39 @@ async def test_an_installed_package_stays_in_the_workspace(
     assert "installed" in installed, installed
     assert used.startswith("exit code 0") and "42" in used
     assert list((s.workspace / ".local").rglob("stewardprobe.py"))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the case of Steward running as root")
+async def test_a_command_that_runs_as_root_is_asked_every_time(
+    llm: ScriptedLLM, settings_for: Callable, tmp_path: Path
+) -> None:
+    """Writing into a folder outside the workspace keeps root's rights (the folder is
+    root's): such a command is only ever approved once, and an Always rule for it, even
+    one in the overlay, never lets it run unasked (the code it runs can change)."""
+    deploy = tmp_path / "deploy"
+    deploy.mkdir()
+    s = settings_for(llm)
+    plant(s.workspace, "app.txt", "v1\n")
+    command = f"cp app.txt {deploy}/"
+    (s.data_dir).mkdir(parents=True, exist_ok=True)
+    (s.data_dir / "policy.toml").write_text(
+        f'[[always_allow]]\nid = "r1"\ntool = "shell"\nmatch = "{command}"\n'
+        'added_by = "alice"\nadded_at = "2026-12-01T00:00:00Z"\nreason = "earlier"\n'
+    )
+    llm.reply_tool("shell", {"command": command})
+    llm.reply_tool("shell", {"command": command})
+    llm.reply_text("done")
+    out = await replay(
+        s,
+        [
+            {"t": 0, "user": "alice", "text": "deploy twice"},
+            {"t": 1, "user": "alice", "press": "approve once"},
+        ],
+    )
+    approvals = [o for o in out if o["kind"] == "approval"]
+    assert len(approvals) == 2  # the rule in the overlay did not lift either
+    assert [b["label"] for b in approvals[0]["buttons"]] == ["Approve once", "Deny"]
+    assert "runs as root" in approvals[0]["text"]
+    first, second = tool_messages(llm)
+    assert first.startswith("exit code 0") and (deploy / "app.txt").read_text() == "v1\n"
+    assert "Not approved" in second  # the second one, unanswered, did not run

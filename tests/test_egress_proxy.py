@@ -327,3 +327,32 @@ async def test_bridge_says_why_it_cannot_start(short_dir: Path) -> None:
 async def test_a_socket_path_too_long_is_refused_with_the_fix() -> None:
     with pytest.raises(ValueError, match="too long for a Unix socket"):
         await EgressProxy(EgressPolicy()).start("/tmp/" + "x" * 120)
+
+
+async def test_connections_beyond_the_cap_are_closed_not_held(short_dir: Path) -> None:
+    """A command that opens thousands of connections to its proxy and holds them would
+    use up Steward's own file descriptors: past MAX_CONNECTIONS they are closed at once,
+    and the report says so."""
+    from core.egress.proxy import MAX_CONNECTIONS
+
+    path = str(short_dir / "p.sock")
+    proxy = EgressProxy(EgressPolicy(), frozenset({"example.com"}))
+    await proxy.start(path)
+    held: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    try:
+        for _ in range(MAX_CONNECTIONS + 20):
+            held.append(await asyncio.open_unix_connection(path))
+        await asyncio.sleep(0.2)
+        closed = 0
+        for reader, _writer in held:
+            try:
+                if await asyncio.wait_for(reader.read(1), 0.05) == b"":
+                    closed += 1
+            except TimeoutError:
+                pass  # still open: one of the first MAX_CONNECTIONS, waiting for a request
+        assert closed == 20
+        assert "connections at once" in proxy.report()
+    finally:
+        for _reader, writer in held:
+            writer.close()
+        await proxy.stop()

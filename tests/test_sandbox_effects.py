@@ -387,6 +387,29 @@ async def test_a_write_grant_opens_exactly_that_path(world: World) -> None:
     assert not (world.root / "unused.txt").exists()
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="the case of Steward running as root")
+async def test_a_granted_file_is_written_through_a_copy_as_the_sandbox_user(
+    world: World,
+) -> None:
+    """As root, the command does not keep root's rights to write a root-owned file: it
+    writes a copy it owns, which Steward then puts in place (owner and mode kept)."""
+    target = world.root / "canary.txt"
+    target.chmod(0o640)
+    grant = Grant.from_needs([f"write:{target}"])
+    out = await run_shell(
+        world.ctx(grant), f"id -u; head -c 5 /etc/shadow; echo; echo more >> {target}"
+    )
+    assert out.split("\n")[1] != "0" and "Permission denied" in out  # nobody, no shadow
+    assert target.read_text() == "canary\nmore\n"
+    st = target.stat()
+    assert (st.st_uid, st.st_mode & 0o777) == (0, 0o640)
+    # Left alone, the file is not rewritten at all (same inode, same mtime).
+    before = target.stat()
+    await run_shell(world.ctx(grant), f"cat {target}")
+    after = target.stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+
+
 async def test_steward_s_own_files_are_never_grantable(world: World) -> None:
     """A grant of the data dir, the config, or a folder holding one, runs nothing."""
     for path in (world.data / "policy.toml", world.config, world.root):

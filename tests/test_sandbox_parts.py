@@ -133,10 +133,11 @@ def test_sandbox_user_setting(settings_for: Callable) -> None:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="where Steward is root")
-def test_as_root_a_write_outside_keeps_stewards_uid_and_says_so(tmp_path: Path) -> None:
+def test_as_root_only_a_folder_grant_keeps_stewards_uid(tmp_path: Path) -> None:
     from core.sandbox import Sandbox
 
     sandbox = Sandbox(bwrap="bwrap", workspace=tmp_path, user=SandboxUser(65534, 65534))
-    assert sandbox.as_root(Grant(write=("/etc/hosts",)))
+    assert sandbox.as_root(Grant(write=("/etc",)))  # a folder: only root may write in it
+    assert not sandbox.as_root(Grant(write=("/etc/hosts",)))  # a file: through a copy
     assert not sandbox.as_root(Grant(write=(str(tmp_path / ".git" / "config"),)))
     assert not sandbox.as_root(Grant(network=True))

@@ -45,6 +45,8 @@ MAX_HEAD = 64 * 1024
 HEAD_TIMEOUT = 30.0
 #: Refusals and passes kept per proxy (a command retrying in a loop must not grow it).
 MAX_RECORDS = 200
+#: Connections open at once through one command's proxy; more are closed at once.
+MAX_CONNECTIONS = 64
 #: A Unix socket path longer than this does not fit in sun_path (108 bytes with its NUL).
 MAX_SOCKET_PATH = 107
 _HOP_BY_HOP = frozenset(
@@ -72,7 +74,7 @@ class Attempt:
 
     def where(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return host if self.port in (80, 443) else f"{host}:{self.port}"
+        return host if self.port in (0, 80, 443) else f"{host}:{self.port}"
 
     def __str__(self) -> str:
         """`evil.example (not in this command's grant)`; just the place when allowed."""
@@ -219,6 +221,14 @@ class EgressProxy:
 
     # ── connections ───────────────────────────────────────────────────────────────
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if len(self._tasks) >= MAX_CONNECTIONS:
+            # Each connection holds descriptors of Steward's own process: a command that
+            # opens thousands would starve every other conversation of them.
+            if len(self.refused) < MAX_RECORDS:
+                busy = f"more than {MAX_CONNECTIONS} connections at once"
+                self.refused.append(Attempt("*", 0, busy))
+            writer.close()
+            return
         task = asyncio.current_task()
         if task is not None:
             self._tasks.add(task)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -76,9 +76,12 @@ class Sandbox:
 
     def as_root(self, grant: Grant) -> bool:
         """Whether this command keeps Steward's uid: only where Steward is root and a
-        person approved writing outside the workspace (those paths belong to root)."""
+        person approved writing in a *folder* outside the workspace (a granted file is
+        written through a copy the sandbox user owns: core/sandbox/staging.py)."""
         ws = str(self.workspace)
-        return self.user is not None and any(not within(p, ws) for p in grant.write)
+        return self.user is not None and any(
+            not within(p, ws) and os.path.isdir(p) for p in grant.write
+        )
 
     def argv(
         self,
@@ -87,12 +90,14 @@ class Sandbox:
         *,
         git: Sequence[str] = (),
         proxy_socket: str | None = None,
+        staged: Mapping[str, str] | None = None,
     ) -> list[str]:
         """The full command line: bwrap, its options, the drop to the sandbox user,
         then the starter shell and the command (a string runs in bash, a sequence is an
         argv). `git`: options keeping the workspace's
         repositories' control files read-only (core/sandbox/gitguard.py). `proxy_socket`:
-        the host path of this command's egress proxy (with a network grant). A grant
+        the host path of this command's egress proxy (with a network grant). `staged`: what
+        to bind at a granted path instead of the path (its staging copy). A grant
         that says "unsandboxed" has no sandbox: the caller runs bash directly. Raises
         GrantRefused for a grant of Steward's own files."""
         grant = grant or Grant()
@@ -149,7 +154,7 @@ class Sandbox:
         for path in granted:
             if os.path.lexists(path):
                 args += self._parents(path, bound, made)
-                args += ["--bind", path, path]
+                args += ["--bind", (staged or {}).get(path, path), path]
         for path in late:
             args += self._mask(path, bound)
         if proxy_socket is not None:

@@ -132,9 +132,7 @@ def hand_over(workspace: Path, user: SandboxUser) -> int:
             if st.st_uid != 0 or (stat.S_ISREG(st.st_mode) and st.st_nlink > 1):
                 continue
             with contextlib.suppress(OSError):
-                os.chown(
-                    entry.name, user.uid, user.gid, dir_fd=entry.dir_fd, follow_symlinks=False
-                )
+                os.chown(entry.name, user.uid, user.gid, dir_fd=entry.dir_fd, follow_symlinks=False)
                 changed += 1
         if walk.stopped:
             log.warning("sandbox.handover_incomplete", stopped=walk.stopped, changed=changed)

@@ -8,11 +8,11 @@ the code for process-starting calls and fails on one that is not here or not one
 Steward's own helpers (tests/test_spawn_point.py).
 
 Around the process: before it starts, the workspace's repositories are scanned and
-their control files made read-only (core/sandbox/gitguard.py), a new file a person
-approved creating outside the workspace gets an empty placeholder to bind, and a
+their control files made read-only (core/sandbox/gitguard.py), a file a person approved
+writing outside the workspace gets what is bound for it (core/sandbox/staging.py), and a
 network grant gets its own egress proxy on a private Unix socket (core/egress). After
 it ended (and everything it started with it), what it planted in git's control files
-is undone, untouched placeholders are removed and the proxy stops; `Started.notes`
+is undone, a granted file's changes are written back and the proxy stops; `Started.notes`
 says what the model should know (a host the proxy refused, a hook that was deleted).
 """
 
@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import stat
 import tempfile
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +34,8 @@ from core.sandbox.bwrap import PROXY_PORT, Sandbox
 from core.sandbox.environment import command_env
 from core.sandbox.gitguard import GitGuard, Scan
 from core.sandbox.grant import Grant
+from core.sandbox.interpreter import within
+from core.sandbox.staging import Staging
 
 log = structlog.get_logger("steward.sandbox")
 
@@ -91,7 +92,7 @@ async def launch(
     argv = inner
     before: Scan | None = None
     guard: GitGuard | None = None
-    placeholders: list[tuple[str, int]] = []
+    staging: Staging | None = None
     proxy: EgressProxy | None = None
     private: tempfile.TemporaryDirectory[str] | None = None
     started: Started | None = None
@@ -101,19 +102,22 @@ async def launch(
             guard = guard_for(str(workspace))
             before = await asyncio.to_thread(guard.scan)
             protect = guard.protections(before, grant.write)
-            placeholders = await asyncio.to_thread(_placeholders, grant.write)
+            drops = sandbox.user is not None and not sandbox.as_root(grant)
+            outside = [p for p in grant.write if not within(p, str(workspace))]
+            staging = Staging(outside, sandbox.user if drops else None)
+            staged = await asyncio.to_thread(staging.prepare)
             socket_path = None
             if grant.network:
                 private = tempfile.TemporaryDirectory(prefix="steward-egress-")
                 socket_path = os.path.join(private.name, "proxy.sock")
                 proxy = await _start_proxy(egress, grant, socket_path)
                 env.update(_proxy_env())
-            if sandbox.user is not None and not sandbox.as_root(grant):
+            if drops and sandbox.user is not None:
                 env["USER"] = env["LOGNAME"] = sandbox.user.name
             env["HOME"] = sandbox.home
             env["TMPDIR"] = "/tmp"
             env["PATH"] = _with_interpreter(env["PATH"], sandbox.readonly)
-            argv = sandbox.argv(inner, grant, git=protect, proxy_socket=socket_path)
+            argv = sandbox.argv(inner, grant, git=protect, proxy_socket=socket_path, staged=staged)
         process = await asyncio.create_subprocess_exec(
             *argv,
             cwd=workspace,
@@ -137,8 +141,8 @@ async def launch(
             notes += [line.strip("[]") for line in proxy.report().splitlines()]
         if private is not None:
             private.cleanup()
-        if placeholders:
-            await asyncio.to_thread(_remove_untouched, placeholders)
+        if staging is not None:
+            await asyncio.to_thread(staging.settle)
         if guard is not None and before is not None:
             after = await asyncio.to_thread(guard.scan)
             undone = await asyncio.to_thread(guard.repair, before, after, grant.write)
@@ -180,43 +184,3 @@ async def _start_proxy(egress: EgressPolicy | None, grant: Grant, socket_path: s
     await proxy.start(socket_path)
     os.chmod(socket_path, 0o666)  # the sandbox user connects to it
     return proxy
-
-
-def _placeholders(paths: Iterable[str]) -> list[tuple[str, int]]:
-    """An empty file for each granted path that does not exist yet, so that exactly
-    that name can be bound (never its folder); (path, inode) of each one made."""
-    made = []
-    for path in paths:
-        if os.path.lexists(path):
-            continue
-        head, name = os.path.split(path)
-        try:
-            folder = os.open(head, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        except OSError:
-            continue  # no such folder: the command will say so
-        try:
-            fd = os.open(
-                name,
-                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                0o644,
-                dir_fd=folder,
-            )
-            made.append((path, os.fstat(fd).st_ino))
-            os.close(fd)
-        except OSError:
-            continue
-        finally:
-            os.close(folder)
-    return made
-
-
-def _remove_untouched(made: Iterable[tuple[str, int]]) -> None:
-    """A placeholder the command left empty is removed: nothing was created."""
-    for path, inode in made:
-        try:
-            st = os.lstat(path)
-        except OSError:
-            continue
-        if st.st_ino == inode and stat.S_ISREG(st.st_mode) and st.st_size == 0:
-            with contextlib.suppress(OSError):
-                os.unlink(path)
