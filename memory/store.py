@@ -91,6 +91,7 @@ GITIGNORE = (
     "*.log",
     "secrets/",
     "snapshots/",  # the undo store (core/snapshots): its own object store, not history
+    "sandbox/",  # the git guard's trusted entries and unchecked markers (core/sandbox)
 )
 _FILE_MODE = 0o100644
 _CAS_ATTEMPTS = 5  # HEAD moved under us (a person committed): rebuild and retry

@@ -26,6 +26,7 @@ from core.tools.base import ToolContext, ToolError
 from core.tools.shell import run as shell_run
 
 AVAILABLE = detect()
+CHECKOUT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.skipif(
     not AVAILABLE.ok, reason=f"no OS sandbox on this machine: {AVAILABLE.reason}"
 )
@@ -89,7 +90,7 @@ async def test_objects_and_refs_through_commondir(place: Place) -> None:
         "mkdir -p evil wt && echo 'ref: refs/heads/master' > evil/HEAD && "
         "echo ../base/.git > evil/commondir && "
         f"printf '[core]\\n\\tfsmonitor = {place.fsmonitor}\\n' > evil/config.worktree && "
-        "echo \"gitdir: $PWD/evil\" > wt/.git"
+        'echo "gitdir: $PWD/evil" > wt/.git'
     )
     place.person_runs_git("wt")
     assert not place.canary.exists()
@@ -119,8 +120,8 @@ async def test_a_pointer_is_read_whole_as_git_reads_it(place: Place) -> None:
     odd = "good/.git\nx"
     (place.ws / "good").mkdir()
     await place.run(
-        f"d=\"$(printf '{odd}')\"; git init -q --bare \"$d\" && "
-        f"git -C \"$d\" config core.fsmonitor {place.fsmonitor!r} ; mkdir -p wt && "
+        f'd="$(printf \'{odd}\')"; git init -q --bare "$d" && '
+        f'git -C "$d" config core.fsmonitor {place.fsmonitor!r} ; mkdir -p wt && '
         "printf 'gitdir: ../good/.git\\nx\\n' > wt/.git"
     )
     place.person_runs_git("wt")
@@ -177,3 +178,125 @@ async def test_the_persons_own_settings_are_left_alone(place: Place) -> None:
     out = await place.run("git -C mine log --oneline 2>&1 | head -1; echo ok")
     assert "undid" not in out
     assert "alias" in (place.ws / "mine" / ".git" / "config").read_text()
+
+
+async def test_a_command_killed_with_steward_is_checked_at_the_next_start(
+    tmp_path: Path,
+) -> None:
+    """Steward is killed (-9) while a command that planted is still running: nothing
+    checked it. At the next start the guard knows a command was left unchecked and
+    checks the workspace against what it trusted before, before anything else runs."""
+    import asyncio
+    import os
+    import signal
+    import sys
+
+    ws, data = tmp_path / "ws", tmp_path / "data"
+    ws.mkdir()
+    canary = tmp_path / "PWNED"
+    script = tmp_path / "first.py"
+    script.write_text(
+        "import asyncio, sys\n"
+        "from pathlib import Path\n"
+        "from core.sandbox import setup\n"
+        "from core.tools.base import ToolContext\n"
+        "from core.tools.shell import run\n"
+        f"ws, data = Path({str(ws)!r}), Path({str(data)!r})\n"
+        "s = setup('auto', ws, [data], state_dir=data / 'sandbox').sandbox\n"
+        "ctx = ToolContext(workspace=ws, sandbox=s, shell_timeout=60)\n"
+        "cmd = \"git init -q p && printf '[core]\\\\n\\\\tfsmonitor = %s\\\\n' "
+        f"'touch {canary}' >> p/.git/config && touch planted && sleep 60\"\n"
+        "asyncio.run(run(ctx, {'command': cmd}))\n"
+    )
+    first = await asyncio.create_subprocess_exec(sys.executable, str(script), cwd=CHECKOUT)
+    for _ in range(200):
+        if (ws / "planted").exists():
+            break
+        await asyncio.sleep(0.05)
+    assert (ws / "planted").exists()
+    os.kill(first.pid, signal.SIGKILL)
+    await first.wait()
+    assert "fsmonitor" in (ws / "p" / ".git" / "config").read_text()
+    # The next start (a new process's first setup) checks before anything runs.
+    await asyncio.to_thread(setup, "auto", ws, [data], state_dir=data / "sandbox")
+    assert "fsmonitor" not in (ws / "p" / ".git" / "config").read_text()
+    person = await asyncio.create_subprocess_exec(
+        "git", "-c", "safe.directory=*", "status", cwd=ws / "p", stdout=asyncio.subprocess.DEVNULL
+    )
+    await person.wait()
+    assert not canary.exists()
+
+
+async def test_a_workspace_made_to_look_like_a_bare_repository_hides_nothing(
+    place: Place,
+) -> None:
+    """The walk keeps going into a folder git takes for a repository (only its objects,
+    refs and logs are skipped): the person's own .git below it stays guarded."""
+    place.person_runs_git(".", "init", "-q", ".")
+    await place.run("mkdir -p objects refs && echo 'ref: refs/heads/main' > HEAD")
+    await place.run(f"printf '\\tfsmonitor = %s\\n' {place.fsmonitor!r} >> .git/config")
+    place.person_runs_git(".")
+    assert not place.canary.exists()
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        "echo 0123456789ABCDEF0123456789ABCDEF01234567 > HEAD && mkdir -p objects refs",
+        "echo 'ref: refs/heads/main' > HEAD && touch objects refs && chmod 755 objects refs",
+    ],
+    ids=["uppercase-hex-head", "objects-and-refs-as-files"],
+)
+async def test_a_repository_as_git_sees_it(place: Place, head: str) -> None:
+    """git's own test of a repository, not a stricter one: a HEAD in uppercase hex, and
+    objects/refs that are only executable files, make a repository for git."""
+    place.person_runs_git(".", "init", "-q", ".")
+    await place.run(
+        f"{head} && printf '[core]\\n\\tbare = false\\n\\tworktree = {place.ws}\\n"
+        f"\\tfsmonitor = %s\\n' {place.fsmonitor!r} > config && echo garbage > .git/HEAD"
+    )
+    place.person_runs_git(".")
+    assert not place.canary.exists()
+
+
+async def test_a_head_made_valid_later_is_seen(place: Place) -> None:
+    place.person_runs_git(".", "init", "-q", ".")
+    await place.run(
+        "echo nothing > HEAD && mkdir -p objects refs && "
+        f"printf '[core]\\n\\tbare = false\\n\\tworktree = {place.ws}\\n"
+        f"\\tfsmonitor = %s\\n' {place.fsmonitor!r} > config && echo garbage > .git/HEAD"
+    )
+    await place.run("echo 'ref: refs/heads/main' > HEAD")
+    place.person_runs_git(".")
+    assert not place.canary.exists()
+
+
+async def test_a_failed_write_back_never_skips_the_git_check(
+    place: Place, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Writing an approved file back can fail (a full disk, a file system that refuses);
+    the check of git's control files after the command still runs, and both are said."""
+    from core.sandbox import Grant
+    from core.sandbox.staging import Staging
+
+    def refuse(self: Staging) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Staging, "settle", refuse)
+    target = tmp_path / "approved.txt"
+    target.write_text("x\n")
+    ctx = ToolContext(
+        workspace=place.ws,
+        sandbox=place.sandbox,
+        grant=Grant.from_needs([f"write:{target}"]),
+    )
+    out = await shell_run(
+        ctx,
+        {
+            "command": f"echo y >> {target}; git init -q r && "
+            f"{planted_config(place.fsmonitor)} >> r/.git/config"
+        },
+    )
+    assert "could not be written back" in out and "removed core.fsmonitor" in out
+    place.person_runs_git("r")
+    assert not place.canary.exists()

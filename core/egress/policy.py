@@ -16,7 +16,6 @@ cannot swap in another one) and keep TLS verification on the host name.
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 import socket
 import time
@@ -27,6 +26,7 @@ from urllib.parse import urlsplit
 
 import structlog
 
+from core import io_threads
 from core.egress.addresses import (
     METADATA,
     IPAddress,
@@ -297,14 +297,24 @@ def _is_localhost(name: str) -> bool:
     return name == "localhost" or name.endswith(".localhost")
 
 
+#: Name lookups run here, not on the event loop's shared threads: a lookup that never
+#: answers (a resolver a command points at a tarpit) must not hold the threads every
+#: other conversation's work waits for. Abandoned at their timeout.
+RESOLVER = io_threads.DaemonPool("steward-dns", max_threads=16, max_abandoned=32)
+#: Lookups wait at most this long when none was given.
+LOOKUP_SECONDS = 10.0
+
+
 async def _lookup(name: str, port: int, lookup_timeout: float | None) -> list[IPAddress]:
-    loop = asyncio.get_running_loop()
+    seconds = lookup_timeout if lookup_timeout is not None else LOOKUP_SECONDS
     try:
-        infos = await asyncio.wait_for(
-            loop.getaddrinfo(name, port, type=socket.SOCK_STREAM), lookup_timeout
+        infos = await io_threads.run(
+            socket.getaddrinfo, name, port, 0, socket.SOCK_STREAM, within=seconds, pool=RESOLVER
         )
     except TimeoutError as exc:
-        raise OSError(f"looking up {name} took longer than {lookup_timeout}s") from exc
+        raise OSError(f"looking up {name} took longer than {seconds:g}s") from exc
+    except io_threads.Saturated as exc:
+        raise OSError(f"too many name lookups are stuck; {name} was not looked up") from exc
     found: list[IPAddress] = []
     for info in infos:
         ip = ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])
@@ -367,7 +377,7 @@ def from_settings(
 
 def server_endpoints(server: Any, what: str = "Steward's embedded model server") -> list[Endpoint]:
     """The endpoint of a running server object with `host` and `port` (the embedded model's
-    core/local_model.ModelServer); [] for none, or before it has a port."""
+    core/model/local/runtime.ModelServer); [] for none, or before it has a port."""
     port = getattr(server, "port", 0) if server is not None else 0
     if not port:
         return []

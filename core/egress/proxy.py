@@ -47,6 +47,8 @@ HEAD_TIMEOUT = 30.0
 MAX_RECORDS = 200
 #: Connections open at once through one command's proxy; more are closed at once.
 MAX_CONNECTIONS = 64
+#: Name lookups one command's proxy runs at once (the resolver threads are shared).
+MAX_LOOKUPS = 4
 #: A Unix socket path longer than this does not fit in sun_path (108 bytes with its NUL).
 MAX_SOCKET_PATH = 107
 _HOP_BY_HOP = frozenset(
@@ -119,6 +121,7 @@ class EgressProxy:
         self.path: str | None = None
         self._server: asyncio.AbstractServer | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._lookups = asyncio.Semaphore(MAX_LOOKUPS)
 
     # ── life ────────────────────────────────────────────────────────────────────
     async def start(self, path: str | os.PathLike[str]) -> None:
@@ -194,7 +197,8 @@ class EgressProxy:
             self._record(self.refused, Attempt(name, port, _NOT_GRANTED))
             raise _Refused(403, f"{name}:{port} is {_NOT_GRANTED}")
         try:
-            addresses = await self.policy.resolve(name, port, self.connect_timeout)
+            async with self._lookups:  # one command cannot hold every resolver thread
+                addresses = await self.policy.resolve(name, port, self.connect_timeout)
         except EgressRefused as exc:
             self._record(self.refused, Attempt(name, port, exc.reason))
             raise _Refused(403, exc.reason) from None

@@ -62,6 +62,8 @@ class Sandbox:
     #: Steward's own user in a user namespace.
     user: SandboxUser | None = None
     limits: Limits = field(default_factory=Limits)
+    #: Where the git guard keeps what it trusts across restarts (in the data dir).
+    state_dir: str | None = None
 
     def check(self, grant: Grant) -> None:
         """Raise GrantRefused when a granted path is, is inside, or holds Steward's own

@@ -22,9 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import structlog
+
 from core.sandbox.bwrap import Sandbox
 from core.sandbox.identity import NOBODY, SandboxUser, choose_user, hand_over, runs_as_root
 from core.sandbox.limits import Limits
+from core.sandbox.spawn import guard_for
+
+log = structlog.get_logger("steward.sandbox")
 
 Mode = Literal["auto", "off", "required"]
 
@@ -157,10 +162,13 @@ def setup(
     user: SandboxUser | None = None,
     limits: Limits | None = None,
     hand_over_workspace: bool = True,
+    state_dir: Path | None = None,
 ) -> Setup:
     """Resolve the `sandbox` setting against this machine (raises SandboxRequired).
     `user`: the `sandbox_user` setting (None: auto). Where Steward is root, the
-    workspace's root-owned entries are handed to the sandbox user (blocking: a walk)."""
+    workspace's root-owned entries are handed to the sandbox user (blocking: a walk).
+    `state_dir`: where the git guard keeps what it trusts (core/sandbox/gitguard.py);
+    a command an earlier run left unchecked is checked here, before anything runs."""
     if mode == "off":
         return Setup(mode, None)
     found = detect()
@@ -175,7 +183,12 @@ def setup(
             hidden=tuple(dict.fromkeys([*hidden, *own_paths()])),
             user=who,
             limits=limits or Limits(),
+            state_dir=str(state_dir) if state_dir is not None else None,
         )
+        if state_dir is not None:
+            undone = guard_for(str(real), sandbox.state_dir).recover()
+            if undone:
+                log.warning("sandbox.git_recovered", undone=undone)
         return Setup(mode, sandbox)
     if mode == "required":
         raise SandboxRequired(

@@ -38,17 +38,22 @@ links: the workspace belongs to the command, which may have planted a link anywh
 from __future__ import annotations
 
 import collections
+import contextlib
 import hashlib
+import json
 import os
 import stat
 import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import cast
 
 import structlog
 
 from core import git_control, safe_fs
+from memory.atomic import atomic_write_text
 
 log = structlog.get_logger("steward.sandbox")
 
@@ -65,6 +70,11 @@ POINTER_BYTES = 4096
 PARSED_KEPT = 1024
 #: Rounds of following pointers to more repositories, at most, per scan.
 FOLLOWED = 64
+#: In the state folder: what is trusted, and a marker per command not yet checked.
+TRUST_FILE = "git-trusted.json"
+PENDING = "git-unchecked-"
+#: A repository's folders the walk does not enter: data, not settings (and large).
+REPOSITORY_DATA = frozenset({"objects", "refs", "logs", "lfs", "hooks", "info"})
 #: What a config that cannot be checked is replaced with.
 MINIMAL_CONFIG = b"[core]\n\trepositoryformatversion = 0\n"
 
@@ -113,12 +123,14 @@ class _Parsed:
 
 @dataclass(frozen=True, slots=True)
 class _Known:
-    """What a folder held last time (valid while its identity is unchanged)."""
+    """What a folder held last time (valid while its identity is unchanged). Whether
+    it is a repository is not kept: HEAD can be rewritten in place without changing
+    the folder, so that is asked again at every scan (only where a HEAD is)."""
 
     ident: tuple[int, int, int]
     subdirs: tuple[str, ...]
-    names: tuple[str, ...]  # entries of interest: .git, .gitattributes, .gitmodules
-    gitdir: bool
+    #: Entries of interest: .git, .gitattributes, .gitmodules, and HEAD (a repository?).
+    names: tuple[str, ...]
 
 
 def _sig(st: os.stat_result) -> Sig:
@@ -129,13 +141,21 @@ class GitGuard:
     """Scans one workspace; keeps what it learned about folders between scans, and
     which control entries are the person's or were checked."""
 
-    def __init__(self, workspace: str) -> None:
+    def __init__(self, workspace: str, state_dir: str | None = None) -> None:
         self.workspace = workspace.rstrip("/") or "/"
+        #: Where what is trusted, and which commands have not been checked yet, survive a
+        #: restart (the data dir); None: in memory only.
+        self.state_dir = state_dir
+        self._count = 0
         self._known: dict[str, _Known] = {}
         #: Control entries trusted as they are (path → signature); None: not scanned yet.
         self._trusted: dict[str, Sig] | None = None
         self._parsed: collections.OrderedDict[str, _Parsed] = collections.OrderedDict()
         self._lock = threading.Lock()
+        #: Entries the last repair could not check, and folders its scan missed.
+        self.unchecked = 0
+        #: Whether the last repair changed what is trusted (then it is saved).
+        self.changed = False
 
     # ── scanning ────────────────────────────────────────────────────────────────
     def scan(self) -> Scan:
@@ -153,12 +173,95 @@ class GitGuard:
             os.close(root)
         out.gitdirs = sorted(set(out.gitdirs), key=lambda p: (p.count("/"), p))
         with self._lock:
-            if self._trusted is None:
-                self._trusted = {p: m.sig for p, m in out.marks.items()}
+            first = self._trusted is None
+        if first:
+            self._start(out)
         return out
 
+    # ── what survives a restart ─────────────────────────────────────────────────
+    def _start(self, out: Scan) -> None:
+        """The first scan in this process: the person's own state, trusted as it is,
+        unless a command of an earlier run was never checked (Steward was killed, or a
+        check did not finish): then only what was trusted then is, and the rest is
+        checked before anything else runs (`recover`)."""
+        saved = self._load() if self._pending() else None
+        with self._lock:
+            if self._trusted is not None:
+                return
+            if saved is None:
+                self._trusted = {p: m.sig for p, m in out.marks.items()}
+            else:
+                self._trusted = saved
+        if saved is None:
+            self._save()
+
+    def _pending(self) -> list[str]:
+        if self.state_dir is None:
+            return []
+        try:
+            names = os.listdir(self.state_dir)
+        except OSError:
+            return []
+        return [os.path.join(self.state_dir, n) for n in names if n.startswith(PENDING)]
+
+    def _load(self) -> dict[str, Sig]:
+        if self.state_dir is None:
+            return {}
+        try:
+            raw = json.loads(Path(self.state_dir, TRUST_FILE).read_text(encoding="utf-8"))
+            return {str(k): cast(Sig, tuple(int(x) for x in v)) for k, v in raw.items()}
+        except (OSError, ValueError, TypeError, AttributeError):
+            return {}  # nothing trusted: everything is checked
+
+    def _save(self) -> None:
+        if self.state_dir is None:
+            return
+        with self._lock:
+            data = dict(self._trusted or {})
+        os.makedirs(self.state_dir, exist_ok=True)
+        atomic_write_text(Path(self.state_dir, TRUST_FILE), json.dumps(data))
+
+    def begin(self) -> str | None:
+        """Before a command starts: a marker saying it is not checked yet (durable, so
+        that a restart after a kill -9 checks what it planted)."""
+        if self.state_dir is None:
+            return None
+        os.makedirs(self.state_dir, exist_ok=True)
+        with self._lock:
+            self._count += 1
+            name = f"{PENDING}{os.getpid()}-{self._count}"
+        path = os.path.join(self.state_dir, name)
+        atomic_write_text(Path(path), "")
+        return path
+
+    def end(self, marker: str | None) -> None:
+        """After the command's check: what is trusted now, and the marker gone when
+        everything was checked (else it stays, and a restart checks again)."""
+        if self.changed:
+            self._save()
+        if marker is not None and not self.unchecked:
+            with contextlib.suppress(OSError):
+                os.unlink(marker)
+
+    def recover(self) -> list[str]:
+        """At start-up: if an earlier run left a command unchecked, check the workspace
+        now against what was trusted then. Returns what was undone."""
+        markers = self._pending()
+        if not markers:
+            return []
+        scan = self.scan()
+        notes = self.repair(Scan(), scan)
+        self._save()
+        if not self.unchecked:
+            for marker in markers:
+                with contextlib.suppress(OSError):
+                    os.unlink(marker)
+        return notes
+
     def _walk(self, root: int, out: Scan) -> None:
-        """Breadth first (shallow repositories are never starved by a deep tree)."""
+        """Breadth first (shallow repositories are never starved by a deep tree); into
+        every folder, repositories too (a repository may hold another), but not into a
+        repository's objects, refs and logs."""
         deadline = time.monotonic() + SCAN_SECONDS
         queue: collections.deque[str] = collections.deque([""])
         seen: dict[str, _Known] = {}
@@ -176,12 +279,19 @@ class GitGuard:
             try:
                 known = self._folder(fd, rel)
                 seen[rel] = known
-                if known.gitdir or os.path.basename(rel) == ".git":
+                repository = os.path.basename(rel) == ".git" or (
+                    "HEAD" in known.names and _git_directory(fd)
+                )
+                if repository:
                     self._gitdir(fd, rel, out)
-                    continue
                 for name in known.names:
-                    self._mark_tree_entry(fd, rel, name, out, queue)
-                queue.extend(_join(rel, n) for n in known.subdirs if n != ".git")
+                    if name != "HEAD":
+                        self._mark_tree_entry(fd, rel, name, out, queue)
+                queue.extend(
+                    _join(rel, n)
+                    for n in known.subdirs
+                    if n != ".git" and not (repository and n in REPOSITORY_DATA)
+                )
             finally:
                 os.close(fd)
         with self._lock:
@@ -220,7 +330,7 @@ class GitGuard:
         """Where a pointer leads, when that is a folder inside the workspace."""
         if os.path.basename(path) == "alternates":
             return None
-        lands = self._lands(path, mark.sig[0])
+        lands = self._lands(path, mark.sig[0])[0]
         if lands is None or not self._inside(lands):
             return None
         return lands
@@ -237,9 +347,9 @@ class GitGuard:
         for name, est in safe_fs.scan(fd):
             if stat.S_ISDIR(est.st_mode):
                 subdirs.append(name)
-            if name == ".git" or name in git_control.TREE_FILES:
+            if name in (".git", "HEAD") or name in git_control.TREE_FILES:
                 names.append(name)
-        return _Known(ident, tuple(subdirs), tuple(names), _git_directory(fd))
+        return _Known(ident, tuple(subdirs), tuple(names))
 
     def _mark_tree_entry(
         self, fd: int, rel: str, name: str, out: Scan, queue: collections.deque[str]
@@ -263,8 +373,8 @@ class GitGuard:
                 out.kept[path] = data
 
     def _gitdir(self, fd: int, rel: str, out: Scan) -> None:
-        """A git dir: its control entries, and the nested git dirs of its submodules
-        and worktrees (never its objects, refs or logs)."""
+        """A git dir's control entries (its submodules' and worktrees' git dirs are
+        found by the walk, which enters them)."""
         path = self._real(rel)
         if path in out.gitdirs:
             return
@@ -278,27 +388,6 @@ class GitGuard:
         if hooks is not None and stat.S_ISDIR(hooks.st_mode):
             for name in _names(fd, "hooks"):
                 self._mark(fd, rel, f"hooks/{name}", HOOK, out)
-        for admin in ("worktrees", "modules"):
-            for name in _names(fd, admin):
-                self._nested(fd, rel, f"{admin}/{name}", out, depth=0)
-
-    def _nested(self, fd: int, rel: str, sub: str, out: Scan, depth: int) -> None:
-        """modules/<name> may nest (submodules of submodules, names with slashes);
-        worktrees/<name> holds commondir, gitdir and config.worktree."""
-        if depth > 8:
-            return
-        child = _open_dir(fd, sub)
-        if child is None:
-            return
-        try:
-            names = {n for n, _st in safe_fs.scan(child)}
-            if _git_directory(child) or "commondir" in names or "HEAD" in names:
-                self._gitdir(child, _join(rel, sub), out)
-                return
-            for name in sorted(names):
-                self._nested(fd, rel, f"{sub}/{name}", out, depth + 1)
-        finally:
-            os.close(child)
 
     def _mark(self, fd: int, rel: str, sub: str, role: str, out: Scan) -> os.stat_result | None:
         try:
@@ -339,11 +428,14 @@ class GitGuard:
     def repair(self, before: Scan, after: Scan, writable: Iterable[str] = ()) -> list[str]:
         """Check every control entry that is neither trusted nor granted and undo what
         was planted; returns one line per thing undone (and per thing not reached).
-        Blocking."""
+        An entry becomes trusted as the version that was checked (the descriptor's own
+        fstat): one that changed while it was checked (a command of another
+        conversation) stays untrusted and is checked again. Blocking."""
         granted = tuple(writable)
         notes: list[str] = []
         with self._lock:
             trusted = dict(self._trusted or {})
+        original = dict(trusted)
         deadline = time.monotonic() + REPAIR_SECONDS
         unchecked = 0
         for path, mark in sorted(after.marks.items(), key=lambda pm: (pm[0].count("/"), pm[0])):
@@ -353,19 +445,25 @@ class GitGuard:
                 unchecked += 1
                 continue
             try:
-                note = self._check(path, mark, before)
+                note, checked = self._check(path, mark, before)
                 now = self._lstat(path)
-                if now is not None:
-                    trusted[path] = _sig(now)
+                if checked is not None and now is not None and _sig(now) == checked:
+                    trusted[path] = checked
+                else:
+                    trusted.pop(path, None)
             except Exception as exc:  # one entry must not stop the rest
                 log.warning("sandbox.git_repair_failed", path=path, error=repr(exc)[:200])
                 note = f"could not check {self._shown(path)} ({type(exc).__name__})"
+                trusted.pop(path, None)
+                unchecked += 1
             if note:
                 notes.append(note)
         with self._lock:
             self._trusted = trusted
+        self.changed = trusted != original
+        self.unchecked = unchecked + after.missed
         if unchecked:
-            notes.append(f"{unchecked} more control files are checked after the next command")
+            notes.append(f"{unchecked} control files are checked again after the next command")
         if after.missed:
             notes.append(
                 f"{after.missed} folders were not reached in time (the workspace is very "
@@ -375,44 +473,40 @@ class GitGuard:
             log.warning("sandbox.git_control_undone", undone=notes)
         return notes
 
-    def _check(self, path: str, mark: Mark, before: Scan) -> str:
+    def _check(self, path: str, mark: Mark, before: Scan) -> tuple[str, Sig | None]:
+        """What was undone (empty: nothing), and the version of the entry that was
+        checked and may be trusted (None: it is gone, or was not read)."""
         shown = self._shown(path)
         kind = mark.sig[0]
         if mark.role == HOOK:
             if kind == stat.S_IFREG and path.endswith(".sample"):
-                return ""
+                return "", mark.sig  # git never runs a *.sample file
             self._remove(path)
-            return f"deleted the hook {shown} (hooks run on the person's next git command)"
+            return f"deleted the hook {shown} (hooks run on the person's next git command)", None
         if mark.role == HOOKS:
             if kind == stat.S_IFDIR:
-                return ""
+                return "", mark.sig  # its files are marked one by one
             self._remove(path)
-            return f"deleted {shown} (a hooks folder may only be a folder)"
+            return f"deleted {shown} (a hooks folder may only be a folder)", None
         if mark.role == CONFIG:
             return self._check_config(path, shown, kind)
         if mark.role == POINTER:
-            return self._check_pointer(path, shown, kind, before)
+            return self._check_pointer(path, shown, kind)
         if mark.role == MODULES:
             return self._check_modules(path, shown, kind, before)
-        return ""
+        return "", mark.sig  # a repository folder, attributes: they run nothing
 
-    def _entries(self, path: str) -> _Parsed | None:
-        """The entries git reads from a config-format file, and the unsafe ones (None:
-        gone, or git cannot read it either, so it runs nothing from it). Raises
-        ConfigUnreadable when git is not installed, ValueError when the file is larger
-        than anyone's config. Cached by content: a thousand copies cost one reading."""
-        read = self._read(path, git_control.MAX_CONFIG_BYTES)
-        if read is None:
-            return None
-        if not read.complete:
-            raise ValueError("larger than a config file")
-        key = hashlib.sha256(read.data).hexdigest()
+    def _parse(self, data: bytes) -> _Parsed | None:
+        """Config text as git reads it, and its unsafe entries (None: git cannot read it
+        either, so it runs nothing from it). Raises ConfigUnreadable when git is not
+        installed. Cached by content: a thousand copies cost one reading."""
+        key = hashlib.sha256(data).hexdigest()
         with self._lock:
             if key in self._parsed:
                 self._parsed.move_to_end(key)
                 return self._parsed[key]
         try:
-            entries = git_control.read_entries(read.data)
+            entries = git_control.read_entries(data)
         except git_control.ConfigUnreadable as exc:
             if git_control.NO_GIT in str(exc):
                 raise
@@ -424,67 +518,81 @@ class GitGuard:
                 self._parsed.popitem(last=False)
         return parsed
 
-    def _check_config(self, path: str, shown: str, kind: int) -> str:
+    def _check_config(self, path: str, shown: str, kind: int) -> tuple[str, Sig | None]:
         if kind != stat.S_IFREG:
             self._remove(path)
-            return f"deleted {shown} (a git config may only be a plain file)"
+            return f"deleted {shown} (a git config may only be a plain file)", None
+        opened = self._open_rw(path)
+        if opened is None:
+            return "", None
+        fd, first = opened
         try:
-            parsed = self._entries(path)
-        except git_control.ConfigUnreadable:
-            self._write(path, MINIMAL_CONFIG)
-            return f"reset {shown} (git is not installed here to check it)"
-        except ValueError as exc:
-            self._write(path, MINIMAL_CONFIG)
-            return f"reset {shown} ({exc})"
-        if parsed is None or not parsed.unsafe:
-            return ""
-        bad = parsed.unsafe
-        kept = [e for e in parsed.entries if e.safe()]
-        self._write(path, git_control.render(kept).encode("utf-8", "surrogateescape"))
-        names = ", ".join(sorted({e.name for e in bad}))
-        return f"removed {names} from {shown}"
+            data, complete = safe_fs.read_fd(fd, git_control.MAX_CONFIG_BYTES)
+            if not complete:
+                return f"reset {shown} (larger than a config file)", _rewrite(fd, MINIMAL_CONFIG)
+            try:
+                parsed = self._parse(data)
+            except git_control.ConfigUnreadable:
+                why = "git is not installed here to check it"
+                return f"reset {shown} ({why})", _rewrite(fd, MINIMAL_CONFIG)
+            if parsed is None or not parsed.unsafe:
+                return "", _sig(first)
+            kept = [e for e in parsed.entries if e.safe()]
+            done = _rewrite(fd, git_control.render(kept).encode("utf-8", "surrogateescape"))
+            names = ", ".join(sorted({e.name for e in parsed.unsafe}))
+            return f"removed {names} from {shown}", done
+        finally:
+            os.close(fd)
 
-    def _lands(self, path: str, kind: int) -> str | None:
+    def _lands(self, path: str, kind: int) -> tuple[str | None, Sig | None]:
         """The real path a pointer names, read as git reads it (the whole file, a
-        trailing newline dropped; `gitdir: ` for a `.git` file); None when it names
-        nothing."""
+        trailing newline dropped; `gitdir: ` for a `.git` file), and the version of the
+        pointer that was read; (None, …) when it names nothing."""
         folder = os.path.dirname(path)
         if kind == stat.S_IFLNK:
             target = self._readlink(path)
+            st = self._lstat(path)
+            read_sig = _sig(st) if st is not None else None
         elif kind == stat.S_IFREG:
-            read = self._read(path, POINTER_BYTES)
-            if read is None:
-                return None
-            text = read.data.decode("utf-8", "surrogateescape").rstrip("\r\n")
+            opened = self._open_rw(path, write=False)
+            if opened is None:
+                return None, None
+            fd, first = opened
+            try:
+                data, _complete = safe_fs.read_fd(fd, POINTER_BYTES)
+            finally:
+                os.close(fd)
+            read_sig = _sig(first)
+            text = data.decode("utf-8", "surrogateescape").rstrip("\r\n")
             if os.path.basename(path) == ".git":
                 if not text.startswith("gitdir: "):
-                    return None
+                    return None, read_sig
                 text = text[len("gitdir: ") :]
             target = text
         else:
-            return None
+            return None, None
         if not target:
-            return None
-        return os.path.realpath(os.path.join(folder, target))
+            return None, read_sig
+        return os.path.realpath(os.path.join(folder, target)), read_sig
 
-    def _check_pointer(self, path: str, shown: str, kind: int, before: Scan) -> str:
+    def _check_pointer(self, path: str, shown: str, kind: int) -> tuple[str, Sig | None]:
         if kind not in (stat.S_IFREG, stat.S_IFLNK):
             self._remove(path)
-            return f"deleted {shown} (not a file)"
+            return f"deleted {shown} (not a file)", None
         if os.path.basename(path) == "alternates":
-            return ""  # objects only: it runs nothing
-        lands = self._lands(path, kind)
+            return "", self._lands(path, kind)[1]  # objects only: it runs nothing
+        lands, read_sig = self._lands(path, kind)
         if lands is None:
-            return ""
+            return "", read_sig
         if self._inside(lands) and (
             os.path.basename(path) == "gitdir" or self._repository(lands, path)
         ):
             # A repository of the workspace (its own files are checked too), or, for a
             # worktree's `gitdir` file, the worktree's `.git` file it names.
-            return ""
+            return "", read_sig
         self._remove(path)
         where = "outside the workspace" if not self._inside(lands) else "not at a repository"
-        return f"deleted {shown} (it pointed git at {lands}, {where})"
+        return f"deleted {shown} (it pointed git at {lands}, {where})", None
 
     def _repository(self, lands: str, pointer: str) -> bool:
         fd = _open_dir_at(self.workspace, os.path.relpath(lands, self.workspace))
@@ -497,26 +605,34 @@ class GitGuard:
         finally:
             os.close(fd)
 
-    def _check_modules(self, path: str, shown: str, kind: int, before: Scan) -> str:
+    def _check_modules(
+        self, path: str, shown: str, kind: int, before: Scan
+    ) -> tuple[str, Sig | None]:
         if kind != stat.S_IFREG:
             self._remove(path)
-            return f"deleted {shown} (not a plain file)"
+            return f"deleted {shown} (not a plain file)", None
+        opened = self._open_rw(path)
+        if opened is None:
+            return "", None
+        fd, first = opened
         try:
-            parsed = self._entries(path)
+            data, complete = safe_fs.read_fd(fd, git_control.MAX_CONFIG_BYTES)
+            try:
+                parsed = self._parse(data) if complete else None
+            except git_control.ConfigUnreadable:
+                return "", _sig(first)  # no git here: nobody runs `git submodule update`
             entries = parsed.entries if parsed is not None else []
-        except git_control.ConfigUnreadable:
-            entries = []  # no git here: nobody runs `git submodule update` with it
-        except ValueError:
-            entries = [git_control.Entry("submodule.x.update", "!")]  # too large: not kept
-        commands = [e for e in entries if e.key == "update" and e.value.startswith("!")]
-        if not commands:
-            return ""
-        old = before.kept.get(path)
-        if old is not None:
-            self._write(path, old)
-            return f"put back {shown} (it gained `update = !…`, which runs a command)"
+            commands = [e for e in entries if e.key == "update" and e.value.startswith("!")]
+            if complete and not commands:
+                return "", _sig(first)
+            old = before.kept.get(path)
+            if old is not None:
+                note = f"put back {shown} (it gained `update = !…`, which runs a command)"
+                return note, _rewrite(fd, old)
+        finally:
+            os.close(fd)
         self._remove(path)
-        return f"deleted {shown} (`update = !…` runs a command on `git submodule update`)"
+        return f"deleted {shown} (`update = !…` runs a command on `git submodule update`)", None
 
     # ── descriptor-safe changes below the workspace ────────────────────────────
     def _shown(self, path: str) -> str:
@@ -544,6 +660,26 @@ class GitGuard:
         finally:
             os.close(fd)
 
+    def _open_rw(self, path: str, *, write: bool = True) -> tuple[int, os.stat_result] | None:
+        """A descriptor of the regular file `path` (no link followed, never blocking on
+        a FIFO) and its fstat; None when it is gone or not a regular file."""
+        try:
+            fd, name = self._parent(path)
+        except OSError:
+            return None
+        flags = (os.O_RDWR if write else os.O_RDONLY) | os.O_NOFOLLOW | os.O_NONBLOCK
+        try:
+            opened = os.open(name, flags | os.O_CLOEXEC, dir_fd=fd)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        st = os.fstat(opened)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(opened)
+            return None
+        return opened, st
+
     def _remove(self, path: str) -> None:
         fd, name = self._parent(path)
         try:
@@ -555,15 +691,6 @@ class GitGuard:
         finally:
             os.close(fd)
 
-    def _read(self, path: str, limit: int) -> safe_fs.Read | None:
-        fd, name = self._parent(path)
-        try:
-            return safe_fs.read_regular(fd, name, limit)
-        except OSError:
-            return None
-        finally:
-            os.close(fd)
-
     def _readlink(self, path: str) -> str:
         fd, name = self._parent(path)
         try:
@@ -571,16 +698,17 @@ class GitGuard:
         finally:
             os.close(fd)
 
-    def _write(self, path: str, data: bytes) -> None:
-        fd, name = self._parent(path)
-        try:
-            out = os.open(name, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-            try:
-                os.write(out, data)
-            finally:
-                os.close(out)
-        finally:
-            os.close(fd)
+
+def _rewrite(fd: int, data: bytes) -> Sig:
+    """Replace a file's content through its descriptor (same inode, owner and mode),
+    durably; the version now there."""
+    os.ftruncate(fd, 0)
+    view = memoryview(data)
+    offset = 0
+    while offset < len(view):
+        offset += os.pwrite(fd, view[offset:], offset)
+    os.fsync(fd)
+    return _sig(os.fstat(fd))
 
 
 def _join(rel: str, name: str) -> str:
@@ -588,8 +716,8 @@ def _join(rel: str, name: str) -> str:
 
 
 def _head(fd: int) -> bool:
-    """A HEAD git would accept: a file starting with `ref:` or a hex object id, or a
-    link (to refs/…)."""
+    """A HEAD git would accept (refs.c `validate_headref`): a link, or a file starting
+    with `ref:` or with an object id (hex, either case)."""
     try:
         st = os.stat("HEAD", dir_fd=fd, follow_symlinks=False)
     except OSError:
@@ -600,28 +728,24 @@ def _head(fd: int) -> bool:
     if data is None:
         return False
     text = data.strip()
-    return text.startswith(b"ref:") or (
-        len(text) >= 40 and all(c in b"0123456789abcdef" for c in text[:40])
-    )
+    hexdigits = b"0123456789abcdefABCDEF"
+    return text.startswith(b"ref:") or (len(text) >= 40 and all(c in hexdigits for c in text[:40]))
 
 
 def _objects_and_refs(fd: int) -> bool:
-    try:
-        objects = os.stat("objects", dir_fd=fd)
-        refs = os.stat("refs", dir_fd=fd)
-    except OSError:
-        return False
-    return stat.S_ISDIR(objects.st_mode) and stat.S_ISDIR(refs.st_mode)
+    """What git checks (setup.c): `access(objects, X_OK)` and `access(refs, X_OK)`,
+    following links, of any kind of file."""
+    return os.access("objects", os.X_OK, dir_fd=fd) and os.access("refs", os.X_OK, dir_fd=fd)
 
 
 def _common_dir(fd: int) -> bool:
-    """What a `commondir` file may lead to: a folder with objects/ and refs/."""
+    """What a `commondir` file may lead to: a folder with objects and refs."""
     return _objects_and_refs(fd)
 
 
 def _git_directory(fd: int) -> bool:
-    """git's own test (setup.c `is_git_directory`): a valid HEAD, and objects/ and
-    refs/ here or in the folder a `commondir` file names."""
+    """git's own test (setup.c `is_git_directory`): a valid HEAD, and objects and refs
+    here or in the folder a `commondir` file names (links followed, as git does)."""
     if not _head(fd):
         return False
     if _objects_and_refs(fd):
@@ -631,7 +755,7 @@ def _git_directory(fd: int) -> bool:
         return False
     common = data.decode("utf-8", "surrogateescape").rstrip("\r\n")
     try:
-        target = os.open(common, _DIR_FLAGS, dir_fd=fd)  # relative to this folder, or absolute
+        target = os.open(common, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
     except OSError:
         return False
     try:

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import structlog
 
+from core import io_threads
 from core.egress import EgressPolicy, EgressProxy
 from core.sandbox.bwrap import PROXY_PORT, Sandbox
 from core.sandbox.environment import command_env
@@ -42,11 +43,12 @@ log = structlog.get_logger("steward.sandbox")
 _guards: dict[str, GitGuard] = {}
 
 
-def guard_for(workspace: str) -> GitGuard:
-    """The git guard of a workspace (one per process: it remembers folders)."""
+def guard_for(workspace: str, state_dir: str | None = None) -> GitGuard:
+    """The git guard of a workspace (one per process: it remembers folders and what it
+    trusts; `state_dir` keeps that across restarts)."""
     guard = _guards.get(workspace)
     if guard is None:
-        guard = _guards[workspace] = GitGuard(workspace)
+        guard = _guards[workspace] = GitGuard(workspace, state_dir)
     return guard
 
 
@@ -91,6 +93,7 @@ async def launch(
     inner = ["bash", "-c", command] if isinstance(command, str) else list(command)
     argv = inner
     before: Scan | None = None
+    marker: str | None = None
     guard: GitGuard | None = None
     staging: Staging | None = None
     proxy: EgressProxy | None = None
@@ -99,13 +102,14 @@ async def launch(
     try:
         if sandbox is not None and sandboxed:
             sandbox.check(grant)  # Steward's own files: refused before anything starts
-            guard = guard_for(str(workspace))
-            before = await asyncio.to_thread(guard.scan)
+            guard = guard_for(str(workspace), sandbox.state_dir)
+            before = await io_threads.run(guard.scan, within=None)
+            marker = await io_threads.run(guard.begin, within=None)
             protect = guard.protections(before, grant.write)
             drops = sandbox.user is not None and not sandbox.as_root(grant)
             outside = [p for p in grant.write if not within(p, str(workspace))]
             staging = Staging(outside, sandbox.user if drops else None)
-            staged = await asyncio.to_thread(staging.prepare)
+            staged = await io_threads.run(staging.prepare, within=None)
             socket_path = None
             if grant.network:
                 private = tempfile.TemporaryDirectory(prefix="steward-egress-")
@@ -134,18 +138,26 @@ async def launch(
             kill_group(started.process.pid)
             with contextlib.suppress(ProcessLookupError):
                 await started.process.wait()
+        # Each step after the command on its own: one that fails (a granted file that
+        # cannot be written back, a proxy that will not stop) must never skip the git
+        # check, whose absence would leave a plant in place.
         notes: list[str] = []
         if proxy is not None:
-            with contextlib.suppress(Exception):
+            try:
                 await proxy.stop()
-            notes += [line.strip("[]") for line in proxy.report().splitlines()]
+                notes += [line.strip("[]") for line in proxy.report().splitlines()]
+            except Exception:
+                log.exception("sandbox.proxy_stop_failed")
         if private is not None:
             private.cleanup()
         if staging is not None:
-            await asyncio.to_thread(staging.settle)
+            try:
+                await io_threads.run(staging.settle, within=None)
+            except Exception as exc:
+                log.exception("sandbox.write_back_failed")
+                notes.append(f"the approved file could not be written back ({exc})")
         if guard is not None and before is not None:
-            after = await asyncio.to_thread(guard.scan)
-            undone = await asyncio.to_thread(guard.repair, before, after, grant.write)
+            undone = await _check_git(guard, before, grant.write, marker)
             if undone:
                 notes.append(
                     "Steward undid changes to git's control files, which decide what "
@@ -154,6 +166,19 @@ async def launch(
                 )
         if started is not None:
             started.notes = notes
+
+
+async def _check_git(
+    guard: GitGuard, before: Scan, granted: Sequence[str], marker: str | None
+) -> list[str]:
+    try:
+        after = await io_threads.run(guard.scan, within=None)
+        undone = await io_threads.run(guard.repair, before, after, granted, within=None)
+        await io_threads.run(guard.end, marker, within=None)
+        return undone
+    except Exception as exc:  # the marker stays: the next start checks again
+        log.exception("sandbox.git_check_failed")
+        return [f"the check could not finish ({type(exc).__name__}); it runs again later"]
 
 
 def _with_interpreter(path: str, roots: Sequence[str]) -> str:

@@ -163,7 +163,8 @@ def _write_back(copy: str, path: str) -> None:
         with open(copy, "rb") as src:
             while chunk := src.read(_CHUNK):
                 _write_all(out, chunk)
-        os.fsync(out)
+        with contextlib.suppress(OSError):  # /proc, /sys and pipes take no fsync
+            os.fsync(out)
     finally:
         os.close(out)
 
