@@ -68,7 +68,8 @@ def _stamp(lock: Path) -> str:
 
 
 def _wants_local(env: dict[str, str], cwd: Path) -> bool:
-    """The same rule as core/local_model.embedded_wanted, readable before the venv exists."""
+    """The same rule as core/model/local/runtime.embedded_wanted (config/providers.py),
+    readable before the venv exists."""
     if env.get("STEWARD_LOCAL_MODEL", "").strip().lower() == "off":
         return False
     if env.get("STEWARD_MODEL", "").strip() or env.get("STEWARD_API_BASE", "").strip():

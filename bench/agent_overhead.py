@@ -35,7 +35,7 @@ from bot.logs import configure_logging
 from config.settings import load_settings
 from core.access import Rules
 from core.events import Message
-from core.llm import load_litellm
+from core.model.client import load_litellm
 from tests.fakes.llm import Reply, ScriptedLLM
 
 N = 200

@@ -5,7 +5,7 @@ each making 10 bare `litellm.acompletion` calls in a row. Steward: 100 conversat
 each sent its 10 messages one after another (a person waits for the answer before the
 next), all conversations at once, through the real dispatcher, agent, journal, channel
 and the background episode writer (core/persist.py). Steward runs twice: with the
-default settings (model calls under load in worker processes, core/llm_worker.py) and
+default settings (model calls under load in worker processes, core/model/workers.py) and
 with every call in its one process (`llm_workers = 0`). Each run is warmed up first as
 the baseline is (one message a conversation, the worker started), and sits between two
 bare runs whose rates are averaged, so a load change on the machine during the run
@@ -33,7 +33,7 @@ from bot.logs import configure_logging
 from config.settings import load_settings
 from core.access import Rules
 from core.events import Message
-from core.llm import load_litellm
+from core.model.client import load_litellm
 from tests.fakes.llm import Reply, ScriptedLLM
 
 CONVERSATIONS = 100
@@ -136,7 +136,7 @@ async def _steward(base_url: str, workers: int | None) -> _Run:
 
     try:
         # Warmed up as the bare baseline is (connections, caches), and the model worker
-        # processes started (core/llm_worker.py; under a steady load they are up already).
+        # processes started (core/model/workers.py; under a steady load they are up already).
         await asyncio.gather(*(warm_up(c) for c in range(CONVERSATIONS)))
         pool = app.llm_workers
         if pool is not None:

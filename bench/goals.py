@@ -1,4 +1,4 @@
-"""Goals: a scripted goal of about 50 tasks through the real engine (issue 23).
+"""Goals: a scripted goal of about 50 tasks through the real engine.
 
 Everything is the assembled App (dispatcher, agent, guardian, gates, the scripted model
 over HTTP through litellm, Markdown files and commits in a temporary data dir) on the
@@ -192,7 +192,7 @@ async def run_stop() -> dict[str, Any]:
 
 
 def run_kill() -> dict[str, Any]:
-    from core.goal_queue import GoalQueue
+    from core.goals.queue import GoalQueue
     from tests.fakes.llm import ScriptedLLM
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-goals-kill-"))

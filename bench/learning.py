@@ -167,7 +167,7 @@ def _n(value: int | None) -> str:
 
 async def _main(tasks: int = 30) -> None:
     from bot.logs import configure_logging
-    from core.llm import load_litellm
+    from core.model.client import load_litellm
 
     configure_logging("warning", "json")
     load_litellm()  # its one-time import (seconds) must not count against either run

@@ -22,7 +22,7 @@ from bot.logs import configure_logging
 from config.settings import load_settings
 from core.access import Rules
 from core.events import Message
-from core.llm import load_litellm, token_counting
+from core.model.client import load_litellm, token_counting
 from tests.fakes.llm import Reply, ScriptedLLM
 
 

@@ -17,14 +17,14 @@ from typing import Any
 import structlog
 
 from bot.channels import Outbox, wrap
+from bot.commands.goals import GoalCommands
+from bot.commands.goals import register as register_goal_commands
 from bot.commands.rules import RulesCommands
+from bot.commands.schedules import ScheduleCommands
+from bot.commands.schedules import register as register_schedule_commands
+from bot.commands.undo import register as register_undo_commands
 from bot.dispatcher import Dispatcher
-from bot.goal_commands import GoalCommands
-from bot.goal_commands import register as register_goal_commands
 from bot.model_check import NO_MODEL_MESSAGE, configured_embedder, no_model_message
-from bot.schedule_commands import ScheduleCommands
-from bot.schedule_commands import register as register_schedule_commands
-from bot.undo_commands import register as register_undo_commands
 from config.settings import ConfigError, Settings
 from core.access import Access
 from core.activity import Activity
@@ -35,27 +35,28 @@ from core.conversations import Conversations
 from core.egress.policy import from_settings as egress_from_settings
 from core.egress.policy import server_endpoints
 from core.events import Channel
-from core.goal_queue import GoalQueue
-from core.goal_terms import GoalConfig
-from core.goals import Deps as GoalDeps
-from core.goals import GoalEngine
+from core.goals.engine import Deps as GoalDeps
+from core.goals.engine import GoalEngine
+from core.goals.queue import GoalQueue
+from core.goals.terms import GoalConfig
 from core.guardian import Guardian
 from core.history import History, model_summarizer
 from core.interrupted import Interrupted
 from core.learning import Learner, LearningConfig
-from core.llm import LLMClient
-from core.llm_worker import WorkerPool
-from core.local_llm import LOCAL_TOOLS, LocalLLM
-from core.local_model import (
+from core.model.client import LLMClient
+from core.model.local.client import LOCAL_TOOLS, LocalLLM
+from core.model.local.runtime import (
     ModelServer,
     availability,
     embedded_wanted,
     server_for,
 )
+from core.model.workers import WorkerPool
 from core.persist import EpisodeWriter
 from core.proactive import Config as ProactiveConfig
 from core.proactive import Proactive
 from core.sandbox import Limits, SandboxRequired, own_paths, parse_user
+from core.sandbox import Setup as SandboxSetup
 from core.sandbox import setup as sandbox_setup
 from core.schedules import Deps, ScheduleConfig, Scheduler
 from core.snapshots import from_settings as undo_from_settings
@@ -205,7 +206,7 @@ def _freeze_startup_heap() -> None:
     Why: those objects live as long as the process, yet every full collection walked
     them all: under load (100 conversations at once) the collector took 1.3-1.6 ms of
     the one event loop's CPU per message, mostly in gen-2 passes of 200-400 ms each;
-    frozen, 0.5-0.7 ms (issue 26). Once
+    frozen, 0.5-0.7 ms. Once
     a process only: a second App (tests start many) would otherwise make the garbage
     left by the first immortal."""
     global _heap_frozen
@@ -228,17 +229,48 @@ class App:
     ) -> None:
         """`env`: where provider keys are looked for (default os.environ).
         `local_command`: the model server command for the embedded model (tests pass a
-        fake server; default llama.cpp's through core/local_server.py, when installed).
+        fake server; default llama.cpp's through core/model/local/server.py, when installed).
         `subcommand`: the `steward` subcommand running it (`run`, `chat`, `replay`): written
-        in the data-dir lock, and it shapes the message when the data dir is in use."""
+        in the data-dir lock, and it shapes the message when the data dir is in use.
+
+        Built in this order, each step from what the ones before it made: the folders
+        and the sandbox, the stores, the safety parts, the model, the agent and the
+        learner, then (with the data dir locked) the conversation history, proactive
+        help, the dispatcher, schedules and goals."""
         self.settings = settings
-        env = os.environ if env is None else env
         self.clock = clock or Clock()
         self.data_dir = ensure_dir(settings.data_dir, "data_dir")
         self.workspace = ensure_workspace(settings).resolve()
-        # Decided once, before anything runs: sandboxed, opted out, or fail-closed.
+        self.sandbox = self._build_sandbox()
+        self.channels: list[Outbox] = []
+        self._recovering = asyncio.Lock()
+        self._initialized = False
+        self._build_memory()
+        self._build_safety()
+        self._build_model(os.environ if env is None else env, local_command)
+        self.index: Any = None
+        self._pending: asyncio.Task[None] | None = None
+        self.agent = self._build_agent()
+        self._build_learning()
+        # Last, so nothing above can fail while the lock is held: one Steward per data dir.
         try:
-            self.sandbox = sandbox_setup(
+            self.lock = acquire(self.data_dir, subcommand)
+        except DataDirLocked as exc:
+            raise ConfigError(in_use_message(exc, subcommand, settings)) from None
+        self._build_history()
+        self._build_proactive()
+        self._build_dispatcher(subcommand)
+        self._build_schedules()
+        self._build_goals()
+        #: Whether `start` arms the schedules' timers. Off for `steward chat -m` and piped
+        #: chat: a one-shot exchange must not run (or print) a schedule's work.
+        self.fire_schedules = True
+
+    def _build_sandbox(self) -> SandboxSetup:
+        """Decided once, before anything runs: sandboxed, opted out, or fail-closed."""
+        settings = self.settings
+        try:
+            sandbox = sandbox_setup(
                 settings.sandbox,
                 self.workspace,
                 [self.data_dir, *config_files(settings)],
@@ -249,24 +281,31 @@ class App:
                     file_size_mb=settings.sandbox_max_file_size,
                     cpu_seconds=settings.sandbox_max_cpu,
                 ),
+                state_dir=self.data_dir / "sandbox",
             )
         except SandboxRequired as exc:
             raise ConfigError(str(exc)) from None
         applog = structlog.get_logger("steward.app")
-        if self.sandbox.fallback:
-            applog.warning("sandbox.unavailable", reason=self.sandbox.fallback)
+        if sandbox.fallback:
+            applog.warning("sandbox.unavailable", reason=sandbox.fallback)
         else:
-            applog.info("sandbox.ready", mode=settings.sandbox, sandbox=self.sandbox.describe())
-        self.channels: list[Outbox] = []
-        self._recovering = asyncio.Lock()
-        self._initialized = False
+            applog.info("sandbox.ready", mode=settings.sandbox, sandbox=sandbox.describe())
+        return sandbox
+
+    def _build_memory(self) -> None:
+        """The stores of the data dir: conversations, episodes, the task journal, rules."""
         self.conversations = Conversations(self.clock)
         self.episodes = EpisodeStore(self.data_dir)
         self.health = health_for(self.data_dir)  # failed memory writes, said out loud
         self.journal = TaskJournal(self.data_dir)
         self.datastore = DataStore(self.data_dir)
         self.rules = RuleStore(self.data_dir, self.datastore)
-        self.learning = LearningConfig.from_settings(settings)
+        self.learning = LearningConfig.from_settings(self.settings)
+
+    def _build_safety(self) -> None:
+        """Snapshots for /undo, where connections may go, the guardian, who may talk to
+        Steward, and approvals."""
+        settings = self.settings
         # Snapshots before a task's changes (core/snapshots): /undo, and deletions inside
         # the workspace that a snapshot covers need no approval (`undoable_deletes`).
         self.undo = undo_from_settings(settings, self.workspace, self.data_dir)
@@ -298,8 +337,15 @@ class App:
             ),
             pin=self.guardian.pin,
         )
+
+    def _build_model(
+        self, env: Mapping[str, str], local_command: Callable[[int], list[str]] | None
+    ) -> None:
+        """The configured model (with its worker processes under load), else the embedded
+        local model when it is wanted and installed, else none (`_no_model` says why)."""
+        settings = self.settings
         self.llm: LLMClient | LocalLLM | None = None
-        #: Worker processes for model calls under load (core/llm_worker.py).
+        #: Worker processes for model calls under load (core/model/workers.py).
         self.llm_workers: WorkerPool | None = (
             WorkerPool(
                 settings.llm_workers,
@@ -311,11 +357,6 @@ class App:
         )
         self.local: ModelServer | None = None
         self._no_model = NO_MODEL_MESSAGE
-        self.index: Any = None
-        self._pending: asyncio.Task[None] | None = None
-        agent: Agent | None = None
-        tools = dict(ALL_TOOLS)
-        max_steps = settings.max_steps
         if settings.model_configured:
             self.llm = LLMClient(
                 model=settings.model.strip(),
@@ -344,36 +385,50 @@ class App:
                     stream=settings.stream,
                     mode=settings.local_model_mode,
                 )
-                if settings.local_model_mode == "constrained":
-                    tools = {name: ALL_TOOLS[name] for name in LOCAL_TOOLS}
-                max_steps = settings.local_model_max_steps
-        if self.llm is not None:
-            agent = Agent(
-                llm=self.llm,  # type: ignore[arg-type]  # LocalLLM has the same complete()
-                tools=tools,
-                tool_context=ToolContext(
-                    workspace=self.workspace,
-                    shell_timeout=settings.shell_timeout,
-                    output_cap=settings.output_cap,
-                    fetch_timeout=settings.fetch_timeout,
-                    fetch_max_bytes=settings.fetch_max_bytes,
-                    sandbox=self.sandbox.sandbox,
-                    sandbox_env=tuple(settings.sandbox_env),
-                    egress=self.egress,
-                ),
-                ask_every_shell=self.sandbox.fallback,
-                guardian=self.guardian,
-                approvals=self.approvals,
-                episodes=self.episodes,
-                clock=self.clock,
-                max_steps=max_steps,
-                task_timeout=settings.task_timeout,
-                recall_limit=settings.recall_limit,
-                recall_budget=settings.recall_budget,
-                context_budget=settings.context_budget,
-                journal=self.journal,
-                undo=self.undo,
-            )
+
+    def _build_agent(self) -> Agent | None:
+        """The agent, when there is a model; with the embedded model, its reduced tool set
+        (constrained mode) and step cap."""
+        settings = self.settings
+        if self.llm is None:
+            return None
+        tools = dict(ALL_TOOLS)
+        max_steps = settings.max_steps
+        if isinstance(self.llm, LocalLLM):
+            if settings.local_model_mode == "constrained":
+                tools = {name: ALL_TOOLS[name] for name in LOCAL_TOOLS}
+            max_steps = settings.local_model_max_steps
+        return Agent(
+            llm=self.llm,  # type: ignore[arg-type]  # LocalLLM has the same complete()
+            tools=tools,
+            tool_context=ToolContext(
+                workspace=self.workspace,
+                shell_timeout=settings.shell_timeout,
+                output_cap=settings.output_cap,
+                fetch_timeout=settings.fetch_timeout,
+                fetch_max_bytes=settings.fetch_max_bytes,
+                sandbox=self.sandbox.sandbox,
+                sandbox_env=tuple(settings.sandbox_env),
+                egress=self.egress,
+            ),
+            ask_every_shell=self.sandbox.fallback,
+            guardian=self.guardian,
+            approvals=self.approvals,
+            episodes=self.episodes,
+            clock=self.clock,
+            max_steps=max_steps,
+            task_timeout=settings.task_timeout,
+            recall_limit=settings.recall_limit,
+            recall_budget=settings.recall_budget,
+            context_budget=settings.context_budget,
+            journal=self.journal,
+            undo=self.undo,
+        )
+
+    def _build_learning(self) -> None:
+        """The model that writes (summaries, rule drafts, offers of help), the learner and
+        the episode writer, handed to the agent."""
+        agent = self.agent
         # Summaries, rule drafts and offers of help need a model that can follow such an
         # instruction; the tiny local model cannot, so with it summaries are extractive,
         # drafts wait in learning/pending/ for a real model, and offers use a template.
@@ -387,12 +442,11 @@ class App:
         )
         if agent is not None:
             agent.persist = self.persist
-        self.agent = agent
-        # Last, so nothing above can fail while the lock is held: one Steward per data dir.
-        try:
-            self.lock = acquire(self.data_dir, subcommand)
-        except DataDirLocked as exc:
-            raise ConfigError(in_use_message(exc, subcommand, settings)) from None
+
+    def _build_history(self) -> None:
+        """The data dir as a git repository, its batched commits, and each conversation's
+        transcript and summary (with the data dir locked)."""
+        settings = self.settings
         self.datastore.ensure_repo()  # the data dir is a git repository
         # Episodes, conversations and proactive state reach its history in batches.
         self.memory_history = MemoryHistory(self.datastore, self.health)
@@ -410,8 +464,10 @@ class App:
             budget_tokens=turns_share,
             summary_tokens=settings.summary_budget,
         )
+
+    def _build_proactive(self) -> None:
         self.proactive = Proactive(
-            ProactiveConfig.from_settings(settings),
+            ProactiveConfig.from_settings(self.settings),
             clock=self.clock,
             data_dir=self.data_dir,
             suggestions=self.suggestions,
@@ -419,11 +475,15 @@ class App:
             llm=self.writer,
             sink=self.learner,  # recurring failures it sees are evidence for the learner
         )
+
+    def _build_dispatcher(self, subcommand: str) -> None:
+        """The dispatcher every channel hands its events to, and the activity it reports."""
+        settings = self.settings
         self.dispatcher = Dispatcher(
             conversations=self.conversations,
             history=self.history,
             approvals=self.approvals,
-            agent=agent,
+            agent=self.agent,
             access=self.access,
             suggestions=self.suggestions,
             policy=self.guardian,
@@ -444,18 +504,23 @@ class App:
         #: chat gets (the dashboard's Now page).
         self.activity = Activity()
         self.dispatcher.monitor = self.activity.observe
-        #: The goal engine (core/goals.py), when wired; the dashboard shows its goals.
-        self.goals: Any = None
-        # Schedules run through the same agent and conversation queues as messages and
-        # post through the channels' Outboxes; armed once the channels have started.
+
+    def _channel(self, name: str) -> Outbox | None:
+        """A started channel (its Outbox) by name; None while it is not running here."""
+        return next((c for c in self.channels if c.name == name), None)
+
+    def _build_schedules(self) -> None:
+        """Schedules run through the same agent and conversation queues as messages and
+        post through the channels' Outboxes; armed once the channels have started."""
+        agent = self.agent
         self.schedules = Scheduler(
             ScheduleStore(self.data_dir, self.datastore),
             self.clock,
-            ScheduleConfig.from_settings(settings),
+            ScheduleConfig.from_settings(self.settings),
             Deps(
                 agent=agent,
                 conversations=self.conversations,
-                channel_for=lambda name: next((c for c in self.channels if c.name == name), None),
+                channel_for=self._channel,
                 guardian=self.guardian,
                 tool_context=agent.tool_context if agent is not None else None,
                 ask_every_shell=self.sandbox.fallback,
@@ -467,16 +532,20 @@ class App:
         )
         self.schedules.load()
         register_schedule_commands(self.dispatcher.router, ScheduleCommands(self.schedules))
-        # Goals: steps are jobs of the same conversation queues, as the goal's owner.
-        self.goals = GoalEngine(
+
+    def _build_goals(self) -> None:
+        """Goals (their steps are jobs of the same conversation queues, as the goal's
+        owner), and /undo's commands."""
+        #: The goal engine (core/goals/engine.py); the dashboard shows its goals.
+        self.goals: Any = GoalEngine(
             GoalQueue(self.data_dir, self.datastore),
             self.clock,
-            GoalConfig.from_settings(settings),
+            GoalConfig.from_settings(self.settings),
             GoalDeps(
-                agent=agent,
+                agent=self.agent,
                 llm=self.llm,
                 conversations=self.conversations,
-                channel_for=lambda name: next((c for c in self.channels if c.name == name), None),
+                channel_for=self._channel,
                 approvals=self.approvals,
                 access=self.access,
                 learner=self.learner,
@@ -487,9 +556,6 @@ class App:
         register_goal_commands(self.dispatcher.router, GoalCommands(self.goals))
         if self.undo is not None:
             register_undo_commands(self.dispatcher.router, self.undo)
-        #: Whether `start` arms the schedules' timers. Off for `steward chat -m` and piped
-        #: chat: a one-shot exchange must not run (or print) a schedule's work.
-        self.fire_schedules = True
 
     def _local_server(self, command: Callable[[int], list[str]] | None) -> ModelServer | None:
         log_path = self.data_dir / "local-model.log"
@@ -509,7 +575,7 @@ class App:
         could exit. An import cut off by the exit leaves nothing behind."""
         if self.llm is None:
             return
-        from core.llm import load_litellm
+        from core.model.client import load_litellm
 
         threading.Thread(target=load_litellm, name="steward-warm-up", daemon=True).start()
 
@@ -655,7 +721,7 @@ class App:
     async def stop(self) -> None:
         """Stop everything, each step bounded in time and run whatever the one before
         raised: with a full disk, closing the index failed, the steps after it never
-        ran, and the process never exited (issue 16)."""
+        ran, and the process never exited."""
         try:
             await self._stop_channels()
             await _bounded("episodes", self.persist.stop(), STOP_STEP_TIMEOUT)

@@ -62,14 +62,6 @@ STOPPING_MESSAGE = (
 )
 
 
-@dataclass(slots=True)
-class Undelivered:
-    channel: str
-    conversation: str
-    text: str
-    error: str
-
-
 @dataclass
 class Dispatcher:
     conversations: Conversations
@@ -102,7 +94,6 @@ class Dispatcher:
     #: Commands and button presses (bot/commands); register more with `router.command`.
     router: CommandRouter[Dispatcher] = field(default_factory=builtin_router)
     last_results: dict[str, TaskResult] = field(default_factory=dict)
-    undelivered: list[Undelivered] = field(default_factory=list)
     #: (channel, conversation, message id) -> arrival on the proactive clock, for
     #: `Retracted` events without `sent_at`.
     arrivals: OrderedDict[tuple[str, str, str], float] = field(default_factory=OrderedDict)
@@ -220,12 +211,12 @@ class Dispatcher:
     async def say(
         self, channel: Channel, conversation: str, text: str, thread: str | None = None
     ) -> MessageRef | None:
-        """Send, and never lose what could not be sent (kept in `undelivered`, logged)."""
+        """Send; a failure is logged, not raised: the Outbox (bot/channels.py) has kept
+        what it could not deliver, and sends it again later."""
         try:
             return await channel.send(conversation, text, thread=thread)
-        except Exception as exc:
+        except Exception:
             log.exception("dispatch.send_failed", channel=channel.name, conversation=conversation)
-            self.undelivered.append(Undelivered(channel.name, conversation, text, repr(exc)))
             return None
 
     async def _private(self, channel: Channel, conversation: str, user: str, text: str) -> None:
@@ -425,11 +416,11 @@ class Dispatcher:
             # Written after the reply (core/persist.py). Only a failure's follow-up waits
             # for it to be on disk and indexed: the learner and proactive help count that
             # signature's episodes in the index. A success needs nothing of it here, so
-            # the conversation is free for its next message meanwhile (issue 26); the
+            # the conversation is free for its next message meanwhile; the
             # write itself stays counted as activity until it is done (idle, replay).
             await _quietly(asyncio.shield(result.saved), "episode.write_failed")
         # The exchange is in memory (where the next task reads it) when this returns;
-        # its file is written in the background (core/history.py, issue 26).
+        # its file is written in the background (core/history.py).
         saving: asyncio.Future[None] | None = None
         try:
             saving = await self.history.record(key, text, result.reply, wait=False)

@@ -13,8 +13,9 @@ from typing import Any
 from bot.app import ensure_dir, ensure_workspace
 from config.settings import ConfigError, Settings
 from core.clock import Clock
-from core.llm import LLMClient, LLMError, load_litellm
-from core.local_model import (
+from core.model.client import LLMClient, load_litellm
+from core.model.errors import LLMError
+from core.model.local.runtime import (
     INSTALL_HINT,
     MODEL_ALIAS,
     MODEL_LABEL,

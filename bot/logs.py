@@ -20,7 +20,7 @@ from typing import TextIO
 
 import structlog
 
-from bot.log_format import pretty_logs
+from bot.startup.log_format import pretty_logs
 from memory.redact import redact_obj
 
 _LEVELS = {

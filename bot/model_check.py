@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from config.providers import embedded_wanted
 
-if TYPE_CHECKING:  # this module is read before the settings exist (bot/cli.py)
+if TYPE_CHECKING:  # this module is read before the settings exist (bot/cli/__init__.py)
     from config.settings import Settings
     from memory.embedder import Embedder
 
@@ -33,7 +33,7 @@ def no_model_message(settings: Settings, env: Mapping[str, str] | None = None) -
     """What people are told when there is no model; says how to get the local one when
     it would have been used but is not installed."""
     if embedded_wanted(settings, env):
-        from core.local_model import INSTALL_HINT, availability  # only when it matters
+        from core.model.local.runtime import INSTALL_HINT, availability  # only when it matters
 
         why = availability(settings.local_model_path.strip()).reason
         if why:
@@ -45,7 +45,7 @@ def local_model_ready(settings: Settings, env: Mapping[str, str] | None = None) 
     """The embedded model will be used (wanted and installed)."""
     if not embedded_wanted(settings, env):
         return False
-    from core.local_model import availability
+    from core.model.local.runtime import availability
 
     return availability(settings.local_model_path.strip()).ok
 
@@ -74,7 +74,7 @@ async def configured_embedder(settings: Settings) -> Embedder:
     that one that cannot be asked stops `steward run` and `steward memory` alike with
     a ConfigError naming the setting, not a traceback from inside the index."""
     from config.settings import ConfigError
-    from core.llm import load_litellm
+    from core.model.client import load_litellm
     from memory.embedder import embed_async, make_embedder
 
     model = settings.embedding_model.strip()

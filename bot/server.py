@@ -88,7 +88,7 @@ def build_web_app(
                 "ok": not bad and not starting and memory["ok"],
                 "starting": starting,
                 "model": redact_shown(app.llm.describe()) if app.llm else None,
-                # Worker processes for model calls under load (core/llm_worker.py).
+                # Worker processes for model calls under load (core/model/workers.py).
                 "model_workers": app.llm_workers.snapshot() if app.llm_workers else None,
                 "channels": channels,
                 "memory": memory,

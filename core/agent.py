@@ -32,7 +32,9 @@ from core.egress import urls_in
 from core.events import Channel, Progress
 from core.gates import check_answer, honest_suffix, retry_instruction
 from core.guardian import CallDecision, Guardian, Verdict
-from core.llm import LLMClient, LLMError, LLMResult, ToolCallRequest
+from core.model.client import LLMClient
+from core.model.errors import LLMError
+from core.model.result import LLMResult, ToolCallRequest
 from core.recall import Recall, Recalled, estimate_tokens, render
 from core.sandbox import NETWORK, UNSANDBOXED, Grant
 from core.sandbox.hosts import hosts_for
@@ -80,7 +82,7 @@ class TaskRequest:
     journaled: bool = True
     #: Called before every model call and again after each call is counted, with the
     #: task's episode so far; an answer (the reason) stops the task by code before the
-    #: next call or tool runs. A goal's budgets and stop live here (core/goals.py).
+    #: next call or tool runs. A goal's budgets and stop live here (core/goals/engine.py).
     spend: Callable[[Episode], Awaitable[str | None]] | None = None
 
     @property
@@ -178,7 +180,7 @@ class Agent:
 
         The sections (rules, past episodes, summary) are paragraphs of the one system
         message, not system messages of their own: litellm prepares every message of
-        every call, and a second system message cost ~0.5 ms of CPU a call (issue 26);
+        every call, and a second system message cost ~0.5 ms of CPU a call;
         one system message is also what every chat template accepts."""
         sections = [SYSTEM_PROMPT.format(workspace=self.tool_context.workspace)]
         left = self.context_budget
@@ -188,7 +190,7 @@ class Agent:
                 # One loop turn for the recall to start its search, which embeds the
                 # request in its thread: the learner's rule matching then waits for that
                 # vector instead of making its own in a thread hop (memory/embedder.py
-                # share_query; ~1 ms a message with learned rules, issue 26).
+                # share_query; ~1 ms a message with learned rules).
                 await asyncio.sleep(0)
             try:
                 chosen = await self.learner.select(req.text, budget_tokens=None)
@@ -347,13 +349,12 @@ class Agent:
         # killed process loses nothing in the page cache, and a power cut after the reply
         # is asked about after the restart only if the appended episode line was synced
         # too, which it never is. Waiting for them (in a disk thread that gets the GIL
-        # only between the model call's own work) held 4 replies in 10 back by 0.1-1.8 ms
-        # (issue 26).
+        # only between the model call's own work) held 4 replies in 10 back by 0.1-1.8 ms.
         if not written.done():
             await asyncio.shield(opened)
         # From the model's answer to the reply nothing yields to the event loop unless it
         # has to: each turn of it ran litellm's deferred logging of the call (~2 ms of
-        # CPU) before the person got their answer (issue 26).
+        # CPU) before the person got their answer.
         if self.undo is not None and self.undo.changing(task_id):
             # what the task changed, and "/undo to revert"
             reply += await asyncio.shield(self._undo_after(task_id, episode, bound))
@@ -441,7 +442,7 @@ class Agent:
 
         After recall's search (`after`, at most RECALL_FIRST s): the model call waits
         for the search, not for the record, and written beside the search the record's
-        file work and the search's thread took the GIL from each other (issue 26: the
+        file work and the search's thread took the GIL from each other (the
         search ended 0.4-0.45 ms later, and the record is written during the model call
         anyway, its durability awaited only before a tool runs)."""
         if after is not None and not after.done():

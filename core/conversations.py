@@ -44,7 +44,7 @@ class Conversations:
         self.clock = clock
         self._convs: dict[str, _Conversation] = {}
         #: Jobs running now, over every conversation: how loaded the process is
-        #: (core/llm_worker.py sends model calls to a worker above a threshold).
+        #: (core/model/workers.py sends model calls to a worker above a threshold).
         self.running = 0
 
     def _get(self, key: str) -> _Conversation:

@@ -21,7 +21,8 @@ from datetime import datetime
 import structlog
 
 from core.clock import Activity, Clock
-from core.llm import LLMClient, LLMError
+from core.model.client import LLMClient
+from core.model.errors import LLMError
 from core.recall import estimate_tokens
 from memory.transcripts import Transcript, TranscriptStore
 
@@ -137,7 +138,7 @@ class History:
         written in the background and the returned future is done once it is on disk
         (raising what the write raised). The save was ~4.7 ms of a message's follow-up
         with the episode writer's fsyncs beside it, and the next message of the
-        conversation waited for it (issue 26). Saves of one conversation stay in order,
+        conversation waited for it. Saves of one conversation stay in order,
         and `drain` (at stop) waits for them; they count as clock activity until done.
         """
         t = await self._get(key)

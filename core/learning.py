@@ -45,7 +45,7 @@ import numpy as np
 import structlog
 
 from core.clock import Clock
-from core.llm import LLMError
+from core.model.errors import LLMError
 from core.recall import estimate_tokens
 from core.signatures import decision_signature, environmental_signature
 from memory.embedder import Embedder, embed_async, embed_query
@@ -242,7 +242,7 @@ class Learner:
         key = tuple(texts)
         if self._matrix is None or self._matrix[0] != key:
             # Kept while the rules' texts stay the same: stacking ~90 vectors was most
-            # of this call, twice a message (issue 26).
+            # of this call, twice a message.
             self._matrix = (key, await self._embed(texts))
         sims = dict(zip(texts, (self._matrix[1] @ q).tolist(), strict=True))
         for r in learned:

@@ -40,7 +40,7 @@ that was cut off (stop or kill -9) is run again once at the next start: the file
 it `running` before it starts and clears the mark when it ends, and the next run time
 is written before the run starts, so a restart never runs one due time twice.
 
-Size: over 1,000 lines, to be split next like core/goals.py (parsing and views apart
+Size: over 1,000 lines, to be split next like core/goals/engine.py (parsing and views apart
 from the engine); kept whole this session because the run, its journal mark and the
 next-time write must stay in one order.
 """

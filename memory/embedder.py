@@ -96,7 +96,7 @@ def share_query(embedder: Embedder, text: str) -> tuple[Future[np.ndarray], bool
     owns it: then it must compute the vector and set the future (`settle_query`), even
     on failure. A task's recall (in the index's search thread) and the learner's rule
     matching embed the same request at the same moment; the second one waits for the
-    first one's vector instead of making its own (issue 26: ~0.5-1 ms a message with
+    first one's vector instead of making its own (~0.5-1 ms a message with
     rules, an embedding and a thread hop; a network call with a hosted embedder).
 
     A future that failed or was cancelled is replaced, so an owner that failed leaves
@@ -355,7 +355,7 @@ class HashedEmbedder:
 
         Why: for a handful of words numpy's per-call cost is the whole cost of the word
         block (~15 calls for ~30 hashes), and a query is embedded while the person waits
-        for the reply (recall; issue 26). The result is bit for bit the batch path's:
+        for the reply (recall). The result is bit for bit the batch path's:
         every weight is a power of two (±1, ±bigram_weight), so the sums are exact in
         any order, and the blocks go through the same _finish and unit_rows. A test
         compares the two on thousands of texts."""
@@ -501,7 +501,7 @@ class LiteLLMEmbedder:
 
     litellm is imported on first use only: it takes seconds to import, and a
     hashed-embedder install never needs it. `load` imports it: Steward passes its own
-    loader (core.llm.load_litellm: offline, no cost-map download), as memory may not
+    loader (core.model.client.load_litellm: offline, no cost-map download), as memory may not
     import core, and whichever of the agent and the embedder asks first imports it
     for both; without one it is a plain import. `dim` is learned from the first answer
     unless given; MemoryIndex.open asks once when it is 0.

@@ -1,7 +1,7 @@
 """Whether memory is being saved: failed writes are said out loud, not only logged.
 
 Why: with the data dir on a full disk, Steward kept answering while every episode,
-transcript and proactive-state write failed, and nobody but the log knew (issue 16).
+transcript and proactive-state write failed, and nobody but the log knew.
 Each writer of the data dir reports here (`failed` / `succeeded`, per kind of file);
 the dispatcher tells each conversation once ("I could not save this to memory: the
 disk is full"), `/healthz` turns ok=false and `steward doctor` shows it red, until a
@@ -41,7 +41,7 @@ _REASONS = {
 }
 
 #: Errors that mean "this disk cannot take writes": at start-up they end the process
-#: with one line instead of a traceback (bot/cli.py).
+#: with one line instead of a traceback (bot/cli/__init__.py).
 DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO})
 
 

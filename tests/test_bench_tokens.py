@@ -1,14 +1,14 @@
-"""bench/tokens.py counts a first turn's prompt (issue 26's token target is read from it).
+"""bench/tokens.py counts a first turn's prompt (the prompt-size figure is read from it).
 
 It printed a division by zero once Steward turned litellm's token counter off for its
-own calls (core/llm.py): a counter that is off answers 0 for every text."""
+own calls (core/model/client.py): a counter that is off answers 0 for every text."""
 
 from __future__ import annotations
 
 import json
 
 from bench.tokens import first_turn, measure
-from core.llm import load_litellm
+from core.model.client import load_litellm
 
 
 async def test_a_first_turn_is_counted_part_by_part_and_the_counter_left_off() -> None:

@@ -4,7 +4,7 @@ A task run by the scripted model is followed on /api/status (with its tool call 
 waits for approval), approved through /api/approvals (the chat message is edited, the
 action runs), then found in /api/episodes, /api/spend and /api/artifacts; rules change
 through the `/rules` implementation; goals come from an engine that follows the goals
-contract (here a small in-test engine, since the real one lives in core/goals.py).
+contract (here a small in-test engine, since the real one lives in core/goals/engine.py).
 The page itself is tested in a real browser in test_dashboard_browser.py.
 """
 
@@ -25,7 +25,7 @@ from adapters.web import WebChannel
 from adapters.web_login import WebLogin, load_or_create_token
 from bot.app import App
 from bot.server import build_web_app
-from core.goal_queue import Goal, GoalQueue
+from core.goals.queue import Goal, GoalQueue
 from memory.store import render
 from tests.fakes.llm import ScriptedLLM, ToolCall, _tokens
 from tests.kit import until

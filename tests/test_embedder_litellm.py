@@ -1,5 +1,5 @@
 """An embedding model through litellm (STEWARD_EMBEDDING_MODEL) gets Steward's litellm:
-imported by core.llm.load_litellm whichever of the agent and the memory index asks
+imported by core.model.client.load_litellm whichever of the agent and the memory index asks
 first. A plain `import litellm` first (the index probes the model's dimensions while
 the app starts) fetched litellm's cost map from the network at run time and skipped
 Steward's settings (token counter off, tokenizer read on use, offline mode)."""

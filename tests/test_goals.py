@@ -1,4 +1,4 @@
-"""Goals (core/goals.py, core/goal_queue.py): parsing and ranking, then end to end through
+"""Goals (core/goals/engine.py, core/goals/queue.py): parsing and ranking, then end to end through
 the assembled App on the simulated clock (real dispatcher, agent, guardian, gates, the
 scripted model over HTTP through litellm, files and commits in the data dir)."""
 
@@ -17,8 +17,8 @@ from bot.app import App
 from core.access import Rules
 from core.clock import SimClock
 from core.events import Message
-from core.goal_queue import Goal, GoalQueue, GoalTask, rank, score, similarity
-from core.goal_terms import GoalError, parse_goal
+from core.goals.queue import Goal, GoalQueue, GoalTask, rank, score, similarity
+from core.goals.terms import GoalError, parse_goal
 from memory.store import DataStore
 from tests.fakes.goal_model import GoalModel
 from tests.fakes.llm import Reply, ScriptedLLM
@@ -334,8 +334,8 @@ async def _answer(run: Running, text: str) -> str:
 async def test_a_cut_off_task_runs_again_only_when_it_changed_nothing(tmp_path: Any) -> None:
     """Restart without the model: the engine settles the running tasks from their logs."""
     from core.clock import Clock
-    from core.goal_terms import GoalConfig
-    from core.goals import GoalEngine
+    from core.goals.engine import GoalEngine
+    from core.goals.terms import GoalConfig
 
     q = GoalQueue(tmp_path)
     g = Goal("g1", "guide", "alice", "replay", "alice", planned=True, next_task=3)

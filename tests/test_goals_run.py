@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from core.goal_queue import GoalQueue
+from core.goals.queue import GoalQueue
 from tests.conftest import make_env
 from tests.fakes.goal_model import GoalModel
 from tests.fakes.llm import ScriptedLLM

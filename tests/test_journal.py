@@ -246,7 +246,7 @@ async def test_the_reply_waits_for_the_record_in_its_file_and_a_tool_for_its_fsy
     from bot.app import App
     from core.access import Rules
     from core.events import Message
-    from core.llm import load_litellm
+    from core.model.client import load_litellm
 
     settings = settings_for(llm)
     folder = str(settings.data_dir / "journal")
@@ -319,7 +319,7 @@ async def _open(journal: TaskJournal, task_id: str, request: str) -> None:
 async def test_ended_records_files_are_reused_emptied_and_never_read_as_records(
     tmp_path: Path,
 ) -> None:
-    """An ended task's file becomes the next record (no file created: issue 26), holding
+    """An ended task's file becomes the next record (no file created), holding
     only that record; spares are bounded and invisible to the start-up's reading."""
     from memory.journal import MAX_SPARES
 
@@ -379,7 +379,7 @@ async def test_the_record_waits_for_recall_a_moment_not_for_a_slow_one(
     llm: ScriptedLLM, settings_for: Callable, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The record is written after recall's search (the two no longer compete for the
-    GIL before the model call, issue 26), but no longer than RECALL_FIRST: a recall
+    GIL before the model call), but no longer than RECALL_FIRST: a recall
     that takes its time does not leave a task unrecorded."""
     monkeypatch.setattr(agent, "RECALL_FIRST", 1.0)  # a moment long enough to see on a busy CI
     llm.reply_text("Hello, Alice.")

@@ -1,5 +1,5 @@
 """core/lazy_package.py: the LINE SDK loads only what the adapter uses, and still
-offers everything else it has when asked (issue 26: resident memory)."""
+offers everything else it has when asked (resident memory)."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def test_litellm_in_a_thread_and_the_line_adapter_on_the_main_one_both_load() ->
     out = run(
         """
         import threading
-        from core.llm import load_litellm
+        from core.model.client import load_litellm
         box = []
         worker = threading.Thread(target=lambda: box.append(load_litellm()))
         worker.start()

@@ -1,4 +1,4 @@
-"""core/litellm_file_ids.py (issue 26): litellm's file-id rewrite runs only for requests
+"""core/model/litellm_file_ids.py: litellm's file-id rewrite runs only for requests
 with a file part, and returns what litellm's own function returns for every request."""
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 
-from core import litellm_file_ids
-from core.llm import load_litellm
+from core.model import litellm_file_ids
+from core.model.client import load_litellm
 from tests.fresh import fresh_python
 
 PROBE = """
 import asyncio, json, sys
 from core.clock import Clock
-from core.llm import LLMClient, load_litellm
+from core.model.client import LLMClient, load_litellm
 from tests.fakes.llm import ScriptedLLM
 
 PROXY = "litellm.proxy._types"

@@ -1,5 +1,5 @@
 """litellm loaded the way Steward loads it (its Anthropic tokenizer JSON read on first
-use, not parsed at import: core/litellm_tokenizer.py, issue 26) counts tokens exactly as
+use, not parsed at import: core/model/litellm_tokenizer.py) counts tokens exactly as
 litellm imported plainly does. Each side runs in a fresh interpreter: the trick only
 applies to the import that creates the module."""
 
@@ -32,9 +32,9 @@ except AttributeError:
 print(json.dumps(out))
 """
 
-# Steward keeps litellm's token counter off (core/llm.py): on here, to count with it.
+# Steward keeps litellm's token counter off (core/model/client.py): on here, to count with it.
 STEWARD = (
-    "from core.llm import load_litellm\nlitellm = load_litellm()\n"
+    "from core.model.client import load_litellm\nlitellm = load_litellm()\n"
     "litellm.disable_token_counter = False"
 )
 PLAIN = "import litellm"

@@ -1,4 +1,4 @@
-"""How a provider's refusal becomes the sentence a person reads (core/llm.py).
+"""How a provider's refusal becomes the sentence a person reads (core/model/client.py).
 
 The client talks real HTTP, through litellm, to the scripted OpenAI-compatible
 server, which answers errors in the shapes real servers use.
@@ -12,7 +12,8 @@ import pytest
 from structlog.testing import capture_logs
 
 from core.clock import Clock
-from core.llm import LLMClient, LLMError
+from core.model.client import LLMClient
+from core.model.errors import LLMError
 from tests.fakes.llm import ScriptedLLM
 
 #: What OpenAI (and vLLM, and most OpenAI-compatible servers) answer with HTTP 400.

@@ -1,11 +1,11 @@
 """A model litellm has no price for: its cost stays unknown (None, never 0), for every
 client of the process, while litellm's own per-call price lookups are answered from
-its cache (core/llm.LLMClient._price_once, issue 26)."""
+its cache (core/model/client.py, LLMClient._price_once)."""
 
 from __future__ import annotations
 
 from core.clock import Clock
-from core.llm import LLMClient, load_litellm
+from core.model.client import LLMClient, load_litellm
 from tests.fakes.llm import ScriptedLLM
 
 

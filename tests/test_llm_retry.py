@@ -1,4 +1,4 @@
-"""The retry shape of core/llm.py against the scripted server over real HTTP (issue 16): an
+"""The retry shape of core/model/client.py against the scripted server over real HTTP: an
 answer that fails the same way every time is not retried, and a hanging provider reaches
 the person after the first timeout, not only when every attempt is spent."""
 
@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from core.clock import Clock
-from core.llm import LLMClient, LLMError
+from core.model.client import LLMClient
+from core.model.errors import LLMError
 from tests.fakes.llm import Reply, ScriptedLLM
 from tests.test_web_e2e import SESSION, frames_until, free_port, running
 

@@ -1,11 +1,11 @@
-"""Token usage of a streamed answer (core/llm.py, issue 26): taken from the provider when
+"""Token usage of a streamed answer (core/model/client.py): taken from the provider when
 it reports it, counted locally when it does not, and litellm's tokenizer tables (~120 MB)
 are never loaded for a provider that reports usage."""
 
 from __future__ import annotations
 
 from core.clock import Clock
-from core.llm import LLMClient, load_litellm
+from core.model.client import LLMClient, load_litellm
 from tests.fakes.llm import ScriptedLLM
 from tests.fresh import fresh_python
 
@@ -58,7 +58,7 @@ async def test_a_stream_without_usage_is_counted_locally(llm: ScriptedLLM) -> No
 PROBE = """
 import asyncio, json, sys
 from core.clock import Clock
-from core.llm import LLMClient
+from core.model.client import LLMClient
 from tests.fakes.llm import ScriptedLLM
 
 async def main():

@@ -1,4 +1,4 @@
-"""Model calls in a worker process (core/llm_worker.py), against the scripted server over
+"""Model calls in a worker process (core/model/workers.py), against the scripted server over
 real HTTP from a real child process: under load a call leaves the serving process and
 reads back the same as in process (text, tool calls, tokens, and every error the retry
 policy and the wording depend on); a worker killed mid-call loses nothing; a lone call
@@ -20,8 +20,9 @@ from typing import Any
 import pytest
 
 from core.clock import Clock
-from core.llm import LLMClient, LLMError
-from core.llm_worker import WorkerPool
+from core.model.client import LLMClient
+from core.model.errors import LLMError
+from core.model.workers import WorkerPool
 from tests.fakes.llm import Reply, ScriptedLLM
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -165,7 +166,7 @@ def test_a_worker_outlives_no_kill_9_of_steward(tmp_path: Path) -> None:
     the socket pair and exits, so no ~200 MB orphan is left behind."""
     script = (
         "import asyncio, sys\n"
-        "from core.llm_worker import WorkerPool\n"
+        "from core.model.workers import WorkerPool\n"
         "async def main():\n"
         "    pool = WorkerPool(1, threshold=1)\n"
         "    assert await pool.wait_ready()\n"

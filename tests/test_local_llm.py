@@ -17,7 +17,7 @@ from bot.model_check import no_model_message
 from core.clock import Clock
 from core.events import Message
 from core.gates import check_answer, retry_instruction
-from core.local_llm import (
+from core.model.local.client import (
     LOCAL_TOOLS,
     LocalLLM,
     _request_index,
@@ -300,7 +300,7 @@ async def test_doctor_says_how_to_get_the_local_model(
     settings_for, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from bot.doctor import _model
-    from core.local_model import PROVIDER_KEYS
+    from core.model.local.runtime import PROVIDER_KEYS
 
     for key in PROVIDER_KEYS:
         monkeypatch.delenv(key, raising=False)

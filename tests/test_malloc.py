@@ -1,4 +1,4 @@
-"""bot/malloc.py: `steward run` asks glibc for one malloc arena, unless told otherwise."""
+"""bot/startup/malloc.py: `steward run` asks glibc for one malloc arena, unless told otherwise."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from bot.malloc import single_arena
+from bot.startup.malloc import single_arena
 
 
 def test_an_operators_malloc_arena_max_wins(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -19,7 +19,7 @@ def test_an_operators_malloc_arena_max_wins(monkeypatch: pytest.MonkeyPatch) -> 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc only")
 def test_one_arena_on_glibc_and_threads_still_allocate() -> None:
     code = (
-        "import threading; from bot.malloc import single_arena; ok = single_arena();"
+        "import threading; from bot.startup.malloc import single_arena; ok = single_arena();"
         "out = [];"
         "t = threading.Thread(target=lambda: out.append(bytearray(1 << 20)));"
         "t.start(); t.join(); print(ok, len(out[0]))"

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import structlog
 
+from bot.cli.memory import memory_command
 from bot.logs import configure_logging
-from bot.memory_cli import memory_command
 from config.settings import load_settings
 from memory.episodes import Episode, EpisodeStore
 from tests.conftest import make_env

@@ -247,7 +247,7 @@ async def test_a_success_frees_its_conversation_before_its_episode_is_indexed(
     from bot.app import App
     from core.access import Rules
     from core.events import Message
-    from core.llm import load_litellm
+    from core.model.client import load_litellm
 
     settings = settings_for(llm)
     app = App(settings)

@@ -1,6 +1,6 @@
 """The policy as data: config/policy.toml, a deployment's overlay, always-allow rules, the CLI.
 
-What must hold (DESIGN.md "Safety is fail-closed"): a policy that cannot be loaded
+What must hold (safety is fail-closed): a policy that cannot be loaded
 refuses everything with a reason naming the file, the key and the fix; an overlay can
 tighten anything, can relax approval → allow only through its allow lists or exact
 always-allow rules, and can never allow a forbidden call.
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from bot.cli.policy import run_check
 from bot.commands.policy import describe
-from bot.policy_cli import run_check
 from core.guardian import Guardian, Verdict
 from core.policy import (
     AlwaysAllowRule,
@@ -523,7 +523,7 @@ def test_cli_check_a_tool_call_without_importing_litellm(tmp_path: Path, ws: Pat
     """`policy check` is a quick local tool: it must not pay for litellm (seconds)."""
     script = (
         "import sys\n"
-        "import bot.policy_cli\n"
+        "import bot.cli.policy\n"
         "from bot.cli import main\n"
         "code = main(['policy', 'check', '--tool', 'read_file', '--args', "
         '\'{"path": "~/.ssh/id_rsa"}\'])\n'
@@ -629,7 +629,7 @@ def test_rule_edits_keep_comments_between_and_inside_rules() -> None:
 
 
 def test_importing_the_policy_does_not_import_tomlkit() -> None:
-    """tomlkit loads when an overlay is edited, not at start-up (resident memory, issue 26)."""
+    """tomlkit loads when an overlay is edited, not at start-up (resident memory)."""
     code = "import sys, core.policy, core.guardian.guard; print('tomlkit' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr

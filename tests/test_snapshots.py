@@ -16,8 +16,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from bot.commands.undo import listing, told
 from bot.doctor import _snapshots as doctor_snapshots
-from bot.undo_commands import listing, told
 from core.guardian import Guardian, Verdict
 from core.snapshots import SnapshotStore, Undo, store_report, undoable_deletes
 from core.snapshots.store import TEMP_SUFFIX

@@ -35,9 +35,9 @@ ALLOWED = {
     ("core/sandbox/configure.py", "detect"): "probes once whether bwrap works (`true`)",
     ("core/sandbox/environment.py", "git_identity"): "reads the host's git user name/email",
     ("core/git_control.py", "read_entries"): "git reads a config file's bytes from stdin",
-    ("core/local_model.py", "_spawn"): "Steward's own embedded model server",
-    ("core/local_child.py", "main"): "the model server's own child (exec)",
-    ("core/llm_worker.py", "_start"): "Steward's own model-call worker processes",
+    ("core/model/local/runtime.py", "_spawn"): "Steward's own embedded model server",
+    ("core/model/local/child.py", "main"): "the model server's own child (exec)",
+    ("core/model/workers.py", "_start"): "Steward's own model-call worker processes",
     ("memory/index/rebuild.py", "_parsers"): "Steward's own parsers for a memory rebuild",
     ("core/egress/bridge.py", "_daemonize"): "the network bridge daemonizes inside the sandbox",
 }

@@ -9,7 +9,7 @@ arguments (`in`: one of these values; `contains`: this text, case-insensitive).
 
 Three ways of asking the same SmolLM2-135M server, each with Steward's real prompts:
 
-- constrained: what Steward does (core/local_llm.py): router, reduced tool set,
+- constrained: what Steward does (core/model/local/client.py): router, reduced tool set,
   JSON-schema-constrained arguments limited to candidates from the request.
 - schema only: no router; one schema (oneOf over the five tools plus a "reply"
   option for plain answers) with free, length-capped arguments: the grammar alone.
@@ -57,7 +57,7 @@ def valid(row: dict[str, Any], name: str, args: dict[str, Any]) -> tuple[bool, b
 
 
 def schema_only() -> dict[str, Any]:
-    from core.local_llm import LOCAL_TOOLS, call_schema
+    from core.model.local.client import LOCAL_TOOLS, call_schema
 
     options = call_schema(list(LOCAL_TOOLS))["oneOf"]
     options.append(
@@ -79,7 +79,7 @@ def schema_only() -> dict[str, Any]:
 
 async def ask(variant: str, llm: Any, request: str, workspace: Path) -> tuple[str, dict]:
     from core.agent import SYSTEM_PROMPT
-    from core.local_llm import LOCAL_TOOLS, TOOL_SYSTEM
+    from core.model.local.client import LOCAL_TOOLS, TOOL_SYSTEM
     from core.tools import tool_schemas
 
     messages = [
@@ -117,8 +117,8 @@ async def ask(variant: str, llm: Any, request: str, workspace: Path) -> tuple[st
 
 async def run_variant(variant: str, sets: dict[str, list[dict]], gguf: Path) -> dict[str, Any]:
     from core.clock import Clock
-    from core.local_llm import LocalLLM
-    from core.local_model import ModelServer, server_command, threads
+    from core.model.local.client import LocalLLM
+    from core.model.local.runtime import ModelServer, server_command, threads
 
     tmp = Path(tempfile.mkdtemp(prefix="steward-bench-"))
     server = ModelServer(
@@ -174,7 +174,7 @@ async def run_variant(variant: str, sets: dict[str, list[dict]], gguf: Path) -> 
 
 def main() -> None:
     from bot.logs import configure_logging
-    from core.local_model import availability
+    from core.model.local.runtime import availability
 
     configure_logging("error", "console")
 

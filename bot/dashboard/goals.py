@@ -1,7 +1,7 @@
 """The goal engine as the dashboard sees it: a Protocol, so the dashboard needs no import of
-core/goals.py and shows "Goals are not enabled" when none is attached.
+core/goals/engine.py and shows "Goals are not enabled" when none is attached.
 
-The names and fields are the goals contract of session 5 (`GoalEngine`, `GoalView`);
+The names and fields are those of `GoalEngine` and `GoalView` (core/goals/);
 anything with these methods works, which is also how the tests drive the controls.
 """
 

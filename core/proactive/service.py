@@ -402,7 +402,7 @@ class Proactive:
         lines += [f"- signal {k}: {score.counts[k]}x" for k in KINDS if score.counts.get(k)]
         lines.append(f"Offer to do: {self.engine.offered_task(state, conversation)}")
         evidence = redact("Evidence:\n" + "\n".join(lines))
-        from core.llm import LLMError
+        from core.model.errors import LLMError
 
         try:
             result = await self.llm.complete(

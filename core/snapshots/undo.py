@@ -70,7 +70,7 @@ class Blocker:
 
 @dataclass(frozen=True, slots=True)
 class UndoOutcome:
-    """What `/undo` did, as data; bot/undo_commands.py puts it in words.
+    """What `/undo` did, as data; bot/commands/undo.py puts it in words.
 
     `status`: "done" (`restored` says what), "blocked" (nothing touched; `blockers`),
     "unknown" (no such record here; `recent` ids), "already" (the record was undone by

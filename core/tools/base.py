@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 #: Tools that read and change nothing: no snapshot is taken before them (core/snapshots),
-#: and a goal task cut off after only these may run again (core/goal_queue.py).
+#: and a goal task cut off after only these may run again (core/goals/queue.py).
 READ_ONLY_TOOLS = frozenset({"read_file", "list_files", "search_files", "web_fetch"})
 
 if TYPE_CHECKING:

@@ -1,4 +1,4 @@
-"""A scripted model for goals (core/goals.py), as a `ScriptedLLM.responder`.
+"""A scripted model for goals (core/goals/engine.py), as a `ScriptedLLM.responder`.
 
 The goal is a document of `sections` sections. The planner proposes the first three;
 each task writes one section with `write_file` and says so; the judge accepts it (from

@@ -1,5 +1,5 @@
-"""bot/unused.py: `steward run` never loads httpx's command-line client (httpx works), nor
-rich when its logs are JSON (tracebacks are still logged)."""
+"""bot/startup/lean_imports.py: `steward run` never loads httpx's command-line client (httpx
+works), nor rich when its logs are JSON (tracebacks are still logged)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ def _run(code: str) -> list[str]:
 
 def test_httpx_imports_and_works_without_its_cli() -> None:
     code = (
-        "import sys; from bot.unused import skip_unused; print(skip_unused());"
+        "import sys; from bot.startup.lean_imports import skip_unused; print(skip_unused());"
         "import httpx;"
         "r = httpx.Response(200, json={'a': 1}, request=httpx.Request('GET', 'http://x/'));"
         "print(r.json()['a'], callable(httpx.main), 'click' in sys.modules,"
@@ -26,7 +26,7 @@ def test_httpx_imports_and_works_without_its_cli() -> None:
 
 def test_a_module_already_imported_is_left_alone() -> None:
     code = (
-        "import sys, httpx._main; from bot.unused import skip_unused;"
+        "import sys, httpx._main; from bot.startup.lean_imports import skip_unused;"
         "print(skip_unused(), sys.modules['httpx._main'] is not None)"
     )
     assert _run(code) == ["[]", "True"]

@@ -3,7 +3,7 @@
 Why: litellm spends ~12-14 ms of CPU preparing a call and reading its answer (this
 machine, a zero-latency server), all of it holding the one GIL of the process that also
 runs every channel, the agent and memory. With 100 conversations at once the process was
-CPU-bound at ~0.5x the throughput of bare litellm (issue 26). A worker process has its
+CPU-bound at ~0.5x the throughput of bare litellm (bench concurrent). A worker process has its
 own GIL and core: the serving process only sends the request's arguments and reads the
 answer's fields.
 
@@ -17,33 +17,32 @@ Streamed calls (the terminal and the web chat show text as it comes) stay in pro
 The worker parses the answer with the same code as in process and sends the LLMResult.
 
 Nothing is lost when a worker dies: its calls in flight fail as a connection error,
-which the caller's retry policy retries (core/llm.py), and the next call in need starts
+which the caller's retry policy retries (core/model/client.py), and the next call in need starts
 a new worker (at most one start per `RESTART_AFTER` seconds per slot).
 
 Wire: length-prefixed pickles over a private socket pair between this process and its
-own child (never a network socket, so no untrusted input is unpickled).
+own child (never a network socket, so no untrusted input is unpickled). The worker's
+side is core/model/worker_main.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import itertools
 import pickle
-import signal
 import socket
 import struct
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 
-if TYPE_CHECKING:  # core.llm imports this module
-    from core.llm import LLMResult
+from core.model.errors import WorkerCallError
+from core.model.result import LLMResult
 
 log = structlog.get_logger("steward.llm_worker")
 
@@ -63,26 +62,12 @@ class Unsendable(Exception):
     """The call's arguments cannot be sent to a worker (not picklable): run it here."""
 
 
-class WorkerCallError(Exception):
-    """A model call that failed in a worker, as the retry and wording code reads it: the
-    exception's class names, status, Retry-After, whether the answer was unreadable."""
-
-    def __init__(self, text: str, info: dict[str, Any]) -> None:
-        super().__init__(text)
-        self.class_names: list[str] = list(info.get("names") or [])
-        self.status_code: int | None = info.get("status_code")
-        self.malformed: bool = bool(info.get("malformed"))
-        self.body: Any = info.get("body")
-        after = info.get("retry_after")
-        self.litellm_response_headers = {"retry-after": str(after)} if after is not None else {}
-
-
-def _frame(obj: Any) -> bytes:
+def frame(obj: Any) -> bytes:
     data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     return _HEAD.pack(len(data)) + data
 
 
-async def _read(reader: asyncio.StreamReader) -> Any:
+async def read_frame(reader: asyncio.StreamReader) -> Any:
     (size,) = _HEAD.unpack(await reader.readexactly(_HEAD.size))
     return pickle.loads(await reader.readexactly(size))
 
@@ -182,21 +167,21 @@ class WorkerPool:
         Unsendable (nothing sent) when the arguments cannot be pickled."""
         rid = next(self._ids)
         try:
-            frame = _frame((rid, kwargs))
+            request = frame((rid, kwargs))
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
             raise Unsendable(str(exc)) from exc
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         worker.pending[rid] = fut
         limit = float(kwargs.get("timeout") or START_TIMEOUT) + self.answer_grace
         try:
-            worker.writer.write(frame)
+            worker.writer.write(request)
             try:
                 ok, payload = await asyncio.wait_for(asyncio.shield(fut), limit)
             except asyncio.CancelledError:
                 # As in process, where cancelling closes the connection: the provider
                 # stops generating (and billing) for a task nobody waits for any more.
                 if not worker.writer.is_closing():
-                    worker.writer.write(_frame((rid, None)))
+                    worker.writer.write(frame((rid, None)))
                 raise
             except TimeoutError:
                 # litellm's own timeout would have answered by now: the worker is stuck.
@@ -256,7 +241,7 @@ class WorkerPool:
             process = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
-                "core.llm_worker",
+                "core.model.worker_main",
                 str(child.fileno()),
                 pass_fds=(child.fileno(),),
                 stdin=asyncio.subprocess.DEVNULL,
@@ -272,7 +257,7 @@ class WorkerPool:
         worker = _Worker(process, reader, writer)
         try:
             async with asyncio.timeout(START_TIMEOUT):
-                hello = await _read(reader)
+                hello = await read_frame(reader)
             if hello != "ready":
                 raise RuntimeError(f"worker said {hello!r}")
         except asyncio.CancelledError:  # Steward is stopping
@@ -292,7 +277,7 @@ class WorkerPool:
     async def _answers(self, slot: int, worker: _Worker) -> None:
         try:
             while True:
-                rid, ok, payload = await _read(worker.reader)
+                rid, ok, payload = await read_frame(worker.reader)
                 fut = worker.pending.get(rid)
                 if fut is not None and not fut.done():
                     fut.set_result((ok, payload))
@@ -338,74 +323,3 @@ class WorkerPool:
 
 #: How a worker's death reads to the retry policy: a dropped connection, retried.
 _LOST: dict[str, Any] = {"names": ["APIConnectionError"], "status_code": None}
-
-
-# --- the worker process ----------------------------------------------------------------
-
-
-def _failure(exc: BaseException) -> tuple[str, dict[str, Any]]:
-    from core.llm import _is_malformed, _retry_after
-
-    status = getattr(exc, "status_code", None)
-    body = getattr(exc, "body", None)
-    return str(exc), {
-        "names": [cls.__name__ for cls in type(exc).__mro__],
-        "status_code": status if isinstance(status, int) else None,
-        "malformed": _is_malformed(exc),
-        "retry_after": _retry_after(exc),
-        "body": body if isinstance(body, (str, dict, list)) else None,
-    }
-
-
-async def _serve(fd: int) -> None:
-    from core.clock import Clock
-    from core.llm import LLMClient, load_litellm
-
-    litellm = load_litellm()
-    reader, writer = await asyncio.open_connection(sock=socket.socket(fileno=fd))
-    writer.write(_frame("ready"))
-    clients: dict[str, Any] = {}  # one per model: its pricing is decided once
-    running: dict[int, asyncio.Task[None]] = {}
-
-    async def one(rid: int, kwargs: dict[str, Any]) -> None:
-        model = str(kwargs.get("model"))
-        client = clients.get(model)
-        if client is None:
-            client = clients[model] = LLMClient(model=model, clock=Clock(), retries=0)
-            client._price_once(litellm)
-        try:
-            # The LLMResult as in process (`_parse`: text, tool calls, tokens, cost).
-            answer: tuple[int, bool, Any] = (
-                rid,
-                True,
-                client._parse(litellm, await litellm.acompletion(**kwargs)),
-            )
-        except Exception as exc:
-            answer = (rid, False, _failure(exc))
-        writer.write(_frame(answer))
-
-    while True:
-        try:
-            rid, kwargs = await _read(reader)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            return  # Steward closed the pair or died: nothing left to answer
-        if kwargs is None:  # the caller gave up (a cancelled task): so does the request
-            if (task := running.get(rid)) is not None:
-                task.cancel()
-            continue
-        task = asyncio.create_task(one(rid, kwargs))
-        running[rid] = task
-        task.add_done_callback(functools.partial(_forget, running, rid))
-
-
-def _forget(running: dict[int, asyncio.Task[None]], rid: int, _task: object) -> None:
-    running.pop(rid, None)
-
-
-def main() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Steward stops its workers itself
-    asyncio.run(_serve(int(sys.argv[1])))
-
-
-if __name__ == "__main__":
-    main()

@@ -2,7 +2,7 @@
 
 Why files a person can read: a goal runs unattended, so what it planned, why, what it
 spent and what it produced must be inspectable (and `git log`-able) without Steward
-running. Layout (DESIGN.md → Memory):
+running. Layout:
 
     goals/<goal id>.md        front matter (owner, where, budgets, spend, state,
                               breaker counters) + the goal text as the person wrote it
@@ -20,7 +20,7 @@ atomic write, like episodes: a kill -9 leaves the old file or the new one
 Ranking (`score`): value × urgency / estimated cost, where value and urgency are the
 model's 1-10 estimates for the task and the cost is its estimated tokens in thousands
 (at least 1). The highest score runs first; ties go to the older task. Every N tasks
-the engine re-reads the goal and asks for fresh values (core/goals.py).
+the engine re-reads the goal and asks for fresh values (core/goals/engine.py).
 
 The drift guard's near-duplicate test (`similarity`) is the larger of the word-set
 Jaccard index and difflib's ratio of the normalised texts (lower case, punctuation and

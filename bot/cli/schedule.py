@@ -19,7 +19,7 @@ EXIT_OK, EXIT_FAIL = 0, 1
 
 
 def add_schedule_parser(sub: Any) -> None:
-    """The `schedule` subcommand of `steward` (bot/cli.py builds the parser)."""
+    """The `schedule` subcommand of `steward` (bot/cli/__init__.py builds the parser)."""
     sched = sub.add_parser(
         "schedule",
         help="recurring work delivered to a chat (same as /schedule in chat)",
@@ -62,7 +62,7 @@ def _joined(words: list[str]) -> str:
 def schedule_command(settings: Any, args: argparse.Namespace) -> int:
     import asyncio
 
-    from bot.schedule_commands import created_text, describe, listing
+    from bot.commands.schedules import created_text, describe, listing
     from core.clock import Clock
     from core.schedules import ScheduleConfig, ScheduleError, Scheduler, parse_schedule
     from memory.lock import DataDirLocked, acquire

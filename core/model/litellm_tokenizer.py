@@ -3,7 +3,7 @@
 Why: `import litellm` runs `litellm.utils`, which parses the 1.8 MB tokenizer JSON
 into ~14 MB of dicts, validates them with pydantic and dumps them back into a 2.4 MB
 string (`claude_json_str`), the only form anything reads, and only to count tokens of
-a Claude model locally. The parse is the peak of the import (bench rss, issue 26:
+a Claude model locally. The parse is the peak of the import (bench rss:
 `import litellm` peaks 16.5 MB higher and stays 10.7 MB higher than without it), and
 Steward never counts tokens locally (providers report usage).
 

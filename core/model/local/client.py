@@ -1,5 +1,5 @@
 """The tiny local model made useful with code: the same `complete()` as `LLMClient`,
-used only when the embedded model (core/local_model.py) is active.
+used only when the embedded model (core/model/local/runtime.py) is active.
 
 A 135M-parameter model left to the server's own function calling over-calls tools,
 loops after a tool result and invents arguments. So Steward decides what it can:
@@ -36,8 +36,10 @@ from typing import Any
 import structlog
 
 from core.clock import Clock
-from core.llm import LLMClient, LLMError, LLMResult, OnReset, OnSlow, OnText, ToolCallRequest
-from core.local_model import MODEL_ALIAS, MODEL_LABEL, LocalModelError, ModelServer
+from core.model.client import LLMClient, OnReset, OnSlow, OnText
+from core.model.errors import LLMError
+from core.model.local.runtime import MODEL_ALIAS, MODEL_LABEL, LocalModelError, ModelServer
+from core.model.result import LLMResult, ToolCallRequest
 
 log = structlog.get_logger("steward.local_llm")
 

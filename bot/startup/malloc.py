@@ -5,7 +5,7 @@ memory freed in one arena serves only that arena. `steward run` imports litellm 
 worker thread (App.warm_up) while the event loop keeps allocating on the main thread,
 and aiosqlite and `asyncio.to_thread` add more threads; each arena keeps its own
 partly used pages. Python holds the GIL around nearly every allocation anyway, so one
-shared arena costs no measurable lock contention. bench rss (issue 26): 298.7 -> 295.3
+shared arena costs no measurable lock contention. bench rss: 298.7 -> 295.3
 MB after a message (importing litellm in a thread alone costs 4.7 MB more than on the
 main thread with one arena per thread, and nothing more with one arena).
 

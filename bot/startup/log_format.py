@@ -1,7 +1,7 @@
 """Whether log lines are drawn for a person (console) or written as JSON.
 
 Why its own module: `steward run` decides it before structlog is imported (without a
-terminal to draw on, rich is never loaded: bot/unused.py), and bot/logs.py applies it.
+terminal to draw on, rich is never loaded: bot/startup/lean_imports.py), and bot/logs.py applies it.
 """
 
 from __future__ import annotations

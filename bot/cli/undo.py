@@ -17,7 +17,7 @@ EXIT_OK, EXIT_FAIL = 0, 1
 
 
 def add_undo_parser(sub: Any) -> None:
-    """The `undo` subcommand of `steward` (bot/cli.py builds the parser)."""
+    """The `undo` subcommand of `steward` (bot/cli/__init__.py builds the parser)."""
     p = sub.add_parser(
         "undo",
         help="put back what the last task changed in the workspace (same as /undo in chat)",
@@ -35,8 +35,8 @@ def add_undo_parser(sub: Any) -> None:
 def undo_command(settings: Any, args: argparse.Namespace) -> int:
     import asyncio
 
-    from bot.undo_commands import listing as list_records
-    from bot.undo_commands import told
+    from bot.commands.undo import listing as list_records
+    from bot.commands.undo import told
     from core.snapshots import from_settings
     from memory.lock import DataDirLocked, acquire
 

@@ -1,6 +1,6 @@
 """Modules `steward run` never uses but its libraries import eagerly: never loaded.
 
-Why: resident memory of `steward run` is a target (issue 26). httpx's package
+Why: resident memory of `steward run` is a target (bench rss). httpx's package
 ``__init__`` imports ``httpx._main``, its command-line client, which imports click,
 rich's progress bars and tables and pygments' lexers for syntax highlighting: ~1.6 MB
 of modules in a bare ``import httpx``, ~3 MB in bench rss, for a command Steward never
@@ -14,7 +14,7 @@ disk, and a module already imported is left alone.
 
 rich is the same when the logs are JSON (no terminal, the way a service runs):
 structlog's package ``__init__`` imports its console renderer, which imports rich's
-pretty-printer and tracebacks, pygments and attrs (~9 MB resident, issue 26) to draw
+pretty-printer and tracebacks, pygments and attrs (~9 MB resident) to draw
 tracebacks on a terminal. Both of structlog's imports of rich are guarded; without it,
 the console renderer draws plain tracebacks, and JSON logs never use it. Nothing else
 `steward run` does imports rich (its terminal chat and progress bars are `steward

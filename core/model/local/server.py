@@ -1,7 +1,7 @@
-"""`python -m core.local_server --model PATH --port N ...`: the embedded model's server.
+"""`python -m core.model.local.server --model PATH --port N ...`: the embedded model's server.
 
 Runs llama.cpp's own OpenAI-compatible HTTP server in this process through xllamacpp,
-until SIGTERM/SIGINT. `core.local_model.ModelServer` starts it as a child and litellm
+until SIGTERM/SIGINT. `core.model.local.runtime.ModelServer` starts it as a child and litellm
 talks to it like any other endpoint.
 
 Why xllamacpp and not llama-cpp-python: llama-cpp-python ships only a source
@@ -14,7 +14,7 @@ architecture. Its server is llama.cpp's C++ one (JSON-schema grammars in C++, wh
 keep every Unicode code point, where llama-cpp-python's Python converter lost
 characters outside the Basic Multilingual Plane).
 
-Kept apart from `core.local_model` so that Steward's own process never imports the
+Kept apart from `core.model.local.runtime` so that Steward's own process never imports the
 native library: a crash in it then takes down only this child, which the supervisor
 reports (signal name, last log lines) and restarts.
 """
@@ -29,7 +29,7 @@ import threading
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m core.local_server")
+    p = argparse.ArgumentParser(prog="python -m core.model.local.server")
     p.add_argument("--model", required=True, help="the GGUF file")
     p.add_argument("--alias", required=True, help="the model id clients ask for")
     p.add_argument("--host", default="127.0.0.1")

@@ -1,4 +1,4 @@
-"""`/goal …` and `/stop` in any chat. The engine is core/goals.py.
+"""`/goal …` and `/stop` in any chat. The engine is core/goals/engine.py.
 
 Registered on the dispatcher's command router (`register`), so the dispatcher knows
 nothing about goals. A goal belongs to the conversation it was set in and runs as the
@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.goal_queue import T_DONE
-from core.goal_terms import USAGE, GoalError, parse_goal
-from core.goals import GoalEngine, short_count
+from core.goals.engine import GoalEngine
+from core.goals.queue import T_DONE
+from core.goals.reports import short_count
+from core.goals.terms import USAGE, GoalError, parse_goal
 
 
 def describe(engine: GoalEngine, g: Any) -> str:

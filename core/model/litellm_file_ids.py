@@ -4,7 +4,7 @@ Why: every `litellm.completion` passes its messages to
 `update_messages_with_model_file_ids`, which first imports helpers of litellm's proxy
 server (`litellm.proxy.openai_files_endpoints.common_utils`, and with it
 `litellm.proxy._types`: ~300 pydantic models of the proxy's database and API, +5 MB
-resident for the life of the process, issue 26), then looks for user messages with a
+resident for the life of the process), then looks for user messages with a
 `{"type": "file"}` content part, whose file id it maps to the provider's. Steward's
 messages are text and tool calls: for them the import is all the function does.
 

@@ -2,7 +2,7 @@
 circuit breakers that code enforces.
 
 A goal (`/goal TEXT [budget 200k tokens|$2] [until DATE]`) is planned into tasks, kept
-in the durable queue (core/goal_queue.py: Markdown files in the data dir), and worked
+in the durable queue (core/goals/queue.py: Markdown files in the data dir), and worked
 one step at a time. A step is one job of the goal's conversation queue
 (core/conversations.py), so:
 
@@ -12,7 +12,7 @@ one step at a time. A step is one job of the goal's conversation queue
   always goes first: a step that finds a message queued behind it steps aside and is
   queued again after it; the next step is queued only when this one has ended.
 
-One step = the best-ranked task (value × urgency / estimated cost, core/goal_queue.py)
+One step = the best-ranked task (value × urgency / estimated cost, core/goals/queue.py)
 run by the agent, then judged: the answer gates first (a task the gates fail is a
 failed task), then one model judgement against the evidence in the tool log, which
 also proposes follow-ups. The **drift guard** rejects, with a reason kept in the
@@ -43,14 +43,15 @@ run twice in effect.
 
 **Zero idle cost.** Nothing runs, and no timer is armed, while no goal is active.
 
-Size: the engine alone (its terms are in core/goal_terms.py): budget checks, breakers,
-the drift guard and the step order stay together because they guard every model call.
+Size: the engine alone: budget checks, breakers, the drift guard and the step order
+stay together because they guard every model call. Its terms are in
+core/goals/terms.py, the text of what it asks the model in core/goals/prompts.py, and
+the text of what it tells people in core/goals/reports.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 from collections import Counter, deque
 from collections.abc import Callable, Coroutine
@@ -62,7 +63,9 @@ import structlog
 
 from core.activity import RunWatch
 from core.clock import Clock
-from core.goal_queue import (
+from core.goals import prompts, reports
+from core.goals.prompts import clamp
+from core.goals.queue import (
     ACTIVE,
     BUDGET,
     DONE,
@@ -83,7 +86,7 @@ from core.goal_queue import (
     rank,
     similarity,
 )
-from core.goal_terms import (
+from core.goals.terms import (
     Draft,
     GoalConfig,
     GoalError,
@@ -128,47 +131,6 @@ class Stats:
     accepted: int = 0
     dropped: Counter[str] = field(default_factory=Counter)
     steps: int = 0
-
-
-PLANNER = """GOAL PLANNER. You plan work toward a goal a person set for Steward, an agent
-that works with tools in a workspace. Propose the next few concrete tasks (at most {n}),
-each doable in one agent run. For each say how it serves the goal. Answer with JSON only:
-{{"tasks": [{{"task": "what to do", "why": "how it serves the goal", "value": 1-10,
-"urgency": 1-10, "cost": estimated tokens}}]}}"""
-
-JUDGE = """GOAL JUDGE. A task toward a goal was run. Judge from the evidence (the tool log
-and the answer), not from claims: accept only if the tool log shows the work was done.
-Then propose follow-up tasks that are still needed (at most {n}; none if the goal is met),
-each saying how it serves the goal. Answer with JSON only:
-{{"accepted": true|false, "reason": "why", "goal_met": true|false,
-"tasks": [{{"task": "...", "why": "...", "value": 1-10, "urgency": 1-10, "cost": tokens}}]}}"""
-
-REVIEW = """GOAL REVIEW. Re-read the goal and rank the queued tasks again. Give each a
-value and urgency (1-10) toward the goal as it is written now; drop tasks that no longer
-serve it, with the reason. Answer with JSON only:
-{"tasks": {"<task id>": {"value": 1-10, "urgency": 1-10}}, "drop": {"<task id>": "why"}}"""
-
-
-def _json(text: str) -> dict[str, Any]:
-    start, end = text.find("{"), text.rfind("}")
-    if start < 0 or end <= start:
-        raise ValueError("no JSON object in the answer")
-    data = json.loads(text[start : end + 1])
-    if not isinstance(data, dict):
-        raise ValueError("the answer is not a JSON object")
-    return data
-
-
-def _num(value: Any, default: float, lo: float, hi: float) -> float:
-    try:
-        return min(hi, max(lo, float(value)))
-    except (TypeError, ValueError):
-        return default
-
-
-def short_count(n: float) -> str:
-    """Token counts as people read them in chat: 12k, 950."""
-    return f"{n / 1000:.0f}k" if n >= 10_000 else str(int(n))
 
 
 _URL = re.compile(r"https?://[^\s)>\]\"']+")
@@ -584,7 +546,7 @@ class GoalEngine:
             channel=channel,
             conversation=g.conversation,
             user=g.owner,
-            text=self._task_prompt(g, task),
+            text=prompts.task_prompt(g, task, self.queue.tasks_of(g.id)),
             thread=g.thread,
             direct=g.direct,
             journaled=False,
@@ -665,27 +627,6 @@ class GoalEngine:
             if url not in task.produced:
                 task.produced.append(url)
 
-    def _task_prompt(self, g: Goal, task: GoalTask) -> str:
-        done = [t for t in self.queue.tasks_of(g.id) if t.state == T_DONE][-3:]
-        lines = [
-            f"You are working toward a goal {g.owner} set (goal {g.id}): {g.text}",
-            "",
-            f"This task ({task.id}): {task.text}",
-            f"How it serves the goal: {task.why}",
-        ]
-        if done:
-            lines.append("\nDone so far (data):")
-            lines += [f"- {t.id}: {t.title} → {t.result[:200]}" for t in done]
-        if task.reason.startswith("attempt"):
-            lines.append(f"\nThe previous attempt was not accepted: {task.reason}")
-        if task.reason.startswith("cut off"):
-            lines.append("\nAn earlier attempt was cut off before it changed anything.")
-        lines.append(
-            "\nDo this one task with your tools, then say what you did and what it "
-            "produced (files, links)."
-        )
-        return "\n".join(lines)
-
     # ── the engine's own model calls ──
     async def _ask(self, g: Goal, system: str, user: str) -> dict[str, Any]:
         deps = self.deps
@@ -703,42 +644,20 @@ class GoalEngine:
         usd = float(result.cost_usd) if result.cost_usd is not None else self._price(tokens)
         self._charge(g, tokens, usd, calls=1)
         await self._save_spend(g)
-        return _json(result.text or "")
-
-    def _goal_text(self, g: Goal) -> str:
-        head = f"Goal ({g.id}, set by {g.owner}): {g.text}"
-        if g.until:
-            head += f"\nDeadline: {g.until}"
-        return head
-
-    def _history(self, g: Goal) -> str:
-        lines = []
-        for t in self.queue.tasks_of(g.id)[-30:]:
-            extra = f" → {t.result[:150]}" if t.state == T_DONE else f" ({t.reason[:100]})"
-            lines.append(f"- {t.id} [{t.state}] {t.title}{extra if t.state != QUEUED else ''}")
-        return "\n".join(lines) or "(no tasks yet)"
+        return prompts.parse_answer(result.text or "")
 
     async def _ask_plan(self, g: Goal) -> list[dict[str, Any]]:
-        user = f"{self._goal_text(g)}\n\nTasks so far:\n{self._history(g)}"
+        user = prompts.plan_request(g, self.queue.tasks_of(g.id))
         try:
-            data = await self._ask(g, PLANNER.format(n=self.config.max_proposals), user)
+            data = await self._ask(g, prompts.PLANNER.format(n=self.config.max_proposals), user)
         except ValueError as exc:
             log.info("goal.plan_unreadable", error=str(exc))
             return []
         return list(data.get("tasks") or [])
 
     async def _ask_judge(self, g: Goal, task: GoalTask, reply: str, episode: Any) -> dict[str, Any]:
-        log_lines = []
-        for r in getattr(episode, "tools", []) or []:
-            status = "ok" if r.ok else f"failed: {r.error[:200]}"
-            log_lines.append(f"- {r.name}({(r.arguments or '')[:200]}) → {status}")
-        user = (
-            f"{self._goal_text(g)}\n\nTasks so far:\n{self._history(g)}\n\n"
-            f"The task just run ({task.id}): {task.text}\n\nTool log (evidence):\n"
-            + ("\n".join(log_lines) or "(no tool calls)")
-            + f"\n\nThe agent's answer (data):\n{reply[:3000]}"
-        )
-        return await self._ask(g, JUDGE.format(n=self.config.max_proposals), user)
+        user = prompts.judge_request(g, self.queue.tasks_of(g.id), task, reply, episode)
+        return await self._ask(g, prompts.JUDGE.format(n=self.config.max_proposals), user)
 
     async def _review(self, g: Goal) -> None:
         """Re-read the goal (a person may have edited it) and re-rank the queue."""
@@ -750,13 +669,8 @@ class GoalEngine:
         queued = rank(self.queue.tasks_of(g.id))
         if not queued:
             return
-        listing = "\n".join(
-            f"- {t.id}: {t.text[:200]} (why: {t.why[:150]}; value {t.value:g}, "
-            f"urgency {t.urgency:g})"
-            for t in queued
-        )
         try:
-            data = await self._ask(g, REVIEW, f"{self._goal_text(g)}\n\nQueued tasks:\n{listing}")
+            data = await self._ask(g, prompts.REVIEW, prompts.review_request(g, queued))
         except ValueError as exc:
             log.info("goal.review_unreadable", error=str(exc))
             return
@@ -766,8 +680,8 @@ class GoalEngine:
         for t in queued:
             r = ranks.get(t.id)
             if isinstance(r, dict):
-                t.value = _num(r.get("value"), t.value, 1, 10)
-                t.urgency = _num(r.get("urgency"), t.urgency, 1, 10)
+                t.value = clamp(r.get("value"), t.value, 1, 10)
+                t.urgency = clamp(r.get("urgency"), t.urgency, 1, 10)
                 changed.append(t)
             if t.id in drops:
                 t.state, t.ended = DROPPED, now_iso(self.now())
@@ -814,9 +728,9 @@ class GoalEngine:
                 text,
                 why=why,
                 parent=parent,
-                value=_num(p.get("value"), 5, 1, 10),
-                urgency=_num(p.get("urgency"), 5, 1, 10),
-                cost=int(_num(p.get("cost"), cfg.task_cost, 100, 10_000_000)),
+                value=clamp(p.get("value"), 5, 1, 10),
+                urgency=clamp(p.get("urgency"), 5, 1, 10),
+                cost=int(clamp(p.get("cost"), cfg.task_cost, 100, 10_000_000)),
                 created=now_iso(self.now()),
             )
             if reason:
@@ -986,7 +900,7 @@ class GoalEngine:
         log.info("goal.ended" if state in ENDED else "goal.paused", goal=g.id, reason=reason)
         self._cancel_running(g)
         if state in ENDED:
-            await self._post(g, self.final_report(g))
+            await self._post(g, reports.final_report(g, self.queue.tasks_of(g.id)))
         else:
             await self._post(
                 g,
@@ -1007,24 +921,8 @@ class GoalEngine:
             log.warning("goal.post_kept", goal=g.id, exc_info=True)
 
     def progress_text(self, g: Goal) -> str:
-        v = self.view_of(g)
-        tasks = self.queue.tasks_of(g.id)
-        parts = [f"{v.tasks_done} done", f"{v.tasks_failed} failed", f"{v.tasks_queued} queued"]
-        running = f"running: {v.running}" if v.running else "nothing running"
-        if v.waiting_approval:
-            running += " (blocked: waiting for approval)"
-        left = []
-        if g.tokens_budget:
-            rest = max(0, g.tokens_budget - g.tokens_spent)
-            left.append(f"{short_count(rest)} of {short_count(g.tokens_budget)} tokens")
-        if g.usd_budget:
-            left.append(f"${max(0.0, g.usd_budget - g.usd_spent):.2f} of ${g.usd_budget:.2f}")
-        failed = [t for t in tasks if t.state == T_FAILED][-3:]
-        budget = ", ".join(left) or "no limit"
-        text = f"Goal {g.id}: {', '.join(parts)}; {running}; budget left: {budget}."
-        if failed:
-            text += "\nFailed: " + "; ".join(f"{t.id} {t.title} ({t.reason[:80]})" for t in failed)
-        return text
+        """The goal's progress note (core/goals/reports.py) as it stands now."""
+        return reports.progress_text(g, self.view_of(g), self.queue.tasks_of(g.id))
 
     async def _maybe_progress(self, g: Goal) -> None:
         every = self.config.progress_every
@@ -1068,35 +966,3 @@ class GoalEngine:
             self._arm_progress()
 
         self._spawn(tick())
-
-    def final_report(self, g: Goal) -> str:
-        tasks = self.queue.tasks_of(g.id)
-        done = [t for t in tasks if t.state == T_DONE]
-        failed = [t for t in tasks if t.state == T_FAILED]
-        drift = [t for t in tasks if t.state == DROPPED and t.reason.startswith("drift guard")]
-        dropped = [t for t in tasks if t.state == DROPPED]
-        lines = [
-            f"Goal {g.id} ended — {g.state}: {g.ended_reason}.",
-            f"Goal: {g.text}",
-            f"Tasks: {len(done)} done, {len(failed)} failed, {len(dropped)} dropped "
-            f"({len(drift)} by the drift guard).",
-        ]
-        spent = f"Spent: {g.tokens_spent} tokens"
-        if g.tokens_budget:
-            spent += f" of {g.tokens_budget}"
-        spent += f", ${g.usd_spent:.2f}"
-        if g.usd_budget:
-            spent += f" of ${g.usd_budget:.2f}"
-        lines.append(spent + f", {g.model_calls} model calls.")
-        produced: list[str] = []
-        for t in done:
-            produced += [p for p in t.produced if p not in produced]
-        if produced:
-            lines.append("Produced: " + ", ".join(produced[:20]))
-        if done:
-            lines.append("Done:")
-            lines += [f"- {t.id} {t.title}" for t in done[-10:]]
-        if failed:
-            lines.append("Failed:")
-            lines += [f"- {t.id} {t.title}: {t.reason[:120]}" for t in failed[-10:]]
-        return "\n".join(lines)

@@ -22,7 +22,7 @@ EXIT_OK, EXIT_FAIL = 0, 1
 
 
 def add_goal_parser(sub: Any) -> None:
-    """The `goal` and `stop` subcommands of `steward` (bot/cli.py builds the parser)."""
+    """The `goal` and `stop` subcommands of `steward` (bot/cli/__init__.py builds the parser)."""
     goal = sub.add_parser(
         "goal",
         help="work toward a goal on its own, under a budget (same as /goal in chat)",
@@ -51,11 +51,11 @@ def add_goal_parser(sub: Any) -> None:
 def goal_command(settings: Any, args: argparse.Namespace) -> int:
     import asyncio
 
-    from bot.goal_commands import listing, show
+    from bot.commands.goals import listing, show
     from core.clock import Clock
-    from core.goal_queue import GoalQueue, request_control
-    from core.goal_terms import GoalConfig, GoalError, parse_goal
-    from core.goals import GoalEngine
+    from core.goals.engine import GoalEngine
+    from core.goals.queue import GoalQueue, request_control
+    from core.goals.terms import GoalConfig, GoalError, parse_goal
     from memory.lock import DataDirLocked, acquire
     from memory.store import DataStore
 

@@ -1,4 +1,4 @@
-"""`python -m core.local_child PARENT_PID -- ARGV...`: become ARGV, dying with Steward.
+"""`python -m core.model.local.child PARENT_PID -- ARGV...`: become ARGV, dying with Steward.
 
 Linux only: sets PR_SET_PDEATHSIG so the kernel sends SIGKILL to this process when
 the thread that started it exits (Steward stopped, crashed or was SIGKILLed), then
@@ -19,7 +19,7 @@ PR_SET_PDEATHSIG = 1
 
 def main(argv: list[str]) -> int:
     if len(argv) < 3 or argv[1] != "--":
-        print("usage: python -m core.local_child PARENT_PID -- ARGV...", file=sys.stderr)
+        print("usage: python -m core.model.local.child PARENT_PID -- ARGV...", file=sys.stderr)
         return 2
     parent = int(argv[0])
     try:

@@ -30,7 +30,7 @@ OVERLAY_NAME = "policy.toml"
 
 
 def add_policy_parser(sub: Any) -> None:
-    """The `policy` subcommand of `steward` (bot/cli.py builds the parser)."""
+    """The `policy` subcommand of `steward` (bot/cli/__init__.py builds the parser)."""
     policy = sub.add_parser("policy", help="test the guardian's policy; show the overlay")
     actions = policy.add_subparsers(dest="policy_command", metavar="ACTION")
     check = actions.add_parser(

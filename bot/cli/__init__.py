@@ -69,19 +69,19 @@ def _parser() -> argparse.ArgumentParser:
         help="simulated time to keep running after the last line (default 3600)",
     )
 
-    from bot.policy_cli import add_policy_parser  # light: argparse and json only
+    from bot.cli.policy import add_policy_parser  # light: argparse and json only
 
     add_policy_parser(sub)
 
-    from bot.schedule_cli import add_schedule_parser  # light: argparse only
+    from bot.cli.schedule import add_schedule_parser  # light: argparse only
 
     add_schedule_parser(sub)
 
-    from bot.goal_cli import add_goal_parser  # light: argparse only
+    from bot.cli.goal import add_goal_parser  # light: argparse only
 
     add_goal_parser(sub)
 
-    from bot.undo_cli import add_undo_parser  # light: argparse only
+    from bot.cli.undo import add_undo_parser  # light: argparse only
 
     add_undo_parser(sub)
 
@@ -117,10 +117,11 @@ def _settings(args: argparse.Namespace) -> Any:
             print(f"steward: {no_model_message(settings)}", file=sys.stderr)
             raise SystemExit(EXIT_NO_MODEL)
     if args.command == "run":
-        from bot.log_format import pretty_logs
-        from bot.unused import skip_unused
+        from bot.startup.lean_imports import skip_unused
+        from bot.startup.log_format import pretty_logs
 
-        # Before bot.logs imports structlog and bot.server imports httpx (bot/unused.py).
+        # Before bot.logs imports structlog and bot.server imports httpx
+        # (bot/startup/lean_imports.py).
         skip_unused(terminal=pretty_logs(settings.log_format, sys.stderr))
     from bot.logs import CHAT_LOG_NAME, configure_logging, open_log_file
 
@@ -197,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         if found is None:
             raise
         # A full (or read-only) disk is the machine's state, not a bug: one line that
-        # says so, not a traceback (issue 16).
+        # says so, not a traceback.
         print(
             f"steward: cannot write the data dir {settings.data_dir}: {reason(found)} ({found}). "
             "Free some space there, or set STEWARD_DATA_DIR to another folder.",
@@ -210,10 +211,10 @@ def _dispatch(args: argparse.Namespace, settings: Any, parser: argparse.Argument
     import asyncio
 
     if args.command == "run":
-        from bot.malloc import single_arena
         from bot.server import serve
+        from bot.startup.malloc import single_arena
 
-        single_arena()  # before any thread starts (bot/malloc.py)
+        single_arena()  # before any thread starts (bot/startup/malloc.py)
         return asyncio.run(serve(settings))
     if args.command == "chat":
         mode = _chat_mode(args)
@@ -247,27 +248,27 @@ def _dispatch(args: argparse.Namespace, settings: Any, parser: argparse.Argument
 
         return asyncio.run(run_doctor(settings))
     if args.command == "rules":
-        from bot.rules_cli import rules_command
+        from bot.cli.rules import rules_command
 
         return rules_command(settings, list(args.words))
     if args.command == "memory":
-        from bot.memory_cli import memory_command
+        from bot.cli.memory import memory_command
 
         return memory_command(settings, args)
     if args.command == "schedule":
-        from bot.schedule_cli import schedule_command
+        from bot.cli.schedule import schedule_command
 
         return schedule_command(settings, args)
     if args.command in ("goal", "stop"):
-        from bot.goal_cli import goal_command
+        from bot.cli.goal import goal_command
 
         return goal_command(settings, args)
     if args.command == "undo":
-        from bot.undo_cli import undo_command
+        from bot.cli.undo import undo_command
 
         return undo_command(settings, args)
     if args.command == "policy":
-        from bot.policy_cli import policy_command
+        from bot.cli.policy import policy_command
 
         return policy_command(settings, args)
     parser.print_help()

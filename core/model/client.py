@@ -5,8 +5,10 @@ injected clock (replay), honour Retry-After, be bounded by settings, and end in 
 message a person can act on. litellm is imported lazily and with its network
 switches off, so `steward --help` stays fast and nothing phones home at start-up.
 
-Size: one module because retries, error kinds and usage accounting wrap the one litellm
-call and must change together.
+Size: one module because retries, the wording of failures and usage accounting wrap the
+one litellm call and must change together. How a failure is classified
+(core/model/errors.py) and what a call returns (core/model/result.py) are apart: the
+worker processes (core/model/worker_main.py) use them too.
 """
 
 from __future__ import annotations
@@ -20,16 +22,17 @@ import re
 import sys
 import threading
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
-from core import litellm_file_ids, litellm_tokenizer
 from core.clock import Clock
 from core.lazy_package import defer_tree
-from core.llm_worker import Unsendable, WorkerCallError, WorkerPool
+from core.model import litellm_file_ids, litellm_tokenizer
+from core.model.errors import LLMError, error_kind, is_retryable, retry_after
+from core.model.result import LLMResult, ToolCallRequest
+from core.model.workers import Unsendable, WorkerPool
 from memory.redact import redact_shown
 
 log = structlog.get_logger("steward.llm")
@@ -53,12 +56,12 @@ def load_litellm() -> Any:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         # openai.types' __init__s import every type module of the openai SDK; litellm
-        # uses a part of them (~12 MB resident, issue 26; see core/lazy_package.py)
+        # uses a part of them (~12 MB resident; see core/lazy_package.py)
         defer_tree("openai.types")
-        with litellm_tokenizer.unparsed():  # -16 MB at the import's peak (issue 26)
+        with litellm_tokenizer.unparsed():  # -16 MB at the import's peak (bench rss)
             import litellm
         litellm_tokenizer.read_on_use()
-        # The proxy's types load only for a request with a file part (-5 MB, issue 26).
+        # The proxy's types load only for a request with a file part (-5 MB, bench rss).
         litellm_file_ids.install(sys.modules.get("litellm.main"))
 
         litellm.suppress_debug_info = True
@@ -67,12 +70,12 @@ def load_litellm() -> Any:
         litellm.drop_params = True
         # litellm prices a stream the moment it opens, before any chunk, by counting the
         # prompt with tiktoken: that loads two BPE tables (~120 MB resident for the life of
-        # the process, issue 26) and tokenizes every prompt, for a figure nothing reads.
+        # the process) and tokenizes every prompt, for a figure nothing reads.
         # Providers report usage; where one does not, `_assemble` counts that call's.
         litellm.disable_token_counter = True
         # Had litellm been imported before (its tokenizer JSON parsed), the parsed copy is
         # a global nothing reads again (the tokenizer is built from `claude_json_str`):
-        # dropping it is resident memory back (issue 26).
+        # dropping it is resident memory back.
         utils = sys.modules.get("litellm.utils")
         if getattr(utils, "json_data", None) is not None:
             utils.json_data = None  # type: ignore[union-attr]
@@ -118,138 +121,12 @@ def _reported(chunk: Any) -> bool:
 _UNPRICED: set[str] = set()
 
 
-@dataclass(frozen=True, slots=True)
-class ToolCallRequest:
-    id: str
-    name: str
-    arguments: str  # raw JSON text, as the model wrote it
-
-
-@dataclass(slots=True)
-class LLMResult:
-    text: str
-    tool_calls: list[ToolCallRequest] = field(default_factory=list)
-    tokens_in: int = 0
-    tokens_out: int = 0
-    cost_usd: float | None = None
-    attempts: int = 1
-
-    def assistant_message(self) -> dict[str, Any]:
-        """The message to append to the history. Content is "" (not None) on tool
-        calls: llama.cpp's chat templates answer 500 otherwise."""
-        msg: dict[str, Any] = {"role": "assistant", "content": self.text or ""}
-        if self.tool_calls:
-            msg["tool_calls"] = [
-                {
-                    "id": c.id,
-                    "type": "function",
-                    "function": {"name": c.name, "arguments": c.arguments},
-                }
-                for c in self.tool_calls
-            ]
-        return msg
-
-
-class LLMError(Exception):
-    """The model could not be reached or answered with an error, after retries."""
-
-    def __init__(self, message: str, *, kind: str, retryable: bool) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.retryable = retryable
-
-
 OnText = Callable[[str], Awaitable[None]]
 OnReset = Callable[[], Awaitable[None]]
 #: Told once, when an attempt timed out and another is coming: the person hears early
-#: that the model is slow instead of waiting out every attempt (issue 16).
+#: that the model is slow instead of waiting out every attempt.
 OnSlow = Callable[[str], Awaitable[None]]
 
-_RETRYABLE = (
-    "RateLimitError",
-    "InternalServerError",
-    "ServiceUnavailableError",
-    "APIConnectionError",
-    "Timeout",
-    "APITimeoutError",
-    "BadGatewayError",
-)
-
-
-#: A provider's answer that could not be parsed (cut-off or non-JSON body, no choices),
-#: in the wordings litellm and the json module use. litellm reports these as a 500
-#: (InternalServerError) or a mid-stream failure, but a retry gets the same answer.
-_MALFORMED = re.compile(
-    r"Expecting (?:value|property name|',' delimiter|':' delimiter)"
-    r"|Unterminated string|Extra data|Invalid control character|Invalid \\escape"
-    r"|JSONDecodeError|no 'choices'|Invalid response object|is not valid JSON",
-    re.IGNORECASE,
-)
-
-
-def _is_malformed(exc: BaseException) -> bool:
-    """The provider answered, but with something that is not a response: every retry
-    would fail the same way."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if getattr(current, "malformed", False) is True:  # said by a worker (core/llm_worker.py)
-            return True
-        if isinstance(current, json.JSONDecodeError) or _MALFORMED.search(str(current)):
-            return True
-        current = current.__cause__ or current.__context__
-    return False
-
-
-def _is_retryable(exc: BaseException) -> bool:
-    """Worth another attempt: rate limits, timeouts, connection and server errors, but not
-    an answer that fails the same way every time (unparsable; a 4xx other than 408/429)."""
-    if _is_malformed(exc):
-        return False
-    status = getattr(exc, "status_code", None)
-    if isinstance(status, int) and 400 <= status < 500 and status not in (408, 429):
-        return False
-    return any(name in _RETRYABLE for name in _names(exc))
-
-
-def _names(exc: BaseException) -> list[str]:
-    """The class names of the exception, or of the one a worker process caught."""
-    told = getattr(exc, "class_names", None)
-    if isinstance(exc, WorkerCallError) and told:
-        return list(told)
-    return [cls.__name__ for cls in type(exc).__mro__]
-
-
-def _retry_after(exc: BaseException) -> float | None:
-    """Find a Retry-After header wherever litellm put the provider's response headers."""
-    candidates: list[Any] = [getattr(exc, "litellm_response_headers", None)]
-    response = getattr(exc, "response", None)
-    candidates.append(getattr(response, "headers", None))
-    for headers in candidates:
-        if not headers:
-            continue
-        try:
-            value = headers.get("retry-after") or headers.get("Retry-After")
-        except AttributeError:
-            continue
-        if value is None:
-            continue
-        try:
-            return max(0.0, float(value))
-        except (TypeError, ValueError):
-            return None
-    return None
-
-
-#: "The request is longer than the context window" in the wordings litellm does not map
-#: to ContextWindowExceededError itself (llama-cpp-python's server says "Requested tokens
-#: (5000) exceed context window of 2048"), so they too get the advice that fits.
-_CONTEXT_WORDING = re.compile(
-    r"exceeds? (?:the )?(?:available |maximum )?context (?:window|length|size)"
-    r"|context[_ ]length[_ ]exceeded",
-    re.IGNORECASE,
-)
 #: Where providers state the context window (tokens) in their error text or body.
 _WINDOW_IN_ERROR = (
     re.compile(r"maximum context length is (\d+)"),  # OpenAI, vLLM, most compatible servers
@@ -269,31 +146,6 @@ _REQUEST_IN_ERROR = (
     re.compile(r"Current length is (\d+)", re.IGNORECASE),
     re.compile(r"input token count \((\d+)\)"),
 )
-
-
-def _kind(exc: BaseException) -> str:
-    names = _names(exc)
-    if _is_malformed(exc):
-        return "malformed"
-    if "BadRequestError" in names and _CONTEXT_WORDING.search(str(exc)):
-        return "context_window"
-    for name, kind in (
-        ("RateLimitError", "rate_limit"),
-        ("Timeout", "timeout"),
-        ("APITimeoutError", "timeout"),
-        ("AuthenticationError", "auth"),
-        ("NotFoundError", "not_found"),
-        # Before BadRequestError, its base class: otherwise a message too long for the
-        # model is worded as a configuration problem ("check STEWARD_MODEL").
-        ("ContextWindowExceededError", "context_window"),
-        ("BadRequestError", "bad_request"),
-        ("APIConnectionError", "connection"),
-        ("InternalServerError", "server_error"),
-        ("ServiceUnavailableError", "server_error"),
-    ):
-        if name in names:
-            return kind
-    return "error"
 
 
 class LLMClient:
@@ -316,7 +168,7 @@ class LLMClient:
         workers: WorkerPool | None = None,
     ) -> None:
         self.model = model
-        #: Worker processes for calls made while many run at once (core/llm_worker.py).
+        #: Worker processes for calls made while many run at once (core/model/workers.py).
         self.workers = workers
         self.clock = clock
         self.api_base = api_base
@@ -360,7 +212,7 @@ class LLMClient:
         exc = state.outcome.exception() if state.outcome else None
         exp = self.backoff * (2 ** (state.attempt_number - 1))
         delay = min(self.backoff_max, exp) * (0.5 + random.random() / 2)  # jitter
-        hinted = _retry_after(exc) if exc else None
+        hinted = retry_after(exc) if exc else None
         if hinted is not None:
             delay = max(delay, min(hinted, self.backoff_max))
         return delay
@@ -408,7 +260,7 @@ class LLMClient:
                 on_slow is not None
                 and not told_slow
                 and exc is not None
-                and _kind(exc) == "timeout"
+                and error_kind(exc) == "timeout"
             ):
                 told_slow = True
                 total = self.retries + 1
@@ -443,12 +295,12 @@ class LLMClient:
 
         try:
             # The first attempt without tenacity's machinery (~85 us a call, before every
-            # reply; issue 26): most calls succeed at once.
+            # reply): most calls succeed at once.
             first: Exception | None = None
             try:
                 result = await call()
             except Exception as exc:
-                if self.retries <= 0 or not _is_retryable(exc):
+                if self.retries <= 0 or not is_retryable(exc):
                     raise
                 first = exc
             if first is not None:
@@ -458,7 +310,7 @@ class LLMClient:
                 async for attempt in AsyncRetrying(
                     stop=stop_after_attempt(self.retries + 1),
                     wait=self._wait,
-                    retry=retry_if_exception(_is_retryable),
+                    retry=retry_if_exception(is_retryable),
                     sleep=self.clock.sleep,
                     before_sleep=before_sleep,
                     reraise=True,
@@ -517,7 +369,7 @@ class LLMClient:
 
         Why: litellm prices every response itself, and for a model missing from its map
         each lookup fails, is not cached (an exception) and walks every generalisation of
-        the name, ~7 times a call: ~1.8 ms of CPU per call here (issue 26). Registered,
+        the name, ~7 times a call: ~1.8 ms of CPU per call here. Registered,
         the lookups hit litellm's own cache."""
         if self.model in _UNPRICED:  # registered by an earlier client of this process
             self._priced = False
@@ -583,7 +435,7 @@ class LLMClient:
     ) -> LLMError:
         if isinstance(exc, LLMError):
             return exc
-        kind = _kind(exc)
+        kind = error_kind(exc)
         if kind == "context_window":
             # Not "the model failed: <provider text>": the person can act on this one
             # (a shorter message, a file), so say how long it may be.
@@ -608,7 +460,7 @@ class LLMClient:
         return LLMError(
             f"The model {where} failed{tried}: {detail}. {advice}",
             kind=kind,
-            retryable=_is_retryable(exc),
+            retryable=is_retryable(exc),
         )
 
     def _window(self) -> int | None:

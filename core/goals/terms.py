@@ -1,7 +1,7 @@
 """The terms of a goal: its settings, what a person writes (`/goal TEXT [budget …]
 [until …]`) and the view the commands and the dashboard read (`GoalView`).
 
-Why apart from core/goals.py: these are plain values and parsing with no state, which
+Why apart from core/goals/engine.py: these are plain values and parsing with no state, which
 the chat commands, the CLI and the dashboard use without the engine's budget checks,
 breakers and step order.
 """
@@ -135,7 +135,8 @@ def parse_goal(words: str, now: datetime) -> Draft:
 
 @dataclass(frozen=True, slots=True)
 class GoalView:
-    """A goal as shown (the goals/dashboard contract, /work/goals-contract.md)."""
+    """A goal as shown: what the chat commands, the CLI and the dashboard read
+    (bot/dashboard/goals.py)."""
 
     id: str
     text: str
