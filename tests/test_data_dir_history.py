@@ -1,4 +1,4 @@
-"""The data dir's git history is what the README says it is (issue 16): after a real
+"""The data dir's git history is what docs/memory.md says it is: after a real
 `steward chat -m`, episodes and conversations are in a batch commit, redacted; the task
 journal and the caches are not."""
 
@@ -16,12 +16,12 @@ from tests.conftest import make_env
 from tests.fakes.llm import ScriptedLLM
 from tests.test_terminal_e2e import STEWARD
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+MEMORY_PAGE = Path(__file__).resolve().parents[1] / "docs" / "memory.md"
 SECRET = "sk-proj-" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6"
 
 
-def readme_memory_bullet() -> str:
-    text = README.read_text(encoding="utf-8")
+def memory_page_bullet() -> str:
+    text = MEMORY_PAGE.read_text(encoding="utf-8")
     start = text.index("- The data dir is a git repository")
     end = text.index("\n- ", start + 1)
     return " ".join(text[start:end].split())
@@ -39,7 +39,7 @@ def tree_paths(repo: Repo, tree: Tree, prefix: str = "") -> dict[str, bytes]:
     return out
 
 
-def test_memory_reaches_the_data_dirs_git_as_the_readme_says(
+def test_memory_reaches_the_data_dirs_git_as_the_memory_page_says(
     llm_thread: ScriptedLLM, tmp_path: Path
 ) -> None:
     llm_thread.reply_text("Noted; I will not repeat your key.")
@@ -65,8 +65,8 @@ def test_memory_reaches_the_data_dirs_git_as_the_readme_says(
     finally:
         repo.close()
 
-    bullet = readme_memory_bullet()
-    # What the README says is committed in batches is in the batch...
+    bullet = memory_page_bullet()
+    # What the page says is committed in batches is in the batch...
     folders = {p.split("/", 1)[0] for p in files}
     for folder in ("episodes", "conversations"):
         assert f"(`{folder}/`)" in bullet and folder in folders
