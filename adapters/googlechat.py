@@ -49,8 +49,8 @@ Not handled: the Google Workspace add-on event format (``commonEventObject`` /
 
 Size: one platform is one module by design (README → Adding a chat platform): its wire
 format, verification, rendering and liveness read top to bottom in one place, and
-nothing in it is shared with another platform (that lives in adapters/runtime.py and
-bot/channels.py).
+nothing in it is shared with another platform (that lives in adapters/runtime.py,
+adapters/base.py and bot/channels.py).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ import contextlib
 import json
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Self
 
@@ -73,9 +73,10 @@ from google.auth.exceptions import GoogleAuthError, RefreshError, TransportError
 from google.auth.transport.requests import Request as AuthRequest
 from google.oauth2 import service_account
 
+from adapters.base import ChannelDefaults, with_attachments
 from adapters.runtime import Backoff, Health, Inflight, Recent, tls_context
 from core.events import (
-    ApprovalRequest,
+    Attachment,
     Button,
     ButtonPress,
     Capabilities,
@@ -84,8 +85,6 @@ from core.events import (
     Inbound,
     Message,
     MessageRef,
-    Progress,
-    Suggestion,
 )
 from core.formatting import _outside_code
 
@@ -315,7 +314,7 @@ def render_button(button: Button) -> dict[str, Any]:
     return element
 
 
-def render_cards(card_id: str, buttons: list[Button] | None) -> list[dict[str, Any]]:
+def render_cards(card_id: str, buttons: Sequence[Button] | None) -> list[dict[str, Any]]:
     """The message's ``cardsV2``: one card holding a buttonList, or none (the text above
     the card carries the content, so removing the card leaves the outcome readable)."""
     if not buttons:
@@ -334,7 +333,7 @@ def render_cards(card_id: str, buttons: list[Button] | None) -> list[dict[str, A
 
 def message_body(
     text: str,
-    buttons: list[Button] | None = None,
+    buttons: Sequence[Button] | None = None,
     *,
     thread: str | None = None,
     card_id: str = "steward",
@@ -532,7 +531,7 @@ def load_credentials(source: str | Mapping[str, Any]) -> service_account.Credent
         raise ValueError(f"{env}: the service account JSON is incomplete ({exc}) {SEE}") from None
 
 
-class GoogleChatChannel:
+class GoogleChatChannel(ChannelDefaults):
     """Steward as a Google Chat app: webhook in, REST out, cardsV2 buttons."""
 
     name = NAME
@@ -798,9 +797,23 @@ class GoogleChatChannel:
 
     # ------------------------------------------------------------------ outbound
 
-    async def send(self, conversation: str, text: str, *, thread: str | None = None) -> MessageRef:
-        """spaces.messages.create, in `thread` when given; the text is already Chat's dialect."""
-        return await self._create(conversation, message_body(text, thread=thread), "send")
+    async def send(
+        self,
+        conversation: str,
+        text: str,
+        *,
+        thread: str | None = None,
+        buttons: Sequence[Button] = (),
+        attachments: Sequence[Attachment] = (),
+    ) -> MessageRef:
+        """spaces.messages.create, in `thread` when given; the text is already Chat's
+        dialect. Buttons come as a card under it (one button per choice)."""
+        text = with_attachments(text, attachments)
+        if buttons:
+            body = message_body(text, buttons, thread=thread, card_id=self._card_id())
+        else:
+            body = message_body(text, thread=thread)
+        return await self._create(conversation, body, "send")
 
     async def edit(
         self, ref: MessageRef, text: str, *, buttons: list[Button] | None = None
@@ -820,35 +833,9 @@ class GoogleChatChannel:
     async def _patch(self, name: str, update: dict[str, Any]) -> None:
         await self._call("PATCH", name, "edit", params={"updateMask": "text,cardsV2"}, body=update)
 
-    async def send_approval(
-        self, request: ApprovalRequest, *, thread: str | None = None
-    ) -> MessageRef:
-        """The request's text with a card of buttons (one per choice)."""
-        body = message_body(
-            to_gchat(request.text()), request.buttons, thread=thread, card_id=self._card_id()
-        )
-        return await self._create(request.conversation, body, "approval")
-
-    async def send_suggestion(
-        self, suggestion: Suggestion, *, thread: str | None = None
-    ) -> MessageRef:
-        """An unprompted offer of help with its buttons."""
-        body = message_body(
-            to_gchat(suggestion.text), suggestion.buttons, thread=thread, card_id=self._card_id()
-        )
-        return await self._create(suggestion.conversation, body, "suggestion")
-
     async def send_private(self, conversation: str, user: str, text: str) -> None:
         """A message only `user` (and the app) sees: ``privateMessageViewer``."""
         await self._create(conversation, message_body(text, private_to=user), "private")
-
-    async def typing(self, conversation: str) -> None:
-        """No-op: Chat has no typing indicator for apps."""
-        return None
-
-    async def progress(self, conversation: str, event: Progress) -> None:
-        """No-op: the channel layer shows tool steps as a status message edited in place."""
-        return None
 
     def _card_id(self) -> str:
         self._cards += 1

@@ -52,8 +52,8 @@ What LINE is like, and what the adapter does about it:
 
 Size: one platform is one module by design (README → Adding a chat platform): its wire
 format, verification, rendering and liveness read top to bottom in one place, and
-nothing in it is shared with another platform (that lives in adapters/runtime.py and
-bot/channels.py).
+nothing in it is shared with another platform (that lives in adapters/runtime.py,
+adapters/base.py and bot/channels.py).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ import json
 import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self, TypeVar
@@ -105,9 +105,10 @@ from linebot.v3.messaging import (
     TextMessage,
 )
 
+from adapters.base import ChannelDefaults, typed_choices, with_attachments
 from adapters.runtime import Health, Inflight, Recent, json_object
 from core.events import (
-    ApprovalRequest,
+    Attachment,
     Button,
     ButtonPress,
     Capabilities,
@@ -117,7 +118,6 @@ from core.events import (
     Message,
     MessageRef,
     Progress,
-    Suggestion,
 )
 from core.formatting import to_plain
 
@@ -306,7 +306,7 @@ def text_messages(text: str) -> list[str]:
     return [p for p in pieces if p.strip()][:MAX_MESSAGES] or ["…"]  # LINE refuses blank text
 
 
-def render_buttons(text: str, buttons: list[Button], alt: str) -> dict[str, Any]:
+def render_buttons(text: str, buttons: Sequence[Button], alt: str) -> dict[str, Any]:
     """A Flex bubble: the question as wrapped text, one postback button per choice.
 
     ``displayText`` makes the press show up in the chat as the person's own words
@@ -315,7 +315,7 @@ def render_buttons(text: str, buttons: list[Button], alt: str) -> dict[str, Any]
     return _flex(text, buttons, alt).to_dict()
 
 
-def _flex(text: str, buttons: list[Button], alt: str) -> FlexMessage:
+def _flex(text: str, buttons: Sequence[Button], alt: str) -> FlexMessage:
     too_long = [b.value[:20] + "…" for b in buttons if len(b.value) > MAX_DATA]
     if too_long:  # the SDK would raise a validation error: say it as LINE's refusal
         raise DeliveryError(
@@ -348,17 +348,18 @@ def outcome_text(text: str) -> str:
     return text.strip() if "\n\n" not in text.strip() else f"{head}\n{tail}"
 
 
-def approval_alt_text(request: ApprovalRequest) -> str:
-    """What the notification and the chat list show, and how to answer without buttons."""
-    return (
-        f"Approval needed: {to_line_text(request.what)}. Tap a button, or reply "
-        f"/approve {request.id} or /deny {request.id}."
-    )
-
-
-def suggestion_alt_text(suggestion: Suggestion) -> str:
-    choices = ", ".join(f"/suggestion {b.value}" for b in suggestion.buttons)
-    return f"{to_line_text(suggestion.text)} Tap a button, or reply {choices}."
+def alt_text(text: str, buttons: Sequence[Button]) -> str:
+    """What the notification and the chat list show of a message with buttons: its first
+    line, and how to answer without the buttons (what each one types instead)."""
+    head = text.strip().split("\n", 1)[0].strip() or "…"
+    if not head.endswith((".", "?", "!", "…")):
+        head += "."
+    choices = typed_choices(buttons, labels=False, code=False)
+    tail = f" Tap a button, or reply {choices}." if choices else ""
+    room = MAX_ALT_TEXT - utf16_len(tail)
+    if room < MAX_ALT_TEXT // 4:  # so many choices that the question would vanish
+        return _fit(head + tail, MAX_ALT_TEXT)
+    return _fit(head, room) + tail
 
 
 # ---------------------------------------------------------------------- the wire
@@ -478,7 +479,7 @@ class _ReplyToken:
     at: float
 
 
-class LineChannel:
+class LineChannel(ChannelDefaults):
     """Steward in LINE: one Messaging API channel, webhooks in, replies and pushes out."""
 
     name = "line"
@@ -757,9 +758,23 @@ class LineChannel:
 
     # ------------------------------------------------------------------ outbound
 
-    async def send(self, conversation: str, text: str, *, thread: str | None = None) -> MessageRef:
+    async def send(
+        self,
+        conversation: str,
+        text: str,
+        *,
+        thread: str | None = None,
+        buttons: Sequence[Button] = (),
+        attachments: Sequence[Attachment] = (),
+    ) -> MessageRef:
         """A text message (the channel layer already split and converted it); two in one
-        call when LINE's UTF-16 count makes it longer than 5,000."""
+        call when LINE's UTF-16 count makes it longer than 5,000. With buttons, a Flex
+        bubble whose footer buttons are postback actions."""
+        text = with_attachments(text, attachments)
+        if buttons:
+            message = _flex(text, buttons, alt_text(text, buttons))
+            key = "\n".join([text, *(b.value for b in buttons)])  # the push's retry identity
+            return await self._post(conversation, [message], key)
         messages = [TextMessage(text=t) for t in text_messages(text)]
         return await self._post(conversation, messages, text)
 
@@ -777,20 +792,6 @@ class LineChannel:
         else:
             messages = [TextMessage(text=t) for t in text_messages(short)]
             await self._post(ref.conversation, messages, short)
-
-    async def send_approval(
-        self, request: ApprovalRequest, *, thread: str | None = None
-    ) -> MessageRef:
-        alt = approval_alt_text(request)
-        message = _flex(to_line_text(request.text()), request.buttons, alt)
-        return await self._post(request.conversation, [message], f"approval {request.id}")
-
-    async def send_suggestion(
-        self, suggestion: Suggestion, *, thread: str | None = None
-    ) -> MessageRef:
-        alt = suggestion_alt_text(suggestion)
-        message = _flex(to_line_text(suggestion.text), suggestion.buttons, alt)
-        return await self._post(suggestion.conversation, [message], f"suggestion {suggestion.id}")
 
     async def send_private(self, conversation: str, user: str, text: str) -> None:
         """In a 1:1 chat, a normal message. In a group, a push to that person alone;

@@ -60,8 +60,8 @@ transient; 400/403/404 are not; 401 also marks the channel ``down``.
 
 Size: one platform is one module by design (README → Adding a chat platform): its wire
 format, verification, rendering and liveness read top to bottom in one place, and
-nothing in it is shared with another platform (that lives in adapters/runtime.py and
-bot/channels.py).
+nothing in it is shared with another platform (that lives in adapters/runtime.py,
+adapters/base.py and bot/channels.py).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ import re
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
@@ -86,9 +86,10 @@ import aiohttp
 import structlog
 from aiohttp import web
 
+from adapters.base import ChannelDefaults, with_attachments
 from adapters.runtime import Backoff, Health, Inflight, Recent, json_object
 from core.events import (
-    ApprovalRequest,
+    Attachment,
     Button,
     ButtonPress,
     Capabilities,
@@ -97,9 +98,7 @@ from core.events import (
     Inbound,
     Message,
     MessageRef,
-    Progress,
     Retracted,
-    Suggestion,
 )
 
 log = structlog.get_logger(__name__)
@@ -437,7 +436,7 @@ def delivery_error(
 # ---------------------------------------------------------------------- the channel
 
 
-class MattermostChannel:
+class MattermostChannel(ChannelDefaults):
     """Steward in Mattermost: one bot account, websocket in, REST out."""
 
     name = NAME
@@ -690,9 +689,21 @@ class MattermostChannel:
 
     # ------------------------------------------------------------------ outbound
 
-    async def send(self, conversation: str, text: str, *, thread: str | None = None) -> MessageRef:
-        """``POST /posts``; the text is already Mattermost Markdown (split by the channel layer)."""
-        return await self._post(conversation, text, thread, None)
+    async def send(
+        self,
+        conversation: str,
+        text: str,
+        *,
+        thread: str | None = None,
+        buttons: Sequence[Button] = (),
+        attachments: Sequence[Attachment] = (),
+    ) -> MessageRef:
+        """``POST /posts``; the text is already Mattermost Markdown (split by the channel
+        layer), with one button per choice under it (a Mattermost message attachment's
+        actions)."""
+        return await self._post(
+            conversation, with_attachments(text, attachments), thread, list(buttons)
+        )
 
     async def edit(
         self, ref: MessageRef, text: str, *, buttons: list[Button] | None = None
@@ -710,20 +721,6 @@ class MattermostChannel:
             body["props"] = props
         await self._request("PUT", f"/posts/{ref.id}/patch", "posts/patch", body)
 
-    async def send_approval(
-        self, request: ApprovalRequest, *, thread: str | None = None
-    ) -> MessageRef:
-        """The request's text, with one button per choice under it."""
-        return await self._post(request.conversation, request.text(), thread, request.buttons)
-
-    async def send_suggestion(
-        self, suggestion: Suggestion, *, thread: str | None = None
-    ) -> MessageRef:
-        """An unprompted offer of help with its buttons."""
-        return await self._post(
-            suggestion.conversation, suggestion.text, thread, suggestion.buttons
-        )
-
     async def send_private(self, conversation: str, user: str, text: str) -> None:
         """``POST /posts/ephemeral``: only `user` sees it (until they reload)."""
         body = {"user_id": user, "post": {"channel_id": conversation, "message": text}}
@@ -733,10 +730,6 @@ class MattermostChannel:
         """``POST /users/{bot}/typing``: "Steward is typing…" for a few seconds."""
         who = self.bot_id or "me"
         await self._request("POST", f"/users/{who}/typing", "typing", {"channel_id": conversation})
-
-    async def progress(self, conversation: str, event: Progress) -> None:
-        """No-op: the channel layer shows tool steps as a status post edited in place."""
-        return None
 
     def _attachments(self, conversation: str, buttons: list[Button]) -> list[dict[str, Any]]:
         if not buttons:

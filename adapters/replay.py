@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from adapters.base import ChannelDefaults, with_attachments
+from core.approvals import approval_of
 from core.events import (
-    ApprovalRequest,
+    Attachment,
     Button,
     ButtonPress,
     Cancel,
@@ -23,9 +25,7 @@ from core.events import (
     Inbound,
     Message,
     MessageRef,
-    Progress,
     Retracted,
-    Suggestion,
 )
 
 Emit = Callable[[dict[str, Any]], None]
@@ -43,7 +43,7 @@ class ScenarioLine:
     access: Any = None  # core.access.Rules, built by the runner from `access_rules`
 
 
-class ReplayChannel:
+class ReplayChannel(ChannelDefaults):
     name = "replay"
     capabilities = Capabilities(
         buttons=True,
@@ -76,7 +76,12 @@ class ReplayChannel:
         self.dispatch = None
 
     def _record(
-        self, kind: str, conversation: str, text: str, buttons: list[Button] | None, **extra: Any
+        self,
+        kind: str,
+        conversation: str,
+        text: str,
+        buttons: Sequence[Button] | None,
+        **extra: Any,
     ) -> dict[str, Any]:
         item: dict[str, Any] = {
             "t": round(self._now(), 3),
@@ -93,9 +98,28 @@ class ReplayChannel:
     def _new_ref(self, conversation: str, thread: str | None) -> MessageRef:
         return MessageRef(self.name, conversation, f"m{next(self._ids)}", thread)
 
-    async def send(self, conversation: str, text: str, *, thread: str | None = None) -> MessageRef:
+    async def send(
+        self,
+        conversation: str,
+        text: str,
+        *,
+        thread: str | None = None,
+        buttons: Sequence[Button] = (),
+        attachments: Sequence[Attachment] = (),
+    ) -> MessageRef:
+        """A `message`; with buttons an `approval` (with its id) or a `suggestion` (any
+        other question), whose buttons a later `press` line can find."""
         ref = self._new_ref(conversation, thread)
-        self._record("message", conversation, text, None, id=ref.id)
+        text = with_attachments(text, attachments)
+        if not buttons:
+            self._record("message", conversation, text, None, id=ref.id)
+            return ref
+        rid = approval_of(buttons)
+        if rid is not None:
+            self._record("approval", conversation, text, buttons, id=ref.id, approval=rid)
+        else:
+            self._record("suggestion", conversation, text, buttons, id=ref.id)
+        self._buttons.setdefault(conversation, []).append((ref.id, list(buttons)))
         return ref
 
     async def edit(
@@ -103,43 +127,10 @@ class ReplayChannel:
     ) -> None:
         self._record("edit", ref.conversation, text, buttons, id=ref.id)
 
-    async def send_approval(
-        self, request: ApprovalRequest, *, thread: str | None = None
-    ) -> MessageRef:
-        ref = self._new_ref(request.conversation, thread)
-        self._record(
-            "approval",
-            request.conversation,
-            request.text(),
-            request.buttons,
-            id=ref.id,
-            approval=request.id,
-        )
-        self._buttons.setdefault(request.conversation, []).append((ref.id, list(request.buttons)))
-        return ref
-
-    async def send_suggestion(
-        self, suggestion: Suggestion, *, thread: str | None = None
-    ) -> MessageRef:
-        ref = self._new_ref(suggestion.conversation, thread)
-        self._record(
-            "suggestion", suggestion.conversation, suggestion.text, suggestion.buttons, id=ref.id
-        )
-        self._buttons.setdefault(suggestion.conversation, []).append(
-            (ref.id, list(suggestion.buttons))
-        )
-        return ref
-
-    async def typing(self, conversation: str) -> None:
-        return None
-
     async def send_private(self, conversation: str, user: str, text: str) -> None:
         """Recorded as a message with `to`: only that user would see it on a platform."""
         ref = self._new_ref(conversation, None)
         self._record("message", conversation, text, None, id=ref.id, to=user)
-
-    async def progress(self, conversation: str, event: Progress) -> None:
-        return None
 
     def warn(self, conversation: str, text: str) -> None:
         self._record("warning", conversation, text, None)

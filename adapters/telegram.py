@@ -46,8 +46,8 @@ approved") becomes the callback's alert instead of a message everybody sees.
 
 Size: one platform is one module by design (README → Adding a chat platform): its wire
 format, verification, rendering and liveness read top to bottom in one place, and
-nothing in it is shared with another platform (that lives in adapters/runtime.py and
-bot/channels.py).
+nothing in it is shared with another platform (that lives in adapters/runtime.py,
+adapters/base.py and bot/channels.py).
 """
 
 from __future__ import annotations
@@ -93,9 +93,10 @@ from telegram.error import (
 from telegram.request import HTTPXRequest
 from telegram.warnings import PTBDeprecationWarning, PTBUserWarning
 
+from adapters.base import ChannelDefaults, with_attachments
 from adapters.runtime import Backoff, Health, Inflight, Recent, tls_context
 from core.events import (
-    ApprovalRequest,
+    Attachment,
     Button,
     ButtonPress,
     Capabilities,
@@ -104,9 +105,7 @@ from core.events import (
     Inbound,
     Message,
     MessageRef,
-    Progress,
     Retracted,
-    Suggestion,
 )
 
 log = structlog.get_logger(__name__)
@@ -505,7 +504,7 @@ class _Press:
     answered: bool = False
 
 
-class TelegramChannel:
+class TelegramChannel(ChannelDefaults):
     """A Telegram bot: private chats, group mentions/commands/replies and forum topics in;
     HTML messages with inline keyboards out."""
 
@@ -1008,9 +1007,20 @@ class TelegramChannel:
             raise err from exc
         return await _guard(what, call(False))
 
-    async def send(self, conversation: str, text: str, *, thread: str | None = None) -> MessageRef:
-        """sendMessage; the text is already HTML and ≤4096 (the channel layer did that)."""
-        return await self._send(conversation, text, thread)
+    async def send(
+        self,
+        conversation: str,
+        text: str,
+        *,
+        thread: str | None = None,
+        buttons: Sequence[Button] = (),
+        attachments: Sequence[Attachment] = (),
+    ) -> MessageRef:
+        """sendMessage; the text is already HTML and ≤4096 (the channel layer did that).
+        Buttons become an inline keyboard (callback_data = the opaque value)."""
+        text = with_attachments(text, attachments, escape=_escape)
+        markup = self._keyboard(buttons) if buttons else None
+        return await self._send(conversation, text, thread, markup)
 
     async def edit(
         self, ref: MessageRef, text: str, *, buttons: list[Button] | None = None
@@ -1037,27 +1047,6 @@ class TelegramChannel:
             if "message is not modified" in str(exc).lower():
                 return
             raise
-
-    async def send_approval(
-        self, request: ApprovalRequest, *, thread: str | None = None
-    ) -> MessageRef:
-        """The request with an inline keyboard (callback_data = the opaque value)."""
-        return await self._send(
-            request.conversation,
-            to_html(request.text()),
-            thread,
-            self._keyboard(request.buttons),
-        )
-
-    async def send_suggestion(
-        self, suggestion: Suggestion, *, thread: str | None = None
-    ) -> MessageRef:
-        return await self._send(
-            suggestion.conversation,
-            to_html(suggestion.text),
-            thread,
-            self._keyboard(suggestion.buttons),
-        )
 
     async def typing(self, conversation: str) -> None:
         """sendChatAction "typing" (Telegram shows it about 5 seconds), in the topic last
@@ -1093,10 +1082,6 @@ class TelegramChannel:
                 log.warning("adapter.alert_failed", channel=self.name, error=str(exc))
         target = conversation if _chat_id(conversation) > 0 else user
         await self._send(target, text, None)
-
-    async def progress(self, conversation: str, event: Progress) -> None:
-        """Not rendered here: the channel layer shows tool steps as a status message."""
-        return None
 
     @staticmethod
     def to_dialect(markdown: str) -> str:

@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -33,9 +33,10 @@ from rich.panel import Panel
 from rich.segment import ControlType
 from rich.text import Text
 
+from adapters.base import ChannelDefaults, with_attachments, with_typed_choices
 from adapters.runtime import Inflight
 from core.events import (
-    ApprovalRequest,
+    Attachment,
     Button,
     ButtonPress,
     Cancel,
@@ -45,7 +46,6 @@ from core.events import (
     Message,
     MessageRef,
     Progress,
-    Suggestion,
 )
 
 log = structlog.get_logger(__name__).bind(channel="terminal")
@@ -110,7 +110,7 @@ def tool_line(event: Progress) -> Text | None:
     return None
 
 
-def _buttons_block(buttons: list[Button]) -> Text:
+def _buttons_block(buttons: Sequence[Button]) -> Text:
     """`[1] Approve  [2] Deny` plus how to answer, since a terminal has nothing to click."""
     block = Text()
     for i, button in enumerate(buttons, start=1):
@@ -151,7 +151,13 @@ class _Pending:
     buttons: list[Button]
 
 
-class TerminalChannel:
+def _panel_style(buttons: Sequence[Button]) -> str:
+    """A question with a risky choice (an approval's Deny) in yellow, other questions
+    (an offer of help) in cyan."""
+    return "yellow" if any(b.style == "danger" for b in buttons) else "cyan"
+
+
+class TerminalChannel(ChannelDefaults):
     """The interactive terminal: a REPL on stdin, Rich rendering on the console.
 
     One person (`user`) in one conversation; outbound text for any conversation is
@@ -479,8 +485,21 @@ class TerminalChannel:
     def _ref(self, conversation: str, thread: str | None) -> MessageRef:
         return MessageRef(channel=self.name, conversation=conversation, id=_new_id(), thread=thread)
 
-    async def send(self, conversation: str, text: str, *, thread: str | None = None) -> MessageRef:
-        """Print a reply as Markdown, unless it was just streamed: then only end that line."""
+    async def send(
+        self,
+        conversation: str,
+        text: str,
+        *,
+        thread: str | None = None,
+        buttons: Sequence[Button] = (),
+        attachments: Sequence[Attachment] = (),
+    ) -> MessageRef:
+        """Print a reply as Markdown, unless it was just streamed: then only end that line.
+        A question with buttons is a panel with its numbered choices, answered by typing
+        a number or a label."""
+        text = with_attachments(text, attachments)
+        if buttons:
+            return self._ask(conversation, text, buttons, thread)
         segments = self._stream.pop(conversation, [])
         wanted = text.strip()
         already_shown = bool(segments) and wanted in (
@@ -513,39 +532,17 @@ class TerminalChannel:
             self._print(line)
         self._show_prompt_again()
 
-    async def _send_with_buttons(
-        self, conversation: str, text: str, buttons: list[Button], style: str, thread: str | None
+    def _ask(
+        self, conversation: str, text: str, buttons: Sequence[Button], thread: str | None
     ) -> MessageRef:
         ref = self._ref(conversation, thread)
         body = Text(text)
-        if buttons:
-            body.append("\n\n")
-            body.append_text(_buttons_block(buttons))
-            self._pending[ref.id] = _Pending(conversation=conversation, buttons=list(buttons))
-        self._print(Panel(body, border_style=style, expand=False))
+        body.append("\n\n")
+        body.append_text(_buttons_block(buttons))
+        self._pending[ref.id] = _Pending(conversation=conversation, buttons=list(buttons))
+        self._print(Panel(body, border_style=_panel_style(buttons), expand=False))
         self._show_prompt_again()
         return ref
-
-    async def send_approval(
-        self, request: ApprovalRequest, *, thread: str | None = None
-    ) -> MessageRef:
-        return await self._send_with_buttons(
-            request.conversation, request.text(), request.buttons, "yellow", thread
-        )
-
-    async def send_suggestion(
-        self, suggestion: Suggestion, *, thread: str | None = None
-    ) -> MessageRef:
-        return await self._send_with_buttons(
-            suggestion.conversation, suggestion.text, suggestion.buttons, "cyan", thread
-        )
-
-    async def typing(self, conversation: str) -> None:
-        """Nothing to show: streamed text and tool lines already say the agent is working."""
-
-    async def send_private(self, conversation: str, user: str, text: str) -> None:
-        """The terminal has one reader, so private is simply shown."""
-        await self.send(conversation, text)
 
     async def progress(self, conversation: str, event: Progress) -> None:
         """Stream text inline and print tool/status lines as they happen."""
@@ -573,7 +570,7 @@ async def _next_line(source: AsyncIterator[str]) -> str:
     return await anext(source)
 
 
-class OneShotChannel:
+class OneShotChannel(ChannelDefaults):
     """`steward chat -m TEXT`: the answer goes to stdout (printed by the CLI), the rest to stderr.
 
     Nobody is there to press a button, hence interactive=False; keeping stdout to the
@@ -633,7 +630,22 @@ class OneShotChannel:
     def _ref(self, conversation: str, thread: str | None) -> MessageRef:
         return MessageRef(channel=self.name, conversation=conversation, id=_new_id(), thread=thread)
 
-    async def send(self, conversation: str, text: str, *, thread: str | None = None) -> MessageRef:
+    async def send(
+        self,
+        conversation: str,
+        text: str,
+        *,
+        thread: str | None = None,
+        buttons: Sequence[Button] = (),
+        attachments: Sequence[Attachment] = (),
+    ) -> MessageRef:
+        """Kept as the reply. A question (nothing to press here: the channel layer normally
+        turns its buttons into what to type) is also shown on stderr, so a run that
+        stopped on it says why."""
+        text = with_attachments(text, attachments)
+        if buttons:
+            text = with_typed_choices(text, buttons)
+            self.console.print(Panel(Text(text), border_style=_panel_style(buttons), expand=False))
         self.replies.append(text)
         return self._ref(conversation, thread)
 
@@ -643,25 +655,6 @@ class OneShotChannel:
         """Shown on stderr only: stdout is reserved for the final reply."""
         if self.show_progress:
             self.console.print(Text(f"↳ {text}", style="dim"))
-
-    async def send_approval(
-        self, request: ApprovalRequest, *, thread: str | None = None
-    ) -> MessageRef:
-        """Recorded and shown, so a run that stopped on an approval says why."""
-        text = request.text()
-        self.replies.append(text)
-        self.console.print(Panel(Text(text), border_style="yellow", expand=False))
-        return self._ref(request.conversation, thread)
-
-    async def send_suggestion(
-        self, suggestion: Suggestion, *, thread: str | None = None
-    ) -> MessageRef:
-        self.replies.append(suggestion.text)
-        self.console.print(Panel(Text(suggestion.text), border_style="cyan", expand=False))
-        return self._ref(suggestion.conversation, thread)
-
-    async def typing(self, conversation: str) -> None:
-        """No typing indicator in a one-shot run."""
 
     async def send_private(self, conversation: str, user: str, text: str) -> None:
         """Notes go to stderr with the tool lines; they are not the reply."""

@@ -54,7 +54,7 @@ import os
 import re
 import secrets
 import time
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -62,10 +62,11 @@ from urllib.parse import urlsplit
 import structlog
 from aiohttp import WSCloseCode, WSMsgType, web
 
+from adapters.base import ChannelDefaults, with_attachments
 from adapters.runtime import Inflight
 from adapters.web_login import AUTHENTICATED
 from core.events import (
-    ApprovalRequest,
+    Attachment,
     Button,
     ButtonPress,
     Cancel,
@@ -76,7 +77,6 @@ from core.events import (
     Message,
     MessageRef,
     Progress,
-    Suggestion,
 )
 from memory.atomic import atomic_write_bytes
 
@@ -109,7 +109,7 @@ STATIC_TYPES: dict[str, str] = {
 _ERROR_CONNECTION = (ConnectionError, RuntimeError)
 
 
-class WebChannel:
+class WebChannel(ChannelDefaults):
     """The local web chat, served on the same aiohttp app as the dashboard and webhooks."""
 
     name = "web"
@@ -198,10 +198,19 @@ class WebChannel:
 
     # ------------------------------------------------------------------ outbound
 
-    async def send(self, conversation: str, text: str, *, thread: str | None = None) -> MessageRef:
-        """Store and show an assistant message; stored means delivered, even with no tab open."""
+    async def send(
+        self,
+        conversation: str,
+        text: str,
+        *,
+        thread: str | None = None,
+        buttons: Sequence[Button] = (),
+        attachments: Sequence[Attachment] = (),
+    ) -> MessageRef:
+        """Store and show an assistant message, with its buttons (their values are opaque
+        ids); stored means delivered, even with no tab open."""
         session = self._session_of(conversation)
-        frame = self._message_frame("assistant", text, [])
+        frame = self._message_frame("assistant", with_attachments(text, attachments), buttons)
         await self._record(session, frame)
         return MessageRef(channel=self.name, conversation=conversation, id=frame["id"])
 
@@ -217,31 +226,9 @@ class WebChannel:
         frame = {"type": "edit", "id": ref.id, "text": text, "buttons": _buttons(buttons or [])}
         await self._record(session, frame)
 
-    async def send_approval(
-        self, request: ApprovalRequest, *, thread: str | None = None
-    ) -> MessageRef:
-        """Show an approval request with its buttons (their values are opaque ids)."""
-        session = self._session_of(request.conversation)
-        frame = self._message_frame("assistant", request.text(), request.buttons)
-        await self._record(session, frame)
-        return MessageRef(channel=self.name, conversation=request.conversation, id=frame["id"])
-
-    async def send_suggestion(
-        self, suggestion: Suggestion, *, thread: str | None = None
-    ) -> MessageRef:
-        """Show an unprompted offer of help with its buttons."""
-        session = self._session_of(suggestion.conversation)
-        frame = self._message_frame("assistant", suggestion.text, suggestion.buttons)
-        await self._record(session, frame)
-        return MessageRef(channel=self.name, conversation=suggestion.conversation, id=frame["id"])
-
     async def typing(self, conversation: str) -> None:
         """Tell open tabs Steward is working; live only, never stored."""
         await self._broadcast(self._session_of(conversation), {"type": "typing"})
-
-    async def send_private(self, conversation: str, user: str, text: str) -> None:
-        """The web chat belongs to one person (the owner): a private note is a message."""
-        await self.send(conversation, text)
 
     async def progress(self, conversation: str, event: Progress) -> None:
         """Stream a task's visible progress to open tabs; live only, so history stays clean."""

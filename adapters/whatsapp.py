@@ -30,8 +30,8 @@ What WhatsApp makes special, and how it is handled here:
 
 Size: one platform is one module by design (README → Adding a chat platform): its wire
 format, verification, rendering and liveness read top to bottom in one place, and
-nothing in it is shared with another platform (that lives in adapters/runtime.py and
-bot/channels.py).
+nothing in it is shared with another platform (that lives in adapters/runtime.py,
+adapters/base.py and bot/channels.py).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,10 +53,11 @@ import httpx
 import structlog
 from aiohttp import web
 
+from adapters.base import ChannelDefaults, with_attachments
 from adapters.runtime import Health, Inflight, Recent, tls_context
-from core.approvals import ACTIONS, ALWAYS, APPROVE, DENY, SESSION
+from core.approvals import ALWAYS, approval_of
 from core.events import (
-    ApprovalRequest,
+    Attachment,
     Button,
     ButtonPress,
     Capabilities,
@@ -66,7 +67,6 @@ from core.events import (
     Message,
     MessageRef,
     Progress,
-    Suggestion,
 )
 from core.formatting import _outside_code
 
@@ -292,27 +292,14 @@ def render_text(to: str, text: str, *, reply_to: str | None = None) -> dict[str,
     return payload
 
 
-def typed_command(button: Button) -> str:
-    """What a person types instead of pressing `button` (the dispatcher understands it)."""
-    action, _, rid = button.value.partition(":")
-    if action in ACTIONS and rid:
-        return {
-            APPROVE: f"/approve {rid}",
-            SESSION: f"/approve {rid} session",
-            ALWAYS: f"/approve {rid} always",
-            DENY: f"/deny {rid}",
-        }[action]
-    return f"/suggestion {button.value}"
-
-
 def title(label: str) -> str:
     label = SHORT_TITLES.get(label, label)
     return label if len(label) <= MAX_TITLE else label[: MAX_TITLE - 1].rstrip() + "…"
 
 
-def fit_buttons(buttons: list[Button]) -> tuple[list[tuple[str, str]], list[Button]]:
+def fit_buttons(buttons: Sequence[Button]) -> tuple[list[tuple[str, str]], list[Button]]:
     """WhatsApp's at most three reply buttons as (id, title), and the buttons left over
-    (offered as typed commands). "Always allow" is the first to give way."""
+    (offered as what a person types instead). "Always allow" is the first to give way."""
     ordered = sorted(buttons, key=lambda b: b.value.partition(":")[0] == ALWAYS)
     shown, rest = ordered[:MAX_BUTTONS], ordered[MAX_BUTTONS:]
     kept = [b for b in buttons if b in shown]  # the original order on screen
@@ -428,7 +415,7 @@ class WindowState:
 # ── the channel ─────────────────────────────────────────────────────────────────
 
 
-class WhatsAppChannel:
+class WhatsAppChannel(ChannelDefaults):
     """The Cloud API as a Steward channel (see the module docstring)."""
 
     name = "whatsapp"
@@ -697,8 +684,27 @@ class WhatsAppChannel:
 
     # ------------------------------------------------------------------ outbound
 
-    async def send(self, conversation: str, text: str, *, thread: str | None = None) -> MessageRef:
-        """A text message; the channel layer already converted and split it."""
+    async def send(
+        self,
+        conversation: str,
+        text: str,
+        *,
+        thread: str | None = None,
+        buttons: Sequence[Button] = (),
+        attachments: Sequence[Attachment] = (),
+    ) -> MessageRef:
+        """A text message; the channel layer already converted and split it. With buttons,
+        an interactive message of reply buttons.
+
+        Never outside the window: where it is known closed, a message is held until the
+        person writes; a template announces it, except for an offer of help (anything with
+        buttons but an approval), which just waits. For someone Steward has no record of,
+        Graph decides: outside the window it refuses (131047), and the message is held
+        the same way."""
+        text = with_attachments(text, attachments)
+        if buttons:
+            kind = "approval" if approval_of(buttons) else "suggestion"
+            return await self._send_buttons(conversation, text, buttons, kind)
         return await self._deliver(conversation, render_text(conversation, text), "text")
 
     async def edit(
@@ -713,29 +719,11 @@ class WhatsAppChannel:
             ref.conversation, render_text(ref.conversation, text, reply_to=quoted), "text"
         )
 
-    async def send_approval(
-        self, request: ApprovalRequest, *, thread: str | None = None
-    ) -> MessageRef:
-        return await self._send_buttons(
-            request.conversation, to_whatsapp(request.text()), request.buttons, "approval"
-        )
-
-    async def send_suggestion(
-        self, suggestion: Suggestion, *, thread: str | None = None
-    ) -> MessageRef:
-        """Never outside the window: where it is known closed, a suggestion is held (and
-        never announced by a template) until the person writes. For someone Steward has
-        no record of, Graph decides: outside the window it refuses (131047), and the
-        suggestion is held the same way."""
-        return await self._send_buttons(
-            suggestion.conversation, to_whatsapp(suggestion.text), suggestion.buttons, "suggestion"
-        )
-
     async def _send_buttons(
-        self, to: str, text: str, buttons: list[Button], kind: str
+        self, to: str, text: str, buttons: Sequence[Button], kind: str
     ) -> MessageRef:
         shown, rest = fit_buttons(buttons)
-        extra = "\n".join(f"{b.label}: reply {typed_command(b)}" for b in rest)
+        extra = "\n".join(f"{b.label}: reply {b.typed}" for b in rest if b.typed)
         body = f"{text}\n\n{extra}" if extra else text
         if len(body) > MAX_INTERACTIVE_BODY:  # the full text first, then the choice
             await self._deliver(to, render_text(to, text), kind)

@@ -2,11 +2,12 @@
 
 `Outbox` wraps an adapter and is what the dispatcher and approvals talk to. It
 converts Markdown to the platform's dialect, splits long answers at the platform's
-limit, degrades buttons to `/approve ID` text when the platform or the message
-can't carry them, shows progress as a status message edited in place where the
-platform has no live view, and retries delivery (429 honouring Retry-After, 5xx and
-network errors with jittered backoff, bounded). What still can't be delivered is
-logged and kept in `<data dir>/outbox/undelivered.jsonl`: nothing is dropped silently.
+limit, degrades buttons to what a person types instead (each button's `typed`:
+`/approve ID`) when the platform or the message can't carry them, shows progress as a
+status message edited in place where the platform has no live view, and retries
+delivery (429 honouring Retry-After, 5xx and network errors with jittered backoff,
+bounded). What still can't be delivered is logged and kept in
+`<data dir>/outbox/undelivered.jsonl`: nothing is dropped silently.
 
 The registry is config/platforms.py: adding a platform is its adapter, its fake, one
 entry there and its README section.
@@ -23,18 +24,19 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 import structlog
 
+from adapters.base import attachment_line, attachments_room, with_typed_choices
 from config.platforms import PLATFORMS, PlatformSpec
 from config.platforms import spec as platform_spec
 from core.clock import Clock
 from core.events import (
-    ApprovalRequest,
+    Attachment,
     Button,
     Channel,
     ChannelHealth,
@@ -42,7 +44,6 @@ from core.events import (
     Dispatch,
     MessageRef,
     Progress,
-    Suggestion,
 )
 from core.formatting import DIALECTS, split_message
 from memory.atomic import atomic_write_text
@@ -348,8 +349,10 @@ class Outbox:
 
     def _late_pieces(self, item: dict[str, Any]) -> list[str]:
         """The kept text, saying when it was written if it is late (UTC: the person's
-        time zone is not known here)."""
+        time zone is not known here). Attachments were not kept (only their lines)."""
         text = str(item.get("text") or "")
+        if item.get("attachments"):
+            text += "\n\n" + self.convert("\n".join(str(x) for x in item["attachments"]))
         at = float(item.get("at") or self.clock.now())
         age = self.clock.now() - at
         if age < LATE_AFTER:
@@ -414,22 +417,72 @@ class Outbox:
             return sent
 
     # ── Channel methods ──────────────────────────────────────────────────────
-    async def send(self, conversation: str, text: str, *, thread: str | None = None) -> MessageRef:
+    async def send(
+        self,
+        conversation: str,
+        text: str,
+        *,
+        thread: str | None = None,
+        buttons: Sequence[Button] = (),
+        attachments: Sequence[Attachment] = (),
+    ) -> MessageRef:
+        """Markdown `text` in the platform's dialect, split at its limit (the attachments go
+        with the last piece). Buttons (an approval, an offer of help) go out as one message
+        with the text when they fit the platform, else as the text saying what to type."""
+        if buttons:
+            if self._buttons_fit(text, buttons, attachments):
+                return await self._ask(conversation, text, thread, buttons, attachments)
+            text = with_typed_choices(text, buttons)
         await self._finish_status(conversation)
         event_before = self._last_event()  # its echo may arrive before the send returns
-        pieces = split_message(self.convert(text), self.capabilities.max_length)
+        room = attachments_room(attachments)
+        pieces = split_message(self.convert(text), self.capabilities.max_length - room)
         ref: MessageRef | None = None
-        for piece in pieces:
+        for n, piece in enumerate(pieces, start=1):
+            files = attachments if n == len(pieces) else ()
             ref = await self._deliver(
                 "send",
-                functools.partial(self.adapter.send, conversation, piece, thread=thread),
-                {"conversation": conversation, "text": piece, "thread": thread},
+                functools.partial(
+                    self.adapter.send, conversation, piece, thread=thread, attachments=files
+                ),
+                {"conversation": conversation, "text": piece, "thread": thread}
+                | ({"attachments": [attachment_line(a) for a in files]} if files else {}),
             )
         assert ref is not None
         self._sent_ok(event_before)
         if self._backlog > 0:  # the channel works again: what it kept goes out now
             self._redeliver_soon()
         return ref
+
+    async def _ask(
+        self,
+        conversation: str,
+        text: str,
+        thread: str | None,
+        buttons: Sequence[Button],
+        attachments: Sequence[Attachment],
+    ) -> MessageRef:
+        """A message with buttons: one delivery, the status message left as it is (the
+        task goes on after the answer). Kept when it fails, never re-sent: its moment
+        will have passed."""
+        body = self.convert(text)
+        return await self._deliver(
+            "buttons",
+            functools.partial(
+                self.adapter.send,
+                conversation,
+                body,
+                thread=thread,
+                buttons=buttons,
+                attachments=attachments,
+            ),
+            {
+                "conversation": conversation,
+                "text": body,
+                "thread": thread,
+                "buttons": [b.value for b in buttons],
+            },
+        )
 
     async def edit(
         self, ref: MessageRef, text: str, *, buttons: list[Button] | None = None
@@ -441,42 +494,15 @@ class Outbox:
             {"conversation": ref.conversation, "message_id": ref.id, "text": body},
         )
 
-    def _buttons_fit(self, text: str, buttons: list[Button]) -> bool:
+    def _buttons_fit(
+        self, text: str, buttons: Sequence[Button], attachments: Sequence[Attachment]
+    ) -> bool:
         caps = self.capabilities
         return (
             caps.buttons
             and len(buttons) <= caps.max_buttons
             and all(len(b.label) <= caps.max_label_length for b in buttons)
-            and len(self.convert(text)) <= caps.max_length
-        )
-
-    async def send_approval(
-        self, request: ApprovalRequest, *, thread: str | None = None
-    ) -> MessageRef:
-        if self._buttons_fit(request.text(), request.buttons):
-            return await self._deliver(
-                "approval",
-                lambda: self.adapter.send_approval(request, thread=thread),
-                {"conversation": request.conversation, "approval": request.id},
-            )
-        text = (
-            f"{request.text()}\n\nReply `/approve {request.id}` (or `/approve {request.id} "
-            f"session`, `/approve {request.id} always`) or `/deny {request.id}`."
-        )
-        return await self.send(request.conversation, text, thread=thread)
-
-    async def send_suggestion(
-        self, suggestion: Suggestion, *, thread: str | None = None
-    ) -> MessageRef:
-        if self._buttons_fit(suggestion.text, suggestion.buttons):
-            return await self._deliver(
-                "suggestion",
-                lambda: self.adapter.send_suggestion(suggestion, thread=thread),
-                {"conversation": suggestion.conversation, "suggestion": suggestion.id},
-            )
-        choices = ", ".join(f"`/suggestion {b.value}` ({b.label})" for b in suggestion.buttons)
-        return await self.send(
-            suggestion.conversation, f"{suggestion.text}\n\nReply {choices}.", thread=thread
+            and len(self.convert(text)) + attachments_room(attachments) <= caps.max_length
         )
 
     async def send_private(self, conversation: str, user: str, text: str) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,22 +102,34 @@ def _grant_key(
 
 
 def approval_buttons(rid: str, tool: str = "", *, once_only: bool = False) -> list[Button]:
-    """The four choices of an approval request; a press carries `<choice>:<request id>`.
-    A web_fetch request is approved per host: its "always" button says so. `once_only`:
-    only "Approve once" and "Deny"."""
+    """The four choices of an approval request; a press carries `<choice>:<request id>`,
+    and each says what a person types instead (`/approve ID [session|always]`, `/deny ID`:
+    bot/commands/approvals.py reads it). A web_fetch request is approved per host: its
+    "always" button says so. `once_only`: only "Approve once" and "Deny"."""
+    once = Button("Approve once", f"{APPROVE}:{rid}", "primary", typed=f"/approve {rid}")
+    deny = Button("Deny", f"{DENY}:{rid}", "danger", typed=f"/deny {rid}")
     if once_only:
-        return [
-            Button("Approve once", f"{APPROVE}:{rid}", "primary"),
-            Button("Deny", f"{DENY}:{rid}", "danger"),
-        ]
+        return [once, deny]
     return [
-        Button("Approve once", f"{APPROVE}:{rid}", "primary"),
-        Button("Approve for this session", f"{SESSION}:{rid}"),
+        once,
+        Button("Approve for this session", f"{SESSION}:{rid}", typed=f"/approve {rid} session"),
         Button(
-            "Always for this host" if tool == "web_fetch" else "Always allow", f"{ALWAYS}:{rid}"
+            "Always for this host" if tool == "web_fetch" else "Always allow",
+            f"{ALWAYS}:{rid}",
+            typed=f"/approve {rid} always",
         ),
-        Button("Deny", f"{DENY}:{rid}", "danger"),
+        deny,
     ]
+
+
+def approval_of(buttons: Sequence[Button]) -> str | None:
+    """The id of the approval request `buttons` decide; None for any other buttons (an
+    offer of help). For the renderers that show an approval unlike other questions."""
+    for button in buttons:
+        action, _, rid = button.value.partition(":")
+        if action in ACTIONS and rid:
+            return rid
+    return None
 
 
 class Approvals:
@@ -299,7 +311,9 @@ class Approvals:
         await self.store.save(record)
         log.info("approval.requested", approval=rid, what=what, conversation=conversation)
         try:
-            pending.ref = await channel.send_approval(request, thread=thread)
+            pending.ref = await channel.send(
+                request.conversation, request.text(), thread=thread, buttons=request.buttons
+            )
         except Exception:
             log.exception("approval.send_failed", approval=rid)
             await self._finish(

@@ -1,14 +1,14 @@
 """The vocabulary shared by every channel and the core.
 
 Adapters import only this module (plus their platform SDK): they turn platform
-payloads into `Message`, `ButtonPress`, `Cancel` and `Retracted`, and render `ApprovalRequest`,
-`Suggestion` and text back out. Keeping the types here, free of any agent logic,
+payloads into `Message`, `ButtonPress`, `Cancel` and `Retracted`, and render text,
+`Button`s and `Attachment`s back out. Keeping the types here, free of any agent logic,
 is what lets a new platform be added without touching the core.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -163,9 +163,29 @@ Dispatch = Callable[[Inbound], Awaitable[None]]
 
 @dataclass(frozen=True, slots=True)
 class Button:
+    """A choice under a message. `value` is the opaque short id a press carries back;
+    `typed` is what a person can type instead of pressing (`/approve 1a2b3c4d session`),
+    written where the command grammar lives, so a platform without buttons (or with too
+    few) offers the same choice as text."""
+
     label: str
     value: str
     style: Literal["primary", "danger", "default"] = "default"
+    typed: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Attachment:
+    """A file that goes with a message (a report, a chart); `mime` is its media type."""
+
+    name: str
+    data: bytes
+    mime: str
+    caption: str = ""
+
+    @property
+    def is_image(self) -> bool:
+        return self.mime.startswith("image/")
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,18 +220,6 @@ class ApprovalRequest:
         return f"Approval needed: {self.what}\nWhy: {self.why}\nRisk: {self.risk}"
 
 
-@dataclass(slots=True)
-class Suggestion:
-    """An unprompted offer of help, answered with buttons."""
-
-    id: str
-    text: str
-    conversation: str
-    channel: str
-    user: str
-    buttons: list[Button] = field(default_factory=list)
-
-
 @dataclass(frozen=True, slots=True)
 class Progress:
     """Something visible happened inside a running task.
@@ -233,7 +241,10 @@ class Progress:
 
 @runtime_checkable
 class Channel(Protocol):
-    """What every adapter implements. Methods raise on delivery failure; retrying is not theirs."""
+    """What every adapter implements. Methods raise on delivery failure; retrying is not theirs.
+
+    `typing`, `progress` and `send_private` have defaults for a platform with nothing of
+    its own for them (adapters/base.py `ChannelDefaults`)."""
 
     name: str
     capabilities: Capabilities
@@ -243,20 +254,21 @@ class Channel(Protocol):
     async def stop(self) -> None: ...
 
     async def send(
-        self, conversation: str, text: str, *, thread: str | None = None
-    ) -> MessageRef: ...
+        self,
+        conversation: str,
+        text: str,
+        *,
+        thread: str | None = None,
+        buttons: Sequence[Button] = (),
+        attachments: Sequence[Attachment] = (),
+    ) -> MessageRef:
+        """The one way out: text, with the buttons under it (an approval, an offer of help)
+        and the files that go with it."""
+        ...
 
     async def edit(
         self, ref: MessageRef, text: str, *, buttons: list[Button] | None = None
     ) -> None: ...
-
-    async def send_approval(
-        self, request: ApprovalRequest, *, thread: str | None = None
-    ) -> MessageRef: ...
-
-    async def send_suggestion(
-        self, suggestion: Suggestion, *, thread: str | None = None
-    ) -> MessageRef: ...
 
     async def typing(self, conversation: str) -> None: ...
 

@@ -27,7 +27,8 @@ from typing import Any
 import structlog
 
 from core.clock import Clock
-from core.events import Button, Channel, MessageRef, Suggestion
+from core.events import Channel, MessageRef
+from core.suggestions import answer_button
 from memory.episodes import Episode, EpisodeStore, ToolRecord
 from memory.journal import ASKED, OPEN, TaskJournal
 
@@ -162,18 +163,16 @@ class Interrupted:
             # The task ended and its episode was written; only the removal was lost.
             await self.journal.remove(tid)
             return False
-        suggestion = Suggestion(
-            id=tid,
-            text=question(record),
-            conversation=str(record["conversation"]),
-            channel=channel.name,
-            user=str(record.get("user", "")),
-            buttons=[
-                Button("Run it again", f"{RERUN}:{tid}", "primary"),
-                Button("Drop it", f"{DROP}:{tid}"),
-            ],
+        buttons = [
+            answer_button("Run it again", f"{RERUN}:{tid}", "primary"),
+            answer_button("Drop it", f"{DROP}:{tid}"),
+        ]
+        ref = await channel.send(
+            str(record["conversation"]),
+            question(record),
+            thread=record.get("thread"),
+            buttons=buttons,
         )
-        ref = await channel.send_suggestion(suggestion, thread=record.get("thread"))
         record["status"] = ASKED
         record["asked_at"] = self.clock.now()
         if ref is not None:  # a press after yet another restart can still edit it

@@ -12,18 +12,26 @@ import asyncio
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 
 from core.clock import Clock
-from core.events import Button, Channel, MessageRef, Suggestion
+from core.events import Button, Channel, MessageRef
 from memory.records import RecordStore
 
 log = structlog.get_logger("steward.suggestions")
 
 YES = "suggest-yes"
 NO = "suggest-no"
+
+
+def answer_button(
+    label: str, value: str, style: Literal["primary", "default"] = "default"
+) -> Button:
+    """A button answering an offer; typed instead as `/suggestion VALUE` where it can't be
+    pressed (bot/commands/suggestions.py reads it)."""
+    return Button(label, value, style, typed=f"/suggestion {value}")
 
 
 @dataclass(slots=True)
@@ -73,17 +81,10 @@ class Suggestions:
         thread: str | None = None,
     ) -> str:
         sid = secrets.token_hex(4)
-        suggestion = Suggestion(
-            id=sid,
-            text=text,
-            conversation=conversation,
-            channel=channel.name,
-            user=user,
-            buttons=[
-                Button("Yes, help", f"{YES}:{sid}", "primary"),
-                Button("No thanks", f"{NO}:{sid}"),
-            ],
-        )
+        buttons = [
+            answer_button("Yes, help", f"{YES}:{sid}", "primary"),
+            answer_button("No thanks", f"{NO}:{sid}"),
+        ]
         record = {
             "id": sid,
             "status": "open",
@@ -95,7 +96,7 @@ class Suggestions:
             "offered_at": self.clock.now(),
         }
         await self._save(record)
-        ref = await channel.send_suggestion(suggestion, thread=thread)
+        ref = await channel.send(conversation, text, thread=thread, buttons=buttons)
         self._open[sid] = (record, channel, ref)
         if ref is not None:  # so a press after a restart can still be answered and edited
             record.update(message_id=ref.id, thread=ref.thread)

@@ -1,17 +1,18 @@
-"""What the adapter tests share: a recording dispatch, and an adapter's webhook routes
-served on 127.0.0.1 the way `steward run` mounts them."""
+"""What the adapter tests share: a recording dispatch, an adapter's webhook routes
+served on 127.0.0.1 the way `steward run` mounts them, and the questions (an approval,
+an offer of help) sent to an adapter the way the channel layer sends them."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from aiohttp import web
 
 from core.approvals import approval_buttons
-from core.events import ApprovalRequest, Button, Inbound, Suggestion
+from core.events import ApprovalRequest, Button, Inbound, MessageRef
 
 
 async def until(pred: Callable[[], Any], within: float = 30.0, what: str = "") -> Any:
@@ -85,15 +86,37 @@ def sample_approval(
     )
 
 
-def sample_suggestion(
-    channel: str, user: str, conversation: str, buttons: list[Button]
-) -> Suggestion:
-    """The offer of help the adapter tests render, with the platform test's buttons."""
-    return Suggestion(
-        id="sg7",
-        text="The last three builds failed the same way. Want me to look into it?",
-        conversation=conversation,
-        channel=channel,
-        user=user,
-        buttons=buttons,
+#: The offer of help the adapter tests render (their golden files pin its text).
+SUGGESTION_TEXT = "The last three builds failed the same way. Want me to look into it?"
+
+
+def in_dialect(channel: Any, markdown: str) -> str:
+    """`markdown` as the channel layer hands it to `channel`: through the adapter's own
+    converter where it has one (the registry's dialects are the channel layer's tests)."""
+    convert = getattr(channel, "to_dialect", None)
+    return convert(markdown) if convert is not None else markdown
+
+
+async def ask(channel: Any, request: ApprovalRequest, *, thread: str | None = None) -> MessageRef:
+    """An approval request sent as the channel layer sends it: `send` with its text and
+    its buttons."""
+    text = in_dialect(channel, request.text())
+    ref: MessageRef = await channel.send(
+        request.conversation, text, thread=thread, buttons=request.buttons
     )
+    return ref
+
+
+async def offer(
+    channel: Any,
+    conversation: str,
+    buttons: Sequence[Button],
+    text: str = SUGGESTION_TEXT,
+    *,
+    thread: str | None = None,
+) -> MessageRef:
+    """An offer of help sent as the channel layer sends it."""
+    ref: MessageRef = await channel.send(
+        conversation, in_dialect(channel, text), thread=thread, buttons=buttons
+    )
+    return ref

@@ -5,17 +5,28 @@ are unchanged; a web_fetch request is approved per host ("Always for this host")
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from core.approvals import ApprovalDecision, Approvals, approval_buttons
+from core.approvals import ApprovalDecision, Approvals, approval_buttons, approval_of
 from core.clock import SimClock
-from core.events import ApprovalRequest, Button, Capabilities, MessageRef
+from core.events import Button, Capabilities, MessageRef
 from memory.approvals import ApprovalStore
 
 SHELL = {"command": "echo x >> ../out.txt"}
+
+
+@dataclass
+class Asked:
+    """An approval request as the chat received it."""
+
+    id: str
+    text: str
+    buttons: list[Button]
 
 
 class ChatDouble:
@@ -25,12 +36,20 @@ class ChatDouble:
     capabilities = Capabilities(buttons=True, edit=True)
 
     def __init__(self) -> None:
-        self.requests: list[ApprovalRequest] = []
+        self.requests: list[Asked] = []
         self.edits: list[str] = []
 
-    async def send_approval(self, request: ApprovalRequest, *, thread: str | None = None) -> Any:
-        self.requests.append(request)
-        return MessageRef(self.name, request.conversation, f"m{len(self.requests)}")
+    async def send(
+        self,
+        conversation: str,
+        text: str,
+        *,
+        thread: str | None = None,
+        buttons: Sequence[Button] = (),
+        attachments: Sequence[Any] = (),
+    ) -> Any:
+        self.requests.append(Asked(approval_of(buttons) or "", text, list(buttons)))
+        return MessageRef(self.name, conversation, f"m{len(self.requests)}")
 
     async def edit(self, ref: MessageRef, text: str, *, buttons: list[Button] | None = None) -> Any:
         self.edits.append(text)

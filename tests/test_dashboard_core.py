@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from adapters.replay import ReplayChannel
 from bot.app import App
@@ -15,7 +16,7 @@ from core.access import Rules
 from core.activity import RECENT_KEPT, Activity
 from core.approvals import Approvals
 from core.clock import SimClock
-from core.events import ApprovalRequest, Capabilities, Message, MessageRef, Progress
+from core.events import Capabilities, Message, MessageRef, Progress
 from memory.approvals import ApprovalStore
 from tests.fakes.llm import ScriptedLLM
 from tests.kit import until
@@ -100,8 +101,8 @@ class Platform:
     def __init__(self) -> None:
         self.edits: list[str] = []
 
-    async def send_approval(self, request: ApprovalRequest, *, thread: str | None = None):
-        return MessageRef(self.name, request.conversation, "m1")
+    async def send(self, conversation: str, text: str, **_: Any) -> MessageRef:
+        return MessageRef(self.name, conversation, "m1")
 
     async def edit(self, ref: MessageRef, text: str, *, buttons: list | None = None) -> None:
         self.edits.append(text)

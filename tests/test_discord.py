@@ -30,7 +30,6 @@ from core.events import (
     MessageRef,
     Progress,
     Retracted,
-    Suggestion,
 )
 from tests import golden
 from tests.contract.discord_harness import DiscordHarness
@@ -47,7 +46,7 @@ from tests.fakes.discord import (
     TOKEN,
     FakeDiscord,
 )
-from tests.kit import Recorder, sample_approval, sample_suggestion, until
+from tests.kit import Recorder, ask, offer, sample_approval, until
 
 WAIT = 3.0
 DM = FakeDiscord.dm_channel(ALICE)
@@ -84,13 +83,8 @@ def approval(conversation: str = GROUP, rid: str = "ap12") -> ApprovalRequest:
     return sample_approval("discord", ALICE, conversation, rid)
 
 
-def suggestion(conversation: str = DM) -> Suggestion:
-    return sample_suggestion(
-        "discord",
-        ALICE,
-        conversation,
-        [Button("Yes, please", "help:sg7", "primary"), Button("No thanks", "nope:sg7")],
-    )
+#: The answers of the offer of help the golden file pins.
+OFFER = [Button("Yes, please", "help:sg7", "primary"), Button("No thanks", "nope:sg7")]
 
 
 # ---------------------------------------------------------------------- wiring
@@ -289,7 +283,7 @@ async def test_press_is_acknowledged_then_dispatched(
     fake: FakeDiscord, bot: tuple[DiscordChannel, Recorder]
 ) -> None:
     channel, received = bot
-    ref = await channel.send_approval(approval())
+    ref = await ask(channel, approval())
     await fake.press_button(ref.id, "approve:ap12", user=ALICE)
     event = await received.next()
     assert event == ButtonPress(
@@ -310,7 +304,7 @@ async def test_edit_removes_components(
     fake: FakeDiscord, bot: tuple[DiscordChannel, Recorder]
 ) -> None:
     channel, _ = bot
-    ref = await channel.send_approval(approval())
+    ref = await ask(channel, approval())
     assert len(fake.messages[ref.id]["components"][0]["components"]) == 4
     await channel.edit(ref, "Approved by alice")
     (mid, body) = fake.edits[-1]
@@ -323,7 +317,7 @@ async def test_private_note_is_ephemeral_to_the_presser(
     fake: FakeDiscord, bot: tuple[DiscordChannel, Recorder]
 ) -> None:
     channel, received = bot
-    ref = await channel.send_approval(approval())
+    ref = await ask(channel, approval())
     await fake.press_button(ref.id, "approve:ap12", user=BOB)
     press = await received.next()
     assert isinstance(press, ButtonPress)
@@ -427,7 +421,7 @@ async def test_429_on_an_interaction_followup_is_raised_too(
     fake: FakeDiscord, bot: tuple[DiscordChannel, Recorder]
 ) -> None:
     channel, received = bot
-    ref = await channel.send_approval(approval())
+    ref = await ask(channel, approval())
     await fake.press_button(ref.id, "deny:ap12", user=BOB)
     await received.next()
     fake.rate_limit_next(1.5)
@@ -566,13 +560,11 @@ async def test_golden_outbound(fake: FakeDiscord, bot: tuple[DiscordChannel, Rec
     golden.check_outbound("discord", "text", await body_of(channel.send(DM, "Done: **3** files")))
     ref_holder: list[MessageRef] = []
 
-    async def send_approval() -> None:
-        ref_holder.append(await channel.send_approval(approval()))
+    async def asked() -> None:
+        ref_holder.append(await ask(channel, approval()))
 
-    golden.check_outbound("discord", "approval", await body_of(send_approval()))
-    golden.check_outbound(
-        "discord", "suggestion", await body_of(channel.send_suggestion(suggestion()))
-    )
+    golden.check_outbound("discord", "approval", await body_of(asked()))
+    golden.check_outbound("discord", "suggestion", await body_of(offer(channel, DM, OFFER)))
     out = await body_of(channel.edit(ref_holder[0], "Approved once by Alice."))
     out["path"] = out["path"].replace(ref_holder[0].id, "{message_id}")
     golden.check_outbound("discord", "edit", out)
@@ -590,7 +582,7 @@ async def test_harness_round_trip() -> None:
         await harness.user_says("hi", group=True, thread="design")
         event = await received.next()
         assert isinstance(event, Message)
-        ref = await harness.channel.send_approval(approval(event.conversation), thread=event.thread)
+        ref = await ask(harness.channel, approval(event.conversation), thread=event.thread)
         await harness.press(ref.id, "approve:ap12", user=harness.stranger)
         await received.next()
         assert (harness.acknowledged_within() or 99) < 3.0

@@ -32,11 +32,10 @@ from core.events import (
     DeliveryError,
     Inbound,
     Message,
-    Suggestion,
 )
 from tests import golden
 from tests.fakes.googlechat import FakeGoogleChat
-from tests.kit import serve_routes
+from tests.kit import ask, offer, serve_routes
 
 DM, SPACE, ALICE, MALLORY = "spaces/DMALICE", "spaces/OPS", "users/111", "users/666"
 
@@ -252,7 +251,7 @@ async def test_added_to_space_introduces_itself(rig: Rig) -> None:
 
 
 async def test_press_is_answered_with_the_card_update(rig: Rig) -> None:
-    ref = await rig.channel.send_approval(_approval(), thread=None)
+    ref = await ask(rig.channel, _approval(), thread=None)
 
     async def decide(press: ButtonPress) -> None:
         await rig.channel.edit(ref, f"✓ Approved by {press.user}", buttons=None)
@@ -270,7 +269,7 @@ async def test_press_is_answered_with_the_card_update(rig: Rig) -> None:
 
 
 async def test_refused_press_changes_nothing_and_tells_only_the_presser(rig: Rig) -> None:
-    ref = await rig.channel.send_approval(_approval(), thread=None)
+    ref = await ask(rig.channel, _approval(), thread=None)
 
     async def refuse(press: ButtonPress) -> None:
         await rig.channel.send_private(press.conversation, press.user, "You are not an approver.")
@@ -287,7 +286,7 @@ async def test_late_outcome_is_patched_over_rest(fake: FakeGoogleChat) -> None:
     channel = await make_channel(fake, press_window=0.05)
     r, runner = await serve(fake, channel)
     try:
-        ref = await channel.send_approval(_approval(), thread=None)
+        ref = await ask(channel, _approval(), thread=None)
         go = asyncio.Event()
 
         async def slow(press: ButtonPress) -> None:
@@ -308,7 +307,7 @@ async def test_late_outcome_is_patched_over_rest(fake: FakeGoogleChat) -> None:
 
 
 async def test_press_on_a_foreign_button_is_ignored(rig: Rig) -> None:
-    ref = await rig.channel.send_approval(_approval(), thread=None)
+    ref = await ask(rig.channel, _approval(), thread=None)
     event = rig.fake.card_clicked(ref.id, "approve:a1", ALICE)
     event["action"]["actionMethodName"] = event["common"]["invokedFunction"] = "otherApp"
     assert (await rig.post(event)).answer == {}
@@ -490,16 +489,12 @@ async def test_golden_outbound(rig: Rig) -> None:
     channel = rig.channel
     thread = f"{SPACE}/threads/T1"
     ref = await channel.send(SPACE, "*Done*: 3 files", thread=thread)
-    approval = await channel.send_approval(_approval(), thread=None)
-    await channel.send_suggestion(
-        Suggestion(
-            "s1",
-            "Want me to **check** the deploy?",
-            DM,
-            "googlechat",
-            ALICE,
-            [Button("Yes, help", "yes:s1"), Button("No thanks", "no:s1")],
-        )
+    approval = await ask(channel, _approval(), thread=None)
+    await offer(
+        channel,
+        DM,
+        [Button("Yes, help", "yes:s1"), Button("No thanks", "no:s1")],
+        "Want me to **check** the deploy?",
     )
     await channel.edit(approval, "✓ Approved by users/111", buttons=None)
     await channel.send_private(DM, MALLORY, "You are not an approver for this request.")

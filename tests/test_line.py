@@ -22,7 +22,7 @@ from aiohttp import web
 
 from adapters.line import (
     LineChannel,
-    approval_alt_text,
+    alt_text,
     parse_event,
     signature_for,
     to_line_text,
@@ -42,12 +42,12 @@ from core.events import (
     Message,
     MessageRef,
     Progress,
-    Suggestion,
 )
+from core.suggestions import answer_button
 from tests import golden
 from tests.contract.line_harness import to_sent
 from tests.fakes.line import FakeLine, sign
-from tests.kit import serve_routes
+from tests.kit import ask, offer, serve_routes
 
 USER = "U" + "a1" * 16
 OTHER = "U" + "c3" * 16
@@ -278,7 +278,7 @@ async def test_a_retried_push_keeps_its_retry_key_and_a_409_is_success(rig: Rig)
 
 
 async def test_edit_is_a_new_message(rig: Rig) -> None:
-    ref = await rig.channel.send_approval(approval())
+    ref = await ask(rig.channel, approval())
     await rig.channel.edit(ref, "Approval needed\nWhy: x\n\n✓ Approved by Ken (once)", buttons=[])
     assert [d.message["type"] for d in rig.fake.sent] == ["flex", "text"]
     assert rig.fake.sent[1].message["text"] == "Approval needed\n✓ Approved by Ken (once)"
@@ -327,7 +327,7 @@ async def test_limits_refused_by_line_are_not_retried(rig: Rig) -> None:
     request = approval()
     request.buttons[0] = Button("Approve once", "approve:" + "x" * 300)
     with pytest.raises(DeliveryError) as err:
-        await rig.channel.send_approval(request)
+        await ask(rig.channel, request)
     assert not err.value.transient
     assert "over 300 characters" in str(err.value)
 
@@ -449,16 +449,12 @@ async def test_golden_outbound(rig: Rig) -> None:
     rig.fake.requests.clear()
     cases: dict[str, Any] = {
         "text_reply": lambda: rig.channel.send(USER, "Disk on web-1: 71% used."),
-        "approval_flex_push": lambda: rig.channel.send_approval(approval()),
-        "suggestion_flex_push": lambda: rig.channel.send_suggestion(
-            Suggestion(
-                id="s1",
-                text="The last 3 deploys failed on the same missing variable. Want me to check?",
-                conversation=USER,
-                channel="line",
-                user=USER,
-                buttons=[Button("Yes, help", "yes:s1", "primary"), Button("No thanks", "no:s1")],
-            )
+        "approval_flex_push": lambda: ask(rig.channel, approval()),
+        "suggestion_flex_push": lambda: offer(
+            rig.channel,
+            USER,
+            [answer_button("Yes, help", "yes:s1", "primary"), answer_button("No thanks", "no:s1")],
+            "The last 3 deploys failed on the same missing variable. Want me to check?",
         ),
         "outcome_as_new_message_push": lambda: rig.channel.edit(
             MessageRef("line", USER, "1"), "Approval needed\n\n✓ Approved by Ken (once)"
@@ -472,8 +468,12 @@ async def test_golden_outbound(rig: Rig) -> None:
 
 
 def test_alt_text_says_how_to_answer_by_text() -> None:
-    alt = approval_alt_text(approval())
-    assert "/approve 1a2b3c4d" in alt and "/deny 1a2b3c4d" in alt and len(alt) <= 400
+    request = approval()
+    for what in (request.what, "rm " + "ファイル " * 300):  # a long one is cut, not its choices
+        request.what = what
+        alt = alt_text(to_line_text(request.text()), request.buttons)
+        assert alt.startswith("Approval needed: ") and utf16_len(alt) <= 400
+        assert "/approve 1a2b3c4d session" in alt and alt.endswith("/deny 1a2b3c4d.")
 
 
 def test_signature_helper_matches_the_fake() -> None:

@@ -52,6 +52,7 @@ from tests.conftest import make_env
 from tests.contract.mattermost_harness import MattermostHarness
 from tests.fakes.llm import ScriptedLLM
 from tests.fakes.mattermost import ALICE, BOT, MALLORY, TEAM, TOKEN, FakeMattermost
+from tests.kit import ask
 from tests.test_cli import steward_run
 from tests.test_paas import free_port
 
@@ -348,7 +349,7 @@ async def test_a_dm_from_outside_the_bots_teams_has_no_space(rig: Rig) -> None:
 
 
 async def test_approval_buttons_are_signed_and_stripped_from_answers(rig: Rig) -> None:
-    ref = await rig.channel.send_approval(approval(rig.fake.dm_alice), thread=None)
+    ref = await ask(rig.channel, approval(rig.fake.dm_alice), thread=None)
     stored = rig.fake.posts[ref.id]
     actions = stored["props"]["attachments"][0]["actions"]
     assert [a["id"] for a in actions] == ["steward0", "steward1", "steward2", "steward3"]
@@ -368,7 +369,7 @@ async def test_approval_buttons_are_signed_and_stripped_from_answers(rig: Rig) -
 
 
 async def test_press_is_answered_at_once_and_dispatched(rig: Rig) -> None:
-    ref = await rig.channel.send_approval(approval(rig.fake.dm_alice))
+    ref = await ask(rig.channel, approval(rig.fake.dm_alice))
     press = await rig.fake.press(ref.id, "approve:ap12", ALICE["id"])
     assert (press.status, press.answer) == (200, {})  # no `update`: the post is left alone
     event = await rig.next(ButtonPress)
@@ -395,7 +396,7 @@ async def test_press_is_answered_at_once_and_dispatched(rig: Rig) -> None:
     ["value", "signature", "unsigned", "other_channel", "no_context"],
 )
 async def test_tampered_presses_are_refused_and_do_nothing(rig: Rig, tamper: str) -> None:
-    ref = await rig.channel.send_approval(approval(rig.fake.dm_alice))
+    ref = await ask(rig.channel, approval(rig.fake.dm_alice))
     ctx = dict(rig.fake.action(ref.id, "deny:ap12")["integration"]["context"])
     if tamper == "value":
         ctx["value"] = "always:ap12"  # turn Deny into Always allow
@@ -601,9 +602,9 @@ async def test_golden_outbound(rig: Rig, case: str) -> None:
         root = await rig.fake.user_post(ALICE["id"], dm, "root")
         await channel.send(dm, "on **it**", thread=root["id"])
     elif case == "approval":
-        await channel.send_approval(approval(dm))
+        await ask(channel, approval(dm))
     elif case == "edit_outcome":
-        ref = await channel.send_approval(approval(dm))
+        ref = await ask(channel, approval(dm))
         await channel.edit(ref, "Approval needed: x\n\n✗ Denied by alice", buttons=[])
     elif case == "ephemeral":
         await channel.send_private(dm, MALLORY["id"], "You may not approve this.")

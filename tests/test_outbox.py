@@ -5,22 +5,24 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bot.channels import DEAF_AFTER, DEAF_CHECK_EVERY, Outbox, UndeliveredStore
+from core.approvals import approval_buttons
 from core.clock import SimClock
 from core.events import (
     ApprovalRequest,
+    Attachment,
     Button,
     Capabilities,
     ChannelHealth,
     DeliveryError,
     MessageRef,
     Progress,
-    Suggestion,
 )
 from core.formatting import FENCE_RE
 
@@ -34,6 +36,8 @@ class PlatformDouble:
         self.capabilities = caps
         self.health = ChannelHealth(state="connected")
         self.calls: list[tuple[str, Any]] = []
+        #: (text, names of the attachments) of each send that carried some
+        self.files: list[tuple[str, list[str]]] = []
         self.failures: list[DeliveryError] = []
         self.n = 0
         self.clock: SimClock | None = None
@@ -48,10 +52,23 @@ class PlatformDouble:
     async def start(self, dispatch: Any) -> None: ...
     async def stop(self) -> None: ...
 
-    async def send(self, conversation: str, text: str, *, thread: str | None = None) -> MessageRef:
+    async def send(
+        self,
+        conversation: str,
+        text: str,
+        *,
+        thread: str | None = None,
+        buttons: Sequence[Button] = (),
+        attachments: Sequence[Attachment] = (),
+    ) -> MessageRef:
         self._maybe_fail()
         self.n += 1
-        self.calls.append(("send", text))
+        if buttons:
+            self.calls.append(("buttons", [b.label for b in buttons]))
+        else:
+            self.calls.append(("send", text))
+        if attachments:
+            self.files.append((text, [a.name for a in attachments]))
         return MessageRef(self.name, conversation, f"m{self.n}", thread)
 
     async def edit(
@@ -59,19 +76,6 @@ class PlatformDouble:
     ) -> None:
         self._maybe_fail()
         self.calls.append(("edit", (ref.id, text)))
-
-    async def send_approval(
-        self, request: ApprovalRequest, *, thread: str | None = None
-    ) -> MessageRef:
-        self._maybe_fail()
-        self.calls.append(("approval", [b.label for b in request.buttons]))
-        return MessageRef(self.name, request.conversation, "a1")
-
-    async def send_suggestion(
-        self, suggestion: Suggestion, *, thread: str | None = None
-    ) -> MessageRef:
-        self.calls.append(("suggestion", suggestion.text))
-        return MessageRef(self.name, suggestion.conversation, "s1")
 
     async def typing(self, conversation: str) -> None: ...
     async def progress(self, conversation: str, event: Progress) -> None: ...
@@ -154,6 +158,7 @@ async def test_long_answer_split_and_converted(tmp_path: Path) -> None:
 
 
 def request(buttons: int = 4, label: str = "Approve once") -> ApprovalRequest:
+    once, *_, deny = approval_buttons("ab12cd34")
     return ApprovalRequest(
         id="ab12cd34",
         what="shell: git push",
@@ -163,15 +168,18 @@ def request(buttons: int = 4, label: str = "Approve once") -> ApprovalRequest:
         conversation="C1",
         channel="slack",
         expires_at=600,
-        buttons=[Button(label, "approve:ab12cd34")]
-        + [Button("Deny", "deny:ab12cd34")] * (buttons - 1),
+        buttons=[Button(label, once.value, typed=once.typed)] + [deny] * (buttons - 1),
     )
+
+
+async def ask(box: Outbox, req: ApprovalRequest) -> MessageRef:
+    return await box.send(req.conversation, req.text(), buttons=req.buttons)
 
 
 async def test_approval_with_buttons(tmp_path: Path) -> None:
     box, platform, _ = outbox(tmp_path)
-    await box.send_approval(request())
-    assert platform.calls[0][0] == "approval"
+    await ask(box, request())
+    assert platform.calls == [("buttons", ["Approve once", "Deny", "Deny", "Deny"])]
 
 
 @pytest.mark.parametrize(
@@ -186,9 +194,64 @@ async def test_approval_degrades_to_text(
     tmp_path: Path, caps: Capabilities, req: ApprovalRequest
 ) -> None:
     box, platform, _ = outbox(tmp_path, caps)
-    await box.send_approval(req)
-    [(kind, text)] = platform.calls
-    assert kind == "send" and "/approve ab12cd34" in text and "/deny ab12cd34" in text
+    await ask(box, req)
+    assert {kind for kind, _ in platform.calls} == {"send"}
+    text = "\n".join(t for _, t in platform.calls)
+    assert "/approve ab12cd34" in text and "/deny ab12cd34" in text
+
+
+async def test_the_typed_forms_come_from_the_buttons(tmp_path: Path) -> None:
+    box, platform, _ = outbox(tmp_path, Capabilities(buttons=False, max_length=500))
+    buttons = approval_buttons("ab12cd34")
+    await box.send("C1", "Approval needed: x", buttons=buttons)
+    await box.send("C1", "Want help?", buttons=[Button("Yes", "y:1", typed="/suggestion y:1")])
+    assert [t for _, t in platform.calls] == [
+        "Approval needed: x\n\nReply `/approve ab12cd34` (Approve once), "
+        "`/approve ab12cd34 session` (Approve for this session), "
+        "`/approve ab12cd34 always` (Always allow), `/deny ab12cd34` (Deny).",
+        "Want help?\n\nReply `/suggestion y:1` (Yes).",
+    ]
+
+
+async def test_a_question_leaves_the_status_message_and_is_never_resent(
+    tmp_path: Path,
+) -> None:
+    box, platform, _ = outbox(tmp_path, status_progress=True)
+    await box.progress("C1", Progress("tool_start", "t1", tool="shell", text="ls"))
+    await ask(box, request())
+    assert [k for k, _ in platform.calls] == ["send", "buttons"]  # "Working…", not finished
+    platform.failures = [DeliveryError("channel_not_found", transient=False)]
+    with pytest.raises(DeliveryError):
+        await ask(box, request())
+    [item] = kept(tmp_path)
+    assert item["what"] == "buttons" and item["buttons"][0] == "approve:ab12cd34"
+    assert await box.redeliver() == 0 and kept(tmp_path) == []  # its moment passed
+
+
+async def test_attachments_go_with_the_last_piece_with_room_for_their_line(
+    tmp_path: Path,
+) -> None:
+    box, platform, _ = outbox(tmp_path)
+    report = Attachment("report.pdf", b"x" * 12_288, "application/pdf")
+    paragraphs = "\n\n".join(f"part {i} " + "word " * 30 for i in range(4))
+    await box.send("C1", paragraphs, attachments=[report])
+    pieces = [t for k, t in platform.calls if k == "send"]
+    assert len(pieces) > 1 and platform.files == [(pieces[-1], ["report.pdf"])]
+    line = "[attachment not sent here: report.pdf, 12 KB]"
+    assert len(pieces[-1]) + 2 + len(line) <= CAPS.max_length
+
+
+async def test_a_kept_attachment_is_still_named_when_redelivered(tmp_path: Path) -> None:
+    box, platform, _ = outbox(tmp_path)
+    platform.failures = [DeliveryError("channel_not_found", transient=False)]
+    chart = Attachment("chart.png", b"png", "image/png", caption="Costs this week")
+    with pytest.raises(DeliveryError):
+        await box.send("C1", "the chart", attachments=[chart])
+    assert await box.redeliver() == 1
+    assert platform.calls[-1] == (
+        "send",
+        "the chart\n\n[attachment not sent here: chart.png, 3 bytes] Costs this week",
+    )
 
 
 async def test_progress_is_one_status_message_edited_in_place(tmp_path: Path) -> None:
@@ -227,9 +290,9 @@ async def test_an_echo_arriving_before_the_send_returns_is_heard(tmp_path: Path)
     box, platform, clock = outbox(tmp_path, status_progress=True, echoes=True)
     real_send = platform.send
 
-    async def send_and_echo(conversation: str, text: str, *, thread: str | None = None) -> Any:
+    async def send_and_echo(conversation: str, text: str, **kwargs: Any) -> Any:
         platform.health.last_event_at = 499.9  # the echo, before the send has returned
-        return await real_send(conversation, text, thread=thread)
+        return await real_send(conversation, text, **kwargs)
 
     platform.send = send_and_echo  # type: ignore[method-assign]
     clock._now = 500.0

@@ -458,10 +458,10 @@ class FlakyReplay(ReplayChannel):
 
     down = False
 
-    async def send(self, conversation: str, text: str, *, thread: str | None = None) -> Any:
+    async def send(self, conversation: str, text: str, **kwargs: Any) -> Any:
         if self.down:
             raise DeliveryError("503 from the platform")
-        return await super().send(conversation, text, thread=thread)
+        return await super().send(conversation, text, **kwargs)
 
 
 async def test_a_report_while_the_channel_is_down_is_kept_and_sent_later(

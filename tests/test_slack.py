@@ -32,11 +32,10 @@ from core.events import (
     Message,
     MessageRef,
     Retracted,
-    Suggestion,
 )
 from tests import golden
 from tests.fakes.slack import FakeSlack
-from tests.kit import Recorder, serve_routes
+from tests.kit import Recorder, ask, offer, serve_routes
 
 TIMEOUT = 3.0
 
@@ -284,7 +283,7 @@ async def test_events_we_do_not_handle_are_still_acked(sock: Socket) -> None:
     fake = sock.fake
     reaction = {"type": "reaction_added", "user": "U0ALICE", "reaction": "eyes", "item": {}}
     assert await fake.send_envelope("events_api", fake.event_callback(reaction)) is not None
-    ref = await sock.channel.send_approval(approval("C0GENERAL", FOUR[:1]))
+    ref = await ask(sock.channel, approval("C0GENERAL", FOUR[:1]))
     press = fake.block_actions(ref.id, "ap_42:approve", "U0ALICE")
     press["actions"][0]["action_id"] = "someone_elses_button"
     assert await fake.send_envelope("interactive", press) is not None
@@ -343,7 +342,7 @@ async def test_edits_and_deletions_of_messages_to_steward_arrive_as_retracted(
 
 
 async def test_approval_press_is_acked_at_once_and_dispatched(sock: Socket) -> None:
-    ref = await sock.channel.send_approval(approval("C0GENERAL", FOUR), thread="1700000000.000001")
+    ref = await ask(sock.channel, approval("C0GENERAL", FOUR), thread="1700000000.000001")
     posted = sock.fake.messages[ref.id]
     assert posted["thread_ts"] == "1700000000.000001"
     elements = posted["blocks"][1]["elements"]
@@ -368,7 +367,7 @@ async def test_approval_press_is_acked_at_once_and_dispatched(sock: Socket) -> N
 
 
 async def test_edit_replaces_text_and_removes_buttons(sock: Socket) -> None:
-    ref = await sock.channel.send_approval(approval("C0GENERAL", FOUR[:2]))
+    ref = await ask(sock.channel, approval("C0GENERAL", FOUR[:2]))
     await sock.channel.edit(ref, "Approved by <@U0ALICE>", buttons=[])
     message = sock.fake.messages[ref.id]
     assert message["text"] == "Approved by <@U0ALICE>"
@@ -619,15 +618,11 @@ async def test_http_url_verification_and_interactivity(http: Http) -> None:
         http.url, {"type": "url_verification", "token": "t", "challenge": "ch4ll"}
     )
     assert (status, json.loads(text)) == (200, {"challenge": "ch4ll"})
-    ref = await http.channel.send_suggestion(
-        Suggestion(
-            id="sg_1",
-            text="Stuck? I can look at the failing test.",
-            conversation="D0ALICE",
-            channel="slack",
-            user="U0ALICE",
-            buttons=[Button("Yes please", "sg_1:yes", "primary"), Button("No thanks", "sg_1:no")],
-        )
+    ref = await offer(
+        http.channel,
+        "D0ALICE",
+        [Button("Yes please", "sg_1:yes", "primary"), Button("No thanks", "sg_1:no")],
+        "Stuck? I can look at the failing test.",
     )
     status, _ = await http.fake.post_event(
         http.url, http.fake.block_actions(ref.id, "sg_1:no", "U0ALICE")
@@ -692,23 +687,16 @@ async def test_golden_outbound(case: str, sock: Socket) -> None:
     elif case == "text_in_thread":
         await channel.send("C0GENERAL", "on it", thread="1700000000.000001")
     elif case == "approval_4_buttons":
-        await channel.send_approval(approval("C0GENERAL", FOUR), thread="1700000000.000001")
+        await ask(channel, approval("C0GENERAL", FOUR), thread="1700000000.000001")
     elif case == "suggestion_2_buttons":
-        await channel.send_suggestion(
-            Suggestion(
-                id="sg_7",
-                text="You've hit the same test failure three times. Want me to dig in?",
-                conversation="D0ALICE",
-                channel="slack",
-                user="U0ALICE",
-                buttons=[
-                    Button("Yes, help", "sg_7:yes", "primary"),
-                    Button("No thanks", "sg_7:no"),
-                ],
-            )
+        await offer(
+            channel,
+            "D0ALICE",
+            [Button("Yes, help", "sg_7:yes", "primary"), Button("No thanks", "sg_7:no")],
+            "You've hit the same test failure three times. Want me to dig in?",
         )
     else:
-        ref = await channel.send_approval(approval("C0GENERAL", FOUR[:2]))
+        ref = await ask(channel, approval("C0GENERAL", FOUR[:2]))
         await channel.edit(ref, "~Approval needed~ *Approved* by <@U0ALICE>", buttons=[])
     call = [r for r in fake.requests if r.method.startswith("chat.")][-1]
     golden.check_outbound("slack", case, {"method": call.method, "body": call.body})

@@ -39,7 +39,6 @@ from core.events import (
     Message,
     MessageRef,
     Retracted,
-    Suggestion,
 )
 from tests import golden
 from tests.fakes.telegram import (
@@ -54,7 +53,7 @@ from tests.fakes.telegram import (
     FakeTelegram,
     parse_html,
 )
-from tests.kit import Recorder, sample_approval, sample_suggestion, serve_routes, until
+from tests.kit import Recorder, ask, offer, sample_approval, serve_routes, until
 
 WAIT = 5.0
 DM = str(ALICE)
@@ -101,13 +100,8 @@ def approval(conversation: str = DM, rid: str = "ap12") -> ApprovalRequest:
     return sample_approval("telegram", str(ALICE), conversation, rid)
 
 
-def suggestion(conversation: str = DM) -> Suggestion:
-    return sample_suggestion(
-        "telegram",
-        str(ALICE),
-        conversation,
-        [Button("Yes, help", "yes:sg7", "primary"), Button("No thanks", "no:sg7")],
-    )
+#: The answers of the offer of help the golden file pins.
+OFFER = [Button("Yes, help", "yes:sg7", "primary"), Button("No thanks", "no:sg7")]
 
 
 # ---------------------------------------------------------------------- wiring
@@ -268,7 +262,7 @@ async def test_press_is_answered_and_dispatched(
     fake: FakeTelegram, bot: tuple[TelegramChannel, Recorder]
 ) -> None:
     channel, received = bot
-    ref = await channel.send_approval(approval())
+    ref = await ask(channel, approval())
     await fake.press(ALICE, int(ref.id), "approve:ap12")
     event = await received.next()
     assert event == ButtonPress(
@@ -293,7 +287,7 @@ async def test_private_note_during_a_press_is_its_alert(fake: FakeTelegram) -> N
 
     await channel.start(refuse)
     try:
-        ref = await channel.send_approval(approval(str(GROUP)))
+        ref = await ask(channel, approval(str(GROUP)))
         await fake.press(GROUP, int(ref.id), "approve:ap12", user=BOB)
         await until(lambda: fake.answers)
         (answer,) = fake.answers
@@ -313,8 +307,9 @@ async def test_long_button_values_travel_as_short_tokens(
 ) -> None:
     channel, received = bot
     value = "approve:" + "x" * 80
-    ref = await channel.send_approval(
-        ApprovalRequest("x", "w", "y", "r", DM, DM, "telegram", 0.0, buttons=[Button("Go", value)])
+    ref = await ask(
+        channel,
+        ApprovalRequest("x", "w", "y", "r", DM, DM, "telegram", 0.0, buttons=[Button("Go", value)]),
     )
     data = fake.messages[(ALICE, int(ref.id))]["reply_markup"]["inline_keyboard"][0][0]
     assert len(data["callback_data"].encode()) <= 64
@@ -327,7 +322,7 @@ async def test_edit_removes_the_keyboard_and_not_modified_is_fine(
     fake: FakeTelegram, bot: tuple[TelegramChannel, Recorder]
 ) -> None:
     channel, _ = bot
-    ref = await channel.send_approval(approval())
+    ref = await ask(channel, approval())
     await channel.edit(ref, "Approved by 1001", buttons=[])
     assert "reply_markup" not in fake.messages[(ALICE, int(ref.id))]
     await channel.edit(ref, "Approved by 1001", buttons=None)  # Telegram: "not modified"
@@ -598,12 +593,12 @@ async def test_golden_outbound(fake: FakeTelegram, bot: tuple[TelegramChannel, R
 
     text = await request_of(channel.send(DM, to_html("Done: **3** files")), "sendMessage")
     golden.check_outbound("telegram", "text", {k: v for k, v in text.items() if k != "_result"})
-    sent = await request_of(channel.send_approval(approval()), "sendMessage")
+    sent = await request_of(ask(channel, approval()), "sendMessage")
     ref: MessageRef = sent.pop("_result")
     golden.check_outbound("telegram", "approval", sent)
-    offer = await request_of(channel.send_suggestion(suggestion()), "sendMessage")
-    offer.pop("_result")
-    golden.check_outbound("telegram", "suggestion", offer)
+    offered = await request_of(offer(channel, DM, OFFER), "sendMessage")
+    offered.pop("_result")
+    golden.check_outbound("telegram", "suggestion", offered)
     edit = await request_of(channel.edit(ref, "Approved by 1001", buttons=[]), "editMessageText")
     edit.pop("_result")
     edit["params"]["message_id"] = "{message_id}"

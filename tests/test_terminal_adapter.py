@@ -24,9 +24,11 @@ from core.events import (
     Channel,
     Inbound,
     Message,
+    MessageRef,
     Progress,
-    Suggestion,
 )
+from core.suggestions import answer_button
+from tests.kit import ask, offer
 
 
 def make_console() -> tuple[Console, io.StringIO]:
@@ -79,15 +81,13 @@ def approval(conversation: str = "terminal") -> ApprovalRequest:
     )
 
 
-def suggestion() -> Suggestion:
-    return Suggestion(
-        id="sg1",
-        text="Looks like the tests keep failing. Want me to look?",
-        conversation="terminal",
-        channel="terminal",
-        user="owner",
-        buttons=[Button("Yes", "sg1:yes"), Button("No", "sg1:no")],
-    )
+SUGGESTION = "Looks like the tests keep failing. Want me to look?"
+
+
+async def suggest(channel: Channel, buttons: list[Button] | None = None) -> MessageRef:
+    """An offer of help, as the channel layer sends it."""
+    answers = buttons or [Button("Yes", "sg1:yes"), Button("No", "sg1:no")]
+    return await offer(channel, "terminal", answers, SUGGESTION)
 
 
 def test_both_channels_satisfy_the_protocol() -> None:
@@ -139,7 +139,7 @@ async def test_end_of_input_ends() -> None:
 )
 async def test_reply_to_approval_becomes_button_press(typed: str, value: str) -> None:
     channel, rec, buf = await started()
-    ref = await channel.send_approval(approval())
+    ref = await ask(channel, approval())
     out = buf.getvalue()
     assert "Approval needed: run `rm -rf build/`" in out
     assert "[1] Approve  [2] Deny" in out
@@ -158,7 +158,7 @@ async def test_reply_to_approval_becomes_button_press(typed: str, value: str) ->
 
 async def test_suggestion_answered_with_yes_no() -> None:
     channel, rec, buf = await started()
-    await channel.send_suggestion(suggestion())
+    await suggest(channel)
     assert "Want me to look?" in buf.getvalue()
     await channel.interact(lines_of("y", "no"))
     assert [e.value for e in rec.events if isinstance(e, ButtonPress)] == ["sg1:yes", "sg1:no"]
@@ -166,8 +166,8 @@ async def test_suggestion_answered_with_yes_no() -> None:
 
 async def test_only_the_latest_pending_message_is_answered() -> None:
     channel, rec, _ = await started()
-    first = await channel.send_approval(approval())
-    second = await channel.send_suggestion(suggestion())
+    first = await ask(channel, approval())
+    second = await suggest(channel)
     await channel.interact(lines_of("1"))
     assert isinstance(rec.events[0], ButtonPress)
     assert rec.events[0].message_id == second.id != first.id
@@ -176,7 +176,7 @@ async def test_only_the_latest_pending_message_is_answered() -> None:
 
 async def test_after_an_edit_clears_buttons_a_number_is_plain_text() -> None:
     channel, rec, buf = await started()
-    ref = await channel.send_approval(approval())
+    ref = await ask(channel, approval())
     await channel.edit(ref, "✔ Approved by owner", buttons=None)
     assert "✔ Approved by owner" in buf.getvalue()
     await channel.interact(lines_of("1", "approve"))
@@ -186,7 +186,7 @@ async def test_after_an_edit_clears_buttons_a_number_is_plain_text() -> None:
 
 async def test_edit_with_empty_button_list_also_clears() -> None:
     channel, rec, _ = await started()
-    ref = await channel.send_approval(approval())
+    ref = await ask(channel, approval())
     await channel.edit(ref, "Denied (expired)", buttons=[])
     await channel.interact(lines_of("2"))
     assert isinstance(rec.events[0], Message)
@@ -194,7 +194,7 @@ async def test_edit_with_empty_button_list_also_clears() -> None:
 
 async def test_out_of_range_number_or_unrelated_text_is_a_message() -> None:
     channel, rec, _ = await started()
-    await channel.send_approval(approval())
+    await ask(channel, approval())
     await channel.interact(lines_of("3", "approve it later please", "x"))
     assert all(isinstance(e, Message) for e in rec.events)
     assert len(rec.events) == 3
@@ -301,7 +301,7 @@ def test_summarize_args() -> None:
 async def test_refs_are_unique() -> None:
     channel, _, _ = await started()
     refs = [await channel.send("terminal", "hi") for _ in range(5)]
-    refs.append(await channel.send_approval(approval()))
+    refs.append(await ask(channel, approval()))
     assert len({r.id for r in refs}) == len(refs)
     assert all(r.channel == "terminal" for r in refs)
 
@@ -409,11 +409,16 @@ async def test_one_shot_collects_replies_and_keeps_stdout_clean(
 async def test_one_shot_records_approvals_and_suggestions() -> None:
     console, err = make_console()
     channel = OneShotChannel(console)
-    await channel.send_approval(approval())
-    await channel.send_suggestion(suggestion())
+    await ask(channel, approval())
+    await suggest(channel)
     assert channel.replies[0].startswith("Approval needed:")
-    assert channel.final_reply() == suggestion().text
+    assert channel.final_reply() == SUGGESTION
     assert "Approval needed" in err.getvalue()
+    # Nothing to press here: a button's typed form says what to type instead.
+    await suggest(channel, [answer_button("Yes", "sg1:yes"), answer_button("No", "sg1:no")])
+    assert channel.final_reply() == (
+        f"{SUGGESTION}\n\nReply `/suggestion sg1:yes` (Yes), `/suggestion sg1:no` (No)."
+    )
 
 
 async def test_one_shot_default_console_is_stderr_and_quiet_mode(

@@ -32,9 +32,8 @@ from core.events import (
     Message,
     MessageRef,
     Progress,
-    Suggestion,
 )
-from tests.kit import Recorder
+from tests.kit import Recorder, ask, offer
 
 SESSION = "testsession01"
 CONV = f"web:{SESSION}"
@@ -345,7 +344,7 @@ async def test_send_and_edit_reach_the_socket(server: Server) -> None:
 async def test_approval_buttons_and_press(server: Server) -> None:
     ws, _ = await server.connect()
     request = approval()
-    ref = await server.channel.send_approval(request)
+    ref = await ask(server.channel, request)
     frame = await recv(ws)
     assert frame["text"] == request.text()
     assert frame["buttons"] == [
@@ -360,15 +359,8 @@ async def test_approval_buttons_and_press(server: Server) -> None:
 
 async def test_suggestion_buttons(server: Server) -> None:
     ws, _ = await server.connect()
-    suggestion = Suggestion(
-        id="s1",
-        text="Want a hand?",
-        conversation=CONV,
-        channel="web",
-        user="owner",
-        buttons=[Button("Yes please", "s1:yes", "primary"), Button("No", "s1:no")],
-    )
-    await server.channel.send_suggestion(suggestion)
+    buttons = [Button("Yes please", "s1:yes", "primary"), Button("No", "s1:no")]
+    await offer(server.channel, CONV, buttons, "Want a hand?")
     frame = await recv(ws)
     assert frame["text"] == "Want a hand?"
     assert [b["value"] for b in frame["buttons"]] == ["s1:yes", "s1:no"]
@@ -469,7 +461,7 @@ async def test_history_survives_reconnect_and_restart(tmp_path: Path) -> None:
     async with serve(tmp_path) as srv:
         # Sent while no tab is open: stored, shown on the next connect.
         first = await srv.channel.send(CONV, "first")
-        ref = await srv.channel.send_approval(approval())
+        ref = await ask(srv.channel, approval())
         ws, history = await srv.connect()
         assert [(m["id"], m["role"]) for m in history] == [
             (first.id, "assistant"),

@@ -28,6 +28,7 @@ from adapters.whatsapp import (
     to_whatsapp,
 )
 from bot.app import App
+from core.approvals import approval_buttons
 from core.events import (
     ApprovalRequest,
     Button,
@@ -36,14 +37,13 @@ from core.events import (
     Message,
     MessageRef,
     Progress,
-    Suggestion,
 )
 from tests import golden
 from tests.contract.whatsapp_harness import WhatsAppHarness
 from tests.fakes.llm import Reply, ScriptedLLM
 from tests.fakes.whatsapp import FakeWhatsApp
 from tests.fakes.whatsapp import graph_error as fake_error
-from tests.kit import until
+from tests.kit import ask, offer, until
 
 ALICE = "15550001"
 
@@ -260,12 +260,7 @@ def _approval(rid: str = "r1", what: str = "run `rm -rf build/`") -> ApprovalReq
         conversation=ALICE,
         channel="whatsapp",
         expires_at=0,
-        buttons=[
-            Button("Approve once", f"approve:{rid}", "primary"),
-            Button("Approve for this session", f"session:{rid}"),
-            Button("Always allow", f"always:{rid}"),
-            Button("Deny", f"deny:{rid}", "danger"),
-        ],
+        buttons=approval_buttons(rid),
     )
 
 
@@ -283,7 +278,7 @@ def test_buttons_fit_whatsapp_always_allow_gives_way() -> None:
 
 async def test_approval_has_three_reply_buttons_and_always_as_a_typed_line(rig: Rig) -> None:
     await rig.says("hi")
-    await rig.channel.send_approval(_approval())
+    await ask(rig.channel, _approval())
     [sent] = rig.fake.to(ALICE)
     body = sent["interactive"]["body"]["text"]
     assert body.endswith("Always allow: reply /approve r1 always")
@@ -297,7 +292,7 @@ async def test_approval_has_three_reply_buttons_and_always_as_a_typed_line(rig: 
 
 async def test_long_approval_text_goes_first_then_the_buttons(rig: Rig) -> None:
     await rig.says("hi")
-    await rig.channel.send_approval(_approval(what="x" * 1500))
+    await ask(rig.channel, _approval(what="x" * 1500))
     text, buttons = rig.fake.to(ALICE)
     assert text["type"] == "text" and "x" * 1500 in text["text"]["body"]
     assert buttons["type"] == "interactive"
@@ -306,7 +301,7 @@ async def test_long_approval_text_goes_first_then_the_buttons(rig: Rig) -> None:
 
 async def test_edit_is_a_new_message_quoting_the_original(rig: Rig) -> None:
     await rig.says("hi")
-    ref = await rig.channel.send_approval(_approval())
+    ref = await ask(rig.channel, _approval())
     await rig.channel.edit(ref, "✓ Approved by 15550001", buttons=[])
     outcome = rig.fake.to(ALICE)[-1]
     assert outcome["text"]["body"] == "✓ Approved by 15550001"
@@ -403,9 +398,7 @@ async def test_known_closed_window_holds_and_delivers_when_the_person_writes(rig
     rig.clock.t += WINDOW_SECONDS + 1
     rig.fake.close_window(ALICE)
     ref = await rig.channel.send(ALICE, "the result")
-    await rig.channel.send_suggestion(
-        Suggestion("s1", "Want me to check?", ALICE, "whatsapp", ALICE, [Button("Yes", "y:s1")])
-    )
+    await offer(rig.channel, ALICE, [Button("Yes", "y:s1")], "Want me to check?")
     assert ref.id.startswith("held:")
     assert rig.fake.to(ALICE) == []  # nothing sent outside the window, no template set
     assert len(rig.channel.state.held) == 2
@@ -453,12 +446,10 @@ async def test_template_tells_the_person_once_and_never_for_suggestions(rig: Rig
     await rig.says("hi")
     rig.clock.t += WINDOW_SECONDS + 1
     rig.fake.close_window(ALICE)
-    await rig.channel.send_suggestion(
-        Suggestion("s1", "Want help?", ALICE, "whatsapp", ALICE, [Button("Yes", "y:s1")])
-    )
+    await offer(rig.channel, ALICE, [Button("Yes", "y:s1")], "Want help?")
     assert rig.fake.to(ALICE) == []  # a suggestion never sends a template
     await rig.channel.send(ALICE, "result one")
-    await rig.channel.send_approval(_approval())
+    await ask(rig.channel, _approval())
     templates = [m for m in rig.fake.to(ALICE) if m["type"] == "template"]
     assert len(templates) == 1
     assert templates[0]["template"] == {"name": "steward_waiting", "language": {"code": "en"}}
@@ -531,7 +522,7 @@ async def test_golden_inbound(case: str, rig: Rig) -> None:
 async def test_golden_outbound(rig: Rig) -> None:
     event = await rig.says("hi")
     await rig.channel.send(ALICE, to_whatsapp("Hello **there**, all good."))
-    await rig.channel.send_approval(_approval("a1b2c3"))
+    await ask(rig.channel, _approval("a1b2c3"))
     await rig.channel.typing(ALICE)
     text, buttons = ({k: v for k, v in m.items() if k != "id"} for m in rig.fake.to(ALICE))
     golden.check_outbound("whatsapp", "text", text)

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import discord
@@ -24,12 +24,13 @@ import structlog
 import yarl
 from discord import app_commands
 
+from adapters.base import ChannelDefaults, with_attachments
 from adapters.discord.errors import _guard, _snowflake, _trace, delivery_error
 from adapters.discord.gateway import _Gateway, _Held, _is_thread
 from adapters.discord.render import MAX_BUTTONS, MAX_LABEL, _params, message_payload
 from adapters.runtime import Health, Inflight, Recent
 from core.events import (
-    ApprovalRequest,
+    Attachment,
     Button,
     ButtonPress,
     Capabilities,
@@ -38,9 +39,7 @@ from core.events import (
     Inbound,
     Message,
     MessageRef,
-    Progress,
     Retracted,
-    Suggestion,
 )
 
 log = structlog.get_logger("adapters.discord")
@@ -69,7 +68,7 @@ RESTART_DELAY = 1.0
 RESTART_DELAY_MAX = 60.0
 
 
-class DiscordChannel:
+class DiscordChannel(ChannelDefaults):
     """A Discord bot: DMs and @-mentions in, messages with buttons out."""
 
     name = "discord"
@@ -524,9 +523,21 @@ class DiscordChannel:
             channel=self.name, conversation=conversation, id=str(data["id"]), thread=thread
         )
 
-    async def send(self, conversation: str, text: str, *, thread: str | None = None) -> MessageRef:
+    async def send(
+        self,
+        conversation: str,
+        text: str,
+        *,
+        thread: str | None = None,
+        buttons: Sequence[Button] = (),
+        attachments: Sequence[Attachment] = (),
+    ) -> MessageRef:
         """Post a message (text is already Discord Markdown and ≤2000 chars: the channel
-        layer converts and splits). The first send after a slash command answers it."""
+        layer converts and splits), with one button per choice (custom_id = the opaque
+        value). The first send without buttons after a slash command answers it."""
+        text = with_attachments(text, attachments)
+        if buttons:
+            return await self._post(conversation, thread, message_payload(text, buttons))
         held = self._fresh(self._commands.get(conversation))
         if held is not None:
             try:
@@ -558,22 +569,6 @@ class DiscordChannel:
             self._http.edit_message(cid, mid, params=_params(message_payload(text, buttons or []))),
         )
 
-    async def send_approval(
-        self, request: ApprovalRequest, *, thread: str | None = None
-    ) -> MessageRef:
-        """The request text with one button per option (custom_id = opaque value)."""
-        return await self._post(
-            request.conversation, thread, message_payload(request.text(), request.buttons)
-        )
-
-    async def send_suggestion(
-        self, suggestion: Suggestion, *, thread: str | None = None
-    ) -> MessageRef:
-        """An unprompted offer of help with its answer buttons."""
-        return await self._post(
-            suggestion.conversation, thread, message_payload(suggestion.text, suggestion.buttons)
-        )
-
     async def typing(self, conversation: str) -> None:
         """Show "Steward is typing…" (Discord keeps it about 10 seconds)."""
         cid = _snowflake(conversation, "channel")
@@ -600,10 +595,6 @@ class DiscordChannel:
         uid = _snowflake(user, "user")
         dm = await _guard("POST /users/@me/channels", self._http.start_private_message(uid))
         await self._post(str(dm["id"]), None, message_payload(text))
-
-    async def progress(self, conversation: str, event: Progress) -> None:
-        """Not shown on Discord (typing covers "working"; edits are rate limited)."""
-        return None
 
 
 def _rest_base(url: str) -> str:

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import re
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -30,6 +30,7 @@ from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.signature import SignatureVerifier
 from slack_sdk.web.async_client import AsyncWebClient
 
+from adapters.base import ChannelDefaults, with_attachments
 from adapters.runtime import Health, Inflight, Recent
 from adapters.slack.inbound import (
     ACTION_ID,
@@ -40,18 +41,22 @@ from adapters.slack.inbound import (
     parse_event,
     parse_retraction,
 )
-from adapters.slack.outbound import _FATAL_AUTH, _error_code, delivery_error, render_blocks
+from adapters.slack.outbound import (
+    _FATAL_AUTH,
+    _error_code,
+    delivery_error,
+    escape_mrkdwn,
+    render_blocks,
+)
 from adapters.slack.socket import _SocketClient, _SocketHandler
 from core.events import (
-    ApprovalRequest,
+    Attachment,
     Button,
     Capabilities,
     DeliveryError,
     Dispatch,
     Inbound,
     MessageRef,
-    Progress,
-    Suggestion,
 )
 
 log = structlog.get_logger("adapters.slack")
@@ -80,7 +85,7 @@ class _Identity:
 LEGACY_HTTP_PATH = "/slack/events"
 
 
-class SlackChannel:
+class SlackChannel(ChannelDefaults):
     """Steward in Slack: one workspace, one bot, Socket Mode or HTTP Events mode."""
 
     name = "slack"
@@ -298,12 +303,29 @@ class SlackChannel:
 
     # ------------------------------------------------------------------ outbound
 
-    async def send(self, conversation: str, text: str, *, thread: str | None = None) -> MessageRef:
-        """chat.postMessage; the text is already mrkdwn (the channel layer converted it)."""
-        data = await self._call(
-            "chat.postMessage",
-            self._client.chat_postMessage(channel=conversation, text=text, thread_ts=thread),
-        )
+    async def send(
+        self,
+        conversation: str,
+        text: str,
+        *,
+        thread: str | None = None,
+        buttons: Sequence[Button] = (),
+        attachments: Sequence[Attachment] = (),
+    ) -> MessageRef:
+        """chat.postMessage; the text is already mrkdwn (the channel layer converted it).
+        Buttons make it a section plus one button per choice, ``text`` staying the
+        notification's fallback."""
+        text = with_attachments(text, attachments, escape=escape_mrkdwn)
+        if buttons:
+            call = self._client.chat_postMessage(
+                channel=conversation,
+                text=text,
+                blocks=render_blocks(text, buttons),
+                thread_ts=thread,
+            )
+        else:
+            call = self._client.chat_postMessage(channel=conversation, text=text, thread_ts=thread)
+        data = await self._call("chat.postMessage", call)
         return self._ref(data, conversation, thread)
 
     async def edit(
@@ -321,50 +343,12 @@ class SlackChannel:
             ),
         )
 
-    async def send_approval(
-        self, request: ApprovalRequest, *, thread: str | None = None
-    ) -> MessageRef:
-        """The request as a section plus one button per choice; ``text`` is the fallback."""
-        return await self._send_blocks(
-            request.conversation, request.text(), request.buttons, thread
-        )
-
-    async def send_suggestion(
-        self, suggestion: Suggestion, *, thread: str | None = None
-    ) -> MessageRef:
-        """An unprompted offer of help with its buttons."""
-        return await self._send_blocks(
-            suggestion.conversation, suggestion.text, suggestion.buttons, thread
-        )
-
-    async def typing(self, conversation: str) -> None:
-        """No-op: Slack has no typing indicator for bots (the channel layer edits a status line)."""
-        return None
-
-    async def progress(self, conversation: str, event: Progress) -> None:
-        """No-op: live progress is not rendered by Slack itself."""
-        return None
-
     async def send_private(self, conversation: str, user: str, text: str) -> None:
         """chat.postEphemeral: only `user` sees it, and only until they reload."""
         await self._call(
             "chat.postEphemeral",
             self._client.chat_postEphemeral(channel=conversation, user=user, text=text),
         )
-
-    async def _send_blocks(
-        self, conversation: str, text: str, buttons: list[Button], thread: str | None
-    ) -> MessageRef:
-        data = await self._call(
-            "chat.postMessage",
-            self._client.chat_postMessage(
-                channel=conversation,
-                text=text,
-                blocks=render_blocks(text, buttons),
-                thread_ts=thread,
-            ),
-        )
-        return self._ref(data, conversation, thread)
 
     def _ref(self, data: Mapping[str, Any], conversation: str, thread: str | None) -> MessageRef:
         # Slack answers with the real channel id (posting to a user id opens their DM):

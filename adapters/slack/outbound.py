@@ -4,6 +4,8 @@ translated into the channel layer's `DeliveryError` (with what a person should d
 
 from __future__ import annotations
 
+import html
+from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
@@ -54,6 +56,11 @@ _HINTS = {
 # ---------------------------------------------------------------------- rendering
 
 
+def escape_mrkdwn(plain: str) -> str:
+    """Plain text in mrkdwn: &, < and > escaped (Slack reads <…> as links and mentions)."""
+    return html.escape(plain, quote=False)
+
+
 def render_button(index: int, button: Button) -> dict[str, Any]:
     """One Block Kit button; the value is the opaque id the dispatcher gets back."""
     label = button.label if len(button.label) <= 75 else button.label[:74] + "…"
@@ -68,7 +75,7 @@ def render_button(index: int, button: Button) -> dict[str, Any]:
     return element
 
 
-def render_blocks(text: str, buttons: list[Button] | None) -> list[dict[str, Any]]:
+def render_blocks(text: str, buttons: Sequence[Button] | None) -> list[dict[str, Any]]:
     """A mrkdwn section, plus an actions block only when there are buttons."""
     blocks: list[dict[str, Any]] = [{"type": "section", "text": {"type": "mrkdwn", "text": text}}]
     if buttons:

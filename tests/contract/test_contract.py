@@ -17,6 +17,8 @@ import pytest
 from bot.app import App
 from bot.channels import Outbox
 from config.platforms import PLATFORMS as REGISTRY
+from core.events import Attachment
+from core.suggestions import answer_button
 from tests.contract.harness import Harness, Sent
 from tests.fakes.llm import ScriptedLLM
 from tests.kit import until
@@ -188,6 +190,33 @@ async def test_suggestion_no_thanks_is_recorded(rig: Rig) -> None:
     edited = await outcome(rig, offer, "No thanks")
     assert edited.buttons == []
     assert rig.llm.requests == []  # "no" starts nothing
+
+
+async def test_buttons_and_an_attachment_in_one_message(rig: Rig) -> None:
+    """`send` with two buttons and a file: the platform's own buttons (or, where it has
+    none, what to type instead), and a line saying the file was not sent (no platform
+    uploads yet), never a silent drop."""
+    buttons = [
+        answer_button("Yes, help", "suggest-yes:c0ffee", "primary"),
+        answer_button("No thanks", "suggest-no:c0ffee"),
+    ]
+    report = Attachment("report.pdf", b"%PDF" + b"x" * 12_284, "application/pdf")
+    await rig.outbox.send(
+        rig.h.dm,
+        "The nightly report is ready. Go through it?",
+        buttons=buttons,
+        attachments=[report],
+    )
+    sent = await rig.reply_to(lambda s: "nightly report" in s.text, "the message")
+    assert sent.conversation == rig.h.dm
+    assert "[attachment not sent here: report.pdf, 12 KB]" in sent.text
+    if rig.h.channel.capabilities.buttons:
+        assert sent.buttons == [
+            ("Yes, help", "suggest-yes:c0ffee"),
+            ("No thanks", "suggest-no:c0ffee"),
+        ]
+    else:
+        assert sent.buttons == [] and "/suggestion suggest-no:c0ffee" in sent.text
 
 
 async def test_rules_list_command(rig: Rig) -> None:
