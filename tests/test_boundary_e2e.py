@@ -381,7 +381,9 @@ async def test_an_installed_package_stays_in_the_workspace(
     installed, used = tool_messages(llm)
     assert "installed" in installed, installed
     assert used.startswith("exit code 0") and "42" in used
-    assert list((s.workspace / ".local").rglob("stewardprobe.py"))
+    # It landed in a virtual environment of the workspace, made for it and active later.
+    assert list((s.workspace / ".venv").rglob("stewardprobe.py"))
+    assert "made .venv" in installed
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the case of Steward running as root")

@@ -141,3 +141,15 @@ def test_as_root_only_a_folder_grant_keeps_stewards_uid(tmp_path: Path) -> None:
     assert not sandbox.as_root(Grant(write=("/etc/hosts",)))  # a file: through a copy
     assert not sandbox.as_root(Grant(write=(str(tmp_path / ".git" / "config"),)))
     assert not sandbox.as_root(Grant(network=True))
+
+
+def test_a_pip_install_gets_a_workspace_venv_once(tmp_path: Path) -> None:
+    from core.sandbox.environment import with_workspace_venv
+
+    command, made = with_workspace_venv("pip install requests", tmp_path)
+    assert made and command.startswith("python3 -m venv --system-site-packages .venv")
+    assert with_workspace_venv("ls && python3 -m pip install -q x", tmp_path)[1]
+    for where in ("pip install --user x", "pip install -t lib x", "pip list", "pipx install x"):
+        assert with_workspace_venv(where, tmp_path) == (where, False)
+    (tmp_path / ".venv").mkdir()
+    assert with_workspace_venv("pip install requests", tmp_path)[1] is False

@@ -12,17 +12,19 @@ git run in the workspace stops looking for a repository at the workspace
 and without the ceiling `git status`, `git commit` or `git reset` there would act on
 Steward's repository instead of saying "not a git repository".
 
-Package installs land where they are useful: `pip install` (which, with the system's
-site-packages read-only, installs for the user) goes to `<workspace>/.local`
-(PYTHONUSERBASE), whose `bin` is on PATH, and a `<workspace>/.venv` is active when it
-exists, so what a person approved installing is there for the next command too,
-instead of vanishing with the sandbox's throwaway home.
+Package installs land where they are useful: a `pip install` with no virtual
+environment to land in gets one, `<workspace>/.venv` (with the system's packages
+visible), which is active in every later command; `pip install --user` goes to
+`<workspace>/.local` (PYTHONUSERBASE), whose `bin` is on PATH. What a person approved
+installing is there for the next command too, instead of vanishing with the
+sandbox's throwaway home.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import re
 import subprocess
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -147,3 +149,24 @@ def git_identity() -> dict[str, str]:
         if done.returncode == 0 and value:
             found.update(dict.fromkeys(names, value))
     return found
+
+
+#: A pip install (pip, pip3, python -m pip), and the options that choose where it goes.
+_PIP_INSTALL = re.compile(
+    r"(?:^|[;&|(\s])(?:pip3?|python3?(?:\.\d+)?\s+-m\s+pip)\s+install\b"
+)
+_PIP_WHERE = re.compile(r"\s(?:--user|--target|--prefix|--root|-t)(?:[\s=]|$)")
+
+
+def with_workspace_venv(command: str, workspace: Path) -> tuple[str, bool]:
+    """`command` run in a new `<workspace>/.venv` when it is a pip install and there is
+    no environment for it yet (and it does not say where to install); True when one is
+    made. The venv sees the system's packages, so what worked before still does."""
+    if (
+        not _PIP_INSTALL.search(command)
+        or _PIP_WHERE.search(command)
+        or os.path.lexists(workspace / ".venv")
+    ):
+        return command, False
+    made = "python3 -m venv --system-site-packages .venv && . .venv/bin/activate"
+    return f"{made} && {{\n{command}\n}}", True

@@ -20,6 +20,7 @@ import re
 from typing import Any
 
 from core.sandbox import Grant, GrantRefused, launch
+from core.sandbox.environment import with_workspace_venv
 from core.sandbox.spawn import kill_group
 from core.tools.base import Tool, ToolContext, ToolError
 from core.tools.workspace import workspace_root
@@ -96,10 +97,14 @@ async def run(ctx: ToolContext, args: dict[str, Any]) -> str:
     timeout = _timeout(args, ctx.shell_timeout)
     out = _Output(ctx.output_cap)
     grant = ctx.grant or Grant()
+    root = workspace_root(ctx.workspace)
+    run_as, made_venv = command, False
+    if ctx.sandbox is not None and not grant.unsandboxed:
+        run_as, made_venv = with_workspace_venv(command, root)
     try:
         async with launch(
-            command,
-            workspace=workspace_root(ctx.workspace),
+            run_as,
+            workspace=root,
             sandbox=ctx.sandbox,
             grant=grant,
             env_names=ctx.sandbox_env,
@@ -115,6 +120,8 @@ async def run(ctx: ToolContext, args: dict[str, Any]) -> str:
     text = f"exit code {proc.returncode}\n{_cap(out.text(), ctx.output_cap)}{note}"
     if started.sandboxed and ctx.sandbox is not None:
         text += ctx.sandbox.limits.explain(proc.returncode, text)
+    if made_venv:
+        text += "\n[Steward made .venv in the workspace for this install; later commands use it]"
     if started.notes:
         text += "\n[" + "]\n[".join(started.notes) + "]"
     if proc.returncode != 0:
