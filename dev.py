@@ -44,11 +44,11 @@ from config.providers import PROVIDER_KEYS as PROVIDER_KEYS  # noqa: E402
 LOCAL_NOTE = (
     "[steward] No model is configured, so Steward will run a tiny local model "
     "(SmolLM2-135M, no key, no network): prebuilt wheels, nothing to compile.\n"
-    "[steward] To skip it, set STEWARD_MODEL (see README → Configuration) or "
+    "[steward] To skip it, set STEWARD_MODEL (see docs/configuration.md#the-model) or "
     "STEWARD_LOCAL_MODEL=off."
 )
 
-#: Measured on a fresh 2-core machine with an empty pip cache (README → Quick start);
+#: Measured on a fresh 2-core machine with an empty pip cache (docs/performance.md);
 #: said before the install so that a person knows how long to wait.
 ESTIMATE = {
     "requirements.lock": "about 1 minute",
@@ -234,10 +234,14 @@ def main(argv: list[str]) -> int:
     if cmd == "lint":
         # ruff, then mypy as tests/test_types.py runs it: a type error found here is
         # one less failing suite run.
-        code = subprocess.call([str(PY), "-m", "ruff", "check", ".", *rest], cwd=ROOT, env=env)
+        # Both always run, so one call reports every finding; it fails if either failed.
+        ruff = subprocess.call([str(PY), "-m", "ruff", "check", ".", *rest], cwd=ROOT, env=env)
         packages = ["bot", "adapters", "core", "memory", "config"]
         typed = [str(PY), "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"), *packages]
-        return code or subprocess.call(typed, cwd=ROOT, env=env)
+        mypy = subprocess.call(typed, cwd=ROOT, env=env)
+        for name, code in (("ruff", ruff), ("mypy", mypy)):
+            print(f"[steward] {name}: {'passed' if code == 0 else f'failed (exit {code})'}")
+        return ruff or mypy
     return subprocess.call([str(PY), "-m", "bench", *rest], cwd=ROOT, env=env)
 
 

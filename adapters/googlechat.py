@@ -47,9 +47,9 @@ the last *verified* inbound request.
 Not handled: the Google Workspace add-on event format (``commonEventObject`` /
 ``chat.messagePayload``), which needs its own token and response shapes.
 
-Size: one platform is one module by design (README → Adding a chat platform): its wire
-format, verification, rendering and liveness read top to bottom in one place, and
-nothing in it is shared with another platform (that lives in adapters/runtime.py,
+Size: one platform is one module by design (docs/development.md#adding-a-chat-platform):
+its wire format, verification, rendering and liveness read top to bottom in one place,
+and nothing in it is shared with another platform (that lives in adapters/runtime.py,
 adapters/base.py and bot/channels.py).
 """
 
@@ -111,7 +111,7 @@ CERTS_REFETCH_EVERY = 30.0
 CERTS_DEFAULT_TTL = 3600.0
 #: The slash command that maps onto Steward's chat commands.
 SLASH_COMMAND = "/steward"
-SEE = "(see README → Google Chat)"
+SEE = "(see docs/platforms/googlechat.md)"
 
 _HINTS = {
     "PERMISSION_DENIED": "the app is not a member of that space, or the Google Chat API is "

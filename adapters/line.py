@@ -7,7 +7,7 @@ test fake) and its models render the Flex bubbles. Inbound payloads are read as 
 JSON rather than the SDK's event models: the fields we use are few and stable, and a
 new field or event type LINE adds must never turn a verified webhook into a 500.
 
-Two parts of the SDK are not imported, for resident memory (issue 26):
+Two parts of the SDK are not imported, for resident memory:
 `AsyncMessagingApi` declares every Messaging API method with pydantic-validated
 signatures and imports ~80 request and response models for them (~16 MB) for the four
 calls made here (bot info, reply, push, loading animation); `_request` makes them
@@ -50,9 +50,9 @@ What LINE is like, and what the adapter does about it:
   The time of the last one is also kept in ``<data dir>/line/last_webhook`` so that
   `steward doctor` can report it.
 
-Size: one platform is one module by design (README → Adding a chat platform): its wire
-format, verification, rendering and liveness read top to bottom in one place, and
-nothing in it is shared with another platform (that lives in adapters/runtime.py,
+Size: one platform is one module by design (docs/development.md#adding-a-chat-platform):
+its wire format, verification, rendering and liveness read top to bottom in one place,
+and nothing in it is shared with another platform (that lives in adapters/runtime.py,
 adapters/base.py and bot/channels.py).
 """
 
@@ -457,7 +457,7 @@ def delivery_error(what: str, exc: BaseException) -> DeliveryError:
         if status == 401:
             return DeliveryError(
                 f"LINE refused the channel access token ({text}): check "
-                "STEWARD_LINE_CHANNEL_TOKEN (a long-lived token, README → LINE)",
+                "STEWARD_LINE_CHANNEL_TOKEN (a long-lived token; see docs/platforms/line.md)",
                 transient=False,
             )
         if status == 403:
@@ -516,7 +516,7 @@ class LineChannel(ChannelDefaults):
             raise ValueError(
                 f"STEWARD_LINE_CHANNEL_{missing} is not set: LINE needs both the channel "
                 "secret (to check webhooks) and the channel access token (to answer) "
-                "(see README → LINE)"
+                "(see docs/platforms/line.md)"
             )
         self.api_url = (api_url or DEFAULT_API_URL).rstrip("/")
         self.http_path = WEBHOOK_PATH
@@ -551,7 +551,7 @@ class LineChannel(ChannelDefaults):
         except ValueError:
             raise ValueError(
                 f"STEWARD_LINE_DEAF_AFTER={raw!r} is not a number of seconds "
-                "(0 turns the check off; see README → LINE)"
+                "(0 turns the check off; see docs/platforms/line.md)"
             ) from None
         data_dir = getattr(settings, "data_dir", None)
         return cls(

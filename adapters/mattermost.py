@@ -58,9 +58,9 @@ Errors become `DeliveryError`: 429 (``text/plain`` "limit exceeded" with
 ``X-RateLimit-Reset`` in seconds, and ``Retry-After``), 5xx and network errors are
 transient; 400/403/404 are not; 401 also marks the channel ``down``.
 
-Size: one platform is one module by design (README → Adding a chat platform): its wire
-format, verification, rendering and liveness read top to bottom in one place, and
-nothing in it is shared with another platform (that lives in adapters/runtime.py,
+Size: one platform is one module by design (docs/development.md#adding-a-chat-platform):
+its wire format, verification, rendering and liveness read top to bottom in one place,
+and nothing in it is shared with another platform (that lives in adapters/runtime.py,
 adapters/base.py and bot/channels.py).
 """
 
@@ -126,7 +126,7 @@ _HINTS = {
     403: "the bot may not do that here: add it to the channel (or team) first",
     404: "the channel or post does not exist, or the bot cannot see it",
 }
-_SEE = "see README → Mattermost"
+_SEE = "see docs/platforms/mattermost.md"
 
 
 # ---------------------------------------------------------------------- parsing

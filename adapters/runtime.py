@@ -253,7 +253,7 @@ def tls_context() -> ssl.SSLContext:
     """The one verifying TLS context the adapters' httpx clients share.
 
     Why: each httpx client otherwise builds its own, loading the whole CA bundle into
-    OpenSSL again (~0.9 MB resident each; `steward run` had seven, issue 26). This is
+    OpenSSL again (~0.9 MB resident each; `steward run` had seven). This is
     what httpx builds by default (certifi, SSL_CERT_FILE/SSL_CERT_DIR honoured), made
     once; an SSLContext is safe to share between clients and connections."""
     import httpx

@@ -44,9 +44,9 @@ decided (bounded by ``ANSWER_WITHIN`` seconds, well inside Telegram's limit): th
 stops the spinner, and a note for the presser alone (a refused stranger, "already
 approved") becomes the callback's alert instead of a message everybody sees.
 
-Size: one platform is one module by design (README → Adding a chat platform): its wire
-format, verification, rendering and liveness read top to bottom in one place, and
-nothing in it is shared with another platform (that lives in adapters/runtime.py,
+Size: one platform is one module by design (docs/development.md#adding-a-chat-platform):
+its wire format, verification, rendering and liveness read top to bottom in one place,
+and nothing in it is shared with another platform (that lives in adapters/runtime.py,
 adapters/base.py and bot/channels.py).
 """
 

@@ -2,7 +2,7 @@
 
 Why: the web chat acts as the owner. Its buttons approve risky commands and its
 `/pair CODE` lets strangers in, so listening on 127.0.0.1 is not protection enough:
-every local process can reach loopback, including one the agent started (issue 13:
+every local process can reach loopback, including one the agent started (once,
 a background script read a pending approval id from the data dir and pressed
 Approve over the WebSocket 0.10 s after the request). So, like Jupyter, Steward
 keeps a random token per data dir and `steward run` prints a login URL with it on

@@ -28,9 +28,9 @@ What WhatsApp makes special, and how it is handled here:
   phone-number object now and then: a refused token (code 190) turns the channel
   `down` with the reason, an unreachable Graph makes it `reconnecting`.
 
-Size: one platform is one module by design (README → Adding a chat platform): its wire
-format, verification, rendering and liveness read top to bottom in one place, and
-nothing in it is shared with another platform (that lives in adapters/runtime.py,
+Size: one platform is one module by design (docs/development.md#adding-a-chat-platform):
+its wire format, verification, rendering and liveness read top to bottom in one place,
+and nothing in it is shared with another platform (that lives in adapters/runtime.py,
 adapters/base.py and bot/channels.py).
 """
 
@@ -137,7 +137,7 @@ def graph_error(status: int, body: Any, headers: Mapping[str, str]) -> GraphErro
     if code in TOKEN_ERRORS:
         return GraphError(
             f"{text}: the access token was refused; set a valid system-user token in "
-            "STEWARD_WHATSAPP_TOKEN (README → WhatsApp)",
+            "STEWARD_WHATSAPP_TOKEN (see docs/platforms/whatsapp.md)",
             code=code,
             status=status,
             transient=False,
@@ -455,7 +455,7 @@ class WhatsAppChannel(ChannelDefaults):
         if not token or not phone_id:
             raise ValueError(
                 "STEWARD_WHATSAPP_TOKEN and STEWARD_WHATSAPP_PHONE_ID are both needed "
-                "(see README → WhatsApp)"
+                "(see docs/platforms/whatsapp.md)"
             )
         self.token = token
         self.phone_id = phone_id

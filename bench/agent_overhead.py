@@ -40,7 +40,7 @@ from tests.fakes.llm import Reply, ScriptedLLM
 
 N = 200
 #: Learned rules on disk before the run (`BENCH_RULES=30 python3 dev.py bench
-#: agent_overhead`): none by default, as the figures of earlier sessions; a team's
+#: agent_overhead`): none by default, as in docs/performance.md's figures; a team's
 #: Steward that has learned rules matches every request against them.
 RULES = int(os.environ.get("BENCH_RULES", "0") or 0)
 TOPICS = (

@@ -3,7 +3,7 @@
 Why: Steward's data dir defaults to `./.steward`, on the working directory's file
 system, and every message creates files there (its episode; a new conversation's
 transcript; its journal record when no ended task's file is there to reuse). What a
-creation costs depends on the folder: on the 2-core machine of issue 26 it took 0.02 to
+creation costs depends on the folder: on a 2-core test machine it took 0.02 to
 1.3 ms of CPU, with the folder (its ext4 block group) and the hour: /tmp was the slow
 place one day and a fast one the next. The benches make their temporary data dir under
 the working directory, as a deployment's is, and print what creating a file costs in a
@@ -81,7 +81,7 @@ def describe_folder(folder: Path, name: str, *, files_a_message: int) -> str:
         line += (
             f"; slow: each message creates {files_a_message} files, ~{cost * files_a_message:.2f}"
             " ms of its CPU. On ext4 without a journal, files deleted in the last minutes"
-            " (an earlier bench's clean-up) slow every creation (README -> Performance):"
-            " leave a few minutes between runs"
+            " (an earlier bench's clean-up) slow every creation"
+            " (docs/performance.md#reading-the-figures): leave a few minutes between runs"
         )
     return line

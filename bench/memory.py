@@ -386,7 +386,7 @@ async def _hybrid_recall(
 
 #: BLAS and OpenMP pinned to one thread in the probe: brute force's numpy matmul would
 #: otherwise use every core (and HNSW's OpenMP too), so the ratio would depend on how
-#: many cores happen to be idle; one thread each is the stable comparison (issue 26).
+#: many cores happen to be idle; one thread each is the stable comparison.
 ONE_THREAD = {
     name: "1"
     for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS")

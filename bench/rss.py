@@ -1,6 +1,6 @@
 """Resident memory of `steward run` with every adapter connected and a model configured.
 
-Target (issue 26): < 250 MB. `steward run` starts as a subprocess with Slack (Socket
+Target: < 250 MB. `steward run` starts as a subprocess with Slack (Socket
 Mode), Discord, Telegram, LINE, WhatsApp, Google Chat and Mattermost pointed at the
 local wire fakes (tests/fakes/) plus the web chat, and the scripted OpenAI-compatible
 server as its model. Once /healthz says every channel is connected, one Telegram

@@ -1,5 +1,5 @@
 """Sandbox start-up cost per shell command: `true` through the real shell tool, in the
-sandbox and without it (README → Sandbox).
+sandbox and without it (docs/safety.md#sandbox).
 
 Baseline in the same run: the same tool without a sandbox (bash in its own session),
 so the figure is what bubblewrap adds (namespaces, mounts, its own /proc), not what

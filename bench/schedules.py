@@ -1,4 +1,4 @@
-"""Schedules: a simulated week on the SimClock with the scripted model (issue 22).
+"""Schedules: a simulated week on the SimClock with the scripted model.
 
 Ten schedules are made with `/schedule` through the assembled App (dispatcher, agent,
 guardian, sandboxed check commands, the scripted model over HTTP, files in a temporary

@@ -81,7 +81,7 @@ LOCAL_MODEL_NOTICE = (
     "Running a tiny local model (SmolLM2-135M) on this machine: no key, no network, and "
     "only simple jobs (list, read, write and search files, run a command). To use a real "
     "model, set STEWARD_MODEL and its key, e.g. `export STEWARD_MODEL=openai/gpt-4.1-mini "
-    "OPENAI_API_KEY=sk-...`, and restart (README → Local model)."
+    "OPENAI_API_KEY=sk-...`, and restart (see docs/local-model.md)."
 )
 
 
@@ -163,7 +163,7 @@ Steward's own checkout): git stops looking here (GIT_CEILING_DIRECTORIES), so
 project into it.
 
 To work in another folder, set STEWARD_WORKSPACE (or `workspace` in steward.toml);
-see README → Configuration. You may edit or delete this file.
+see docs/configuration.md in Steward's checkout. You may edit or delete this file.
 """
 
 
@@ -704,7 +704,7 @@ class App:
 
     def _commit_soon(self) -> None:
         """After a task: commit the memory written since the last batch, in the background,
-        when the last batch is COMMIT_EVERY seconds old (README → Memory)."""
+        when the last batch is COMMIT_EVERY seconds old (docs/memory.md)."""
         if self.clock.now() - self._last_commit < COMMIT_EVERY:
             return
         if self._committing is not None and not self._committing.done():

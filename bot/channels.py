@@ -10,7 +10,7 @@ bounded). What still can't be delivered is logged and kept in
 `<data dir>/outbox/undelivered.jsonl`: nothing is dropped silently.
 
 The registry is config/platforms.py: adding a platform is its adapter, its fake, one
-entry there and its README section.
+entry there and its page, docs/platforms/<name>.md.
 """
 
 from __future__ import annotations

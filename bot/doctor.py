@@ -51,7 +51,8 @@ def _dirs(settings: Settings) -> list[Check]:
 
 
 def _sandbox(settings: Settings) -> Check:
-    """Whether shell commands run in the OS sandbox here, and if not why (README → Sandbox)."""
+    """Whether shell commands run in the OS sandbox here, and if not why
+    (docs/safety.md#sandbox)."""
     from core.sandbox import SandboxRequired, parse_user, setup
 
     try:
@@ -62,13 +63,14 @@ def _sandbox(settings: Settings) -> Check:
             hand_over_workspace=False,
         )
     except SandboxRequired as exc:
-        return Check("sandbox", False, str(exc), "see README → Sandbox")
+        return Check("sandbox", False, str(exc), "see docs/safety.md#sandbox")
     if found.fallback:
         return Check(
             "sandbox",
             True,
             found.describe(),
-            'make user namespaces available, or set sandbox = "off" to opt out (README → Sandbox)',
+            'make user namespaces available, or set sandbox = "off" to opt out '
+            "(see docs/safety.md#sandbox)",
             warn=True,
         )
     return Check("sandbox", True, found.describe())
@@ -148,8 +150,8 @@ async def _model(settings: Settings) -> list[Check]:
                     False,
                     "no model configured (STEWARD_MODEL is empty), and the tiny local model "
                     f"can't run: {found.reason}",
-                    "set STEWARD_MODEL (and the provider key); see README → Configuration. "
-                    + INSTALL_HINT,
+                    "set STEWARD_MODEL (and the provider key); see "
+                    "docs/configuration.md#the-model. " + INSTALL_HINT,
                 )
             ]
         key = provider_key_present(os.environ)
@@ -159,7 +161,7 @@ async def _model(settings: Settings) -> list[Check]:
                 False,
                 "no model configured (STEWARD_MODEL is empty)"
                 + (f"; {key} is set, so the tiny local model is not used" if key else ""),
-                "set STEWARD_MODEL (and the provider key); see README → Configuration",
+                "set STEWARD_MODEL (and the provider key); see docs/configuration.md#the-model",
             )
         ]
     litellm = load_litellm()
@@ -216,7 +218,7 @@ async def _local_model(settings: Settings, found: Availability) -> list[Check]:
             f"no model configured: using the tiny local model {MODEL_LABEL} "
             f"({settings.local_model_mode}; weights {found.gguf})",
             "it does simple jobs only; for real work set STEWARD_MODEL and its key "
-            "(README → Local model)",
+            "(see docs/local-model.md)",
             warn=True,
         )
     ]
@@ -278,11 +280,13 @@ async def _channels(settings: Settings) -> list[Check]:
     specs = configured_platforms(settings)
     if not specs:
         titles = ", ".join(p.title for p in PLATFORMS)
-        checks.append(Check("chat platforms", True, f"none configured (README → {titles})"))
+        none = f"none configured ({titles}: see docs/platforms/README.md)"
+        checks.append(Check("chat platforms", True, none))
     for spec in specs:
         problems = spec.problems(spec.config(settings))
         if problems:
-            checks.append(Check(spec.name, False, " ".join(problems), "see README"))
+            see = f"see docs/platforms/{spec.name}.md"
+            checks.append(Check(spec.name, False, " ".join(problems), see))
             continue
         try:
             adapter = build_adapter(spec, settings)

@@ -52,7 +52,7 @@ def build_web_app(
                 f"PORT={settings.port} is set (a hosting platform), so Steward listens on "
                 f"every interface, and the web chat (which acts as the owner) would be open to "
                 f"the internet with only the login URL's token. Set STEWARD_WEB_PASSWORD "
-                f"(README → Deploy on a PaaS), or STEWARD_HOST=127.0.0.1 to stay local."
+                f"(see docs/deploy.md), or STEWARD_HOST=127.0.0.1 to stay local."
             )
         raise ConfigError(
             f"STEWARD_HOST={settings.host} would open the web chat (which acts as the owner) "

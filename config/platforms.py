@@ -4,7 +4,7 @@ Why one table at the bottom layer: settings, their defaults file, access control
 doctor, the HTTP server and the contract suite all need the list of platforms and
 each one's keys. Before, each of them named the platforms itself, so adding one
 touched a dozen files. Now a platform is its adapter module, its fake, one entry
-here and its README section; everything else reads this table.
+here and its page docs/platforms/<name>.md; everything else reads this table.
 
 The entry holds only facts (names, settings keys, the dialect's name, where the
 adapter class lives), so this module imports nothing above `config`. The adapter
@@ -68,7 +68,7 @@ class PlatformSpec:
     """A chat platform: its name, settings, Markdown dialect and adapter."""
 
     name: str
-    #: For people: "Google Chat", and the README section's title.
+    #: For people: "Google Chat", and the title of its page docs/platforms/<name>.md.
     title: str
     #: `module:Class` of the adapter; the class has `from_settings(cfg, settings)`.
     adapter: str
@@ -115,7 +115,10 @@ class PlatformSpec:
 
 
 ACCESS_KEYS = (
-    Key("allowed_users", "who may talk to Steward (README → Access)"),
+    Key(
+        "allowed_users",
+        "who may talk to Steward (docs/platforms/README.md#who-may-talk-to-steward)",
+    ),
     Key("admins", "who may confirm pairing codes and change policy and rules"),
 )
 
@@ -126,13 +129,13 @@ def _slack_problems(cfg: PlatformConfig) -> list[str]:
         problems.append(
             "STEWARD_SLACK_APP_TOKEN or STEWARD_SLACK_SIGNING_SECRET is set but "
             "STEWARD_SLACK_BOT_TOKEN is not: Slack needs the bot token (xoxb-…) in both "
-            "Socket Mode and HTTP mode (see README → Slack)."
+            "Socket Mode and HTTP mode (see docs/platforms/slack.md)."
         )
     if cfg.bot_token and not (cfg.app_token or cfg.signing_secret):
         problems.append(
             "STEWARD_SLACK_BOT_TOKEN is set but neither STEWARD_SLACK_APP_TOKEN (Socket Mode) "
             "nor STEWARD_SLACK_SIGNING_SECRET (HTTP mode) is: Steward can send but not "
-            "receive (see README → Slack)."
+            "receive (see docs/platforms/slack.md)."
         )
     return problems
 
@@ -145,17 +148,19 @@ def _telegram_problems(cfg: PlatformConfig) -> list[str]:
         problems.append(
             "STEWARD_TELEGRAM_WEBHOOK_URL is set but STEWARD_TELEGRAM_WEBHOOK_SECRET is not: "
             "webhook mode needs a secret so that only Telegram can post updates "
-            "(see README → Telegram)."
+            "(see docs/platforms/telegram.md#webhook-mode)."
         )
     if secret and not url:
         problems.append(
             "STEWARD_TELEGRAM_WEBHOOK_SECRET is set but STEWARD_TELEGRAM_WEBHOOK_URL is not: "
-            "Steward would long-poll and never use the secret (see README → Telegram)."
+            "Steward would long-poll and never use the secret "
+            "(see docs/platforms/telegram.md#webhook-mode)."
         )
     if secret and not re.fullmatch(r"[A-Za-z0-9_-]{1,256}", secret):
         problems.append(
             "STEWARD_TELEGRAM_WEBHOOK_SECRET may only hold A-Z, a-z, 0-9, _ and - (1-256 "
-            "characters): Telegram refuses any other secret (see README → Telegram)."
+            "characters): Telegram refuses any other secret "
+            "(see docs/platforms/telegram.md#webhook-mode)."
         )
     return problems
 
@@ -165,10 +170,8 @@ def needs(platform: str, *pairs: tuple[str, str]) -> Callable[[PlatformConfig], 
 
     def check(cfg: PlatformConfig) -> list[str]:
         prefix = f"STEWARD_{platform.upper()}_"
-        found = BY_NAME.get(platform)  # the registry is complete by the time this runs
-        title = found.title if found else platform.title()  # "LINE", "Google Chat"
         return [
-            f"{prefix}{key.upper()} is not set: {why} (see README → {title})."
+            f"{prefix}{key.upper()} is not set: {why} (see docs/platforms/{platform}.md)."
             for key, why in pairs
             if not cfg[key].strip()
         ]

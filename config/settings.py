@@ -294,7 +294,7 @@ def _unknown_key(key: str, origin: str, known: list[str]) -> ConfigError:
     hint = f" Did you mean `{close[0]}`?" if close else ""
     return ConfigError(
         f"Unknown setting `{key}` in {origin}.{hint} "
-        f"Known settings are listed in config/default.toml (README → Configuration)."
+        f"Known settings are listed in config/default.toml (docs/configuration.md)."
     )
 
 
@@ -352,7 +352,7 @@ def load_settings(
             hint = f" Did you mean {_env_name(close[0])}?" if close else ""
             raise ConfigError(
                 f"Unknown environment variable {name}.{hint} "
-                f"Known settings are listed in config/default.toml (README → Configuration); "
+                f"Known settings are listed in config/default.toml (docs/configuration.md); "
                 f"unset {name} if it is not meant for Steward."
             )
         values[key] = raw

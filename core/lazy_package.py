@@ -1,7 +1,7 @@
 """Import an SDK package without running its ``__init__``, loading each name on first use.
 
 Why: some SDKs' ``__init__`` modules import their whole API surface, and resident
-memory of `steward run` is a target (issue 26). line-bot-sdk's ``linebot``,
+memory of `steward run` is a target (bench/rss.py). line-bot-sdk's ``linebot``,
 ``linebot.v3``, ``linebot.v3.messaging`` and its ``models`` import the v2 API, every
 webhook model and ~200 message models for an adapter that uses a dozen classes;
 ``openai.types`` and its subpackages import every type module of the openai SDK, of

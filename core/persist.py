@@ -2,7 +2,7 @@
 
 Why: writing a finished task's episode (YAML dump, secret scan, two fsyncs) and indexing
 it (parse, embed, FAISS add, SQLite update) took ~14 ms of a ~25 ms overhead per message,
-all of it before the reply was sent (issue 26). The person does not need any of it to
+all of it before the reply was sent. The person does not need any of it to
 read their answer; recall of this task by a later one can wait a few milliseconds.
 
 Crash safety is kept by the task journal (memory/journal.py), not weakened:

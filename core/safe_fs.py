@@ -628,9 +628,7 @@ def remove_tree(fd: int, name: str) -> None:
     and without recursion (a command may have nested folders thousands deep)."""
     top = os.open(name, DIR_FLAGS, dir_fd=fd)
     #: (folder, its name in the parent, what is left to remove in it): open folders = depth.
-    stack: list[tuple[int, str | None, list[tuple[str, os.stat_result]]]] = [
-        (top, None, scan(top))
-    ]
+    stack: list[tuple[int, str | None, list[tuple[str, os.stat_result]]]] = [(top, None, scan(top))]
     try:
         while stack:
             current, own, left = stack[-1]

@@ -3,7 +3,7 @@
 Why: the learner reads every rule before each task's model call and again after it
 (memory/rules.py), to see a rule a person edited by hand. Finding that nothing changed
 took a stat of every rule file (30 rules: ~0.8 ms on the event loop in place, twice a
-message, issue 26). Linux's inotify queues an event for every change in the folder as
+message). Linux's inotify queues an event for every change in the folder as
 it happens; a non-blocking read of its descriptor that finds none means nothing
 changed, whoever changed it (an editor, `steward rules`, the learner itself).
 

@@ -1,6 +1,6 @@
 """What the memory index reads from the Markdown files: one `Doc` per file.
 
-The files are the truth (DESIGN.md "Memory"); this module only reads them. A file
+The files are the truth (docs/memory.md); this module only reads them. A file
 that cannot be read is reported as a `DocError` naming its path, never fixed or
 rewritten here: a person may be halfway through editing it.
 
@@ -151,7 +151,7 @@ def from_text(
     parts: tuple[dict[str, Any], str] | None = None,
 ) -> Doc:
     """The Doc of a file whose text is already in memory (the episode writer has just
-    written it: reading it back cost a read and a YAML parse per message, issue 26).
+    written it: reading it back cost a read and a YAML parse per message).
     `parts` is (front matter, body) as `memory.store.parse(text)` returns them, when the
     caller knows them without parsing (`memory.store.rendered_parts`); else `text` is
     parsed. Raises DocError like `parse`."""

@@ -144,7 +144,8 @@ def fail_query(fut: Future[np.ndarray], exc: BaseException) -> None:
 
 def query_row(embedder: Embedder, text: str) -> np.ndarray:
     """One query's unit row, computed here (blocking)."""
-    return embed_rows(embedder, [text])[0]
+    row: np.ndarray = embed_rows(embedder, [text])[0]
+    return row
 
 
 async def embed_query(embedder: Embedder, text: str) -> np.ndarray:
@@ -274,7 +275,8 @@ def _mix(h: np.ndarray) -> np.ndarray:
         h = h * _U64(_MIX1)
         h = h ^ (h >> _U64(33))
         h = h * _U64(_MIX2)
-        return h ^ (h >> _U64(33))
+        mixed: np.ndarray = h ^ (h >> _U64(33))
+        return mixed
 
 
 def _mix_int(h: int) -> int:
@@ -493,7 +495,8 @@ def _finish(block: np.ndarray) -> np.ndarray:
     block = np.sign(block) * np.log1p(np.abs(block))
     norms = np.linalg.norm(block, axis=1, keepdims=True)
     norms[norms == 0] = 1.0
-    return block / norms
+    unit: np.ndarray = block / norms
+    return unit
 
 
 class LiteLLMEmbedder:

@@ -1,6 +1,6 @@
 """Episodes: one Markdown file per finished task, YAML front matter + a readable summary.
 
-Markdown is the source of truth (DESIGN.md "Memory"): a person can read, grep, edit
+Markdown is the source of truth (docs/memory.md): a person can read, grep, edit
 and version it; indexes built later are caches over these files.
 """
 
@@ -27,7 +27,7 @@ EPISODE_ARGUMENTS_CHARS = 500
 #: Fields of `Episode.to_record` that Steward makes itself (ids, times, counters, enum
 #: words, the configured model's name, ids of episodes and rules): nothing a person, a
 #: tool or the model wrote, so nothing to redact. The journal's "done" line skips them:
-#: it is written on the reply path (issue 26). Everything else is redacted as before.
+#: it is written on the reply path. Everything else is redacted as before.
 GENERATED_FIELDS = frozenset(
     {
         "id",
@@ -257,7 +257,7 @@ class EpisodeStore:
         self.store = RecordStore(self.root, "episode", health=self.health, cache_size=0)
 
     def path_for(self, episode: Episode) -> Path:
-        d = episode.started  # one joinpath, no strftime: twice per message (issue 26)
+        d = episode.started  # one joinpath, no strftime: twice per message
         return self.root.joinpath(
             f"{d.year:04d}", f"{d.month:02d}", f"{d.day:02d}", f"{episode.id}.md"
         )

@@ -4,7 +4,8 @@ Why: every episode and transcript save renders its front matter, and
 `yaml.dump` builds a node for each value and asks the resolver's regular expressions
 about each scalar twice, in Python, before libyaml writes a byte: ~0.56 ms for an
 episode and ~0.23 ms for a transcript, ~0.8 ms of CPU a message on the persistence
-path (issue 26, where Steward's CPU per message is measured against the LLM client's).
+path (bench/agent_overhead.py measures Steward's CPU per message against the LLM
+client's).
 
 What is written here: block mappings and sequences of plain data whose strings are
 single lines of printable ASCII short enough that libyaml would not fold them, in

@@ -1,5 +1,5 @@
 """The data dir's git history of what Steward remembers: episodes, conversations and
-proactive state, committed in batches (issue 16; README → Memory).
+proactive state, committed in batches (docs/memory.md).
 
 Why batches: one commit per task would bury the rule history (each rule change is its
 own commit, memory/store.py) and put git work on every reply. Instead the files written

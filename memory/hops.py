@@ -1,6 +1,6 @@
 """Blocking disk writes off the event loop, grouped: one thread hop per loop turn.
 
-Why: under load (issue 26: 100 conversations at once) every message made its own
+Why: under load (100 conversations at once) every message made its own
 thread hops for its journal record and its transcript save, each ~0.1-0.15 ms of
 event-loop CPU plus a GIL handoff, while the loop was the bottleneck. Writes asked for
 in the same loop turn are independent (different files), so they can share a hop:

@@ -18,7 +18,7 @@ creating a file costs up to ~1.3 ms of CPU on some disks), and made durable in t
 thread hop (fsync of the file, then of the folder):
 awaiting it is awaiting durability, as before. It used to be a temp file, fsync and
 rename in the thread: a dozen system calls, each taking the GIL back from the model
-call running beside it, ~2 ms of the time before the reply (issue 26). A file a crash
+call running beside it, ~2 ms of the time before the reply. A file a crash
 cut short (empty, or a torn first line) reads as malformed and is removed at start-up,
 as its task never started. A rewrite of an existing record (`update`) stays atomic
 (temp file, fsync, rename). Each tool call
@@ -80,7 +80,7 @@ class TaskJournal:
         #: Records and tool lines written in the same loop turn go in one thread hop.
         self._hops = HopBatch()
         #: The folder's descriptor (for its fsyncs) and what closes it with the journal.
-        self._folder: tuple[int, weakref.finalize] | None = None
+        self._folder: tuple[int, weakref.finalize[[int], TaskJournal]] | None = None
         #: Names of emptied record files kept in the folder for the next records (see
         #: `_new_file`); appended to by the disk threads, taken by the event loop.
         self._spares: list[str] = []
@@ -128,8 +128,8 @@ class TaskJournal:
         An ended task's emptied file is renamed to the new record's name when there is
         one (`_recycle`), instead of a file being created: on some disks creating a file
         costs far more than renaming one (0.03-1.3 ms of CPU on this project's test
-        VM, varying with the folder and the hour), and this is on the way to the reply
-        (issue 26). The folder's fsync after the write covers the rename as it covers a
+        VM, varying with the folder and the hour), and this is on the way to the reply.
+        The folder's fsync after the write covers the rename as it covers a
         creation."""
         folder = self._folder_fd()
         while True:
@@ -155,7 +155,7 @@ class TaskJournal:
 
     def _folder_fd(self) -> int:
         """The journal folder (made if missing), open for its fsyncs: opened once, not
-        per record (in the hop every system call is a hand-back of the GIL, issue 26)."""
+        per record (in the hop every system call is a hand-back of the GIL)."""
         if self._folder is None:
             self.root.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.root, os.O_RDONLY | os.O_CLOEXEC)
@@ -274,7 +274,7 @@ class TaskJournal:
         function (blocking; None when there is nothing to remove) removes their files,
         for a caller that runs it in a thread hop it makes anyway. core/persist.py runs
         it right after the episode files are written, in the same hop (a hop per batch
-        is ~0.1-0.15 ms of CPU, issue 26). Until it has run, a record that outlives its
+        is ~0.1-0.15 ms of CPU). Until it has run, a record that outlives its
         episode is recognised at start-up and removed then, as after a crash."""
         ids = [t for t in task_ids if self._records.pop(t, None) is not None]
         if not ids:

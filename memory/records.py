@@ -50,7 +50,7 @@ Redactor = Callable[[dict[str, Any], str], tuple[dict[str, Any], str]]
 class Written:
     """A record file as `RecordStore.write_file` just wrote it: its stat and contents,
     so that the memory index can add it without reading and parsing it back (that was
-    a thread hop, a read and a YAML parse per message, issue 26)."""
+    a thread hop, a read and a YAML parse per message)."""
 
     path: Path
     mtime_ns: int

@@ -29,7 +29,7 @@ import string
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 T = TypeVar("T")
 
@@ -481,7 +481,7 @@ def _redact_short(text: str) -> str:
     """`redact` of a short text, remembered: a task's request and reply are redacted for
     its journal record, its done line, its episode, its transcript and its log lines,
     ~4 of every 5 redactions of a message were of a text redacted before (~0.3 ms a
-    message, issue 26). The patterns never change in a process, so neither does the
+    message). The patterns never change in a process, so neither does the
     answer; at most ~1,000 texts of at most _MEMO_CHARS characters are kept."""
     return _redact(text)
 
@@ -527,7 +527,7 @@ def redact_obj(obj: T) -> T:
     is redacted whole even when it has no recognisable shape — `{"password": "hunter"}`
     carries no pattern, only its key says what it is. Other types pass through unchanged.
     """
-    return _redact_obj(obj, None)  # type: ignore[return-value]
+    return cast(T, _redact_obj(obj, None))
 
 
 def _redact_obj(obj: Any, key: Any) -> Any:

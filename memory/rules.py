@@ -183,7 +183,7 @@ class RuleStore:
         line per file that could not be read.
 
         The learner calls this before every task's model call and again after it, on
-        the event loop, so it is lean (issue 26): when nothing in the folder changed
+        the event loop, so it is lean: when nothing in the folder changed
         since the last look (inotify, one system call: memory/dirwatch.py), copies of
         what that look found; else file names from one scandir, a stat each, and only a
         changed file parsed again. Every call sees every file as it is on disk (where

@@ -5,7 +5,7 @@ writes while it runs (approvals, suggestions, proactive state, episodes,
 transcripts) go through `memory.records.RecordStore`, which uses the same
 `render`/`parse` and the same atomic write and redaction.
 
-DESIGN.md "Memory": Markdown is the truth, a person can read, edit and `git`-version
+Markdown is the truth (docs/memory.md): a person can read, edit and `git`-version
 every file, and each change the agent makes to rules is a commit. This module owns
 that contract:
 
@@ -156,8 +156,8 @@ def rendered_parts(
     front_matter: dict[str, Any], body: str, text: str
 ) -> tuple[dict[str, Any], str] | None:
     """What `parse(text)` returns for `text == render(front_matter, body)`, without the
-    YAML parse (~0.5 ms an episode, paid again by the index right after each write,
-    issue 26): `front_matter` itself (the safe dumper's output loads back equal, for
+    YAML parse (~0.5 ms an episode, paid again by the index right after each write):
+    `front_matter` itself (the safe dumper's output loads back equal, for
     the plain data records hold) and the body as written. None when the text is not
     that (redaction changed it) or when the YAML holds a line `parse` would take for
     the closing `---`: then the caller parses `text`. The front matter is returned,
@@ -172,7 +172,9 @@ def rendered_parts(
     return front_matter, tail_body
 
 
-def parse(text: str, path: Path, *, require_front_matter: bool = True) -> tuple[dict, str]:
+def parse(
+    text: str, path: Path, *, require_front_matter: bool = True
+) -> tuple[dict[str, Any], str]:
     """Split a memory file into (front matter, body); `MalformedFile` says what is wrong.
 
     A file without front matter is malformed unless `require_front_matter=False`
@@ -517,7 +519,9 @@ class DataStore:
 
     # reading ------------------------------------------------------------------------
 
-    def read(self, relpath: Path | str, *, require_front_matter: bool = True) -> tuple[dict, str]:
+    def read(
+        self, relpath: Path | str, *, require_front_matter: bool = True
+    ) -> tuple[dict[str, Any], str]:
         """(front matter, body) of one file; `MalformedFile` if unreadable as memory.
 
         A missing file raises FileNotFoundError: absent and broken are different.
@@ -640,7 +644,7 @@ class DataStore:
     ) -> tuple[list[Doc], list[Problem]]:
         return await asyncio.to_thread(self.scan, folder, require_front_matter=require_front_matter)
 
-    async def aread(self, relpath: Path | str) -> tuple[dict, str]:
+    async def aread(self, relpath: Path | str) -> tuple[dict[str, Any], str]:
         return await asyncio.to_thread(self.read, relpath)
 
 

@@ -67,7 +67,7 @@ class TranscriptStore:
         #: File names in the folder, listed once by the first load and kept up to date by
         #: this store's own saves (one process writes a data dir: memory.lock). A new
         #: conversation then starts without a thread hop to find out it has no file:
-        #: ~0.35 ms before the first reply of each conversation (issue 26).
+        #: ~0.35 ms before the first reply of each conversation.
         self._names: set[str] | None = None
         self._names_lock = threading.Lock()
 

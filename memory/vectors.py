@@ -3,16 +3,16 @@
 Layout: ``IndexIDMap2(IndexHNSWFlat(dim, M=32, inner product))`` over unit vectors, so
 inner product is cosine; up to EXACT_MAX stored vectors, ``IndexIDMap2(IndexFlatIP)``
 instead, held as a numpy buffer and written in faiss's own file layout without
-importing faiss (a small memory never loads it: ~13 MB resident, issue 26). Each
+importing faiss (a small memory never loads it: ~13 MB resident). Each
 vector's label is an int64 allocated in increasing order and stored in SQLite
 (``docs.vec``); labels never change, even when the index is compacted, so the SQLite
 side and the faiss file can be written at different moments and still agree (a label
 SQLite knows but the file lacks is simply re-embedded at open; a label the file has
 but no document points to is stale).
 
-Why HNSW, and why not only HNSW. Numbers from shared/reference/offline-llm.md and
-`python -m bench.memory` (2-core machine, shared with other work while measured;
-512-dim hashed vectors, 100k synthetic episodes):
+Why HNSW, and why not only HNSW. Numbers from `python -m bench.memory` (2-core machine,
+shared with other work while measured; 512-dim hashed vectors, 100k synthetic
+episodes):
 
 * Brute force over 100k vectors (numpy ``xb @ q``) took 15.5 ms p50 / 21 ms p99 here,
   ~6 ms on an idle machine at 384 dims, 59 ms at 1M. It is exact and supports
@@ -79,7 +79,7 @@ _PLACEHOLDER = 1 << 20
 
 def _faiss() -> Any:
     """faiss, imported when a graph is first needed: a memory of up to EXACT_MAX vectors
-    never loads it (~13 MB resident for its libraries and bindings, issue 26)."""
+    never loads it (~13 MB resident for its libraries and bindings)."""
     import faiss
 
     return faiss
@@ -161,7 +161,7 @@ class VectorIndex:
             self._use_graph(index)
         self._stale = np.zeros(len(self._labels), dtype=bool)
         # How many are stale, counted when they change: a search asks it twice, and
-        # summing 100k flags each time was ~4% of a hybrid search (issue 26).
+        # summing 100k flags each time was ~4% of a hybrid search.
         self._stale_n = 0
         self._stale_sel: faiss.IDSelector | None = None
         self._stale_batch: faiss.IDSelector | None = None
@@ -181,7 +181,8 @@ class VectorIndex:
         lib = _faiss()
         hnsw = lib.IndexHNSWFlat(dim, HNSW_M, lib.METRIC_INNER_PRODUCT)
         hnsw.hnsw.efConstruction = EF_CONSTRUCTION
-        return lib.IndexIDMap2(hnsw)
+        graph: faiss.IndexIDMap2 = lib.IndexIDMap2(hnsw)
+        return graph
 
     @property
     def has_graph(self) -> bool:
@@ -301,7 +302,8 @@ class VectorIndex:
             return np.zeros(0, dtype=np.int64)
         pos = np.searchsorted(self._labels, labels)
         pos = np.minimum(pos, len(self._labels) - 1)
-        return pos[self._labels[pos] == labels]
+        stored: np.ndarray = pos[self._labels[pos] == labels]
+        return stored
 
     def mark_stale(self, labels: np.ndarray) -> None:
         with self._lock:
@@ -356,7 +358,8 @@ class VectorIndex:
         n = self._storage.ntotal
         if n == 0:
             return np.zeros((0, self.dim), dtype=np.float32)
-        return lib.rev_swig_ptr(self._storage.get_xb(), n * self.dim).reshape(n, self.dim)
+        view: np.ndarray = lib.rev_swig_ptr(self._storage.get_xb(), n * self.dim)
+        return view.reshape(n, self.dim)
 
     def search(
         self, query: np.ndarray, k: int, allowed: np.ndarray | None = None
@@ -410,7 +413,7 @@ class VectorIndex:
                 self._stale_batch = lib.IDSelectorBatch(self._labels[self._stale])
                 self._stale_sel = lib.IDSelectorNot(self._stale_batch)
             selector = self._stale_sel
-        params = lib.SearchParametersHNSW(efSearch=max(EF_SEARCH, k))  # type: ignore[attr-defined]
+        params = lib.SearchParametersHNSW(efSearch=max(EF_SEARCH, k))
         if selector is not None:
             params.sel = selector
         scores, labels = self._index.search(q.reshape(1, -1), k, params=params)

@@ -152,6 +152,6 @@ def test_the_adapters_share_one_verifying_tls_context() -> None:
     from adapters.runtime import tls_context
 
     ctx = tls_context()
-    assert ctx is tls_context()  # one CA bundle in memory (issue 26)
+    assert ctx is tls_context()  # one CA bundle in memory
     assert ctx.verify_mode == ssl.CERT_REQUIRED and ctx.check_hostname
     assert ctx.cert_store_stats()["x509_ca"] > 0

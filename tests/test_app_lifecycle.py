@@ -2,7 +2,7 @@
 the product starts them: recovery after a restart, the deaf watchdog and streaming are
 checked through `bot.server.serve`, not through hand-wired parts.
 
-Each test here would have caught a defect of issue 14: approvals expired before the
+Each test here would have caught a past defect: approvals expired before the
 platform was running (its message never edited), an Outbox whose watchdog never started,
 and the model streaming every token for a platform that throws the text away.
 """

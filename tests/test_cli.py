@@ -107,8 +107,9 @@ def test_chat_m_denies_outside_write_when_nobody_can_approve(
     msgs = llm_thread.requests[-1]["messages"]
     told = next(m for m in msgs if m["role"] == "tool")["content"]
     assert "Not approved" in told and "one-shot" in told
-    # The only tool call was denied, so the work was not done: exit 1 (README), and the
-    # answer goes to stderr with why, not to stdout as if it had worked.
+    # The only tool call was denied, so the work was not done: exit 1
+    # (docs/platforms/terminal.md), and the answer goes to stderr with why, not to stdout
+    # as if it had worked.
     assert res.returncode == 1
     assert res.stdout == ""
     assert "I could not write it." in res.stderr

@@ -6,7 +6,8 @@ owner's browser (login URL) watches a task appear live on Now with its tool call
 its approval on Approvals, presses Approve there (the action runs, the chat message is
 edited), opens its episode on History, sees the scripted model's tokens on Spend and the
 written file rendered on Artifacts. Every page is photographed (tests/browser.py says
-where); docs/ holds two of these screenshots for the README.
+where); docs/dashboard.md shows two of them (docs/dashboard-now.png and
+docs/dashboard-spend.png).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """memory/dirwatch.py: a folder's changes known from inotify, and RuleStore.load using it
-(issue 26: the learner reads every rule twice a message; finding that nothing changed
+(the learner reads every rule twice a message; finding that nothing changed
 took a stat of every rule file)."""
 
 from __future__ import annotations

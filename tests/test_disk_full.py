@@ -1,4 +1,4 @@
-"""A data dir that cannot take writes (issue 16): `steward run` keeps answering, says once per
+"""A data dir that cannot take writes: `steward run` keeps answering, says once per
 conversation that it could not save to memory and why, turns /healthz and `steward doctor`
 red, and exits promptly on SIGTERM; a start on a full disk says so in one line.
 

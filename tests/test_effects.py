@@ -1,5 +1,5 @@
 """One record of what a tool call did: the guardian's effects, kept on the tool log,
-read by the answer gates (issue 15).
+read by the answer gates.
 
 The guardian parses each call once (shell through bashlex, file tools from their
 arguments) and says what it reads, writes, deletes, fetches and runs; the gates

@@ -1,5 +1,5 @@
 """write_file / edit_file outside the workspace ask for approval instead of failing, and
-an approval grants exactly that one path for that one call (issue 13). Steward's own
+an approval grants exactly that one path for that one call. Steward's own
 data dir, its config and credential files stay refused. Judged by effects on disk,
 through `steward replay` (real dispatcher, agent, guardian, approvals, tools)."""
 

@@ -122,7 +122,7 @@ CASES: list[Case] = [
         "evidence",
         ("write",),
     ),
-    # The confirmed false alarm (issue 15): a long `content` before `path` was cut away
+    # A real false alarm: a long `content` before `path` was cut away
     # with the path when arguments were kept as 500 characters of text.
     Case(
         "long-content-before-path",

@@ -235,7 +235,7 @@ def test_records_cut_short_while_created_are_removed_and_others_kept(tmp_path: P
 async def test_the_reply_waits_for_the_record_in_its_file_and_a_tool_for_its_fsync(
     llm: ScriptedLLM, settings_for: Callable[..., Any], monkeypatch: Any
 ) -> None:
-    """Issue 26: with the journal's fsyncs held back (a slow disk), a task without tools
+    """With the journal's fsyncs held back (a slow disk), a task without tools
     answers at once, its record already in its file (what a killed process keeps); a
     tool waits until its task's record is durable."""
     import asyncio

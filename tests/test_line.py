@@ -492,7 +492,7 @@ def test_signature_helper_matches_the_fake() -> None:
     ],
 )
 def test_signature_check_decides_as_the_sdk_validator(body: bytes, signature: str | None) -> None:
-    """The adapter checks signatures itself (issue 26: the SDK's module loads every
+    """The adapter checks signatures itself (the SDK's module loads every
     webhook model); it must accept and refuse exactly what the SDK's validator does."""
     from linebot.v3.webhook import SignatureValidator
 

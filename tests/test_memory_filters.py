@@ -1,5 +1,5 @@
-"""The rows a search filter leaves are kept between searches (memory/index/filters.py,
-issue 26) and must give exactly what SQLite gives: after inserts, after an episode moves
+"""The rows a search filter leaves are kept between searches (memory/index/filters.py)
+and must give exactly what SQLite gives: after inserts, after an episode moves
 to another scope, after a removal, after a rebuild, and for a filter too broad to keep."""
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ async def _alice(tmp_path: Path, n: int) -> tuple[EpisodeStore, MemoryIndex, str
 async def test_a_recall_after_its_own_write_asks_sqlite_nothing(tmp_path: Path) -> None:
     """The write brings the filter used last up to date and reads its new row back
     (filters.after_commit), so the next recall of that scope, the usual case (the same
-    person's next message), makes no statement on the search connection (issue 26)."""
+    person's next message), makes no statement on the search connection."""
     store, idx, a = await _alice(tmp_path, 8)
     try:
         statements: list[str] = []

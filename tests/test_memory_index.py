@@ -477,7 +477,7 @@ def _mix_ref(h: int) -> int:
 
 def test_hashed_embedder_blocks_match_the_feature_hashing_they_define() -> None:
     """The vectorised word and character blocks (all probes, all n-gram sizes in one
-    pass: issue 26) equal a plain one-feature-at-a-time reading of the same hashing, so
+    pass) equal a plain one-feature-at-a-time reading of the same hashing, so
     vectors already in an index keep meaning the same thing."""
     from memory.embedder import WORD_PROBES
 
@@ -707,7 +707,7 @@ def test_a_vector_index_grows_a_graph_past_exact_max_and_old_small_graphs_go_fla
 
 def test_a_small_memory_never_imports_faiss(tmp_path: Path) -> None:
     """Open, index, search, close and reopen a small memory in a fresh process: faiss
-    is never imported (bench rss, issue 26)."""
+    is never imported (bench/rss.py)."""
     code = (
         "import asyncio, sys\n"
         "from pathlib import Path\n"
@@ -760,7 +760,7 @@ async def test_a_vector_save_that_fails_is_logged_and_the_next_open_embeds_again
 @pytest.mark.parametrize("dim", [512, 96])
 def test_one_query_is_embedded_bit_for_bit_as_in_a_batch(dim: int) -> None:
     """A single text of a few words takes the word-block path in Python integers
-    (HashedEmbedder._embed_one, issue 26): its vector must be the batch path's exactly,
+    (HashedEmbedder._embed_one): its vector must be the batch path's exactly,
     or a query would not find its own text's document first."""
     import random
 

@@ -1,4 +1,4 @@
-"""The memory index's write path (issue 26): a batch of just-written episodes is
+"""The memory index's write path: a batch of just-written episodes is
 indexed in one call of the write thread, from the text as written, and gives exactly
 the index a rebuild from the files gives; a failure or a cancellation mid-way leaves
 nothing half-written."""
@@ -374,8 +374,8 @@ async def test_a_cancelled_search_keeps_the_lock_until_its_thread_is_done(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A recall cancelled mid-search (its task ended) must not let a write in while the
-    search thread still reads the keyword index and the kept filter rows (issue 26:
-    the write thread changes both)."""
+    search thread still reads the keyword index and the kept filter rows (the
+    write thread changes both)."""
     store = EpisodeStore(tmp_path)
     idx = await MemoryIndex.open(tmp_path)
     try:

@@ -106,7 +106,7 @@ def test_phrases_are_tokenized_like_fts5() -> None:
 
 
 def test_a_number_is_its_own_phrase_as_fts5_says() -> None:
-    """ASCII digits skip the scratch table (issue 26); FTS5's tokenizer agrees on every
+    """ASCII digits skip the scratch table; FTS5's tokenizer agrees on every
     length and leading zero, and words with anything else still go through it."""
     rng = random.Random(26)
     numbers = [str(i) for i in range(300)] + ["0" * n for n in range(1, 70)]

@@ -1,4 +1,4 @@
-"""The Procfile on a PaaS (issue 14): `web: steward run` honours the PORT the platform
+"""The Procfile on a PaaS (docs/deploy.md): `web: steward run` honours the PORT the platform
 gives, binds every interface then (which needs the web password), and takes the public
 URL from the platform's environment. The settings a person made always win."""
 

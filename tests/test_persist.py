@@ -238,7 +238,7 @@ async def test_a_queued_episode_counts_as_activity_until_it_is_written(tmp_path:
 async def test_a_success_frees_its_conversation_before_its_episode_is_indexed(
     llm: ScriptedLLM, settings_for: Callable[..., Any]
 ) -> None:
-    """Issue 26: a success's follow-up (history, rule credit, proactive help) does not
+    """A success's follow-up (history, rule credit, proactive help) does not
     wait for the background writer; a failure's does, since the learner counts that
     signature's episodes in the index."""
     import time as _time

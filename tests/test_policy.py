@@ -271,7 +271,7 @@ def test_always_allow_allows_exactly_that_command(ws: Path, overlay: Path) -> No
     call = {"command": "git push origin main"}
     assert g.check_sync("shell", call).verdict == P
     rule = g.always_allow("shell", call, added_by="U123")
-    # The rule keeps what the command needs beyond the sandbox (README → Sandbox).
+    # The rule keeps what the command needs beyond the sandbox (docs/safety.md#sandbox).
     assert g.check_sync("shell", call) == type(g.check_sync("shell", call))(
         A, f"allowed by always-allow rule {rule}", ("network",)
     )
@@ -376,7 +376,7 @@ def test_the_policy_files_cannot_be_changed_by_the_agent(tmp_path: Path, ws: Pat
     assert g.check_sync("edit_file", {"path": "config/policy.toml"}).verdict == F
     assert g.check_sync("read_file", {"path": ".steward/policy.toml"}).verdict == A
     assert verdict(g, "cat config/policy.toml") == A
-    # Issue 13: what is inside the data dir (approvals, access list, memory) is Steward's,
+    # What is inside the data dir (approvals, access list, memory) is Steward's,
     # not the agent's, to read or change, even when the data dir is in the workspace.
     assert verdict(g, "rm -rf .steward/notes") == F
     assert verdict(g, "cat .steward/access.json") == F

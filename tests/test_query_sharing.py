@@ -1,6 +1,6 @@
 """A task's request is embedded once, not once for recall and once for the rules.
 
-Issue 26: recall (the memory index's search, in its thread) and the learner's rule
+Recall (the memory index's search, in its thread) and the learner's rule
 matching embed the same request within milliseconds of each other. With a hosted
 embedding model that was two API calls a message; with the hashed one an embedding
 and a thread hop. `memory.embedder.share_query` lets the second asker wait for the

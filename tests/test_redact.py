@@ -147,7 +147,7 @@ _POS: list[tuple[str, str, str, str]] = [
     ),
     ("db url", "DATABASE_URL=postgres://admin:{S}@db:5432/app", r(20), "url_password"),
     ("cli flag", "mysql --password {S} -u root", "hunter2", "password"),
-    # Forms issue 13 found stored raw.
+    # Forms that were once found stored raw.
     ("aws secret after id", "AKIA" + r(16, UPPER_DIGITS) + " {S}\n", r(40, B64), "aws_secret_key"),
     ("aws secret next line", "ASIA" + r(16, UPPER_DIGITS) + "\n{S}", r(40, B64), "aws_secret_key"),
     (
@@ -346,8 +346,8 @@ def test_large_text_is_fast() -> None:
 
 
 def test_an_episodes_own_counters_do_not_hide_a_secret_beside_them() -> None:
-    """`tokens_in:`/`tokens_out:` no longer make every episode pay every context scan
-    (issue 26); a real secret-ish word in the same text still triggers them."""
+    """`tokens_in:`/`tokens_out:` no longer make every episode pay every context scan;
+    a real secret-ish word in the same text still triggers them."""
     plain = "tokens_in: 163\ntokens_out: 8\nrequest: message 5\n"
     assert redact(plain) == plain
     text = plain + "reply: the password is hunter2hunter2\n" + "tokens_out: 9\n"
@@ -356,7 +356,7 @@ def test_an_episodes_own_counters_do_not_hide_a_secret_beside_them() -> None:
 
 
 def test_a_remembered_redaction_is_the_redaction() -> None:
-    """Short texts' redactions are remembered (issue 26): asked again, long or short,
+    """Short texts' redactions are remembered: asked again, long or short,
     secret or not, the answer is what the patterns give, and a long text still gets its
     own pass."""
     from memory.redact import _MEMO_CHARS, _redact

@@ -1,4 +1,4 @@
-"""RuleStore.load runs on the event loop before every task (issue 26): lean, and still
+"""RuleStore.load runs on the event loop before every task: lean, and still
 fresh on every call (a file added, edited by hand or removed is seen at once), in id
 order, each rule a copy a caller may change."""
 

@@ -1,5 +1,5 @@
 """The `sandbox` setting, the fail-closed fallback, doctor, and what the guardian says a
-command needs (README → Sandbox). Effects are in tests/test_sandbox_effects.py."""
+command needs (docs/safety.md#sandbox). Effects are in tests/test_sandbox_effects.py."""
 
 from __future__ import annotations
 

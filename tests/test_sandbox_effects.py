@@ -1,4 +1,4 @@
-"""The OS sandbox judged by effects, not by verdicts (README → Sandbox).
+"""The OS sandbox judged by effects, not by verdicts (docs/safety.md#sandbox).
 
 Every command of tests/sandbox_corpus.txt runs for real through the shell tool, in the
 sandbox, with the guardian bypassed (as if it had allowed everything): inside a
@@ -349,7 +349,7 @@ async def test_a_network_grant_reaches_the_network_for_that_command_only(
     server.listen(1)
     try:
         probe = (
-            "python3 -c \"import socket; s = socket.socket(socket.AF_UNIX); "
+            'python3 -c "import socket; s = socket.socket(socket.AF_UNIX); '
             f"s.connect('\\0{name}'); print('connected')\""
         )
         out = await run_shell(world.ctx(grant, egress=listed), probe)

@@ -110,14 +110,14 @@ def test_platform_settings_come_from_the_registry(tmp_path: Path) -> None:
 
 def test_every_platform_key_is_documented_in_default_toml() -> None:
     """default.toml documents every key: each platform's lines sit under a comment naming
-    the platform's README section."""
+    the platform's page, docs/platforms/<name>.md."""
     from importlib import resources
 
     from config.platforms import PLATFORMS
 
     text = resources.files("config").joinpath("default.toml").read_text(encoding="utf-8")
     for spec in PLATFORMS:
-        assert f"README → {spec.title}" in text, spec.name
+        assert f"(docs/platforms/{spec.name}.md)" in text, spec.name
         for key in spec.keys:
             assert f"\n{spec.setting(key.name)} = " in text, spec.setting(key.name)
 
@@ -132,11 +132,11 @@ def test_a_half_configured_platform_names_the_missing_key(tmp_path: Path) -> Non
     assert "STEWARD_SLACK_BOT_TOKEN" in problem
 
 
-def test_a_missing_key_names_the_readme_section_by_its_title(tmp_path: Path) -> None:
+def test_a_missing_key_names_the_platforms_page(tmp_path: Path) -> None:
     from config.platforms import spec
 
     line = spec("line")
     assert line is not None
     settings = load_settings(env={"STEWARD_LINE_CHANNEL_SECRET": "s"}, cwd=tmp_path)
     [problem] = line.problems(settings.platform("line"))
-    assert "STEWARD_LINE_CHANNEL_TOKEN" in problem and "README → LINE" in problem
+    assert "STEWARD_LINE_CHANNEL_TOKEN" in problem and "(see docs/platforms/line.md)" in problem

@@ -161,7 +161,7 @@ def assert_is_channel(channel: Channel) -> None:
         (
             {"bot_token": "", "app_token": "xapp-1"},
             "STEWARD_SLACK_APP_TOKEN is set but STEWARD_SLACK_BOT_TOKEN is not: "
-            "Socket Mode needs both (see README → Slack)",
+            "Socket Mode needs both (see docs/platforms/slack.md)",
         ),
         ({"bot_token": "", "signing_secret": "s"}, "HTTP mode needs both"),
         ({"bot_token": ""}, "STEWARD_SLACK_BOT_TOKEN is not set"),
@@ -171,7 +171,7 @@ def assert_is_channel(channel: Channel) -> None:
     ],
 )
 def test_configuration_errors_say_what_to_fix(kwargs: dict[str, str], needle: str) -> None:
-    with pytest.raises(ValueError, match="README → Slack") as exc:
+    with pytest.raises(ValueError, match=r"\(see docs/platforms/slack\.md\)") as exc:
         SlackChannel(**kwargs)  # type: ignore[arg-type]
     assert needle in str(exc.value)
 

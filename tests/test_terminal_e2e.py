@@ -151,7 +151,7 @@ def test_no_network_but_the_model_endpoint(llm_thread: ScriptedLLM, tmp_path: Pa
 
 
 def test_piped_stdin_cannot_approve(llm_thread: ScriptedLLM, tmp_path: Path) -> None:
-    """Issue 13: the terminal's owner is the person at the terminal, not any process.
+    """The terminal's owner is the person at the terminal, not any process.
     A program feeding `steward chat` through a pipe (one the agent started, say) cannot
     answer an approval: none is asked, and "1" is only text."""
     llm_thread.reply_tool("shell", {"command": "echo piped > ../piped.txt"})
@@ -187,7 +187,7 @@ def test_piped_stdin_cannot_approve(llm_thread: ScriptedLLM, tmp_path: Path) -> 
     try:
         proc.stdin.write(b"write piped.txt outside the workspace\n")
         proc.stdin.flush()
-        # Before issue 13 the approval was shown and "1" pressed Approve.
+        # Before the fix, the approval was shown and "1" pressed Approve.
         expect("Approval needed", "I could not write piped.txt.")
         proc.stdin.write(b"1\nhello\n")
         proc.stdin.flush()

@@ -1,6 +1,6 @@
 """The web chat's login: a token per data dir, the login URL, the cookie, the refusals.
 
-Issue 13: an agent-started background script read a pending approval id from the
+Once, an agent-started background script read a pending approval id from the
 data dir and pressed Approve over the local web chat's WebSocket 0.10 s after the
 request; the same socket could send `/pair CODE` for a stranger's code. The end-to-end
 test below replays that attack against `steward run` itself, from a separate process.
@@ -207,7 +207,7 @@ async def test_webhooks_stay_outside_the_login(settings_for: Callable, tmp_path:
 
 # ---------------------------------------------------------------------- the attack, end to end
 
-#: What the agent's background script did (issue 13), plus every variation a script
+#: What the agent's background script did, plus every variation a script
 #: could try without the token: run as a separate process, it prints what happened.
 ATTACK = r"""
 import asyncio, glob, json, sys

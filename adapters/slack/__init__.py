@@ -1,6 +1,6 @@
 """Slack: Socket Mode (default) or HTTP Events mode, through slack_bolt's AsyncApp.
 
-Why this shape: the adapter is thin (see CONVENTIONS.md). Inbound it verifies (v0
+Why this shape: the adapter is thin. Inbound it verifies (v0
 signature in HTTP mode; Socket Mode needs none: the adapter opened the socket
 itself with the app token), parses Events API / interactivity / slash-command
 payloads into `Message`, `ButtonPress`, and hands them to the dispatcher. Outbound

@@ -295,7 +295,7 @@ class SlackChannel(ChannelDefaults):
                 if not err.transient:
                     err = DeliveryError(
                         f"{err}: check STEWARD_SLACK_APP_TOKEN (the xapp-… app-level token "
-                        "with scope connections:write; see README → Slack)",
+                        "with scope connections:write; see docs/platforms/slack.md#setup)",
                         transient=False,
                     )
                 raise err from exc
@@ -551,7 +551,8 @@ class SlackChannel(ChannelDefaults):
         if isinstance(exc, SlackApiError) and _error_code(exc) in _FATAL_AUTH:
             detail = (
                 f"Slack refused the app-level token ({_error_code(exc)}): check "
-                "STEWARD_SLACK_APP_TOKEN (xapp-…, scope connections:write; see README → Slack)"
+                "STEWARD_SLACK_APP_TOKEN (xapp-…, scope connections:write; see "
+                "docs/platforms/slack.md#setup)"
             )
             self.health.down(detail)
             if self._settled is not None:
@@ -567,7 +568,7 @@ def _malformed(channel: str, error: str) -> web.Response:
 
 def _check_config(bot_token: str, app_token: str, signing_secret: str) -> None:
     """Refuse a configuration that cannot work, saying which variable to fix."""
-    see = "(see README → Slack)"
+    see = "(see docs/platforms/slack.md)"
     if not bot_token:
         if app_token:
             raise ValueError(

@@ -18,7 +18,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="steward",
         description="Steward: a self-hosted AI agent for your team's chat.",
-        epilog="Settings: steward.toml and STEWARD_* variables (see README → Configuration).",
+        epilog="Settings: steward.toml and STEWARD_* variables (see docs/configuration.md).",
     )
     p.add_argument(
         "--config", metavar="PATH", help="settings file (default: ./steward.toml if present)"

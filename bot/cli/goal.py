@@ -27,7 +27,7 @@ def add_goal_parser(sub: Any) -> None:
         "goal",
         help="work toward a goal on its own, under a budget (same as /goal in chat)",
         description="Goals: planned into tasks and worked on by the agent under token and "
-        "money budgets and circuit breakers (README → Goals).",
+        "money budgets and circuit breakers (see docs/goals.md).",
     )
     actions = goal.add_subparsers(dest="goal_command", metavar="ACTION")
     add = actions.add_parser(

@@ -24,7 +24,7 @@ def add_schedule_parser(sub: Any) -> None:
         "schedule",
         help="recurring work delivered to a chat (same as /schedule in chat)",
         description="Schedules: cron lines, intervals and one-shot times, run through the "
-        "agent and posted to a conversation, silent unless there is news (README → Schedules).",
+        "agent and posted to a conversation, silent unless there is news (docs/schedules.md).",
     )
     actions = sched.add_subparsers(dest="schedule_command", metavar="ACTION")
     add = actions.add_parser(

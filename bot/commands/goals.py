@@ -133,7 +133,7 @@ class GoalCommands:
 
 
 GOAL_HELP = """work toward a goal on its own, under a budget
-  /goal list | show ID | pause ID | resume ID | stop ID (see README → Goals)"""
+  /goal list | show ID | pause ID | resume ID | stop ID (see docs/goals.md)"""
 
 
 def register(router: Any, commands: GoalCommands) -> None:

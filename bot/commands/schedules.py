@@ -142,7 +142,7 @@ class ScheduleCommands:
 
 
 SCHEDULE_HELP = """recurring work
-  /schedule list | pause ID | resume ID | delete ID | hours HH:MM-HH:MM (see README → Schedules)"""
+  /schedule list | pause ID | resume ID | delete ID | hours HH:MM-HH:MM (see docs/schedules.md)"""
 
 
 def register(router: Any, commands: ScheduleCommands) -> None:

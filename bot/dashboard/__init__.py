@@ -3,7 +3,7 @@
 Served by `steward run` on the web chat's port, behind the same login (the server's
 middleware: owner only, a password beyond loopback). One page (`/dashboard`, pages
 chosen by the URL's #fragment) and a JSON API behind it; the page uses only the API
-(README → Dashboard lists it):
+(docs/dashboard.md#the-api lists it):
 
     GET  /api/status                 running tasks (current tool call), recent ones, goals,
                                      schedules with next run, channel health, pending count

@@ -1,7 +1,7 @@
 """What the dashboard pages show, read from the stores the chat writes: no copy of its own.
 
 Why plain functions over files: episodes, rules, offers of help and per-person
-thresholds are Markdown files in the data dir (DESIGN.md "Memory"), and the chat's
+thresholds are Markdown files in the data dir (docs/memory.md), and the chat's
 commands read the same files. These readers run in a worker thread (they stat and
 parse files) and keep a small cache keyed by each file's mtime and size, so an
 open dashboard refreshing every few seconds does not re-parse a month of episodes.

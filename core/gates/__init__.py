@@ -3,7 +3,7 @@
 Why: a model that could not finish is tempted to say it did ("Done — tests pass").
 The tool log is structured data, so a plain deterministic check catches most such
 claims before a person reads them: no LLM, no I/O, the same verdict every time. An
-LLM judge may sit behind these checks later; it never replaces them (issue 3, Gates).
+LLM judge may sit behind these checks later; it never replaces them.
 
 Two gates:
 

@@ -466,7 +466,9 @@ class _Analysis(_Runs, _PathChecks):
         words = [p for p in command.parts if _kind(p) == "word"]
         if len(words) != len(command.parts) or any(w.parts for w in words) or not words:
             return None
-        name, args = words[0].word, [w.word for w in words[1:]]
+        # bashlex has no type hints: a word node's `word` is its text.
+        name: str = words[0].word
+        args: list[str] = [w.word for w in words[1:]]
         if name == "echo" and not any(a.startswith("-") for a in args):
             return " ".join(args)
         if name == "printf" and len(args) == 1 and not re.search(r"[%\\]", args[0]):

@@ -203,7 +203,7 @@ class Guardian:
 
     # ── checks ──────────────────────────────────────────────────────────────────
     async def check(
-        self, tool: str, args: dict, *, person_urls: frozenset[str] | None = None
+        self, tool: str, args: dict[str, Any], *, person_urls: frozenset[str] | None = None
     ) -> CallDecision:
         """The decision for one call. Never raises: an error or a slow check is a refusal.
 
@@ -226,7 +226,7 @@ class Guardian:
             )
 
     def check_sync(
-        self, tool: str, args: dict, *, person_urls: frozenset[str] | None = None
+        self, tool: str, args: dict[str, Any], *, person_urls: frozenset[str] | None = None
     ) -> CallDecision:
         """The classification itself (synchronous; `check` adds the timeout and error floor).
 
@@ -282,7 +282,12 @@ class Guardian:
         )
 
     def _classify(
-        self, policy: Policy, tool: str, args: dict, *, person_urls: frozenset[str] | None = None
+        self,
+        policy: Policy,
+        tool: str,
+        args: dict[str, Any],
+        *,
+        person_urls: frozenset[str] | None = None,
     ) -> CallDecision:
         if tool == "shell":
             return self.check_shell(args.get("command"), policy)
@@ -326,7 +331,7 @@ class Guardian:
                 changed.append(path)
         return changed
 
-    def pin(self, tool: str, args: dict) -> str | None:
+    def pin(self, tool: str, args: dict[str, Any]) -> str | None:
         """What a session approval of this call keeps of the files it reads (one string:
         the same files with the same content give the same one); "" when it reads none,
         None when one cannot be named (then no grant can cover it)."""
@@ -338,7 +343,7 @@ class Guardian:
             return None
         return json.dumps(pins, sort_keys=True) if pins else ""
 
-    def always_allow(self, tool: str, args: dict, *, added_by: str) -> str:
+    def always_allow(self, tool: str, args: dict[str, Any], *, added_by: str) -> str:
         """Write a narrow rule allowing exactly this call from now on; returns the rule id.
 
         Narrow means exact: the same shell command string (or the same path, or URL; for
@@ -462,7 +467,9 @@ class Guardian:
             )
         return analysis.decision()
 
-    def check_file_tool(self, tool: str, args: dict, policy: Policy | None = None) -> CallDecision:
+    def check_file_tool(
+        self, tool: str, args: dict[str, Any], policy: Policy | None = None
+    ) -> CallDecision:
         """File tools are workspace-scoped by construction; credential paths are refused, and
         so is changing the guardian's own policy files (if the data dir is in the workspace).
         A write or edit outside the workspace asks, granting exactly that path for that one

@@ -187,7 +187,9 @@ class LLMClient:
         dashboard, doctor): a password or key in the `api_base` URL is redacted."""
         return redact_shown(f"{self.model}" + (f" at {self.api_base}" if self.api_base else ""))
 
-    def _kwargs(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> dict:
+    def _kwargs(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+    ) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
             "model": self.model,
             "messages": messages,
@@ -210,7 +212,7 @@ class LLMClient:
 
     def _wait(self, state: RetryCallState) -> float:
         exc = state.outcome.exception() if state.outcome else None
-        exp = self.backoff * (2 ** (state.attempt_number - 1))
+        exp: float = self.backoff * (2 ** (state.attempt_number - 1))
         delay = min(self.backoff_max, exp) * (0.5 + random.random() / 2)  # jitter
         hinted = retry_after(exc) if exc else None
         if hinted is not None:
@@ -324,7 +326,9 @@ class LLMClient:
         result.attempts = attempts
         return result
 
-    async def _streamed(self, litellm: Any, kwargs: dict, on_text: OnText | None) -> LLMResult:
+    async def _streamed(
+        self, litellm: Any, kwargs: dict[str, Any], on_text: OnText | None
+    ) -> LLMResult:
         stream = await litellm.acompletion(
             **kwargs, stream=True, stream_options={"include_usage": True}
         )

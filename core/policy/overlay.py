@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 # tomlkit is imported by the functions that edit or write TOML, not here: `steward run`
 # imports this module at start-up (core.policy) and edits an overlay only when a person
-# presses "Always allow" or revokes a rule; ~0.8 MB resident otherwise (issue 26).
+# presses "Always allow" or revokes a rule; ~0.8 MB resident otherwise.
 
 OVERLAY_HEADER = """\
 # Steward policy overlay for this deployment. It adds to the built-in policy

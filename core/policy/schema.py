@@ -443,20 +443,20 @@ class _Options(_Table):
 
 
 def _tool(value: Any) -> str:
-    value = _text(value)
-    if value not in RULE_ARGUMENT:
+    tool = _text(value)
+    if tool not in RULE_ARGUMENT:
         raise _problem(
-            f"{value!r} is not a tool an always-allow rule can name",
+            f"{tool!r} is not a tool an always-allow rule can name",
             f"Use one of: {', '.join(RULE_ARGUMENT)}.",
         )
-    return value
+    return tool
 
 
 def _match(value: Any) -> str:
-    value = _text(value)
-    if not value:
+    match = _text(value)
+    if not match:
         raise _problem("is missing", "Write the exact command (or path, or URL) the rule allows.")
-    return value
+    return match
 
 
 def _reads(value: Any) -> dict[str, str]:

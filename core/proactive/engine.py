@@ -45,7 +45,9 @@ class Engine:
     # -- signals ------------------------------------------------------------------------
 
     def _decay(self, age: float) -> float:
-        return 0.5 ** (max(0.0, age) / self.config.half_life)
+        # float ** float is typed Any (a negative base gives a complex); 0.5 ** x is a float.
+        factor: float = 0.5 ** (max(0.0, age) / self.config.half_life)
+        return factor
 
     def _add(self, conv: ConvState, now: float, kind: str) -> None:
         weight = self.config.weights.get(kind, 0.0)

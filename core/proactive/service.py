@@ -41,6 +41,24 @@ class FailureEvidenceSink(Protocol):
     async def evidence(self, signature: str, episode_ids: list[str], source: str) -> object: ...
 
 
+class OfferSink(Protocol):
+    """Where offers are delivered (`core.suggestions.Suggestions`); its `expire`, when it
+    has one, is looked up when an offer is ignored."""
+
+    def open_in(self, conversation: str) -> bool: ...
+
+    async def offer(
+        self,
+        channel: Channel,
+        *,
+        user: str,
+        conversation: str,
+        text: str,
+        task: str,
+        thread: str | None = None,
+    ) -> str: ...
+
+
 SUGGEST_PROMPT = (
     "You write Steward's unprompted offers of help in a chat. The person seems stuck. "
     "From the evidence, write ONE short message (at most two sentences, under 300 "
@@ -63,7 +81,7 @@ class Proactive:
         *,
         clock: Clock,
         data_dir: Path,
-        suggestions: Any,
+        suggestions: OfferSink,
         conversations: Any,
         llm: Any = None,
         sink: FailureEvidenceSink | None = None,
@@ -204,7 +222,7 @@ class Proactive:
 
     # -- events from the dispatcher -----------------------------------------------------
 
-    def _remember(self, channel: Channel, user: str, conversation: str, thread: str | None):
+    def _remember(self, channel: Channel, user: str, conversation: str, thread: str | None) -> None:
         self._where[(channel.name, user, conversation)] = (channel, thread)
 
     async def on_message(self, channel: Channel, msg: Message) -> None:

@@ -32,7 +32,7 @@ The parts:
 
 from __future__ import annotations
 
-from core.sandbox.bwrap import SYSTEM_DIRS, GrantRefused, Sandbox
+from core.sandbox.bwrap import GrantRefused, Sandbox
 from core.sandbox.configure import (
     Availability,
     Mode,
@@ -45,6 +45,7 @@ from core.sandbox.configure import (
 )
 from core.sandbox.grant import NETWORK, UNSANDBOXED, WRITE_PREFIX, Grant, write_need
 from core.sandbox.identity import SandboxUser, parse_user
+from core.sandbox.interpreter import SYSTEM_DIRS
 from core.sandbox.limits import Limits
 from core.sandbox.spawn import Started, launch
 

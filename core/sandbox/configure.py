@@ -137,7 +137,8 @@ class Setup:
             return None
         return (
             f"No OS sandbox for shell commands: {self.fallback}. Every shell command will "
-            'ask for approval. Set `sandbox = "off"` to opt out explicitly (README → Sandbox).'
+            'ask for approval. Set `sandbox = "off"` to opt out explicitly '
+            "(see docs/safety.md#sandbox)."
         )
 
     def describe(self) -> str:
@@ -194,6 +195,6 @@ def setup(
         raise SandboxRequired(
             f'sandbox = "required", but shell commands cannot be sandboxed here: '
             f'{found.reason}. Fix that, or set sandbox = "auto" (every command is then '
-            'asked) or "off" (README → Sandbox).'
+            'asked) or "off" (see docs/safety.md#sandbox).'
         )
     return Setup(mode, None, fallback=found.reason)

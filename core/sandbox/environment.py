@@ -152,9 +152,7 @@ def git_identity() -> dict[str, str]:
 
 
 #: A pip install (pip, pip3, python -m pip), and the options that choose where it goes.
-_PIP_INSTALL = re.compile(
-    r"(?:^|[;&|(\s])(?:pip3?|python3?(?:\.\d+)?\s+-m\s+pip)\s+install\b"
-)
+_PIP_INSTALL = re.compile(r"(?:^|[;&|(\s])(?:pip3?|python3?(?:\.\d+)?\s+-m\s+pip)\s+install\b")
 _PIP_WHERE = re.compile(r"\s(?:--user|--target|--prefix|--root|-t)(?:[\s=]|$)")
 
 

@@ -1,4 +1,4 @@
-"""Workspace snapshots and undo (issue 25): `store` keeps the workspace as git trees in
+"""Workspace snapshots and undo (docs/undo.md): `store` keeps the workspace as git trees in
 Steward's own object store; `undo` is the agent's hook, the task records and `/undo`."""
 
 from __future__ import annotations

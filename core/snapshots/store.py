@@ -47,6 +47,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from dulwich.ignore import IgnoreFilter, read_ignore_patterns
 from dulwich.object_store import DiskObjectStore
@@ -574,7 +575,11 @@ class SnapshotStore:
         return self.root / "restore.intent.json"
 
     def restore(
-        self, target: Target, outside: Target | None = None, *, note: dict | None = None
+        self,
+        target: Target,
+        outside: Target | None = None,
+        *,
+        note: dict[str, Any] | None = None,
     ) -> Restored:
         """Make each path of `target` (workspace-relative) and of `outside` (absolute)
         what it says: that content, or absent. The intent is on disk before the first
@@ -589,7 +594,7 @@ class SnapshotStore:
         """The restore's follow-up is recorded: forget its intent."""
         self.intent_path.unlink(missing_ok=True)
 
-    def pending_restore(self) -> dict | None:
+    def pending_restore(self) -> dict[str, Any] | None:
         try:
             data = json.loads(self.intent_path.read_text(encoding="utf-8"))
         except FileNotFoundError:
@@ -598,7 +603,7 @@ class SnapshotStore:
             return None
         return data if isinstance(data, dict) else None
 
-    def redo_pending(self) -> tuple[dict, Restored] | None:
+    def redo_pending(self) -> tuple[dict[str, Any], Restored] | None:
         """Re-apply an unfinished restore (after a crash); the caller then records it and
         calls `finish_restore`."""
         with self.lock:
@@ -607,9 +612,13 @@ class SnapshotStore:
                 if self.intent_path.exists():  # unreadable: written half, before any change
                     self.intent_path.unlink(missing_ok=True)
                 return None
-            target = {k: tuple(v) if v else None for k, v in intent.get("target", {}).items()}
-            outside = {k: tuple(v) if v else None for k, v in intent.get("outside", {}).items()}
-            done = self._apply(target, outside)  # type: ignore[arg-type]
+            target: Target = {
+                k: tuple(v) if v else None for k, v in intent.get("target", {}).items()
+            }
+            outside: Target = {
+                k: tuple(v) if v else None for k, v in intent.get("outside", {}).items()
+            }
+            done = self._apply(target, outside)
             return intent, done
 
     def _apply(self, target: Target, outside: Target) -> Restored:

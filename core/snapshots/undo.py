@@ -152,9 +152,12 @@ class Undo:
 
     def _get(self, record_id: str) -> dict[str, Any] | None:
         try:
-            return json.loads(self._path(record_id).read_text(encoding="utf-8"))
+            record: dict[str, Any] | None = json.loads(
+                self._path(record_id).read_text(encoding="utf-8")
+            )
         except (OSError, ValueError):
             return None
+        return record
 
     # ── the agent's hooks ───────────────────────────────────────────────────────
     async def before_tool(

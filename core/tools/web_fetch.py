@@ -49,7 +49,7 @@ def html_to_text(data: bytes, charset: str | None) -> tuple[str, str]:
     """(title, readable text): furniture dropped, whitespace collapsed, one block per line.
 
     bs4 is imported here, not at module load: it is ~8 MB of resident memory that a
-    `steward run` which never fetches an HTML page need not carry (issue 26, bench/rss).
+    `steward run` which never fetches an HTML page need not carry (bench/rss.py).
     """
     from bs4 import BeautifulSoup
 

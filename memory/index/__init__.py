@@ -30,7 +30,7 @@ faiss index are shared), and nothing here blocks the event loop. An incremental 
 (an episode batch, a changed file) is one call of the index's write thread on its own
 sync connection: read the documents, embed, add the vectors, every statement in one
 transaction, the keyword index (memory_index._apply; a hop per step and per statement
-cost ~2 ms of CPU per message, issue 26). Opening, catching up and stats use
+cost ~2 ms of CPU per message). Opening, catching up and stats use
 aiosqlite; faiss and embedding elsewhere run in asyncio.to_thread. A full rebuild builds into
 temporary files without holding the lock (searches keep working on the old index),
 parses files in worker processes when there are many, and swaps the files in at the

@@ -5,7 +5,7 @@ Why: recall filters every search by scope ("this person's episodes"), and a filt
 that leaves few documents (at most vectors.EXACT_MAX) is applied before ranking, from
 its rows (docs.id, vector label, path). Fetching them was one SQL statement over every
 row of the scope per search: ~0.7 ms of a ~3 ms recall at 400 episodes, growing with
-the scope, before every reply (issue 26). The same filter comes back with every
+the scope, before every reply. The same filter comes back with every
 message of a conversation, and its rows change only when the index writes.
 
 Exact, not approximate: after each committed write the ids it wrote or removed are
@@ -24,8 +24,8 @@ caught up (fetched again in full).
 The write itself catches up the filter used last when it names the scope of a
 document written (`after_commit`, in the write thread, after its commit, on its own
 connection): the conversation that just wrote is the one likely to search next, and
-its recall then makes no statement at all for its filter (~0.15 ms of it in place,
-issue 26). The others catch up when next used: with many conversations at once,
+its recall then makes no statement at all for its filter (~0.15 ms of it in place).
+The others catch up when next used: with many conversations at once,
 catching up every filter at every write would be statements nobody's search needs.
 The cache also holds the rows of the hits (memory/index/kept_rows.py), made exact by
 the same writes, and the row of every vector label (kept_rows.LabelRows).

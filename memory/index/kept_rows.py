@@ -5,7 +5,7 @@ of asked of SQLite each time.
 Why: a recall's last step read the rows of its few best hits in one SQL statement on
 the search thread, ~0.1-0.15 ms alone and more in place (each row step hands the GIL
 back to the event loop, which is setting up the same task): the largest item of a
-recall at a few hundred episodes after the filter rows (issue 26). The same
+recall at a few hundred episodes after the filter rows. The same
 documents come back again and again in one person's recalls, and a row changes only
 when the index writes it.
 

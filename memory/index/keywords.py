@@ -1,4 +1,4 @@
-"""The keyword list's bm25, computed in memory from FTS5's own tokens (issue 26).
+"""The keyword list's bm25, computed in memory from FTS5's own tokens.
 
 Why not SQLite's bm25(): it reads the whole doclist of every query phrase to count the
 rows holding it (its IDF), and every matching row then costs ~3–10 µs in FTS5's
@@ -129,7 +129,7 @@ class Tokenizer:
     The scratch table is contentless (`content=''`): it keeps no copy of the texts,
     and FTS5's 'delete-all' empties it at once, where deleting stored rows tokenizes
     each text a second time to find its entries (0.20-0.31 -> 0.16-0.17 ms an
-    episode, on the index's write path; issue 26).
+    episode, on the index's write path).
     """
 
     def __init__(self, tokenize: str) -> None:
@@ -174,8 +174,7 @@ class Tokenizer:
         A word of ASCII digits only is its own one-token phrase (unicode61 keeps digits
         together, porter leaves a token without letters as it is; a test holds it to the
         tokenizer): numbers (ids, ports, counts) are new words in many a message, and
-        each new word cost three statements on the scratch table, ~0.3 ms of a recall
-        (issue 26)."""
+        each new word cost three statements on the scratch table, ~0.3 ms of a recall."""
         missing = [
             w
             for w in dict.fromkeys(words)
@@ -506,7 +505,7 @@ class KeywordIndex:
         matched = np.flatnonzero(scores > 0.0)
         if allowed is not None:
             # Only the matches are looked up in `allowed`, not `allowed` in a map of
-            # every row: a scope's few thousand rows cost ~1 us each that way (issue 26).
+            # every row: a scope's few thousand rows cost ~1 us each that way.
             # By binary search in the sorted ids (a filter's are kept sorted): np.isin's
             # dozen calls cost ~3x more for a scope of a few hundred rows.
             keys = np.asarray(allowed, np.int64)
@@ -526,7 +525,8 @@ class KeywordIndex:
             tied = tied[np.argsort(self._rowid[tied], kind="stable")][: depth - len(above)]
             matched = np.concatenate([above, tied])
         order = np.lexsort((self._rowid[matched], -scores[matched]))
-        return self._rowid[matched[order]].tolist()
+        ranked: list[int] = self._rowid[matched[order]].tolist()
+        return ranked
 
     def _rank_among(
         self,
@@ -539,7 +539,7 @@ class KeywordIndex:
 
         A recall's scope holds a few hundred of 100k episodes, but scoring every match
         and then keeping the scope's rows cost as much as an unfiltered search (~0.7 ms
-        for ~31k postings, ~1.4 ms in place; issue 26). Here each phrase's postings
+        for ~31k postings, ~1.4 ms in place). Here each phrase's postings
         (sorted by slot) are looked up at the allowed slots by binary search. The
         arithmetic is `rank`'s, operation for operation and in phrase order from 0.0,
         so the scores are the same bits; the IDF still counts every row holding the
@@ -569,4 +569,5 @@ class KeywordIndex:
         matched, values = among[keep], scores[keep]
         rowids = self._rowid[matched]
         order = np.lexsort((rowids, -values))[:depth]
-        return rowids[order].tolist()
+        ranked: list[int] = rowids[order].tolist()
+        return ranked

@@ -222,7 +222,7 @@ class MemoryIndex:
 
         The connection is closed whatever fails before (a full disk makes the save and
         the checkpoint fail): aiosqlite's thread is not a daemon, and a connection
-        left open kept the process from exiting (issue 16). The first error is raised
+        left open kept the process from exiting. The first error is raised
         after the close."""
         self._keywords_epoch += 1  # a load still running will not install its result
         if self._keywords_task is not None:
@@ -538,7 +538,7 @@ class MemoryIndex:
 
         All of it is one call of the write thread (`_WRITES`), on the sync connection
         `_writer`: one aiosqlite hop per statement plus a to_thread per step made 13
-        event-loop/thread round trips per message, ~0.1-0.15 ms of CPU each (issue 26).
+        event-loop/thread round trips per message, ~0.1-0.15 ms of CPU each.
         An embedder with a native `aembed` (a hosted model) is awaited on the event
         loop: then one call reads and finds what to embed, a second one writes. A
         failure rolls the whole transaction back (and marks the vectors it added
@@ -1051,8 +1051,8 @@ def _place(data_dir: Path, file: Path | Written, path: Path) -> Path | None:
 
     A file Steward just wrote (`Written`: the data dir joined with a relative path) is
     placed from the names alone; anything else is resolved. Resolving looks up every
-    folder of both paths (~13 system calls an episode, ~0.3 ms of CPU on a slow disk,
-    issue 26), and a file Steward's atomic write just renamed into place is a file, not
+    folder of both paths (~13 system calls an episode, ~0.3 ms of CPU on a slow disk),
+    and a file Steward's atomic write just renamed into place is a file, not
     a link."""
     if isinstance(file, Written) and ".." not in path.parts:
         with contextlib.suppress(ValueError):

@@ -63,7 +63,7 @@ CREATE VIRTUAL TABLE fts USING fts5(
 # also run at each open, so an index built by an older version gains what is new here
 # (a no-op when every index exists). docs_scope_rows covers a scope filter's rows
 # (filters.FilterCache): answered from the index alone, 0.21 ms instead of 0.61 for a
-# 137-row scope at 100k episodes, with no read of the wide docs rows (issue 26). It
+# 137-row scope at 100k episodes, with no read of the wide docs rows. It
 # replaces docs_scope(scope, kind), its prefix.
 INDEXES_SQL = """
 CREATE INDEX IF NOT EXISTS docs_kind_ts ON docs(kind, ts);
@@ -138,7 +138,7 @@ def connect_writer(path: Path) -> sqlite3.Connection:
     """The connection the index's incremental writes use (`MemoryIndex._apply`), from
     its one write thread, under the index lock (so `check_same_thread` is off): a whole
     batch, its reads, statements and commit, is then one thread call instead of one
-    aiosqlite hop per statement (issue 26). Python's sqlite3 opens the transaction at
+    aiosqlite hop per statement. Python's sqlite3 opens the transaction at
     the first write and `commit`/`rollback` end it, as through aiosqlite."""
     db = sqlite3.connect(path, check_same_thread=False)
     try:

@@ -99,7 +99,7 @@ def keyword_ranks(
     # the query to count its documents (its IDF), so each common word costs a scan
     # of tens of thousands of entries. At 100k episodes (bench.memory, loaded 2-core
     # machine, keyword list alone, p50): 1 word 3.6 ms, 3 words 6.9 ms, all 9.1 ms;
-    # hybrid recall@10 vs an exact hybrid 0.50, 0.68, 0.78 (issue 26). Rows must
+    # hybrid recall@10 vs an exact hybrid 0.50, 0.68, 0.78. Rows must
     # still contain a chosen term; the vector list carries what the rest mean.
     match = " OR ".join(chosen)
     extra = [t for c, t in ranked if c and t not in chosen]

@@ -5,11 +5,11 @@ exactly as it talks to a Mattermost server (Bearer token, Mattermost's error JSO
 ``text/plain`` 429s with ``X-RateLimit-Reset``, the websocket's authentication
 challenge / ``hello`` / events whose ``post`` is a JSON string, button presses POSTed
 by the *server* to the integration URL), with no network and no patched Steward code.
-Facts it follows: ../shared/reference/platforms.md §7 (checked against the server's
-source): integrations are stripped from posts in every answer and event; action ids
-must be alphanumeric (any other id's press route 404s and never reaches the bot); a
-press request is unsigned; its answer's ``update`` replaces the post's message (and
-its props when given); a bad websocket token is answered by closing the socket.
+Facts it follows (checked against the Mattermost server's source): integrations are
+stripped from posts in every answer and event; action ids must be alphanumeric (any
+other id's press route 404s and never reaches the bot); a press request is unsigned;
+its answer's ``update`` replaces the post's message (and its props when given); a bad
+websocket token is answered by closing the socket.
 
 What it serves::
 

@@ -64,7 +64,7 @@ CAPABILITIES = (
     "I am Steward running a tiny local model ({label}), so I keep to simple jobs in your "
     "workspace: list files, read a file, write a file, search the files for a word, or "
     "run a command (risky ones wait for your approval). For real work, configure a "
-    "hosted or larger model: set STEWARD_MODEL (see README → Local model)."
+    "hosted or larger model: set STEWARD_MODEL (see docs/local-model.md)."
 )
 
 #: The start of gates.retry_instruction's lines: the agent asks for a corrected answer.
@@ -218,7 +218,7 @@ def call_schema(
     tools: list[str],
     candidates: dict[str, list[str]] | None = None,
     given: dict[str, str] | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """A JSON schema for {"tool": NAME, "arguments": {...}} over `tools`; argument values
     are limited to `candidates` where there are some, free but length-capped elsewhere;
     arguments in `given` are left out (code fills them in, see `fixed_arguments`)."""
@@ -265,7 +265,7 @@ def parse_call(
     content: str,
     allowed: tuple[str, ...] | list[str],
     given: dict[str, str] | None = None,
-) -> tuple[str, dict] | None:
+) -> tuple[str, dict[str, Any]] | None:
     """The JSON the model wrote, if it is a call to an allowed tool with string args
     (those in `given` come from code, not from the model)."""
     given = given or {}
