@@ -522,12 +522,11 @@ class GitGuard:
         if kind != stat.S_IFREG:
             self._remove(path)
             return f"deleted {shown} (a git config may only be a plain file)", None
-        opened = self._open_rw(path)
+        opened = self._open_config(path)
         if opened is None:
             return "", None
-        fd, first = opened
+        fd, first, data, complete = opened
         try:
-            data, complete = safe_fs.read_fd(fd, git_control.MAX_CONFIG_BYTES)
             if not complete:
                 return f"reset {shown} (larger than a config file)", _rewrite(fd, MINIMAL_CONFIG)
             try:
@@ -611,12 +610,11 @@ class GitGuard:
         if kind != stat.S_IFREG:
             self._remove(path)
             return f"deleted {shown} (not a plain file)", None
-        opened = self._open_rw(path)
+        opened = self._open_config(path)
         if opened is None:
             return "", None
-        fd, first = opened
+        fd, first, data, complete = opened
         try:
-            data, complete = safe_fs.read_fd(fd, git_control.MAX_CONFIG_BYTES)
             try:
                 parsed = self._parse(data) if complete else None
             except git_control.ConfigUnreadable:
@@ -679,6 +677,21 @@ class GitGuard:
             os.close(opened)
             return None
         return opened, st
+
+    def _open_config(self, path: str) -> tuple[int, os.stat_result, bytes, bool] | None:
+        """A config-format file opened for a check: its descriptor (kept open, so a
+        rewrite lands on the very file that was read), fstat, bytes up to the bound,
+        and whether that was all of it."""
+        opened = self._open_rw(path)
+        if opened is None:
+            return None
+        fd, first = opened
+        try:
+            data, complete = safe_fs.read_fd(fd, git_control.MAX_CONFIG_BYTES)
+        except OSError:
+            os.close(fd)
+            return None
+        return fd, first, data, complete
 
     def _remove(self, path: str) -> None:
         fd, name = self._parent(path)
