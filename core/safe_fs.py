@@ -90,23 +90,21 @@ class Escape(ValueError):
     """A relative path whose ".." climbs above the folder it is relative to."""
 
 
+#: File types by name, as messages say them.
+_KINDS = {
+    stat.S_IFREG: "file",
+    stat.S_IFDIR: "folder",
+    stat.S_IFLNK: "symbolic link",
+    stat.S_IFIFO: "named pipe (FIFO)",
+    stat.S_IFCHR: "character device",
+    stat.S_IFBLK: "block device",
+    stat.S_IFSOCK: "socket",
+}
+
+
 def kind_of(mode: int) -> str:
     """What a file type is called in a message a person (or a model) reads."""
-    if stat.S_ISREG(mode):
-        return "file"
-    if stat.S_ISDIR(mode):
-        return "folder"
-    if stat.S_ISLNK(mode):
-        return "symbolic link"
-    if stat.S_ISFIFO(mode):
-        return "named pipe (FIFO)"
-    if stat.S_ISCHR(mode):
-        return "character device"
-    if stat.S_ISBLK(mode):
-        return "block device"
-    if stat.S_ISSOCK(mode):
-        return "socket"
-    return "special file"
+    return _KINDS.get(stat.S_IFMT(mode), "special file")
 
 
 # ── names ────────────────────────────────────────────────────────────────────────
