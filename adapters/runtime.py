@@ -3,33 +3,26 @@
 Why here: before, each adapter carried its own set of background dispatch tasks,
 its own "seen message ids" map, its own connection-state bookkeeping and its own
 reconnect loop; five more platforms would have made ten copies. An adapter now
-holds an `Inflight` (dispatch in the background so a webhook or an SDK callback
-answers at once), a `Recent` (bounded memory of what it handled: deduplication
-of redeliveries, who wrote which message), a `Health` (the connection's state
-machine, logged the same way everywhere) and, where it runs its own connection
-loop, a `Backoff`.
+holds an `Inflight` (a `core.task_set.TaskSet` that dispatches in the background so
+a webhook or an SDK callback answers at once), a `Health` (the connection's state
+machine, logged the same way everywhere), and from core a `Recent` (bounded memory
+of what it handled) and, where it runs its own connection loop, a `Backoff`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import inspect
-import random
 import ssl
 import time
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterator
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import structlog
 
 from core.events import ChannelHealth, Dispatch, HealthState, Inbound
+from core.task_set import TaskSet
 
 log = structlog.get_logger("steward.adapters")
-
-K = TypeVar("K")
-V = TypeVar("V")
 
 
 class Health(ChannelHealth):
@@ -93,46 +86,23 @@ class Health(ChannelHealth):
         self.set("stopped")
 
 
-class Inflight:
+class Inflight(TaskSet):
     """The adapter's background dispatches: started without waiting (a webhook answers
     and an SDK callback returns at once), logged when they fail, cancelled on stop."""
 
     def __init__(self, channel: str) -> None:
+        super().__init__(channel, on_error=_background_failed)
         self.channel = channel
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    def __len__(self) -> int:
-        return len(self._tasks)
 
     def spawn(self, dispatch: Dispatch, event: Inbound) -> asyncio.Task[None]:
-        task = asyncio.get_running_loop().create_task(
-            self._run(dispatch, event), name=f"{self.channel}:dispatch"
+        """Hand `event` to Steward in the background."""
+        return self.keep(
+            asyncio.get_running_loop().create_task(
+                self._dispatch(dispatch, event), name=f"{self.channel}:dispatch"
+            )
         )
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
 
-    def run(self, work: Awaitable[object], what: str) -> asyncio.Task[None]:
-        """Any other background job of the adapter (a reply to a webhook, a sync)."""
-
-        async def guarded() -> None:
-            try:
-                await work
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("adapter.background_failed", channel=self.channel, what=what)
-
-        task = asyncio.get_running_loop().create_task(guarded(), name=f"{self.channel}:{what}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        if inspect.iscoroutine(work):
-            # Cancelled before it ever ran (a stop right after a spawn): close the work, or
-            # Python warns at exit that it was never awaited. A no-op once it has run.
-            task.add_done_callback(lambda _t: work.close())
-        return task
-
-    async def _run(self, dispatch: Dispatch, event: Inbound) -> None:
+    async def _dispatch(self, dispatch: Dispatch, event: Inbound) -> None:
         try:
             await dispatch(event)
         except asyncio.CancelledError:
@@ -142,101 +112,9 @@ class Inflight:
                 "adapter.dispatch_failed", channel=self.channel, conversation=event.conversation
             )
 
-    async def drain(self, grace: float) -> None:
-        """Let running work finish for up to `grace` seconds; cancel what is left."""
-        if not self._tasks:
-            return
-        _, pending = await asyncio.wait(set(self._tasks), timeout=grace)
-        for task in pending:
-            task.cancel()
-        if pending:
-            await asyncio.wait(pending)
 
-    async def cancel_all(self) -> None:
-        """On stop: in-flight work is cancelled (the task journal keeps what was running)."""
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
-class Recent(Generic[K, V]):
-    """A bounded, insertion-ordered map: the newest `limit` entries are kept.
-
-    Used for redelivered events (a webhook retried, a resumed websocket replaying) and
-    for facts about recent messages (who wrote the one now deleted)."""
-
-    def __init__(self, limit: int = 2048) -> None:
-        self.limit = limit
-        self._items: OrderedDict[K, V] = OrderedDict()
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._items
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def __getitem__(self, key: K) -> V:
-        return self._items[key]
-
-    def get(self, key: K, default: V | None = None) -> V | None:
-        return self._items.get(key, default)
-
-    def put(self, key: K, value: V) -> None:
-        self._items[key] = value
-        self._items.move_to_end(key)
-        while len(self._items) > self.limit:
-            self._items.popitem(last=False)
-
-    def first_time(self, key: K, value: V) -> bool:
-        """Record `key`; False when it was already there (a redelivery)."""
-        if key in self._items:
-            return False
-        self.put(key, value)
-        return True
-
-    def pop(self, key: K, default: V | None = None) -> V | None:
-        return self._items.pop(key, default)
-
-    def clear(self) -> None:
-        self._items.clear()
-
-
-class Backoff:
-    """Delays for a reconnect loop: doubling from `first` to `cap`, with jitter (so many
-    instances don't come back in step), reset after a success.
-
-    `sleep` is injectable so a test drives it on a simulated clock."""
-
-    def __init__(
-        self,
-        first: float = 1.0,
-        cap: float = 60.0,
-        *,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-    ) -> None:
-        self.first = first
-        self.cap = cap
-        self._sleep = sleep
-        self.attempt = 0
-
-    def delays(self) -> Iterator[float]:
-        while True:
-            yield self.next_delay()
-
-    def next_delay(self) -> float:
-        base = min(self.cap, self.first * 2**self.attempt)
-        self.attempt += 1
-        return base * (0.5 + random.random() / 2)
-
-    async def wait(self, at_least: float = 0.0) -> float:
-        """Sleep the next delay (or `at_least`, e.g. a server's retry-after); returns it."""
-        delay = max(self.next_delay(), at_least)
-        await self._sleep(delay)
-        return delay
-
-    def reset(self) -> None:
-        self.attempt = 0
+def _background_failed(channel: str, what: str, exc: BaseException) -> None:
+    log.error("adapter.background_failed", channel=channel, what=what, exc_info=exc)
 
 
 def json_object(value: object) -> dict[str, Any]:

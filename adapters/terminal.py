@@ -7,6 +7,11 @@ new state of that message. Like every adapter it only parses input into the
 `core.events` types and renders output; what a line *means* is the dispatcher's
 business.
 
+A terminal cannot show a file, so an attachment is saved where the person can open
+it (the `AttachmentFolder` `bot/` hands the channel: ``<data dir>/attachments/<date>/``,
+never overwriting) and named in one line: its name, size, caption and path. Without
+a folder (a test, an embedding) it is only named.
+
 Size: the terminal channel and its line editor's prompts, approvals and Ctrl-C handling,
 which share the one console state.
 """
@@ -33,7 +38,7 @@ from rich.panel import Panel
 from rich.segment import ControlType
 from rich.text import Text
 
-from adapters.base import ChannelDefaults, with_attachments, with_typed_choices
+from adapters.base import ChannelDefaults, size_text, with_attachments, with_typed_choices
 from adapters.runtime import Inflight
 from core.events import (
     Attachment,
@@ -47,6 +52,7 @@ from core.events import (
     MessageRef,
     Progress,
 )
+from memory.attachment_folder import AttachmentFolder
 
 log = structlog.get_logger(__name__).bind(channel="terminal")
 
@@ -151,6 +157,33 @@ class _Pending:
     buttons: list[Button]
 
 
+def file_line(attachment: Attachment, outcome: str) -> str:
+    """One attachment as one line: "report.pdf (12 KB) — Q3 numbers — saved to /path"."""
+    parts = [f"{attachment.name} ({size_text(len(attachment.data))})"]
+    caption = " ".join(attachment.caption.split())
+    if caption:
+        parts.append(caption)
+    parts.append(outcome)
+    return " — ".join(parts)
+
+
+async def save_attachments(
+    folder: AttachmentFolder, attachments: Sequence[Attachment]
+) -> list[str]:
+    """Save each attachment into `folder`; one line per file saying where it is (or why
+    it is not: the person still learns that a file was sent)."""
+    lines = []
+    for attachment in attachments:
+        try:
+            path = await folder.save(attachment.name, attachment.data)
+        except OSError as exc:
+            log.warning("terminal.attachment_not_saved", name=attachment.name, error=str(exc))
+            lines.append(file_line(attachment, f"not saved: {exc}"))
+            continue
+        lines.append(file_line(attachment, f"saved to {path}"))
+    return lines
+
+
 def _panel_style(buttons: Sequence[Button]) -> str:
     """A question with a risky choice (an approval's Deny) in yellow, other questions
     (an offer of help) in cyan."""
@@ -184,8 +217,10 @@ class TerminalChannel(ChannelDefaults):
         conversation: str = "terminal",
         clock: Callable[[], float] = time.monotonic,
         person_at_terminal: bool | None = None,
+        folder: AttachmentFolder | None = None,
     ) -> None:
         """`person_at_terminal`: whether a person types the input; None asks stdin.
+        `folder`: where attachments are saved (None: they are only named).
 
         The terminal's user is the owner because a person sits at it. When stdin is
         not a terminal (a pipe, a file, a process the agent started), nobody can be
@@ -200,6 +235,7 @@ class TerminalChannel(ChannelDefaults):
             self.capabilities = replace(type(self).capabilities, interactive=False)
         self.user = user
         self.conversation = conversation
+        self.folder = folder
         self._clock = clock
         self._dispatch: Dispatch | None = None
         self._inflight = Inflight(self.name)
@@ -477,10 +513,10 @@ class TerminalChannel(ChannelDefaults):
             self._open_line = None
             self.console.line()
 
-    def _print(self, renderable: Any) -> None:
+    def _print(self, renderable: Any, *, soft_wrap: bool | None = None) -> None:
         self._close_line()
         self._leave_prompt()
-        self.console.print(renderable)
+        self.console.print(renderable, soft_wrap=soft_wrap)
 
     def _ref(self, conversation: str, thread: str | None) -> MessageRef:
         return MessageRef(channel=self.name, conversation=conversation, id=_new_id(), thread=thread)
@@ -496,23 +532,30 @@ class TerminalChannel(ChannelDefaults):
     ) -> MessageRef:
         """Print a reply as Markdown, unless it was just streamed: then only end that line.
         A question with buttons is a panel with its numbered choices, answered by typing
-        a number or a label."""
-        text = with_attachments(text, attachments)
-        if buttons:
-            return self._ask(conversation, text, buttons, thread)
-        segments = self._stream.pop(conversation, [])
-        wanted = text.strip()
-        already_shown = bool(segments) and wanted in (
-            "".join(segments).strip(),
-            segments[-1].strip(),
-        )
-        if already_shown:
-            self._close_line()
+        a number or a label. Then a line per attachment, saved to the folder."""
+        if self.folder is None:
+            text, files = with_attachments(text, attachments), []
         else:
-            self._print(Text("steward", style="dim"))
-            self.console.print(ChatMarkdown(text))
+            files = await save_attachments(self.folder, attachments)
+        if buttons:
+            ref = self._ask(conversation, text, buttons, thread)
+        else:
+            ref = self._ref(conversation, thread)
+            segments = self._stream.pop(conversation, [])
+            wanted = text.strip()
+            already_shown = bool(segments) and wanted in (
+                "".join(segments).strip(),
+                segments[-1].strip(),
+            )
+            if already_shown:
+                self._close_line()
+            elif wanted or not files:
+                self._print(Text("steward", style="dim"))
+                self.console.print(ChatMarkdown(text))
+        for line in files:
+            self._print(Text(line, style="cyan"), soft_wrap=True)  # a path is copied whole
         self._show_prompt_again()
-        return self._ref(conversation, thread)
+        return ref
 
     async def edit(
         self, ref: MessageRef, text: str, *, buttons: list[Button] | None = None
@@ -541,7 +584,6 @@ class TerminalChannel(ChannelDefaults):
         body.append_text(_buttons_block(buttons))
         self._pending[ref.id] = _Pending(conversation=conversation, buttons=list(buttons))
         self._print(Panel(body, border_style=_panel_style(buttons), expand=False))
-        self._show_prompt_again()
         return ref
 
     async def progress(self, conversation: str, event: Progress) -> None:
@@ -595,11 +637,14 @@ class OneShotChannel(ChannelDefaults):
         user: str = "owner",
         conversation: str = "terminal",
         show_progress: bool = True,
+        folder: AttachmentFolder | None = None,
     ) -> None:
+        """`folder`: where attachments are saved (None: they are only named)."""
         self.console = stderr_console or Console(stderr=True)
         self.user = user
         self.conversation = conversation
         self.show_progress = show_progress
+        self.folder = folder
         self.replies: list[str] = []
         self._dispatch: Dispatch | None = None
 
@@ -639,10 +684,15 @@ class OneShotChannel(ChannelDefaults):
         buttons: Sequence[Button] = (),
         attachments: Sequence[Attachment] = (),
     ) -> MessageRef:
-        """Kept as the reply. A question (nothing to press here: the channel layer normally
-        turns its buttons into what to type) is also shown on stderr, so a run that
-        stopped on it says why."""
-        text = with_attachments(text, attachments)
+        """Kept as the reply, with a line per attachment saying where it was saved (a
+        script reading stdout learns the path). A question (nothing to press here: the
+        channel layer normally turns its buttons into what to type) is also shown on
+        stderr, so a run that stopped on it says why."""
+        if self.folder is None:
+            text = with_attachments(text, attachments)
+        elif attachments:
+            files = "\n".join(await save_attachments(self.folder, attachments))
+            text = f"{text}\n\n{files}" if text.strip() else files
         if buttons:
             text = with_typed_choices(text, buttons)
             self.console.print(Panel(Text(text), border_style=_panel_style(buttons), expand=False))
@@ -669,4 +719,11 @@ class OneShotChannel(ChannelDefaults):
             self.console.print(line)
 
 
-__all__ = ["OneShotChannel", "TerminalChannel", "summarize_args", "tool_line"]
+__all__ = [
+    "OneShotChannel",
+    "TerminalChannel",
+    "file_line",
+    "save_attachments",
+    "summarize_args",
+    "tool_line",
+]

@@ -14,9 +14,16 @@ needs a login (`adapters.web_login`: the server's middleware checks the token or
 cookie and marks the request) and an ``Origin`` naming this server: a socket
 without both is refused before the upgrade, so no other local process, nor a web
 page the owner visits, can press Approve or send ``/pair``. Every tab on one session sees the
-same frames. History is appended to ``<data_dir>/web/<session>.jsonl`` so that a
-reload or a restart shows the conversation again; messages sent while no tab is
-open are stored and appear on the next connect.
+same frames. Every message and edit goes to the history store `bot/` hands the
+channel (`memory/web_history.py`), so that a reload or a restart shows the
+conversation again; messages sent while no tab is open are stored and appear on the
+next connect. The channel itself writes no file.
+
+Attachments are kept by the same store and served behind the same login as the
+socket, at ``/attachments/<token>/<name>`` (the token is unguessable, the name is
+only what a browser saves the file as). A message frame lists them; the page shows
+an image inline and any other file as a download link, each with its caption. A
+file the store cannot keep (a full disk) becomes the usual text line naming it.
 
 A message may be at most ``MAX_MESSAGE_BYTES``; the page checks before sending, and
 the server refuses a bigger one with an error frame (the socket stays open).
@@ -24,7 +31,8 @@ the server refuses a bigger one with an error frame (the socket stays open).
 Frames, server → page::
 
     {"type": "limits", "max_message_bytes"}         (first, on connect)
-    {"type": "message", "id", "role": "assistant"|"user", "text", "buttons": [...], "ts"}
+    {"type": "message", "id", "role": "assistant"|"user", "text", "buttons": [...],
+     "attachments": [{"name", "mime", "size", "caption", "url", "file"}], "ts"}
     {"type": "edit", "id", "text", "buttons"}
     {"type": "progress", "kind", "task_id", "text", "tool", "ok"}     (live only)
     {"type": "typing"}                                                 (live only)
@@ -40,8 +48,9 @@ page → server::
 
     {"type": "message", "text"} · {"type": "press", "value", "message_id"} · {"type": "cancel"}
 
-Size: the web chat's server side (WebSocket protocol, sessions, history, tabs); the
-login is adapters/web_login.py and the page is adapters/web_static/.
+Size: the web chat's server side (WebSocket protocol, sessions, tabs, attachment
+downloads); the login is adapters/web_login.py, the page adapters/web_static/ and the
+history memory/web_history.py.
 """
 
 from __future__ import annotations
@@ -50,14 +59,13 @@ import asyncio
 import contextlib
 import itertools
 import json
-import os
 import re
 import secrets
 import time
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Coroutine, Iterable, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import structlog
 from aiohttp import WSCloseCode, WSMsgType, web
@@ -78,14 +86,10 @@ from core.events import (
     MessageRef,
     Progress,
 )
-from memory.atomic import atomic_write_bytes
+from memory.web_history import SESSION_RE, WebHistory
 
 log = structlog.get_logger(__name__)
 
-#: A session id from the page: long enough to be unguessable-ish, safe as a file name.
-SESSION_RE = re.compile(r"[A-Za-z0-9_-]{8,64}")
-#: Messages kept (and sent on connect) per session.
-HISTORY_LIMIT = 500
 #: The longest message (UTF-8 bytes) the web chat takes. What matters is the model: 1 MB
 #: is ~250,000 tokens, past nearly every context window (and a longer text is better a
 #: file the agent reads in parts); it also keeps the stored history loadable.
@@ -94,9 +98,12 @@ MAX_MESSAGE_BYTES = 1024 * 1024
 #: over the limit (a page that skipped its check, JSON escapes) is answered with an
 #: error and the socket stays up; only beyond this does aiohttp close it (1009).
 MAX_FRAME_BYTES = 16 * MAX_MESSAGE_BYTES
-#: Appends after which the history file is compacted even if no tab connects, so a
-#: session nobody looks at (perpetual mode writing to it) cannot grow without bound.
-COMPACT_AFTER_APPENDS = 2 * HISTORY_LIMIT
+#: Where an attachment is downloaded from (behind the login, like the socket).
+ATTACHMENTS_PATH = "/attachments/"
+#: Images a browser may show in the page itself; every other file is only downloaded.
+INLINE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
+#: A media type as sent in Content-Type; anything else is served as plain bytes.
+MIME_RE = re.compile(r"[A-Za-z0-9][\w.+-]*/[A-Za-z0-9][\w.+-]*")
 
 STATIC_DIR = Path(__file__).with_name("web_static")
 #: The only files served from /static: the page is shipped, never a directory listing.
@@ -126,24 +133,21 @@ class WebChannel(ChannelDefaults):
 
     def __init__(
         self,
-        data_dir: Path,
+        history: WebHistory,
         *,
         owner: str = "owner",
         notice: str | None = None,
-        scrub: Callable[[str], str] | None = None,
     ) -> None:
         self.owner = owner
-        #: Applied to every text before it is stored (the app passes secret redaction).
-        self._scrub = scrub or (lambda text: text)
-        self._dir = Path(data_dir) / "web"
+        #: Where messages, edits and attachments are kept (the channel writes no file).
+        self.history = history
         self._notice = notice or None
         self._dispatch: Dispatch | None = None
         self._sockets: dict[str, set[web.WebSocketResponse]] = {}
         # One lock per session serialises "store then broadcast" against "load history
         # then subscribe", so a tab never misses nor duplicates a message that lands
-        # while it connects, and file writes of one session never interleave.
+        # while it connects.
         self._locks: dict[str, asyncio.Lock] = {}
-        self._appends: dict[str, int] = {}
         #: Per session, the tasks begun and not yet ended (see progress()).
         self._running: dict[str, set[str]] = {}
         self._inflight = Inflight(self.name)
@@ -173,10 +177,12 @@ class WebChannel(ChannelDefaults):
     # ------------------------------------------------------------------ wiring
 
     def add_routes(self, app: web.Application) -> None:
-        """Mount the page, its three static files, the WebSocket and a debug history API."""
+        """Mount the page, its three static files, the WebSocket, the attachments and a
+        debug history API."""
         app.router.add_get("/", self._index)
         app.router.add_get("/static/{name}", self._static)
         app.router.add_get("/ws", self._ws)
+        app.router.add_get(ATTACHMENTS_PATH + "{token}/{name}", self._attachment)
         app.router.add_get("/api/history", self._api_history)
         # Open WebSockets would otherwise hold the server's shutdown for its full timeout.
         app.on_shutdown.append(self._on_app_shutdown)
@@ -208,9 +214,10 @@ class WebChannel(ChannelDefaults):
         attachments: Sequence[Attachment] = (),
     ) -> MessageRef:
         """Store and show an assistant message, with its buttons (their values are opaque
-        ids); stored means delivered, even with no tab open."""
+        ids) and attachments; stored means delivered, even with no tab open."""
         session = self._session_of(conversation)
-        frame = self._message_frame("assistant", with_attachments(text, attachments), buttons)
+        files, unkept = await self._keep(session, attachments)
+        frame = self._message_frame("assistant", with_attachments(text, unkept), buttons, files)
         await self._record(session, frame)
         return MessageRef(channel=self.name, conversation=conversation, id=frame["id"])
 
@@ -281,6 +288,33 @@ class WebChannel(ChannelDefaults):
             body=body, content_type=STATIC_TYPES[name], charset="utf-8", headers=headers
         )
 
+    async def _attachment(self, request: web.Request) -> web.Response:
+        """One attachment's bytes, for the owner only; an image may show in the page,
+        anything else is a download that runs nothing (it is served from Steward's own
+        origin, where a page could act as the owner)."""
+        _require_login(request)
+        kept = await self.history.get_file(request.match_info["token"])
+        if kept is None:
+            raise web.HTTPNotFound(
+                text="No such attachment: it was never sent here, or its message has left "
+                "the web chat's history."
+            )
+        mime = kept.mime if MIME_RE.fullmatch(kept.mime) else "application/octet-stream"
+        disposition = "inline" if mime in INLINE_TYPES else "attachment"
+        fallback = re.sub(r"[^A-Za-z0-9._ -]", "_", kept.name) or "attachment"
+        return web.Response(
+            body=kept.data,
+            content_type=mime,
+            headers={
+                "Content-Disposition": f'{disposition}; filename="{fallback}"; '
+                f"filename*=UTF-8''{quote(kept.name, safe='')}",
+                "Content-Security-Policy": "default-src 'none'; sandbox",
+                "X-Content-Type-Options": "nosniff",
+                "Referrer-Policy": "no-referrer",
+                "Cache-Control": "private, max-age=86400",
+            },
+        )
+
     async def _api_history(self, request: web.Request) -> web.Response:
         """The stored history of one session as JSON, for debugging."""
         _require_login(request)
@@ -290,7 +324,7 @@ class WebChannel(ChannelDefaults):
                 {"error": "Give ?session=ID with 8–64 letters, digits, '_' or '-'."}, status=400
             )
         async with self._lock(session):
-            items = await asyncio.to_thread(self._load, session)
+            items = await self.history.load(session)
         return web.json_response(
             {"conversation": f"web:{session}", "items": items},
             dumps=lambda obj: json.dumps(obj, ensure_ascii=False),
@@ -330,7 +364,7 @@ class WebChannel(ChannelDefaults):
         conversation = f"web:{session}"
         try:
             async with self._lock(session):
-                items = await asyncio.to_thread(self._load, session)
+                items = await self.history.load(session)
                 await ws.send_json({"type": "limits", "max_message_bytes": MAX_MESSAGE_BYTES})
                 await ws.send_json({"type": "notice", "text": self._notice or ""})
                 await ws.send_json({"type": "history", "items": items}, dumps=_dumps)
@@ -479,15 +513,55 @@ class WebChannel(ChannelDefaults):
 
     # ------------------------------------------------------------------ fan-out and storage
 
-    def _message_frame(self, role: str, text: str, buttons: Iterable[Button]) -> dict[str, Any]:
+    def _message_frame(
+        self,
+        role: str,
+        text: str,
+        buttons: Iterable[Button],
+        attachments: Sequence[dict[str, Any]] = (),
+    ) -> dict[str, Any]:
         return {
             "type": "message",
             "id": self._new_id(),
             "role": role,
             "text": text,
             "buttons": _buttons(buttons),
+            "attachments": list(attachments),
             "ts": time.time(),
         }
+
+    async def _keep(
+        self, session: str, attachments: Sequence[Attachment]
+    ) -> tuple[list[dict[str, Any]], list[Attachment]]:
+        """Hand each attachment to the store: (what the frame lists, what it could not
+        keep). One that cannot be kept is named in the text instead, never dropped."""
+        kept: list[dict[str, Any]] = []
+        unkept: list[Attachment] = []
+        for attachment in attachments:
+            try:
+                token = await self.history.put_file(
+                    session, attachment.data, attachment.name, attachment.mime
+                )
+            except OSError as exc:
+                log.warning(
+                    "web.attachment_write_failed",
+                    conversation=f"web:{session}",
+                    name=attachment.name,
+                    error=str(exc),
+                )
+                unkept.append(attachment)
+                continue
+            kept.append(
+                {
+                    "name": attachment.name,
+                    "mime": attachment.mime,
+                    "size": len(attachment.data),
+                    "caption": attachment.caption,
+                    "url": f"{ATTACHMENTS_PATH}{token}/{_url_name(attachment.name)}",
+                    "file": token,
+                }
+            )
+        return kept, unkept
 
     def _new_id(self) -> str:
         # Counter for uniqueness within a run, random suffix across restarts.
@@ -496,7 +570,7 @@ class WebChannel(ChannelDefaults):
     def _session_of(self, conversation: str) -> str:
         prefix, _, session = conversation.partition(":")
         if prefix != self.name or not SESSION_RE.fullmatch(session):
-            # Also what keeps a conversation id from naming a file outside <data_dir>/web.
+            # The history store refuses such a session too: no id names a file elsewhere.
             raise ValueError(
                 f"Not a web chat conversation: {conversation[:80]!r} "
                 "(expected 'web:' followed by 8–64 letters, digits, '_' or '-')"
@@ -516,7 +590,7 @@ class WebChannel(ChannelDefaults):
         """Store a message/edit frame, then show it to every open tab of the session."""
         async with self._lock(session):
             try:
-                await asyncio.to_thread(self._append, session, frame)
+                await self.history.append(session, frame)
             except OSError as exc:
                 # A full disk must not hide the answer from the person looking at it: the
                 # open tabs still get it; with none open it counts as not delivered (the
@@ -557,61 +631,6 @@ class WebChannel(ChannelDefaults):
             return_exceptions=True,
         )
 
-    def _path(self, session: str) -> Path:
-        return self._dir / f"{session}.jsonl"
-
-    def _append(self, session: str, frame: dict[str, Any]) -> None:
-        """Append one JSON line (runs in a worker thread, under the session lock)."""
-        path = self._path(session)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("ab+") as fh:
-            # A crash mid-write can leave a last line without its newline; start on a
-            # fresh line so that only the broken line is lost, not this one too.
-            fh.seek(0, os.SEEK_END)
-            prefix = b""
-            if fh.tell() > 0:
-                fh.seek(-1, os.SEEK_END)
-                if fh.read(1) != b"\n":
-                    prefix = b"\n"
-            stored = {**frame, "text": self._scrub(str(frame.get("text", "")))}
-            fh.write(prefix + _dumps(stored).encode() + b"\n")
-            fh.flush()
-        count = self._appends.get(session, 0) + 1
-        self._appends[session] = count
-        if count >= COMPACT_AFTER_APPENDS:
-            self._load(session)
-
-    def _load(self, session: str) -> list[dict[str, Any]]:
-        """Read a session's history, apply edits, keep the last messages; compact the file.
-
-        Runs in a worker thread, under the session lock. A line that cannot be read
-        is skipped (and dropped when the file is rewritten): one bad line must never
-        cost the whole conversation.
-        """
-        path = self._path(session)
-        self._appends[session] = 0
-        try:
-            raw = path.read_bytes()
-        except FileNotFoundError:
-            return []
-        messages: dict[str, dict[str, Any]] = {}
-        lines = 0
-        dirty = bool(raw) and not raw.endswith(b"\n")
-        for number, line in enumerate(raw.split(b"\n"), 1):
-            if not line.strip():
-                continue
-            lines += 1
-            try:
-                _apply(messages, json.loads(line))
-            except (ValueError, KeyError, TypeError):
-                log.warning("web.history_bad_line", conversation=f"web:{session}", line=number)
-                dirty = True
-        items = list(messages.values())[-HISTORY_LIMIT:]
-        if dirty or lines > len(items):
-            # Temp file, fsync, rename, fsync of the folder: a crash keeps the old history.
-            atomic_write_bytes(path, b"".join(_dumps(item).encode() + b"\n" for item in items))
-        return items
-
 
 # ---------------------------------------------------------------------- helpers
 
@@ -635,56 +654,10 @@ def _dumps(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False)
 
 
-def _apply(messages: dict[str, dict[str, Any]], event: Any) -> None:
-    """Fold one stored event into the message list; raises on anything malformed."""
-    if not isinstance(event, dict):
-        raise TypeError("not an object")
-    kind, mid, text = event["type"], event["id"], event["text"]
-    buttons = _checked_buttons(event.get("buttons", []))
-    if not isinstance(mid, str) or not isinstance(text, str):
-        raise TypeError("id and text must be strings")
-    if kind == "message":
-        role = event["role"]
-        if role not in ("assistant", "user"):
-            raise ValueError(f"bad role {role!r}")
-        ts = event.get("ts")
-        messages[mid] = {
-            "type": "message",
-            "id": mid,
-            "role": role,
-            "text": text,
-            "buttons": buttons,
-            "ts": ts if isinstance(ts, int | float) else None,
-        }
-    elif kind == "edit":
-        message = messages.get(mid)
-        if message is not None:  # its message may have been trimmed away: nothing to edit
-            message["text"] = text
-            message["buttons"] = buttons
-    else:
-        raise ValueError(f"bad type {kind!r}")
-
-
-def _checked_buttons(buttons: Any) -> list[dict[str, str]]:
-    if not isinstance(buttons, list):
-        raise TypeError("buttons must be a list")
-    out = []
-    for b in buttons:
-        if not (
-            isinstance(b, dict)
-            and isinstance(b.get("label"), str)
-            and isinstance(b.get("value"), str)
-        ):
-            raise TypeError("bad button")
-        style = b.get("style")
-        out.append(
-            {
-                "label": b["label"],
-                "value": b["value"],
-                "style": style if style in ("primary", "danger", "default") else "default",
-            }
-        )
-    return out
+def _url_name(name: str) -> str:
+    """The file name as the last part of its download URL: what a browser saves it as
+    (the token alone finds the file). "." and ".." would be read as a path step."""
+    return quote(name, safe="") if name.strip(".") else "attachment"
 
 
 def too_big(size: int) -> str:

@@ -16,10 +16,9 @@ own signatures) needs one of:
   owner, who can read the token file),
 * when ``STEWARD_WEB_PASSWORD`` is set, that password (HTTP Basic, user ``owner``).
 
-The token lives in ``<data dir>/secrets/web-token`` (folder 0700, file 0600; the
-data dir's git repository ignores ``secrets/``). Deleting the file, or
-`steward login --new`, makes a new one at the next start: every browser logged in
-with the old one is logged out.
+The token is kept by `memory/login_token.py` (``<data dir>/secrets/web-token``);
+`bot/` reads or makes it and hands it to `WebLogin`, which stores nothing. A new
+token (`steward login --new`) logs out every browser logged in with the old one.
 
 An authenticated request carries ``request[AUTHENTICATED]``; the web chat refuses a
 WebSocket without it, so no route wiring mistake can give a stranger an owner's socket.
@@ -28,86 +27,21 @@ WebSocket without it, so no route wiring mistake can give a stranger an owner's 
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
 import hmac
-import os
-import re
-import secrets
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 import structlog
 from aiohttp import hdrs, web
-
-from memory.atomic import atomic_write_text
 
 log = structlog.get_logger(__name__)
 
 #: The request key set once a request is authenticated (its value: who, "owner").
 AUTHENTICATED = web.RequestKey("steward.web_login", str)
-SECRETS_DIR = "secrets"
-TOKEN_FILE = "web-token"
 #: A browser stays logged in this long (and until the token changes).
 COOKIE_MAX_AGE = 30 * 24 * 3600
-#: What a token file must hold: the URL-safe alphabet, at least 128 bits' worth.
-TOKEN_RE = re.compile(r"[A-Za-z0-9_-]{22,128}")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-class TokenError(ValueError):
-    """The token file exists but cannot be used; the message says what to do."""
-
-
-def token_path(data_dir: Path) -> Path:
-    return Path(data_dir) / SECRETS_DIR / TOKEN_FILE
-
-
-def read_token(data_dir: Path) -> str | None:
-    """The data dir's token, or None when there is none yet."""
-    path = token_path(data_dir)
-    try:
-        token = path.read_text(encoding="utf-8").strip()
-    except FileNotFoundError:
-        return None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TokenError(
-            f"Cannot read the web chat login token {path}: {exc}. Fix its permissions, or "
-            "delete it and Steward makes a new one."
-        ) from exc
-    if not TOKEN_RE.fullmatch(token):
-        raise TokenError(
-            f"The web chat login token {path} is not a token (22-128 letters, digits, '_' "
-            "or '-'). Delete it and Steward makes a new one."
-        )
-    return token
-
-
-def new_token(data_dir: Path) -> str:
-    """Write a fresh token (replacing any), readable by this user only."""
-    path = token_path(data_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(OSError):  # not ours to fix when the folder belongs to root
-        os.chmod(path.parent, 0o700)
-    token = secrets.token_urlsafe(32)
-    atomic_write_text(path, token + "\n")
-    os.chmod(path, 0o600)  # the temp file was 0600, unless an old file's mode was copied
-    log.info("web.login_token_created", path=str(path))
-    return token
-
-
-def load_or_create_token(data_dir: Path) -> str:
-    """The token of this data dir, created on first start; loose permissions are tightened."""
-    token = read_token(data_dir)
-    if token is None:
-        return new_token(data_dir)
-    path = token_path(data_dir)
-    with contextlib.suppress(OSError):
-        if path.stat().st_mode & 0o077:
-            os.chmod(path, 0o600)
-            log.warning("web.login_token_permissions_fixed", path=str(path))
-    return token
 
 
 def is_websocket_upgrade(request: web.Request) -> bool:

@@ -30,7 +30,7 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
-from adapters.web_login import read_token
+from memory.login_token import read_token
 from tests.fakes.discord import FakeDiscord
 from tests.fakes.googlechat import FakeGoogleChat
 from tests.fakes.line import FakeLine

@@ -20,7 +20,6 @@ import dataclasses
 import functools
 import importlib
 import json
-import random
 import threading
 import time
 import uuid
@@ -34,6 +33,7 @@ import structlog
 from adapters.base import attachment_line, attachments_room, with_typed_choices
 from config.platforms import PLATFORMS, PlatformSpec
 from config.platforms import spec as platform_spec
+from core.backoff import backoff_delay
 from core.clock import Clock
 from core.events import (
     Attachment,
@@ -47,6 +47,7 @@ from core.events import (
 )
 from core.formatting import DIALECTS, split_message
 from memory.atomic import atomic_write_text
+from memory.channel_store import ChannelStore
 from memory.redact import redact
 
 log = structlog.get_logger("steward.channels")
@@ -283,8 +284,7 @@ class Outbox:
                 if exc.retry_after is not None and exc.retry_after > MAX_RETRY_AFTER:
                     retry = False
                 if retry:
-                    delay = min(self.backoff_max, self.backoff * 2 ** (attempt - 1))
-                    delay *= 0.5 + random.random() / 2
+                    delay = backoff_delay(attempt, self.backoff, self.backoff_max)
                     if exc.retry_after is not None:
                         delay = max(delay, exc.retry_after)
                     log.warning(
@@ -590,8 +590,10 @@ def adapter_class(spec: PlatformSpec) -> Any:
 
 
 def build_adapter(spec: PlatformSpec, settings: Any) -> Channel:
-    """The platform's adapter from its settings (the class's `from_settings`)."""
-    return adapter_class(spec).from_settings(spec.config(settings), settings)
+    """The platform's adapter from its settings (the class's `from_settings`), with the
+    store where it keeps what it must remember between runs (adapters write no files)."""
+    store = ChannelStore(Path(settings.data_dir), spec.name)
+    return adapter_class(spec).from_settings(spec.config(settings), settings, store)
 
 
 def wrap(adapter: Channel, settings: Any, clock: Clock, data_dir: Path) -> Outbox:

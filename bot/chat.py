@@ -17,6 +17,7 @@ from bot.app import App
 from bot.model_check import EXIT_NO_MODEL, local_model_ready, no_model_message
 from config.settings import Settings
 from core.agent import TaskResult
+from memory.attachment_folder import AttachmentFolder
 
 EXIT_OK, EXIT_FAIL = 0, 1
 
@@ -107,7 +108,9 @@ async def _converse(settings: Settings, messages: AsyncIterator[str], *, quiet: 
     app = App(settings, subcommand="chat")
     if app.local is not None and not quiet:
         print(f"steward: {app.notice}", file=sys.stderr)
-    channel = OneShotChannel(Console(stderr=True), show_progress=not quiet)
+    channel = OneShotChannel(
+        Console(stderr=True), show_progress=not quiet, folder=AttachmentFolder(app.data_dir)
+    )
     app.fire_schedules = False  # /schedule works; runs wait for `steward run` or chat
     await app.start([channel])
     key = app.dispatcher.key(channel, channel.conversation)
@@ -180,7 +183,7 @@ async def chat_interactive(settings: Settings, *, log_file: Path | None = None) 
     """The REPL. `log_file`: where the logs go instead of the terminal (named in the banner)."""
     console = Console()
     app = App(settings, subcommand="chat")
-    channel = TerminalChannel(console)
+    channel = TerminalChannel(console, folder=AttachmentFolder(app.data_dir))
     await app.start([channel])
     app.warm_up()
     key = app.dispatcher.key(channel, "terminal")

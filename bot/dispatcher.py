@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,7 +24,6 @@ from bot.router import CommandRouter, PressContext
 from core.access import Access
 from core.agent import Agent, TaskRequest, TaskResult
 from core.approvals import Approvals
-from core.clock import Activity
 from core.conversations import Conversations, FollowUp
 from core.events import (
     ButtonPress,
@@ -39,7 +37,9 @@ from core.events import (
 )
 from core.history import History
 from core.interrupted import DROP, RERUN
+from core.recent import Recent
 from core.suggestions import Suggestions
+from core.task_set import TaskSet
 from memory.seen import SeenEvents
 
 log = structlog.get_logger("steward.dispatcher")
@@ -96,12 +96,16 @@ class Dispatcher:
     last_results: dict[str, TaskResult] = field(default_factory=dict)
     #: (channel, conversation, message id) -> arrival on the proactive clock, for
     #: `Retracted` events without `sent_at`.
-    arrivals: OrderedDict[tuple[str, str, str], float] = field(default_factory=OrderedDict)
+    arrivals: Recent[tuple[str, str, str], float] = field(
+        default_factory=lambda: Recent(ARRIVALS_KEPT)
+    )
     #: Messages whose edit/deletion already counted: one signal per message, however
     #: many typos were fixed in a row.
-    retracted: OrderedDict[tuple[str, str, str], None] = field(default_factory=OrderedDict)
+    retracted: Recent[tuple[str, str, str], None] = field(
+        default_factory=lambda: Recent(ARRIVALS_KEPT)
+    )
     #: Write-failure notices waiting for a background transcript save (`_notice_after`).
-    _notices: set[asyncio.Task[None]] = field(default_factory=set)
+    _notices: TaskSet = field(default_factory=lambda: TaskSet("notices"))
 
     def bind(self, channel: Channel) -> Callable[[Inbound], Awaitable[None]]:
         async def dispatch(event: Inbound) -> None:
@@ -173,7 +177,7 @@ class Dispatcher:
         except Exception:
             log.exception("proactive.failed", event="arrival")
             return
-        _remember(self.arrivals, (channel.name, msg.conversation, msg.id), now)
+        self.arrivals.put((channel.name, msg.conversation, msg.id), now)
 
     async def _retracted(self, event: Retracted, channel: Channel) -> None:
         """A person edited or deleted a message: a "quick cancel" signal for proactive help
@@ -203,7 +207,7 @@ class Dispatcher:
                 channel=channel.name,
             )
             if quick:
-                _remember(self.retracted, key, None)
+                self.retracted.put(key, None)
                 await self.proactive.on_quick_edit(channel, event.user, event.conversation)
         except Exception:  # a signal must never break the dispatcher
             log.exception("proactive.failed", event="retracted")
@@ -462,14 +466,8 @@ class Dispatcher:
                     self.say(channel, msg.conversation, note, msg.thread), "dispatch.failed"
                 )
 
-        task = asyncio.create_task(notice(), name=f"notice:{key}")
-        self._notices.add(task)
-        activity.inc()
-        task.add_done_callback(lambda t: self._noticed(t, activity))
-
-    def _noticed(self, task: asyncio.Task[None], activity: Activity) -> None:
-        self._notices.discard(task)
-        activity.dec()
+        self._notices.activity = activity  # the history's clock: replay waits for it
+        self._notices.run(notice(), f"notice:{key}")
 
 
 async def _quietly(work: Awaitable[Any], failed: str, **fields: Any) -> None:
@@ -478,11 +476,3 @@ async def _quietly(work: Awaitable[Any], failed: str, **fields: Any) -> None:
         await work
     except Exception:
         log.exception(failed, **fields)
-
-
-def _remember(recent: OrderedDict[Any, Any], key: Any, value: Any) -> None:
-    """Insert as newest and keep only the ARRIVALS_KEPT newest entries."""
-    recent[key] = value
-    recent.move_to_end(key)
-    while len(recent) > ARRIVALS_KEPT:
-        recent.popitem(last=False)

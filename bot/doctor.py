@@ -106,7 +106,7 @@ def _port(settings: Settings) -> Check:
 def _web_login(settings: Settings) -> Check:
     """Where the web chat's login comes from; never the token itself (doctor output gets
     pasted into bug reports)."""
-    from adapters.web_login import TokenError, read_token, token_path
+    from memory.login_token import TokenError, read_token, token_path
 
     path = token_path(settings.data_dir)
     password = " STEWARD_WEB_PASSWORD also logs in (user owner)." if settings.web_password else ""

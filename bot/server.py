@@ -14,14 +14,16 @@ import structlog
 from aiohttp import web
 
 from adapters.web import WebChannel
-from adapters.web_login import TokenError, WebLogin, load_or_create_token, new_token, token_path
+from adapters.web_login import WebLogin
 from bot.app import App, ensure_dir
 from bot.channels import UndeliveredStore, build_adapter, configured_platforms
 from bot.dashboard import Dashboard
 from config.settings import ConfigError, Settings
 from core.clock import Clock
 from core.events import Channel
+from memory.login_token import TokenError, load_or_create_token, new_token, token_path
 from memory.redact import redact, redact_shown
+from memory.web_history import WebHistory
 
 log = structlog.get_logger("steward.server")
 
@@ -153,7 +155,7 @@ async def serve(
         login = WebLogin(load_or_create_token(settings.data_dir), password=settings.web_password)
     except (TokenError, OSError) as exc:
         raise ConfigError(str(exc)) from exc
-    web_channel = WebChannel(settings.data_dir, notice=app.notice, scrub=redact)
+    web_channel = WebChannel(WebHistory(app.data_dir, scrub=redact), notice=app.notice)
     platforms = build_platforms(settings)
     runner = web.AppRunner(build_web_app(app, web_channel, platforms, login=login), access_log=None)
     await runner.setup()

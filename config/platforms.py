@@ -70,7 +70,7 @@ class PlatformSpec:
     name: str
     #: For people: "Google Chat", and the title of its page docs/platforms/<name>.md.
     title: str
-    #: `module:Class` of the adapter; the class has `from_settings(cfg, settings)`.
+    #: `module:Class` of the adapter; the class has `from_settings(cfg, settings, store)`.
     adapter: str
     #: A converter name in core.formatting.DIALECTS, unless the adapter class has its
     #: own `to_dialect(markdown) -> str`.
@@ -227,7 +227,7 @@ PLATFORMS: tuple[PlatformSpec, ...] = (
         ),
         problems=_telegram_problems,
         # Telegram never shows a bot its own messages: the adapter's liveness signal is
-        # the getUpdates round trip instead (adapters/telegram.py).
+        # the getUpdates round trip instead (adapters/telegram/channel.py).
         echoes=False,
         webhook=True,
     ),

@@ -62,7 +62,9 @@ from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
 from core.activity import RunWatch
+from core.backoff import backoff_delay
 from core.clock import Clock
+from core.task_set import TaskSet
 from memory.schedules import Schedule, ScheduleStore
 
 log = structlog.get_logger("steward.schedules")
@@ -478,7 +480,9 @@ class Scheduler:
         self.schedules: dict[str, Schedule] = {}
         self.problems: list[str] = []
         self._timers: dict[str, Callable[[], None]] = {}
-        self._tasks: set[asyncio.Task[Any]] = set()
+        #: Each run counts as activity from the moment it fires: replay's "idle" must
+        #: not miss it.
+        self._tasks = TaskSet("schedules", activity=clock.activity)
         self._started = False
         self._stopping = False
         #: Every run's outcome, in order (tests and the bench read it).
@@ -539,8 +543,7 @@ class Scheduler:
         for cancel in self._timers.values():
             cancel()
         self._timers.clear()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._tasks.wait()
 
     def _arm(self, s: Schedule) -> None:
         cancel = self._timers.pop(s.id, None)
@@ -557,10 +560,7 @@ class Scheduler:
         self._timers.pop(sid, None)
         if self._stopping:
             return
-        self.clock.activity.inc()  # counted now: replay's "idle" must not miss this run
-        task = asyncio.get_running_loop().create_task(self._due(sid), name=f"schedule:{sid}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.run(self._due(sid), f"schedule:{sid}")
 
     def trigger(self, s: Schedule) -> Any:
         tz = zone(s.timezone)
@@ -634,8 +634,6 @@ class Scheduler:
             self.deps.conversations.submit(key, lambda: self._run(s, channel))
         except Exception:
             log.exception("schedule.fire_failed", schedule=sid)
-        finally:
-            self.clock.activity.dec()
 
     def _roll_day(self, s: Schedule, now: datetime) -> None:
         today = now.astimezone(zone(s.timezone)).date().isoformat()
@@ -821,9 +819,9 @@ class Scheduler:
         """Said once; the next run waits longer with each failure in a row."""
         s.failures += 1
         outcome.result = "failure"
-        wait = min(
-            self.config.failure_backoff_max,
-            self.config.failure_backoff * 2 ** (s.failures - 1),
+        # No jitter: the next run time is shown to the person and must be what they read.
+        wait = backoff_delay(
+            s.failures, self.config.failure_backoff, self.config.failure_backoff_max, jitter=False
         )
         if s.kind != "once":
             s.next_run = iso(self.next_after(s, now + timedelta(seconds=wait)))

@@ -92,6 +92,8 @@ GITIGNORE = (
     "secrets/",
     "snapshots/",  # the undo store (core/snapshots): its own object store, not history
     "sandbox/",  # the git guard's trusted entries and unchecked markers (core/sandbox)
+    "attachments/",  # files `steward chat` saved for the person (memory/attachment_folder.py)
+    "/*/files/",  # files a platform fetches by URL (memory/channel_store.py), kept a week
 )
 _FILE_MODE = 0o100644
 _CAS_ATTEMPTS = 5  # HEAD moved under us (a person committed): rebuild and retry

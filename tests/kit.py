@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -25,6 +25,19 @@ async def until(pred: Callable[[], Any], within: float = 30.0, what: str = "") -
             return value
         await asyncio.sleep(0.02)
     raise AssertionError(f"timed out waiting for {what or pred}")
+
+
+async def until_async(
+    probe: Callable[[], Awaitable[Any]], within: float = 30.0, what: str = ""
+) -> Any:
+    """`until` for a probe that must be awaited (it asks a fake over its own API)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        value = await probe()
+        if value:
+            return value
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what or probe}")
 
 
 class Recorder:

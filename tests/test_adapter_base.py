@@ -18,12 +18,13 @@ from adapters.base import (
     with_typed_choices,
 )
 from adapters.replay import ReplayChannel
-from adapters.slack.outbound import escape_mrkdwn
+from adapters.slack.render import escape_mrkdwn
 from adapters.terminal import OneShotChannel, TerminalChannel
 from adapters.web import WebChannel
 from core.approvals import approval_buttons
 from core.events import Attachment, Button, MessageRef, Progress
 from core.suggestions import answer_button
+from memory.web_history import WebHistory
 
 REPORT = Attachment("report.pdf", b"x" * 12_288, "application/pdf")
 LINE = "[attachment not sent here: report.pdf, 12 KB]"
@@ -75,7 +76,9 @@ async def test_the_defaults_of_the_optional_methods() -> None:
     assert bare.sent == ["only for you"]
 
 
-async def test_terminal_web_and_replay_name_the_attachment(tmp_path: Path) -> None:
+async def test_terminal_and_replay_name_the_attachment_the_web_keeps_it(tmp_path: Path) -> None:
+    """A terminal without a folder to save into names the file; the web chat keeps it
+    (its download is tested in test_web_adapter.py)."""
     buf = io.StringIO()
     terminal = TerminalChannel(Console(file=buf, width=120), person_at_terminal=True)
     await terminal.send("terminal", "The report.", attachments=[REPORT])
@@ -83,10 +86,11 @@ async def test_terminal_web_and_replay_name_the_attachment(tmp_path: Path) -> No
     one_shot = OneShotChannel(Console(file=io.StringIO()))
     await one_shot.send("terminal", "The report.", attachments=[REPORT])
     assert one_shot.final_reply() == f"The report.\n\n{LINE}"
-    web = WebChannel(tmp_path)
+    web = WebChannel(WebHistory(tmp_path))
     await web.send("web:session-1", "The report.", attachments=[REPORT])
-    [frame] = web._load("session-1")
-    assert frame["text"] == f"The report.\n\n{LINE}"
+    [frame] = await web.history.load("session-1")
+    assert frame["text"] == "The report."
+    assert [(a["name"], a["size"]) for a in frame["attachments"]] == [("report.pdf", 12_288)]
     out: list[dict[str, Any]] = []
     replay = ReplayChannel(lambda: 0.0, out.append)
     await replay.send("alice", "The report.", attachments=[REPORT])

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
 from structlog.testing import capture_logs
 
-from adapters.runtime import Backoff, Health, Inflight, Recent
+from adapters.runtime import Health, Inflight
 from core.events import Message
 
 
@@ -49,17 +48,6 @@ def test_health_heard_moves_last_event() -> None:
     assert health.last_event_at is None
     health.heard()
     assert health.last_event_at is not None
-
-
-def test_recent_keeps_the_newest_and_spots_redeliveries() -> None:
-    recent: Recent[str, int] = Recent(limit=3)
-    assert recent.first_time("a", 1)
-    assert not recent.first_time("a", 2)  # a redelivery
-    for key in "bcd":
-        recent.put(key, 0)
-    assert "a" not in recent and len(recent) == 3
-    assert recent["d"] == 0 and recent.get("zz") is None
-    assert recent.pop("b") == 0 and "b" not in recent
 
 
 def _message(text: str) -> Message:
@@ -106,26 +94,6 @@ async def test_inflight_cancel_all_and_drain() -> None:
     slow = inflight.run(forever(), "slow")
     await inflight.drain(0.05)
     assert done == [1] and slow.cancelled()
-
-
-@pytest.mark.parametrize("seed", [1, 2, 3])
-async def test_backoff_doubles_to_the_cap_with_jitter_and_resets(seed: int) -> None:
-    import random
-
-    random.seed(seed)
-    slept: list[float] = []
-
-    async def sleep(delay: float) -> None:
-        slept.append(delay)
-
-    backoff = Backoff(1.0, 8.0, sleep=sleep)
-    for _ in range(6):
-        await backoff.wait()
-    bases = [1, 2, 4, 8, 8, 8]
-    assert all(b / 2 <= d <= b for d, b in zip(slept, bases, strict=True))
-    assert await backoff.wait(at_least=30.0) == 30.0  # a server's retry-after wins
-    backoff.reset()
-    assert backoff.next_delay() <= 1.0
 
 
 async def test_work_cancelled_before_it_ran_is_closed_not_left_unawaited() -> None:

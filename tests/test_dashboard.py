@@ -22,11 +22,13 @@ import aiohttp
 from aiohttp import web
 
 from adapters.web import WebChannel
-from adapters.web_login import WebLogin, load_or_create_token
+from adapters.web_login import WebLogin
 from bot.app import App
 from bot.server import build_web_app
 from core.goals.queue import Goal, GoalQueue
+from memory.login_token import load_or_create_token
 from memory.store import render
+from memory.web_history import WebHistory
 from tests.fakes.llm import ScriptedLLM, ToolCall, _tokens
 from tests.kit import until
 from tests.test_web_e2e import SESSION, frames_until, free_port, owner_session, running
@@ -239,7 +241,7 @@ async def test_goals_controls_live_events_and_proactive(settings_for: Callable) 
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(render(record, "Want help?\n"))
     login = WebLogin(load_or_create_token(s.data_dir))
-    web_channel = WebChannel(s.data_dir)
+    web_channel = WebChannel(WebHistory(s.data_dir))
     runner = web.AppRunner(build_web_app(app, web_channel, login=login), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from adapters.web_login import read_token
+from memory.login_token import read_token
 from tests.browser import artifacts_dir, launch, missing, new_page, shot
 from tests.fakes.llm import ScriptedLLM
 from tests.test_dashboard import FINAL, REPORT, script, scripted_tokens_out

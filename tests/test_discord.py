@@ -19,9 +19,19 @@ import pytest
 from structlog.testing import capture_logs
 
 import adapters.discord.channel as discord_adapter
-from adapters.discord import INTENT_HINT, DiscordChannel, message_payload, render_buttons
+from adapters.discord import (
+    INTENT_HINT,
+    MAX_FILES,
+    MAX_UPLOAD_BYTES,
+    DiscordChannel,
+    fit_files,
+    message_payload,
+    render_buttons,
+    text_with_files,
+)
 from core.events import (
     ApprovalRequest,
+    Attachment,
     Button,
     ButtonPress,
     Channel,
@@ -268,7 +278,12 @@ async def test_malformed_event_does_not_kill_the_adapter(
     channel, received = bot
     harness = DiscordHarness()
     harness.fake, harness.channel = fake, channel
-    assert await harness.forged_inbound() == 0
+    with capture_logs() as logs:
+        assert await harness.forged_inbound() == 0
+    # The crashed gateway loop is restarted after the first backoff delay, with jitter.
+    [failed] = [e for e in logs if e["event"] == "adapter.gateway_failed"]
+    first = discord_adapter.RESTART_DELAY
+    assert first / 2 <= failed["retry_in"] <= first
     await fake.dm_message("still listening")
     event = await received.next()
     assert isinstance(event, Message) and event.text == "still listening"
@@ -361,6 +376,94 @@ def test_buttons_render_rows_styles_and_limits() -> None:
     with pytest.raises(DeliveryError):
         render_buttons([Button(str(i), str(i)) for i in range(26)])
     assert "components" not in message_payload("plain")
+
+
+# ---------------------------------------------------------------------- attachments
+
+PNG = bytes.fromhex(
+    "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+    "1f15c4890000000d49444154789c6360f8cf000000030101009e6b3a6d0000000049454e44ae426082"
+)
+CHART = Attachment("chart.png", PNG, "image/png", caption="Latency this week")
+NOTES = Attachment("notes.txt", "héllo\n".encode() * 100, "text/plain", caption="raw numbers")
+
+
+async def test_attachments_are_files_of_the_same_message(
+    fake: FakeDiscord, bot: tuple[DiscordChannel, Recorder]
+) -> None:
+    """One multipart POST: payload_json (with an attachments entry per file) and
+    files[0], files[1]; each caption is the file's description, and the other file's
+    caption also a line of the text (Discord shows descriptions under images only)."""
+    channel, _ = bot
+    ref = await channel.send(DM, "Weekly summary", attachments=[CHART, NOTES])
+    [post] = fake.requests_to("POST", f"/channels/{DM}/messages")
+    assert post.body["content"] == "Weekly summary\n\nnotes.txt: raw numbers"
+    assert post.body["attachments"] == [
+        {"id": 0, "filename": "chart.png", "description": "Latency this week"},
+        {"id": 1, "filename": "notes.txt", "description": "raw numbers"},
+    ]
+    assert [(f.field, f.filename, f.data) for f in post.files] == [
+        ("files[0]", "chart.png", PNG),
+        ("files[1]", "notes.txt", NOTES.data),
+    ]
+    message = fake.messages[ref.id]
+    assert [a["filename"] for a in message["attachments"]] == ["chart.png", "notes.txt"]
+    assert [(u.message_id, u.description) for u in fake.uploads] == [
+        (ref.id, "Latency this week"),
+        (ref.id, "raw numbers"),
+    ]
+
+
+async def test_buttons_and_a_file_in_one_message(
+    fake: FakeDiscord, bot: tuple[DiscordChannel, Recorder]
+) -> None:
+    channel, _ = bot
+    ref = await channel.send(DM, "Go through it?", buttons=OFFER, attachments=[NOTES])
+    message = fake.messages[ref.id]
+    assert [c["custom_id"] for c in message["components"][0]["components"]] == [
+        "help:sg7",
+        "nope:sg7",
+    ]
+    assert [u.filename for u in fake.uploads] == ["notes.txt"]
+
+
+async def test_what_does_not_fit_discords_limits_is_a_line(
+    fake: FakeDiscord, bot: tuple[DiscordChannel, Recorder]
+) -> None:
+    """Up to 10 files and 10 MB per message (a bot in a server without boosts): the
+    rest is named in the text, never dropped silently."""
+    channel, _ = bot
+    many = [Attachment(f"f{i}.txt", b"x", "text/plain") for i in range(MAX_FILES + 1)]
+    ref = await channel.send(DM, "Many", attachments=many)
+    assert len(fake.messages[ref.id]["attachments"]) == MAX_FILES
+    assert fake.messages[ref.id]["content"].endswith("[attachment not sent here: f10.txt, 1 byte]")
+    huge = Attachment("dump.bin", b"\0" * (MAX_UPLOAD_BYTES + 1), "application/octet-stream")
+    ref = await channel.send(DM, "Huge", attachments=[huge])
+    assert fake.messages[ref.id]["attachments"] == []
+    assert "[attachment not sent here: dump.bin, 10.0 MB]" in fake.messages[ref.id]["content"]
+
+
+def test_files_are_fitted_in_order() -> None:
+    big = Attachment("big.bin", b"\0" * (MAX_UPLOAD_BYTES - 10), "application/octet-stream")
+    small = Attachment("small.txt", b"12345", "text/plain")
+    files, left = fit_files([big, CHART, small])
+    assert [a.name for a in files] == ["big.bin", "small.txt"] and left == [CHART]
+    assert text_with_files("", [NOTES], []) == "notes.txt: raw numbers"
+    assert text_with_files("hi", [CHART], []) == "hi"
+
+
+async def test_slash_command_answer_carries_the_files(
+    fake: FakeDiscord, bot: tuple[DiscordChannel, Recorder]
+) -> None:
+    channel, received = bot
+    await fake.slash_command("rules")
+    event = await received.next()
+    await channel.send(event.conversation, "The rules, attached.", attachments=[CHART])
+    (_token, body) = fake.followups[-1]
+    assert body["content"] == "The rules, attached."
+    assert [(u.filename, u.data, u.description) for u in fake.uploads] == [
+        ("chart.png", PNG, "Latency this week")
+    ]
 
 
 # ---------------------------------------------------------------------- slash commands
@@ -568,6 +671,16 @@ async def test_golden_outbound(fake: FakeDiscord, bot: tuple[DiscordChannel, Rec
     out = await body_of(channel.edit(ref_holder[0], "Approved once by Alice."))
     out["path"] = out["path"].replace(ref_holder[0].id, "{message_id}")
     golden.check_outbound("discord", "edit", out)
+    count = len(fake.requests)
+    await channel.send(DM, "Weekly summary", attachments=[CHART, NOTES])
+    (upload,) = fake.requests[count:]
+    files = [{"field": f.field, "filename": f.filename, "size": len(f.data)} for f in upload.files]
+    body = {k: v for k, v in upload.body.items() if k != "nonce"}
+    golden.check_outbound(
+        "discord",
+        "attachments",
+        {"method": upload.method, "path": upload.path, "payload_json": body, "files": files},
+    )
 
 
 # ---------------------------------------------------------------------- harness

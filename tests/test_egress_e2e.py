@@ -143,9 +143,7 @@ async def test_a_url_the_person_wrote_is_fetched_without_a_question(
     s = settings_for(llm, egress_allow=site.removeprefix("http://"))
     llm.reply_tool("web_fetch", {"url": f"{site}/page"})
     llm.reply_text("It says: install with make.")
-    out = await replay(
-        s, [{"t": 0, "user": "alice", "text": f"what does {site}/page#top say?"}]
-    )
+    out = await replay(s, [{"t": 0, "user": "alice", "text": f"what does {site}/page#top say?"}])
     assert [o["kind"] for o in out] == ["message"]
     [told] = tool_messages(llm)
     assert "Title: Guide" in told and "Install with make." in told

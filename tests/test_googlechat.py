@@ -1,19 +1,26 @@
 """The Google Chat adapter against tests/fakes/googlechat.py: bearer-token refusal before
-parsing, malformed payloads, redeliveries, the synchronous card update of a press,
-error mapping, health from the token, the doctor's check, the dialect, and golden
-files (tests/golden/googlechat: what Chat sends us, what we make of it, what we send).
+parsing (401; 503 when Google's keys can't be had), malformed (400) and oversized (413)
+requests, redeliveries, the synchronous card update of a press, attachments published
+as cards, error mapping, health from the token, the doctor's check, the dialect, and
+golden files (tests/golden/googlechat: what Chat sends us, what we make of it, what we
+send).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
+import socket
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 
@@ -27,12 +34,14 @@ from adapters.googlechat import (
 )
 from core.events import (
     ApprovalRequest,
+    Attachment,
     Button,
     ButtonPress,
     DeliveryError,
     Inbound,
     Message,
 )
+from memory.channel_store import ChannelStore
 from tests import golden
 from tests.fakes.googlechat import FakeGoogleChat
 from tests.kit import ask, offer, serve_routes
@@ -106,6 +115,27 @@ async def rig(fake: FakeGoogleChat) -> AsyncIterator[Rig]:
     await runner.cleanup()
 
 
+@pytest.fixture
+async def published(fake: FakeGoogleChat, tmp_path: Path) -> AsyncIterator[Rig]:
+    """A rig whose adapter publishes attachments: a data dir, and a public_url that is
+    its own server's address (bound first, so the URL can name the port)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    base = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    store = ChannelStore(tmp_path / "data", "googlechat")
+    channel = await make_channel(fake, press_window=1.0, store=store, public_url=base)
+    app = web.Application()
+    channel.add_routes(app)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+    await runner.setup()
+    await web.SockSite(runner, sock).start()
+    r = Rig(fake, channel, f"{base}{channel.http_path}")
+    await channel.start(r.dispatch)
+    yield r
+    await channel.stop()
+    await runner.cleanup()
+
+
 # ---------------------------------------------------------------------- verification
 
 
@@ -138,13 +168,37 @@ async def test_bad_bearer_tokens_are_refused_before_parsing(rig: Rig, case: str)
         delivery = await rig.post(event, authorization=f"Basic {fake.chat_token()}")
     else:
         delivery = await rig.post(event, token=tokens[case])
-    assert delivery.status == 401
+    assert delivery.status == 401 and delivery.answer == {"error": "invalid bearer token"}
     # Refused before parsing: a body that is not even JSON gets the same 401, not a 400.
     bad = await rig.post({}, token=tokens.get(case, "x"), raw=b"\xff not json")
     assert bad.status == 401
     await asyncio.sleep(0.05)
     assert rig.received == [] and fake.posted == []
     assert rig.channel.health.last_event_at is None
+
+
+async def test_unreachable_certificates_are_a_503(fake: FakeGoogleChat) -> None:
+    """Google's keys can't be fetched (and none are cached): Chat is asked to try again
+    later, and nothing is dispatched."""
+    channel = await make_channel(fake, certs_url="http://127.0.0.1:9/certs")
+    r, runner = await serve(fake, channel)
+    try:
+        delivery = await r.post(fake.message_event(DM, ALICE, "hi"))
+        assert delivery.status == 503
+        assert delivery.answer == {"error": "cannot verify requests right now"}
+        await asyncio.sleep(0.05)
+        assert r.received == []
+    finally:
+        await channel.stop()
+        await runner.cleanup()
+
+
+async def test_oversized_request_is_a_413(rig: Rig) -> None:
+    raw = json.dumps({"type": "MESSAGE", "padding": "x" * (2 * 1024 * 1024)}).encode()
+    delivery = await rig.post({}, raw=raw)
+    assert delivery.status == 413
+    await asyncio.sleep(0.05)
+    assert rig.received == [] and rig.fake.posted == []
 
 
 async def test_certificates_are_cached(rig: Rig) -> None:
@@ -306,6 +360,45 @@ async def test_late_outcome_is_patched_over_rest(fake: FakeGoogleChat) -> None:
         await runner.cleanup()
 
 
+async def test_redelivered_press_runs_once(rig: Rig) -> None:
+    """Chat redelivers a press whose answer was late: the same event runs once, and the
+    second delivery is answered at once with nothing to change."""
+    ref = await ask(rig.channel, _approval(), thread=None)
+    go = asyncio.Event()
+
+    async def slow(press: ButtonPress) -> None:
+        await go.wait()
+
+    rig.on_press = slow
+    event = rig.fake.card_clicked(ref.id, "approve:a1", ALICE)
+    first = asyncio.ensure_future(rig.post(event))
+    await until(lambda: rig.received, "the press")
+    again = await rig.post(event)
+    assert again.status == 200 and again.answer == {}
+    go.set()
+    assert (await first).answer == {}
+    assert len(rig.received) == 1
+
+
+async def test_outcome_made_as_chat_hangs_up_is_patched(rig: Rig) -> None:
+    """The press's answer is cancelled (Chat hung up) after the outcome was handed to it
+    but before it could be sent: the edit is still made, over REST."""
+    ref = await ask(rig.channel, _approval(), thread=None)
+    press = ButtonPress(
+        channel="googlechat", conversation=DM, user=ALICE, value="approve:a1", message_id=ref.id
+    )
+    dispatch = asyncio.get_running_loop().create_future()
+    answer = asyncio.ensure_future(rig.channel._press_answer(press, [dispatch]))
+    await asyncio.sleep(0)  # the answer is waiting for the outcome
+    await rig.channel.edit(ref, "✓ Approved by users/111", buttons=None)
+    answer.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await answer
+    await until(lambda: rig.fake.edits, "the patch")
+    assert rig.fake.edits[0]["via"] == "patch" and rig.fake.edits[0]["cardsV2"] == []
+    dispatch.cancel()
+
+
 async def test_press_on_a_foreign_button_is_ignored(rig: Rig) -> None:
     ref = await ask(rig.channel, _approval(), thread=None)
     event = rig.fake.card_clicked(ref.id, "approve:a1", ALICE)
@@ -313,6 +406,114 @@ async def test_press_on_a_foreign_button_is_ignored(rig: Rig) -> None:
     assert (await rig.post(event)).answer == {}
     await asyncio.sleep(0.05)
     assert rig.received == []
+
+
+# ---------------------------------------------------------------------- attachments
+
+#: A real (1×1) PNG.
+PNG = bytes.fromhex(
+    "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+    "1f15c4890000000d49444154789c6360f8cf000000030101009e6b3a6d0000000049454e44ae426082"
+)
+
+
+async def fetch(url: str) -> tuple[int, bytes, dict[str, str]]:
+    """GET `url` as Chat's servers do to show a card (no login, no cookies)."""
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        return response.status, await response.read(), dict(response.headers)
+
+
+def cards_of(message: dict[str, Any]) -> list[dict[str, Any]]:
+    return [card["card"] for card in message.get("cardsV2") or []]
+
+
+async def test_attachments_are_published_as_cards(published: Rig) -> None:
+    """A picture is an image card (its caption under it), any other file a line with
+    its name and size and an Open button; each URL serves the file's bytes to anyone
+    who has it, and nothing says a file was not sent."""
+    chart = Attachment("chart.png", PNG, "image/png", caption="Latency <this> week")
+    notes = Attachment("notes & plans.txt", b"hello\n" * 300, "text/plain")
+    ref = await published.channel.send(DM, "Here is the summary.", attachments=[chart, notes])
+    message = published.fake.messages[ref.id]
+    assert message["text"] == "Here is the summary."
+    image_card, file_card = cards_of(message)
+    image, caption = image_card["sections"][0]["widgets"]
+    assert caption == {"textParagraph": {"text": "Latency &lt;this&gt; week"}}
+    assert image["image"]["altText"] == "Latency <this> week"
+    [line] = file_card["sections"][0]["widgets"]
+    line = line["decoratedText"]
+    assert (line["text"], line["bottomLabel"]) == ("notes &amp; plans.txt", "2 KB")
+    assert line["button"]["text"] == "Open"
+    status, data, headers = await fetch(image["image"]["imageUrl"])
+    assert (status, data, headers["Content-Type"]) == (200, PNG, "image/png")
+    assert headers["Content-Disposition"].startswith("inline")
+    status, data, headers = await fetch(line["button"]["onClick"]["openLink"]["url"])
+    assert (status, data) == (200, notes.data)
+    assert headers["Content-Disposition"].startswith("attachment")
+    assert [(f.kind, f.caption) for f in published.fake.links] == [
+        ("image", "Latency <this> week"),
+        ("link", ""),
+    ]
+    url = image["image"]["imageUrl"]
+    unknown = re.sub(r"/files/googlechat/[^/]+/", "/files/googlechat/" + "A" * 32 + "/", url)
+    assert (await fetch(unknown))[0] == 404
+
+
+async def test_pictures_chat_cannot_show_are_links(published: Rig) -> None:
+    """Chat's image widget shows PNG and JPEG up to 2 MB: a GIF or a larger picture is a
+    file to open."""
+    gif = Attachment("anim.gif", b"GIF89a" + b"\0" * 10, "image/gif")
+    big = Attachment("huge.png", PNG + b"\0" * (2 * 1024 * 1024), "image/png")
+    ref = await published.channel.send(DM, "pictures", attachments=[gif, big])
+    kinds = [
+        next(iter(c["sections"][0]["widgets"][0]))
+        for c in cards_of(published.fake.messages[ref.id])
+    ]
+    assert kinds == ["decoratedText", "decoratedText"]
+
+
+async def test_edits_keep_the_attachment_cards(published: Rig) -> None:
+    """Deciding an offer that came with a file removes the buttons, not the file."""
+    report = Attachment("report.pdf", b"%PDF-1.4 " * 100, "application/pdf")
+    ref = await published.channel.send(
+        DM, "Nightly report.", buttons=[Button("No thanks", "no:s1")], attachments=[report]
+    )
+    before = cards_of(published.fake.messages[ref.id])
+    assert [next(iter(c["sections"][0]["widgets"][0])) for c in before] == [
+        "buttonList",
+        "decoratedText",
+    ]
+    await published.channel.edit(ref, "Nightly report. (No thanks)", buttons=None)
+    assert cards_of(published.fake.messages[ref.id]) == before[1:]
+
+
+async def test_without_public_url_an_attachment_is_a_line(rig: Rig) -> None:
+    """Nothing can fetch a file from Steward without a public_url: the message says so
+    (and no file route is served)."""
+    report = Attachment("report.pdf", b"x" * 12 * 1024, "application/pdf")
+    ref = await rig.channel.send(DM, "Nightly report.", attachments=[report])
+    message = rig.fake.messages[ref.id]
+    assert message["text"] == "Nightly report.\n\n[attachment not sent here: report.pdf, 12 KB]"
+    assert "cardsV2" not in message
+    app = web.Application()
+    rig.channel.add_routes(app)
+    assert [r.method for r in app.router.routes()] == ["POST"]
+
+
+async def test_golden_attachments(published: Rig) -> None:
+    chart = Attachment("chart.png", PNG, "image/png", caption="Latency this week")
+    notes = Attachment("notes.txt", b"hello\n" * 300, "text/plain", caption="The raw numbers")
+    await published.channel.send(DM, "Here is the summary.", attachments=[chart, notes])
+    [call] = [r for r in published.fake.requests if r.method == "POST"]
+    body = json.loads(
+        re.sub(
+            r"http://127\.0\.0\.1:\d+/files/googlechat/[A-Za-z0-9_-]{32}/",
+            "<public_url>/files/googlechat/<token>/",
+            json.dumps(call.body),
+        )
+    )
+    request = {"method": call.method, "path": call.path, "query": call.query, "body": body}
+    golden.check_outbound("googlechat", "attachments", request)
 
 
 # ---------------------------------------------------------------------- outbound, errors
@@ -565,6 +766,9 @@ def test_steward_run_with_only_google_chat(llm_thread: Any, tmp_path: Path) -> N
         fake.add_space(DM, direct=True)
         key = tmp_path / "service-account.json"
         key.write_text(json.dumps(fake.service_account_info()))
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
         env = make_env(
             tmp_path,
             llm_thread,
@@ -574,10 +778,20 @@ def test_steward_run_with_only_google_chat(llm_thread: Any, tmp_path: Path) -> N
             googlechat_certs_url=fake.certs_url,
             googlechat_allowed_users=ALICE,
             googlechat_admins=ALICE,
+            # Where Chat fetches published files; the login link then names it, so the
+            # port is chosen here instead of read from that link.
+            public_url="https://steward.example",
+            port=port,
         )
-        with steward_run(env, tmp_path) as (_server, ready):
-            port = int(ready.split("open http://127.0.0.1:")[1].split("/")[0])
+        with steward_run(env, tmp_path):
             url = f"http://127.0.0.1:{port}/webhooks/googlechat"
+
+            # Published files are served outside the web chat's login (Chat fetches
+            # them with no session): an unknown token is a plain 404.
+            unknown = f"http://127.0.0.1:{port}/files/googlechat/{'A' * 32}/chart.png"
+            with pytest.raises(urllib.error.HTTPError) as missing:
+                urllib.request.urlopen(unknown, timeout=10)
+            assert missing.value.code == 404
 
             def say(text: str) -> None:
                 event = fake.message_event(DM, ALICE, text)

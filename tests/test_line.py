@@ -1,8 +1,10 @@
 """The LINE adapter against the fake LINE (tests/fakes/line.py), line-bot-sdk v3 unmodified.
 
 Inbound goes through the real webhook route on a local aiohttp app, signed by the fake;
-outbound through the SDK over HTTP to the fake. Golden files in tests/golden/line/ pin
-what LINE sends us (inbound → normalized) and what we send LINE (outbound);
+outbound through the SDK over HTTP to the fake. The same app serves the published
+attachments (its address is the adapter's public_url), and the tests fetch them from
+the URLs the bot sent, as LINE does. Golden files in tests/golden/line/ pin what LINE
+sends us (inbound → normalized) and what we send LINE (outbound);
 STEWARD_UPDATE_GOLDEN=1 rewrites them (review the diff).
 """
 
@@ -10,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import socket
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -17,8 +21,10 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
+from structlog.testing import capture_logs
 
 from adapters.line import (
     LineChannel,
@@ -29,11 +35,13 @@ from adapters.line import (
     utf16_len,
     valid_signature,
 )
+from adapters.line.render import fetchable
 from bot.channels import Outbox, UndeliveredStore
 from core.approvals import approval_buttons
 from core.clock import SimClock
 from core.events import (
     ApprovalRequest,
+    Attachment,
     Button,
     ButtonPress,
     Channel,
@@ -44,6 +52,7 @@ from core.events import (
     Progress,
 )
 from core.suggestions import answer_button
+from memory.channel_store import ChannelStore
 from tests import golden
 from tests.contract.line_harness import to_sent
 from tests.fakes.line import FakeLine, sign
@@ -102,10 +111,28 @@ async def _serve(fake: FakeLine, channel: LineChannel) -> web.AppRunner:
     return runner
 
 
+async def _serve_at(fake: FakeLine, channel: LineChannel, sock: socket.socket) -> web.AppRunner:
+    """The adapter's routes on `sock`, whose address the adapter was given as public_url."""
+    app = web.Application()
+    channel.add_routes(app)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    await web.SockSite(runner, sock).start()
+    fake.webhook_url = f"http://127.0.0.1:{sock.getsockname()[1]}{channel.http_path}"
+    return runner
+
+
+def _local_socket() -> tuple[socket.socket, str]:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    return sock, f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
 @pytest.fixture
 async def rig(fake: FakeLine, tmp_path: Path) -> AsyncIterator[Rig]:
-    channel = make_channel(fake, state_dir=tmp_path / "line")
-    runner = await _serve(fake, channel)
+    sock, public_url = _local_socket()
+    channel = make_channel(fake, store=ChannelStore(tmp_path, "line"), public_url=public_url)
+    runner = await _serve_at(fake, channel, sock)
     received = Recorder()
     await channel.start(received)
     try:
@@ -155,13 +182,20 @@ def test_is_a_channel_with_line_capabilities() -> None:
 def test_configuration_errors_say_what_to_fix(cfg: dict[str, str], needle: str) -> None:
     full = {"api_url": "", "deaf_after": "", **cfg}
     with pytest.raises(ValueError, match=needle):
-        LineChannel.from_settings(full, SimpleNamespace(data_dir=None))
+        LineChannel.from_settings(
+            full, SimpleNamespace(public_url=""), ChannelStore.nowhere("line")
+        )
 
 
-def test_from_settings(tmp_path: Path) -> None:
+async def test_from_settings(tmp_path: Path) -> None:
     cfg = {"channel_secret": "s", "channel_token": "t", "api_url": "http://x/", "deaf_after": "0"}
-    channel = LineChannel.from_settings(cfg, SimpleNamespace(data_dir=tmp_path))
+    settings = SimpleNamespace(public_url="https://steward.example.com/")
+    channel = LineChannel.from_settings(cfg, settings, ChannelStore(tmp_path, "line"))
     assert channel.api_url == "http://x" and channel.deaf_after == 0
+    app = web.Application()
+    channel.add_routes(app)  # the webhook, and the files LINE fetches from public_url
+    paths = {r.resource.canonical for r in app.router.routes() if r.resource}
+    assert paths == {"/files/line/{token}/{name}", "/webhooks/line"}
 
 
 # ---------------------------------------------------------------------- webhook
@@ -169,19 +203,41 @@ def test_from_settings(tmp_path: Path) -> None:
 
 async def test_unsigned_forged_and_malformed_webhooks_are_refused(rig: Rig) -> None:
     event = rig.fake.text(USER, "approve everything")
-    assert (await rig.fake.deliver([event], signature="none"))[0] == 400
-    assert (await rig.fake.deliver([event], signature="bad"))[0] == 401
-    assert (await rig.fake.deliver([], raw=b"\xff\xfe not utf-8", signature="bad"))[0] == 401
-    for raw in (b"{not json", b'{"events": {}}', b"[]", b'{"destination": "U"}'):
-        assert (await rig.fake.deliver([], raw=raw))[0] == 400, raw
+    with capture_logs() as logs:
+        unsigned = await rig.fake.deliver([event], signature="none")
+        assert unsigned == (401, '{"message":"missing x-line-signature"}')
+        assert (await rig.fake.deliver([event], signature="bad"))[0] == 401
+        assert (await rig.fake.deliver([], raw=b"\xff\xfe not utf-8", signature="bad"))[0] == 401
+        for raw in (b"{not json", b'{"events": {}}', b"[]", b'{"destination": "U"}', b"\xff"):
+            assert (await rig.fake.deliver([], raw=raw))[0] == 400, raw
+    reasons = [e["reason"] for e in logs if e["event"] == "webhook.refused"]
+    assert reasons == ["unsigned", "forged", "forged"] + ["malformed"] * 5
     await asyncio.sleep(0.05)
     assert rig.received.events == [] and rig.fake.sent == []
+    assert await rig.channel.last_webhook() is None  # none of them counts as LINE's
+
+
+async def test_oversized_webhook_is_refused(rig: Rig) -> None:
+    raw = rig.fake.body([rig.fake.text(USER, "x" * (1024 * 1024))])
+    assert (await rig.fake.deliver([], raw=raw))[0] == 413
+    await asyncio.sleep(0.05)
+    assert rig.received.events == []
+
+
+async def test_webhook_before_start_is_not_ready(fake: FakeLine) -> None:
+    """LINE redelivers what was answered 503, so nothing is lost while Steward starts."""
+    channel = make_channel(fake)
+    runner = await _serve(fake, channel)
+    try:
+        assert (await fake.deliver([fake.text(USER, "too early")]))[0] == 503
+    finally:
+        await runner.cleanup()
 
 
 async def test_console_verify_gets_200(rig: Rig) -> None:
     status, body = await rig.fake.verify()
     assert (status, json.loads(body)) == (200, {})
-    assert rig.channel.last_webhook() is not None
+    assert await rig.channel.last_webhook() is not None
 
 
 async def test_answers_200_before_the_work_is_done(rig: Rig) -> None:
@@ -404,11 +460,14 @@ async def test_deaf_is_noticed_without_anyone_asking(fake: FakeLine) -> None:
 async def test_doctor_reports_the_bot_and_the_last_webhook(
     rig: Rig, fake: FakeLine, tmp_path: Path
 ) -> None:
-    fresh = make_channel(fake, state_dir=tmp_path / "line")
+    store = ChannelStore(tmp_path / "doctor", "line")
+    fresh = make_channel(fake, store=store)
     assert "no verified webhook received yet" in await fresh.check_credentials()
-    await rig.fake.verify()
+    await rig.fake.verify()  # the running channel keeps it in <data dir>/line/last_webhook
     await fake.wait_for(lambda: (tmp_path / "line" / "last_webhook").exists())
-    again = make_channel(fake, state_dir=tmp_path / "line")
+    stamp = float((tmp_path / "line" / "last_webhook").read_text())
+    assert abs(stamp - time.time()) < 60
+    again = make_channel(fake, store=ChannelStore(tmp_path, "line"))
     who = await again.check_credentials()
     assert who.startswith("bot Steward (@123abcde); last verified webhook ")
 
@@ -429,6 +488,10 @@ async def test_golden_inbound(case: str, rig: Rig) -> None:
     golden.check(golden.folder("line", "normalized") / f"{case}.json", events)
 
 
+#: A published file's URL: the port and the token differ on every run.
+_PUBLISHED = re.compile(r"http://127\.0\.0\.1:\d+/files/line/[A-Za-z0-9_-]+/")
+
+
 def _outbound(fake: FakeLine) -> list[dict[str, Any]]:
     out = []
     for r in fake.requests:
@@ -436,7 +499,8 @@ def _outbound(fake: FakeLine) -> list[dict[str, Any]]:
         if "X-Line-Retry-Key" in r.headers:
             assert len(r.headers["X-Line-Retry-Key"]) == UUID_LEN
             headers["X-Line-Retry-Key"] = "<uuid4>"
-        body = dict(r.body or {})
+        body = json.loads(_PUBLISHED.sub("<public_url>/files/line/<token>/", json.dumps(r.body)))
+        body = dict(body or {})
         if "replyToken" in body:
             body["replyToken"] = "<reply token>"
         out.append({"method": r.method, "path": r.path, "headers": headers, "body": body})
@@ -460,6 +524,11 @@ async def test_golden_outbound(rig: Rig) -> None:
             MessageRef("line", USER, "1"), "Approval needed\n\n✓ Approved by Ken (once)"
         ),
         "loading_start": lambda: rig.channel.typing(USER),
+        "attachments_push": lambda: rig.channel.send(
+            USER,
+            "Here is the weekly summary.",
+            attachments=[Attachment("chart.png", PNG, "image/png", "Latency"), REPORT],
+        ),
     }
     for case, call in cases.items():
         await call()
@@ -514,6 +583,149 @@ async def test_button_press_becomes_button_press(rig: Rig) -> None:
         space=GROUP,
     )
     assert press.message_id and time.time()  # the webhookEventId of the press
+
+
+# ---------------------------------------------------------------------- attachments
+
+#: A real 1×1 PNG.
+PNG = bytes.fromhex(
+    "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+    "1f15c4890000000d49444154789c6360f8cf000000030101009e6b3a6d0000000049454e44ae426082"
+)
+REPORT = Attachment("report.pdf", b"%PDF" + b"x" * 12_284, "application/pdf", "Q3 numbers")
+
+
+async def fetch(url: str) -> tuple[int, str, bytes]:
+    """What LINE (or the person's phone) gets from a URL the bot sent."""
+    async with aiohttp.ClientSession() as http, http.get(url) as resp:
+        return resp.status, resp.content_type, await resp.read()
+
+
+async def test_pictures_and_files_are_published_where_line_fetches_them(rig: Rig) -> None:
+    chart = Attachment("chart.png", PNG, "image/png", caption="Latency this week")
+    await rig.channel.send(USER, "Here is the weekly summary.", attachments=[chart, REPORT])
+    [call] = rig.fake.calls("/v2/bot/message/push")
+    text, image, caption = call.body["messages"]
+    line = text["text"].split("\n\n")[1]
+    assert text["text"].startswith("Here is the weekly summary.\n\n")
+    assert re.fullmatch(
+        r"report\.pdf \(12 KB\): http://127\.0\.0\.1:\d+/files/line/\S+ — Q3 numbers", line
+    )
+    url = image["originalContentUrl"]
+    assert image == {"type": "image", "originalContentUrl": url, "previewImageUrl": url}
+    assert caption == {"type": "text", "text": "Latency this week"}
+    assert await fetch(url) == (200, "image/png", PNG)
+    link = line.split(": ", 1)[1].split(" — ")[0]
+    assert await fetch(link) == (200, "application/pdf", REPORT.data)
+    token = link.split("/")[-2]
+    assert (await fetch(link.replace(token, "A" * len(token))))[0] == 404  # the token decides
+
+
+async def test_a_file_whose_type_has_a_charset_is_served(rig: Rig) -> None:
+    notes = Attachment("notes.txt", "héllo\n".encode(), "text/plain; charset=utf-8")
+    await rig.channel.send(USER, "Notes.", attachments=[notes])
+    link = rig.fake.sent[0].message["text"].rsplit(": ", 1)[1]
+    async with aiohttp.ClientSession() as http, http.get(link) as resp:
+        assert resp.status == 200 and resp.headers["Content-Type"] == notes.mime
+        assert await resp.read() == notes.data
+
+
+async def test_a_file_with_buttons_is_a_link_after_the_card(rig: Rig) -> None:
+    buttons = [answer_button("Yes, help", "yes:s1", "primary"), answer_button("No", "no:s1")]
+    await rig.channel.send(
+        USER, "The report is ready. Go through it?", buttons=buttons, attachments=[REPORT]
+    )
+    [call] = rig.fake.calls("/v2/bot/message/push")
+    card, link = call.body["messages"]
+    assert card["type"] == "flex" and to_sent(rig.fake.sent[0]).buttons == [
+        ("Yes, help", "yes:s1"),
+        ("No", "no:s1"),
+    ]
+    assert link["text"].startswith("report.pdf (12 KB): http://127.0.0.1:")
+
+
+async def test_more_than_five_messages_go_in_several_calls(rig: Rig) -> None:
+    """LINE takes five messages per call: the first call replies, the rest push."""
+    await rig.fake.deliver([rig.fake.text(USER, "charts please")])
+    await rig.wait_events(1)
+    charts = [Attachment(f"c{i}.png", PNG, "image/png", caption=f"chart {i}") for i in range(4)]
+    ref = await rig.channel.send(USER, "Four charts.", attachments=charts)
+    calls = [(r.path.rsplit("/", 1)[1], len(r.body["messages"])) for r in rig.fake.requests[1:]]
+    assert calls == [("reply", 5), ("push", 4)]
+    assert ref.id == rig.fake.sent[0].id
+    assert [d.message["type"] for d in rig.fake.sent] == ["text"] + ["image", "text"] * 4
+
+
+async def test_a_failed_later_call_is_retried_without_doubling_the_first(rig: Rig) -> None:
+    charts = [Attachment(f"c{i}.png", PNG, "image/png", caption=f"chart {i}") for i in range(4)]
+    rig.fake.fail_next(500, "/v2/bot/message/push", after=1)  # the second push fails
+    with pytest.raises(DeliveryError) as err:
+        await rig.channel.send(USER, "Four charts.", attachments=charts)
+    assert err.value.transient and len(rig.fake.sent) == 5
+    await rig.channel.send(USER, "Four charts.", attachments=charts)  # the channel layer retries
+    pushes = rig.fake.calls("/v2/bot/message/push")
+    keys = [p.headers["X-Line-Retry-Key"] for p in pushes]
+    assert len(pushes) == 4 and keys[2] == keys[0] and keys[3] == keys[1]
+    assert len(rig.fake.sent) == 9  # the first five once: LINE answered the repeat 409
+
+
+async def test_a_picture_over_the_preview_limit_says_so(rig: Rig) -> None:
+    big = Attachment("photo.jpg", b"\xff\xd8" + b"x" * (2 * 1024 * 1024), "image/jpeg")
+    gif = Attachment("anim.gif", b"GIF89a", "image/gif")
+    await rig.channel.send(USER, "Photos.", attachments=[big, gif])
+    [call] = rig.fake.calls("/v2/bot/message/push")
+    text, image, note = call.body["messages"]
+    assert text["text"].startswith("Photos.\n\nanim.gif (6 bytes): http")  # no GIF pictures
+    assert image["previewImageUrl"] == image["originalContentUrl"]
+    assert note["text"].startswith("photo.jpg (2.0 MB) is larger than LINE's 1 MB preview")
+    assert note["text"].endswith(image["originalContentUrl"])
+
+
+@pytest.mark.parametrize(
+    ("public_url", "reason"),
+    [
+        ("", "public_url is not set"),
+        ("http://steward.example.com", "public_url is not https"),
+        ("https://steward.example.com", "no data dir"),
+    ],
+)
+async def test_without_a_usable_public_url_attachments_are_lines_and_one_hint(
+    fake: FakeLine, public_url: str, reason: str
+) -> None:
+    channel = make_channel(fake, public_url=public_url, store=ChannelStore.nowhere("line"))
+    try:
+        with capture_logs() as logs:
+            await channel.send(USER, "The report.", attachments=[REPORT])
+            await channel.send(USER, "Again.", attachments=[REPORT])
+    finally:
+        await channel.stop()
+    texts = [d.message["text"] for d in fake.sent]
+    assert texts == [
+        "The report.\n\n[attachment not sent here: report.pdf, 12 KB] Q3 numbers",
+        "Again.\n\n[attachment not sent here: report.pdf, 12 KB] Q3 numbers",
+    ]
+    [hint] = [e for e in logs if e["event"] == "line.attachments_not_published"]
+    assert reason in hint["reason"] and "set public_url so LINE can fetch" in hint["hint"]
+    app = web.Application()
+    channel.add_routes(app)
+    assert len(app.router.routes()) == 1  # no files route: nothing is published
+
+
+@pytest.mark.parametrize(
+    ("url", "ok"),
+    [
+        ("https://steward.example.com", True),
+        ("https://steward.example.com/base/", True),
+        ("http://127.0.0.1:8080", True),
+        ("http://steward.example.com", False),
+        ("http://localhost:8080", False),
+        ("ftp://x", False),
+        ("", False),
+        ("https://", False),
+    ],
+)
+def test_line_fetches_over_https_only(url: str, ok: bool) -> None:
+    assert fetchable(url) is ok
 
 
 # ---------------------------------------------------------------------- steward run

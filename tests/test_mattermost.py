@@ -3,10 +3,13 @@
 What is pinned here beyond the contract suite: which posts are requests (DM, mention,
 thread), that the bot's own posts and replays never run twice, how button presses are
 verified (HMAC in the context: tampered, unsigned, replayed into another channel →
-403, nothing dispatched), the error mapping (Mattermost's text/plain 429 with
-X-RateLimit-Reset), a revoked token going `down`, a websocket that goes silent being
-replaced, golden inbound/outbound payloads, and `steward run` with only Mattermost
-configured (answer, approval, stranger press, approve, deny, a dropped websocket).
+401, nothing dispatched; a replayed signed press runs once), where the signing key
+lives (the channel store, the same file as before), file uploads (``file_ids``, five a
+post, captions in the text, the server's size limit and its 413 as a line of text),
+the error mapping (Mattermost's text/plain 429 with X-RateLimit-Reset), a revoked
+token going `down`, a websocket that goes silent being replaced, golden
+inbound/outbound payloads, and `steward run` with only Mattermost configured (answer,
+approval, stranger press, approve, deny, a dropped websocket).
 """
 
 from __future__ import annotations
@@ -26,7 +29,6 @@ from adapters.mattermost import (
     KEY_FILE,
     WEBHOOK_PATH,
     MattermostChannel,
-    load_or_create_key,
     parse_posted,
     parse_press,
     parse_retraction,
@@ -34,11 +36,12 @@ from adapters.mattermost import (
     strip_mention,
     verify_press,
 )
-from adapters.runtime import Backoff
 from config.platforms import spec
 from core.approvals import approval_buttons
+from core.backoff import Backoff
 from core.events import (
     ApprovalRequest,
+    Attachment,
     ButtonPress,
     Channel,
     DeliveryError,
@@ -47,11 +50,12 @@ from core.events import (
     MessageRef,
     Retracted,
 )
+from memory.channel_store import ChannelStore
 from tests import golden
 from tests.conftest import make_env
 from tests.contract.mattermost_harness import MattermostHarness
 from tests.fakes.llm import ScriptedLLM
-from tests.fakes.mattermost import ALICE, BOT, MALLORY, TEAM, TOKEN, FakeMattermost
+from tests.fakes.mattermost import ALICE, BOT, MALLORY, TEAM, TOKEN, FakeMattermost, public_view
 from tests.kit import ask
 from tests.test_cli import steward_run
 from tests.test_paas import free_port
@@ -152,7 +156,9 @@ class _Settings:
 def test_from_settings_urls_and_buttons_need_a_public_url(tmp_path: Path) -> None:
     settings = type("S", (), {"public_url": "https://steward.example.com/", "data_dir": tmp_path})
     channel = MattermostChannel.from_settings(
-        {"url": "https://chat.example.com/mm/", "token": "tok"}, settings
+        {"url": "https://chat.example.com/mm/", "token": "tok"},
+        settings,
+        ChannelStore(tmp_path, "mattermost"),
     )
     assert isinstance(channel, Channel)
     assert channel.api == "https://chat.example.com/mm/api/v4"
@@ -165,15 +171,39 @@ def test_from_settings_urls_and_buttons_need_a_public_url(tmp_path: Path) -> Non
     assert not bare.capabilities.buttons  # no public URL: the channel layer offers /approve
 
 
-def test_key_file_is_private_and_reused(tmp_path: Path) -> None:
-    key = load_or_create_key(tmp_path)
+async def test_key_file_is_private_and_reused(tmp_path: Path) -> None:
+    store = ChannelStore(tmp_path, "mattermost")
+    key = await store.key(KEY_FILE)
     path = tmp_path / "secrets" / KEY_FILE
     assert len(key) == 32 and stat.S_IMODE(path.stat().st_mode) == 0o600
-    assert load_or_create_key(tmp_path) == key
+    assert await store.key(KEY_FILE) == key
     assert [p.name for p in path.parent.iterdir()] == [KEY_FILE]  # no temporary left
     path.write_text("damaged")
-    fresh = load_or_create_key(tmp_path)
-    assert len(fresh) == 32 and fresh != key and load_or_create_key(tmp_path) == fresh
+    fresh = await store.key(KEY_FILE)
+    assert len(fresh) == 32 and fresh != key and await store.key(KEY_FILE) == fresh
+
+
+async def test_buttons_are_signed_with_the_key_already_in_the_data_dir(tmp_path: Path) -> None:
+    """An upgrade keeps the key file where it was, so buttons posted before still work."""
+    before = bytes(range(32))
+    (tmp_path / "secrets").mkdir()
+    (tmp_path / "secrets" / KEY_FILE).write_text(before.hex() + "\n")
+    settings = type("S", (), {"public_url": "http://127.0.0.1:9", "data_dir": tmp_path})
+    async with FakeMattermost() as fake:
+        channel = MattermostChannel.from_settings(
+            {"url": fake.url, "token": TOKEN}, settings, ChannelStore(tmp_path, "mattermost")
+        )
+
+        async def ignore(_: Inbound) -> None:
+            return None
+
+        await channel.start(ignore)
+        try:
+            ref = await ask(channel, approval(fake.dm_alice))
+        finally:
+            await channel.stop()
+        context = fake.action(ref.id, "approve:ap12")["integration"]["context"]
+        assert context["sig"] == sign(before, fake.dm_alice, "approve:ap12")
 
 
 # ---------------------------------------------------------------------- inbound
@@ -363,8 +393,6 @@ async def test_approval_buttons_are_signed_and_stripped_from_answers(rig: Rig) -
     answer = next(r for r in rig.fake.requests if r.path == "/api/v4/posts" and r.status == 201)
     assert answer.body["props"]["attachments"][0]["actions"][0]["integration"]
     # What the server shows (REST answers, websocket events) has no integration at all.
-    from tests.fakes.mattermost import public_view
-
     assert "integration" not in public_view(stored)["props"]["attachments"][0]["actions"][0]
 
 
@@ -414,20 +442,46 @@ async def test_tampered_presses_are_refused_and_do_nothing(rig: Rig, tamper: str
         press = await rig.fake.post_to_integration(rig.channel.action_url, body)
     else:
         press = await rig.fake.press(ref.id, "deny:ap12", ALICE["id"], context=ctx or {})
-    assert press.status == 403
+    assert press.status == 401
+    assert press.answer == {"error": {"message": "this button was not signed by Steward"}}
     await rig.sentinel()
     assert rig.events == [] and rig.fake.edits == []
 
 
 async def test_malformed_and_early_presses(rig: Rig) -> None:
-    import aiohttp
+    url = rig.channel.action_url
+    garbage = await rig.fake.post_to_integration(url, b"{not json")
+    assert (garbage.status, garbage.answer) == (
+        400,
+        {"error": {"message": "malformed request body"}},
+    )
+    assert (await rig.fake.post_to_integration(url, b"[]")).status == 400
+    dm = rig.fake.dm_alice
+    ctx = {"value": "approve:x", "channel_id": dm, "sig": sign(KEY, dm, "approve:x")}
+    signed = {"channel_id": dm, "context": ctx}
+    nobody = await rig.fake.post_to_integration(url, signed)  # signed, but no presser
+    assert nobody.status == 400
+    await rig.channel.stop()  # not running: Mattermost shows the presser an error
+    late = await rig.fake.post_to_integration(url, {**signed, "user_id": ALICE["id"]})
+    assert (late.status, late.answer) == (503, {"error": {"message": "Steward is not ready"}})
+    await asyncio.sleep(0.1)
+    assert rig.events == []
 
-    async with aiohttp.ClientSession() as session:
-        async with session.post(rig.channel.action_url, data=b"{not json") as resp:
-            assert resp.status == 400
-        await rig.channel.stop()  # not running: Mattermost shows the presser an error
-        async with session.post(rig.channel.action_url, json={"context": {}}) as resp:
-            assert resp.status == 503
+
+async def test_a_replayed_press_runs_once(rig: Rig) -> None:
+    """A captured press sent again byte for byte (or Mattermost's own retry after a
+    timeout) is answered 200 and dispatched once: the press's trigger_id keys it."""
+    ref = await ask(rig.channel, approval(rig.fake.dm_alice))
+    first = await rig.fake.press(ref.id, "approve:ap12", ALICE["id"])
+    again = await rig.fake.post_to_integration(
+        rig.channel.action_url, json.dumps(first.body).encode()
+    )
+    assert (first.status, again.status) == (200, 200)
+    assert (await rig.next(ButtonPress)).value == "approve:ap12"
+    await rig.fake.press(ref.id, "deny:ap12", ALICE["id"])  # a new click: a new trigger_id
+    assert (await rig.next(ButtonPress)).value == "deny:ap12"
+    await rig.sentinel()
+    assert rig.events == []
 
 
 def test_verify_and_parse_press_pure() -> None:
@@ -456,6 +510,76 @@ async def test_status_edits_leave_props_alone(rig: Rig) -> None:
     await rig.channel.edit(ref, "Working… ▸ shell", buttons=None)
     assert rig.fake.edits[-1][1] == {"message": "Working… ▸ shell"}
     assert rig.fake.posts[ref.id]["props"] == {"from_bot": "true"}
+
+
+# ---------------------------------------------------------------------- files
+
+
+async def test_files_are_uploaded_and_posted_with_their_captions(rig: Rig) -> None:
+    dm = rig.fake.dm_alice
+    chart = Attachment("chart.png", b"\x89PNG\r\n\x1a\nfake", "image/png", caption="Latency")
+    notes = Attachment("notes.txt", "héllo\n".encode(), "text/plain")
+    ref = await rig.channel.send(dm, "The weekly summary.", attachments=[chart, notes])
+    post = rig.fake.posts[ref.id]
+    # Mattermost has no caption per file: captions are lines of the post.
+    assert post["message"] == "The weekly summary.\n\nchart.png: Latency"
+    assert [(f.name, f.data, f.mime, f.post_id) for f in rig.fake.attached()] == [
+        ("chart.png", chart.data, "image/png", ref.id),
+        ("notes.txt", notes.data, "text/plain", ref.id),
+    ]
+    uploads = [r.body for r in rig.fake.requests if r.path == "/api/v4/files"]
+    assert uploads == [  # one file a request, channel_id first (the server streams it)
+        {"parts": ["channel_id", "files"], "channel_id": dm, "files": [n], "types": [t]}
+        for n, t in (("chart.png", "image/png"), ("notes.txt", "text/plain"))
+    ]
+
+
+async def test_more_than_five_files_go_in_further_posts_of_the_thread(rig: Rig) -> None:
+    town = rig.fake.town
+    root = await rig.fake.user_post(ALICE["id"], town, "@steward the logs, please")
+    files = [
+        Attachment(f"log{i}.txt", f"line {i}\n".encode(), "text/plain", caption=f"part {i}")
+        for i in range(7)
+    ]
+    ref = await rig.channel.send(town, "All seven logs.", thread=root["id"], attachments=files)
+    first, second = rig.fake.bot_messages()
+    assert first["id"] == ref.id and len(first["file_ids"]) == 5
+    assert first["message"] == "All seven logs.\n\n" + "\n".join(
+        f"log{i}.txt: part {i}" for i in range(5)
+    )
+    assert (second["root_id"], len(second["file_ids"])) == (root["id"], 2)
+    assert second["message"] == "log5.txt: part 5\nlog6.txt: part 6"
+    assert [f.name for f in rig.fake.attached()] == [f"log{i}.txt" for i in range(7)]
+
+
+@pytest.mark.parametrize("why", ["over_max_file_size", "server_413", "attachments_off"])
+async def test_a_file_the_server_will_not_take_becomes_a_line(rig: Rig, why: str) -> None:
+    big = Attachment("dump.bin", b"x" * 2048, "application/octet-stream", caption="the dump")
+    small = Attachment("ok.txt", b"ok", "text/plain")
+    if why == "over_max_file_size":  # the server says so in its config: never sent
+        rig.fake.max_file_size = 1024
+    elif why == "server_413":  # the config says 100 MB, the upload is refused anyway
+        rig.fake.max_file_size, rig.fake.reported_max_file_size = 1024, 100 * 1024 * 1024
+    else:
+        rig.fake.file_attachments = False
+    ref = await rig.channel.send(rig.fake.dm_alice, "Results.", attachments=[big, small])
+    line = "[attachment not sent here: dump.bin, 2 KB] the dump"
+    if why == "attachments_off":
+        line += "\n[attachment not sent here: ok.txt, 2 bytes]"
+    assert rig.fake.posts[ref.id]["message"] == f"Results.\n\n{line}"
+    assert [f.name for f in rig.fake.attached()] == ([] if why == "attachments_off" else ["ok.txt"])
+    uploads = [r for r in rig.fake.requests if r.path == "/api/v4/files"]
+    assert len(uploads) == (1 if why == "over_max_file_size" else 2)  # too big: never sent
+
+
+async def test_a_transient_upload_failure_is_raised_before_anything_is_posted(rig: Rig) -> None:
+    rig.fake.fail_next(503, route="files")
+    report = Attachment("report.pdf", b"%PDF-1.4", "application/pdf")
+    with pytest.raises(DeliveryError) as err:
+        await rig.channel.send(rig.fake.dm_alice, "The report.", attachments=[report])
+    assert err.value.transient and rig.fake.bot_posts == []
+    await rig.channel.send(rig.fake.dm_alice, "The report.", attachments=[report])  # a retry
+    assert [f.name for f in rig.fake.attached()] == ["report.pdf"]
 
 
 # ---------------------------------------------------------------------- errors
@@ -591,7 +715,15 @@ async def test_golden_inbound_over_the_wire(rig: Rig) -> None:
         assert got == ([expected] if expected else []), case
 
 
-OUTBOUND = ["text_in_thread", "approval", "edit_outcome", "ephemeral", "typing"]
+OUTBOUND = [
+    "text_in_thread",
+    "approval",
+    "edit_outcome",
+    "ephemeral",
+    "typing",
+    "file_upload",
+    "file_post",
+]
 
 
 @pytest.mark.parametrize("case", OUTBOUND)
@@ -608,15 +740,21 @@ async def test_golden_outbound(rig: Rig, case: str) -> None:
         await channel.edit(ref, "Approval needed: x\n\n✗ Denied by alice", buttons=[])
     elif case == "ephemeral":
         await channel.send_private(dm, MALLORY["id"], "You may not approve this.")
+    elif case.startswith("file_"):
+        report = Attachment("report.pdf", b"%PDF-1.4 nightly", "application/pdf", "Nightly run")
+        await channel.send(dm, "The **report**.", attachments=[report])
     else:
         await channel.typing(dm)
-    last = [r for r in rig.fake.requests if r.method != "GET"][-1]  # not the team lookups
+    sent = [r for r in rig.fake.requests if r.method != "GET"]  # not the team lookups
+    last = [r for r in sent if r.path.endswith("/files")][-1] if case == "file_upload" else sent[-1]
     path = last.path
     for post_id in rig.fake.posts:
         path = path.replace(post_id, "{post_id}")
     text = json.dumps(last.body).replace(dm, "{dm_channel}")
     for post_id in rig.fake.posts:
         text = text.replace(post_id, "{post_id}")
+    for file_id in rig.fake.files:
+        text = text.replace(file_id, "{file_id}")
     body = json.loads(text.replace(rig.channel.action_url, "{action_url}"))
     golden.check_outbound("mattermost", case, {"method": last.method, "path": path, "body": body})
 
@@ -688,7 +826,7 @@ def test_steward_run_with_only_mattermost(
         forged_ctx = {**fake.action(ask["id"], f"deny:{_rid(ask)}")["integration"]["context"]}
         forged_ctx["value"] = f"always:{_rid(ask)}"
         tampered = fake.call(fake.press(ask["id"], "steward3", ALICE["id"], context=forged_ctx))
-        assert tampered.status == 403
+        assert tampered.status == 401
         ok = fake.call(fake.press(ask["id"], f"approve:{_rid(ask)}", ALICE["id"]))
         assert ok.status == 200
         bot_post(lambda p: p["message"] == "Wrote mm_approved.txt.", "the approved answer")

@@ -21,9 +21,19 @@ from aiohttp import web
 from structlog.testing import capture_logs
 
 from adapters.runtime import Health
-from adapters.slack import SlackChannel, parse_event, render_button, strip_mention
+from adapters.slack import (
+    SIGNATURE_WINDOW,
+    SlackChannel,
+    file_uploads,
+    parse_event,
+    render_button,
+    strip_mention,
+    verify,
+)
+from adapters.webhook import Refused
 from core.events import (
     ApprovalRequest,
+    Attachment,
     Button,
     ButtonPress,
     Channel,
@@ -34,7 +44,7 @@ from core.events import (
     Retracted,
 )
 from tests import golden
-from tests.fakes.slack import FakeSlack
+from tests.fakes.slack import FakeSlack, sign
 from tests.kit import Recorder, ask, offer, serve_routes
 
 TIMEOUT = 3.0
@@ -430,6 +440,72 @@ async def test_a_failing_dispatcher_does_not_stop_the_channel(sock: Socket) -> N
     assert isinstance(msg, Message) and msg.text == "still here"
 
 
+# ---------------------------------------------------------------------- attachments
+
+CHART = Attachment("chart.png", b"\x89PNG\r\n\x1a\n" + b"\0" * 64, "image/png", "Latency")
+NOTES = Attachment("notes.txt", "héllo\n".encode() * 100, "text/plain")
+
+
+async def test_attachments_are_uploaded_after_the_text_into_its_thread(sock: Socket) -> None:
+    """The text first (chat.postMessage), then one external upload for all files: a URL
+    per file, the bytes to each, one completion sharing them into the same thread."""
+    fake = sock.fake
+    before = len(fake.requests)
+    ref = await sock.channel.send(
+        "C0GENERAL", "Weekly summary", thread="1700000000.000001", attachments=[CHART, NOTES]
+    )
+    assert [r.method for r in fake.requests[before:]] == [
+        "chat.postMessage",
+        "files.getUploadURLExternal",
+        "files.getUploadURLExternal",
+        "files.completeUploadExternal",
+    ]
+    assert fake.messages[ref.id]["text"] == "Weekly summary"  # no "attachment not sent" line
+    assert [(u.filename, u.data, u.title) for u in fake.uploads] == [
+        ("chart.png", CHART.data, "Latency"),
+        ("notes.txt", NOTES.data, "notes.txt"),
+    ]
+    assert {(u.channel, u.thread_ts) for u in fake.uploads} == {("C0GENERAL", "1700000000.000001")}
+    share = fake.bot_messages()[-1]
+    assert [f["name"] for f in share["files"]] == ["chart.png", "notes.txt"]
+    assert share["thread_ts"] == "1700000000.000001"
+
+
+async def test_buttons_and_files_in_one_send(sock: Socket) -> None:
+    ref = await sock.channel.send(
+        "D0ALICE", "Go through it?", buttons=[Button("Yes", "sg_3:yes")], attachments=[NOTES]
+    )
+    assert [b["type"] for b in sock.fake.messages[ref.id]["blocks"]] == ["section", "actions"]
+    [upload] = sock.fake.uploads
+    assert (upload.channel, upload.data) == ("D0ALICE", NOTES.data)
+
+
+async def test_a_failed_upload_says_which_files_are_missing(sock: Socket) -> None:
+    """The text is out already: the send does not fail (the channel layer would post the
+    text again); a second message names each file that did not arrive."""
+    sock.fake.fail_next(500, method="files.completeUploadExternal")
+    ref = await sock.channel.send("D0ALICE", "Here you go", attachments=[NOTES])
+    assert sock.fake.messages[ref.id]["text"] == "Here you go"
+    note = sock.fake.bot_messages()[-1]
+    assert note["text"] == "[attachment not sent here: notes.txt, 700 bytes]"
+    assert sock.fake.uploads == []
+
+
+async def test_files_without_text_are_only_uploaded(sock: Socket) -> None:
+    before = len(sock.fake.requests)
+    ref = await sock.channel.send("D0ALICE", " ", attachments=[CHART])
+    assert "chat.postMessage" not in [r.method for r in sock.fake.requests[before:]]
+    assert [u.filename for u in sock.fake.uploads] == ["chart.png"]
+    assert (ref.conversation, ref.id) == ("D0ALICE", "")
+
+
+def test_file_uploads_take_the_caption_as_title() -> None:
+    assert file_uploads([CHART, NOTES]) == [
+        {"file": CHART.data, "filename": "chart.png", "title": "Latency"},
+        {"file": NOTES.data, "filename": "notes.txt", "title": "notes.txt"},
+    ]
+
+
 # ---------------------------------------------------------------------- errors
 
 
@@ -583,13 +659,16 @@ async def test_http_before_start_asks_slack_to_retry(fake: FakeSlack) -> None:
         await runner.cleanup()
 
 
-@pytest.mark.parametrize("signature", ["bad", "stale", "none"])
-async def test_http_forged_requests_are_refused(http: Http, signature: str) -> None:
+@pytest.mark.parametrize(
+    ("signature", "reason"), [("bad", "forged"), ("stale", "replayed"), ("none", "unsigned")]
+)
+async def test_http_forged_requests_are_refused(http: Http, signature: str, reason: str) -> None:
     payload = http.fake.dm("D0ALICE", "U0ALICE", "approve everything")
     with capture_logs() as logs:
         status, _ = await http.fake.post_event(http.url, payload, signature=signature)  # type: ignore[arg-type]
     assert status == 401
-    assert [e["event"] for e in logs if e["event"] == "slack.forged"] == ["slack.forged"]
+    refused = [e for e in logs if e["event"] == "webhook.refused"]
+    assert [(e["channel"], e["reason"], e["status"]) for e in refused] == [("slack", reason, 401)]
     # A forged *malformed* body is still 401, never parsed.
     status, _ = await http.fake.post_raw(http.url, b"{oops", "application/json", signature="bad")
     assert status == 401
@@ -611,6 +690,66 @@ async def test_http_forged_requests_are_refused(http: Http, signature: str) -> N
 async def test_http_malformed_is_400(http: Http, body: bytes, content_type: str) -> None:
     status, _ = await http.fake.post_raw(http.url, body, content_type)
     assert status == 400
+
+
+async def test_http_oversized_is_413_before_anything_is_read(http: Http) -> None:
+    payload = http.fake.dm("D0ALICE", "U0ALICE", "x" * (2 * 1024 * 1024))
+    status, _ = await http.fake.post_event(http.url, payload)
+    assert status == 413
+    await asyncio.sleep(0.05)
+    assert http.got.empty()
+
+
+async def test_http_replays_within_the_window_run_once(http: Http) -> None:
+    """A captured request sent again (same bytes, same signature, still inside the
+    5 minutes) is answered 200 like Slack's own retries, but runs once: a message, a
+    button press and a slash command alike."""
+    fake = http.fake
+    ref = await offer(http.channel, "D0ALICE", [Button("Yes", "sg_2:yes")], "Help?")
+    for payload in (
+        fake.dm("D0ALICE", "U0ALICE", "only once"),
+        fake.block_actions(ref.id, "sg_2:yes", "U0ALICE"),
+        fake.slash_command("D0ALICE", "U0ALICE", "rules list"),
+    ):
+        assert [status for status, _ in await fake.replay(http.url, payload)] == [200, 200]
+    got = [await http.got.next() for _ in range(3)]
+    assert [type(e).__name__ for e in got] == ["Message", "ButtonPress", "Message"]
+    await asyncio.sleep(0.1)
+    assert http.got.empty(), http.got.events
+    # A second press of the same button is a new press (Slack gives it a new trigger).
+    status, _ = await fake.post_event(http.url, fake.block_actions(ref.id, "sg_2:yes", "U0BOB"))
+    assert status == 200
+    again = await http.got.next()
+    assert isinstance(again, ButtonPress) and again.user == "U0BOB"
+
+
+def test_verify_names_each_refusal() -> None:
+    from slack_sdk.signature import Clock, SignatureVerifier
+
+    now = 1_700_000_000.0
+
+    class Then(Clock):
+        def now(self) -> float:
+            return now
+
+    verifier = SignatureVerifier("s3cret", clock=Then())  # the SDK checks the window too
+    body = b'{"type":"event_callback"}'
+    ts = str(int(now))
+    good = {"X-Slack-Request-Timestamp": ts, "X-Slack-Signature": sign("s3cret", ts, body)}
+    verify(verifier, good, body, now=now)
+    verify(verifier, good, body, now=now + SIGNATURE_WINDOW)  # the edge of the window
+    cases = [
+        ({}, body, now, "unsigned"),
+        ({**good, "X-Slack-Request-Timestamp": "soon"}, body, now, "forged"),
+        (good, body, now + SIGNATURE_WINDOW + 1, "replayed"),
+        (good, body + b" ", now, "forged"),
+        (good, b"\xff\xfe", now, "malformed"),
+    ]
+    for headers, raw, at, reason in cases:
+        with pytest.raises(Refused) as refused:
+            verify(verifier, headers, raw, now=at)
+        assert refused.value.reason == reason
+        assert refused.value.status == (400 if reason == "malformed" else 401)
 
 
 async def test_http_url_verification_and_interactivity(http: Http) -> None:
@@ -675,7 +814,14 @@ async def test_golden_inbound_http_mode(case: str, http: Http) -> None:
     await golden_inbound(http, case)
 
 
-OUTBOUND_CASES = ["text", "text_in_thread", "approval_4_buttons", "suggestion_2_buttons", "edit"]
+OUTBOUND_CASES = [
+    "text",
+    "text_in_thread",
+    "approval_4_buttons",
+    "suggestion_2_buttons",
+    "edit",
+    "attachments",
+]
 
 
 @pytest.mark.parametrize("case", OUTBOUND_CASES)
@@ -695,6 +841,12 @@ async def test_golden_outbound(case: str, sock: Socket) -> None:
             [Button("Yes, help", "sg_7:yes", "primary"), Button("No thanks", "sg_7:no")],
             "You've hit the same test failure three times. Want me to dig in?",
         )
+    elif case == "attachments":
+        before = len(fake.requests)
+        await channel.send("D0ALICE", "Weekly summary", attachments=[CHART, NOTES])
+        calls = [{"method": r.method, "body": r.body} for r in fake.requests[before:]]
+        golden.check_outbound("slack", case, calls)
+        return
     else:
         ref = await ask(channel, approval("C0GENERAL", FOUR[:2]))
         await channel.edit(ref, "~Approval needed~ *Approved* by <@U0ALICE>", buttons=[])

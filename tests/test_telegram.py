@@ -1,9 +1,11 @@
 """The Telegram adapter against a wire-level fake: unmodified python-telegram-bot 22,
-real HTTP on 127.0.0.1 (tests/fakes/telegram.py), form-encoded Bot API calls.
+real HTTP on 127.0.0.1 (tests/fakes/telegram.py), form-encoded Bot API calls and
+multipart uploads.
 
 Golden files in tests/golden/telegram/ pin inbound parsing (updates as Telegram
-sends them → Steward's events) and outbound requests (the form fields PTB posts);
-regenerate with ``STEWARD_UPDATE_GOLDEN=1`` and review the diff.
+sends them → Steward's events) and outbound requests (the form fields PTB posts,
+and each uploaded file's name, media type and size); regenerate with
+``STEWARD_UPDATE_GOLDEN=1`` and review the diff.
 """
 
 from __future__ import annotations
@@ -14,23 +16,22 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
+from structlog.testing import capture_logs
 from telegram import Update
 
-from adapters.telegram import (
-    CONFLICT_HINT,
-    WEBHOOK_PATH,
-    Me,
-    TelegramChannel,
-    balance,
-    parse_update,
-    to_html,
-    to_plain,
-)
+from adapters.telegram.channel import WEBHOOK_PATH, TelegramChannel
+from adapters.telegram.errors import CONFLICT_HINT
+from adapters.telegram.inbound import Me, parse_update
+from adapters.telegram.render import MAX_UPLOAD_BYTES, balance, to_html, to_plain
+from bot.channels import Outbox, UndeliveredStore
 from config.platforms import BY_NAME
+from core.clock import Clock
 from core.events import (
     ApprovalRequest,
+    Attachment,
     Button,
     ButtonPress,
     Channel,
@@ -40,6 +41,7 @@ from core.events import (
     MessageRef,
     Retracted,
 )
+from memory.channel_store import ChannelStore
 from tests import golden
 from tests.fakes.telegram import (
     ALICE,
@@ -47,10 +49,12 @@ from tests.fakes.telegram import (
     BOT_ID,
     BOT_USERNAME,
     GROUP,
+    MAX_PHOTO_BYTES,
     OTHER_TOKEN,
     SECRET_HEADER,
     TOKEN,
     FakeTelegram,
+    FilePart,
     parse_html,
 )
 from tests.kit import Recorder, ask, offer, sample_approval, serve_routes, until
@@ -114,7 +118,7 @@ def test_channel_satisfies_the_protocol_and_registry() -> None:
     assert spec.adapter == "adapters.telegram:TelegramChannel" and not spec.echoes
     assert spec.webhook_path == WEBHOOK_PATH
     cfg = {"token": TOKEN, "api_url": "", "webhook_url": "https://x.example", "webhook_secret": ""}
-    built = TelegramChannel.from_settings(cfg, None)
+    built = TelegramChannel.from_settings(cfg, None, ChannelStore.nowhere("telegram"))
     assert built.mode == "webhook" and built._webhook_url == "https://x.example/webhooks/telegram"
 
 
@@ -352,22 +356,60 @@ async def test_webhook_checks_the_secret_then_the_payload_and_dedups(fake: FakeT
         assert hook["secret_token"] == "s3cret-token" and hook["url"].endswith(WEBHOOK_PATH)
         assert calls(fake, "getUpdates") == [] and channel.health.state == "connected"
         update = fake.user_message_update("hi", token=OTHER_TOKEN)
-        assert (await fake.post_webhook(update, OTHER_TOKEN, secret="wrong"))[0] == 403
-        assert (await fake.post_webhook(update, OTHER_TOKEN, secret=""))[0] == 403
+        with capture_logs() as logs:
+            assert (await fake.post_webhook(update, OTHER_TOKEN, secret="wrong"))[0] == 401
+            assert (await fake.post_webhook(update, OTHER_TOKEN, secret=""))[0] == 401
+        refused = [e["reason"] for e in logs if e["event"] == "webhook.refused"]
+        assert refused == ["forged", "unsigned"]
         assert received.events == []
         url = fake.bots[OTHER_TOKEN].webhook_url
-        assert fake._http is not None
-        for body in (b"{not json", b"[1, 2]", b'{"update_id": "x"}'):
-            async with fake._http.post(
-                url, data=body, headers={SECRET_HEADER: "s3cret-token"}
-            ) as resp:
-                assert resp.status == 400
+        signed = {SECRET_HEADER: "s3cret-token", "Content-Type": "application/json"}
+        async with aiohttp.ClientSession() as http:
+            for body in (b"{not json", b"[1, 2]", b'{"update_id": "x"}', b"\xff\xfe"):
+                async with http.post(url, data=body, headers=signed) as resp:
+                    assert resp.status == 400, body
+            too_big = json.dumps(update | {"pad": "x" * (2 * 1024 * 1024)}).encode()
+            async with http.post(url, data=too_big, headers=signed) as resp:
+                assert resp.status == 413
         await fake.deliver(update, OTHER_TOKEN)
         await fake.deliver(update, OTHER_TOKEN)  # Telegram retried: handled once
-        assert fake.webhook_results == [(200, ""), (200, "")]
+        assert fake.webhook_results == [(200, "{}"), (200, "{}")]
         assert (await received.next()).text == "hi"  # type: ignore[union-attr]
         await asyncio.sleep(0.05)
         assert len(received.events) == 1
+    finally:
+        await channel.stop()
+        await runner.cleanup()
+
+
+async def test_webhook_before_start_is_503_and_a_press_is_answered_once(
+    fake: FakeTelegram,
+) -> None:
+    """Not started yet: Telegram is told to come back (503), never 200 with the update
+    lost. Started: a press through the webhook is dispatched and answered once, even
+    when Telegram delivers it twice."""
+    channel = make_channel(
+        fake, token=OTHER_TOKEN, webhook_url="http://127.0.0.1:1/x", webhook_secret="s3cret"
+    )
+    runner, port = await serve_routes(channel)
+    channel._webhook_url = f"http://127.0.0.1:{port}{WEBHOOK_PATH}"
+    fake.bots[OTHER_TOKEN].webhook_url = channel._webhook_url
+    fake.bots[OTHER_TOKEN].webhook_secret = "s3cret"
+    received = Recorder()
+    try:
+        early = fake.user_message_update("too early", token=OTHER_TOKEN)
+        assert (await fake.post_webhook(early, OTHER_TOKEN))[0] == 503
+        await channel.start(received)
+        ref = await ask(channel, approval())
+        press = fake.press_update(ALICE, int(ref.id), "approve:ap12")
+        await fake.deliver(press, OTHER_TOKEN)
+        await fake.deliver(press, OTHER_TOKEN)
+        event = await received.next()
+        assert isinstance(event, ButtonPress) and event.value == "approve:ap12"
+        await until(lambda: fake.answers)
+        await asyncio.sleep(0.1)
+        assert len(received.events) == 1 and len(fake.answers) == 1
+        assert fake.answers[0].latency < 3.0
     finally:
         await channel.stop()
         await runner.cleanup()
@@ -539,6 +581,142 @@ async def test_too_long_for_telegram_is_refused_by_the_fake_like_telegram(
         await channel.edit(ref, "y" * 4097)
 
 
+# ---------------------------------------------------------------------- attachments
+
+#: A real 1×1 PNG.
+PNG = bytes.fromhex(
+    "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+    "1f15c4890000000d49444154789c6360f8cf000000030101009e6b3a6d0000000049454e44ae426082"
+)
+
+
+def png_header(width: int, height: int) -> bytes:
+    """The start of a PNG of the given size (Telegram reads the size from its header)."""
+    return PNG[:16] + width.to_bytes(4, "big") + height.to_bytes(4, "big") + PNG[24:]
+
+
+async def test_text_then_each_file_in_the_same_topic(
+    fake: FakeTelegram, bot: tuple[TelegramChannel, Recorder]
+) -> None:
+    channel, _ = bot
+    chart = Attachment("chart.png", PNG, "image/png", caption="Latency <this> week")
+    notes = Attachment("nötes.txt", "héllo\n".encode() * 100, "text/plain")
+    ref = await channel.send(
+        str(GROUP), "The <b>summary</b>", thread="77", attachments=[chart, notes]
+    )
+    methods = [r.method for r in fake.requests if r.method.startswith("send")]
+    assert methods == ["sendMessage", "sendPhoto", "sendDocument"]
+    (text,) = calls(fake, "sendMessage")
+    assert text["text"] == "The <b>summary</b>" and "attachment" not in text["text"]
+    assert ref.id == str(fake.posted[-1].message_id) and ref.thread == "77"
+    photo, document = fake.uploads
+    assert (photo.kind, photo.name, photo.data, photo.mime) == (
+        "photo",
+        "chart.png",
+        PNG,
+        "image/png",
+    )
+    assert photo.caption == "Latency <this> week"  # plain text: no parse mode
+    assert "parse_mode" not in calls(fake, "sendPhoto")[0]
+    assert (document.kind, document.name, document.data) == ("document", "nötes.txt", notes.data)
+    assert document.caption == ""
+    assert {(u.chat_id, u.thread) for u in fake.uploads} == {(GROUP, 77)}
+
+
+async def test_without_text_the_first_upload_is_the_message_and_carries_the_keyboard(
+    fake: FakeTelegram, bot: tuple[TelegramChannel, Recorder]
+) -> None:
+    channel, _ = bot
+    report = Attachment("report.pdf", b"%PDF-1.4 ...", "application/pdf")
+    ref = await channel.send(DM, "", buttons=OFFER, attachments=[report])
+    assert calls(fake, "sendMessage") == []
+    (upload,) = fake.uploads
+    assert ref.id == str(upload.message_id)
+    message = fake.messages[(ALICE, upload.message_id)]
+    assert message["document"]["file_name"] == "report.pdf"
+    assert [b["text"] for row in message["reply_markup"]["inline_keyboard"] for b in row] == [
+        "Yes, help",
+        "No thanks",
+    ]
+
+
+async def test_a_picture_telegram_refuses_as_a_photo_goes_as_a_document(
+    fake: FakeTelegram, bot: tuple[TelegramChannel, Recorder]
+) -> None:
+    channel, _ = bot
+    tall = Attachment("long-screenshot.png", png_header(500, 9800), "image/png", "scroll")
+    await channel.send(DM, "A long page", attachments=[tall])
+    (refused,) = [r for r in fake.requests if r.method == "sendPhoto"]
+    assert refused.status == 400 and "PHOTO_INVALID_DIMENSIONS" in (refused.error or "")
+    (upload,) = fake.uploads
+    assert (upload.kind, upload.name, upload.caption) == ("document", tall.name, "scroll")
+    # Over 10 MB: straight to sendDocument, no photo attempt.
+    big = Attachment("photo.png", PNG + b"\0" * MAX_PHOTO_BYTES, "image/png")
+    await channel.send(DM, "A big picture", attachments=[big])
+    assert len([r for r in fake.requests if r.method == "sendPhoto"]) == 1
+    assert fake.uploads[-1].kind == "document" and fake.uploads[-1].data == big.data
+
+
+async def test_a_file_over_50_mb_or_empty_is_a_line_in_the_text(
+    fake: FakeTelegram, bot: tuple[TelegramChannel, Recorder]
+) -> None:
+    channel, _ = bot
+    huge = Attachment("dump<1>.bin", b"\0" * (MAX_UPLOAD_BYTES + 1), "application/octet-stream")
+    empty = Attachment("empty.txt", b"", "text/plain")
+    small = Attachment("ok.txt", b"fine", "text/plain")
+    await channel.send(DM, "Files:", attachments=[huge, empty, small])
+    (text,) = calls(fake, "sendMessage")
+    assert text["text"] == (
+        "Files:\n\n[attachment not sent here: dump&lt;1&gt;.bin, 50.0 MB]\n"
+        "[attachment not sent here: empty.txt, 0 bytes]"
+    )
+    assert [u.name for u in fake.uploads] == ["ok.txt"]
+
+
+async def test_a_caption_too_long_for_its_file_follows_it(
+    fake: FakeTelegram, bot: tuple[TelegramChannel, Recorder]
+) -> None:
+    channel, _ = bot
+    caption = "All the <details>: " + "word " * 250
+    await channel.send(DM, "", attachments=[Attachment("a.txt", b"a", "text/plain", caption)])
+    (upload,) = fake.uploads
+    assert upload.caption == ""
+    (follow,) = calls(fake, "sendMessage")
+    assert follow["text"] == caption.strip().replace("<", "&lt;").replace(">", "&gt;")
+    order = [r.method for r in fake.requests if r.method.startswith("send")]
+    assert order == ["sendDocument", "sendMessage"]
+
+
+async def test_a_failed_upload_is_retried_without_repeating_the_text(
+    fake: FakeTelegram, bot: tuple[TelegramChannel, Recorder], tmp_path: Any
+) -> None:
+    """The channel layer retries the whole send on a 5xx; what went out stays sent."""
+
+    class NoWait(Clock):
+        async def sleep(self, seconds: float) -> None:
+            return None
+
+    channel, _ = bot
+    outbox = Outbox(channel, clock=NoWait(), undelivered=UndeliveredStore(tmp_path))
+    fake.fail_next("sendDocument", 502, "Bad Gateway")
+    files = [Attachment("a.txt", b"a", "text/plain"), Attachment("b.txt", b"b", "text/plain")]
+    ref = await outbox.send(DM, "Two files", attachments=files)
+    assert [p.raw_text for p in fake.posted] == ["Two files"]
+    assert ref.id == str(fake.posted[0].message_id)
+    assert [u.name for u in fake.uploads] == ["a.txt", "b.txt"]
+    failed = [r for r in fake.requests if r.status == 502]
+    assert [r.method for r in failed] == ["sendDocument"]
+    # Done is done: the same send again is a new message, text and all.
+    await outbox.send(DM, "Two files", attachments=files)
+    assert [p.raw_text for p in fake.posted] == ["Two files"] * 2 and len(fake.uploads) == 4
+    # A refusal is not retried, so nothing waits to be resumed either.
+    fake.fail_next("sendDocument", 400, "Bad Request: wrong file")
+    with pytest.raises(DeliveryError):
+        await channel.send(DM, "Once more", attachments=files[:1])
+    await channel.send(DM, "Once more", attachments=files[:1])
+    assert [p.raw_text for p in fake.posted][-2:] == ["Once more"] * 2
+
+
 # ---------------------------------------------------------------------- the dialect
 
 
@@ -606,6 +784,22 @@ async def test_golden_outbound(fake: FakeTelegram, bot: tuple[TelegramChannel, R
     typing = await request_of(channel.typing(DM), "sendChatAction")
     typing.pop("_result")
     golden.check_outbound("telegram", "typing", typing)
+    chart = Attachment("chart.png", PNG, "image/png", caption="Latency this week")
+    notes = Attachment("notes.txt", b"two\nlines\n", "text/plain")
+    await channel.send(DM, "", attachments=[chart, notes])
+    for method, case in (("sendPhoto", "photo"), ("sendDocument", "document")):
+        (params,) = calls(fake, method)
+        golden.check_outbound("telegram", case, {"method": method, "params": described(params)})
+
+
+def described(params: dict[str, Any]) -> dict[str, Any]:
+    """Form fields as they are, an uploaded file as its name, media type and size."""
+    return {
+        key: {"file": v.name, "mime": v.mime, "bytes": len(v.data)}
+        if isinstance(v, FilePart)
+        else v
+        for key, v in params.items()
+    }
 
 
 # ---------------------------------------------------------------------- with the channel layer

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
 import signal
+import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from rich.console import Console
@@ -18,6 +21,7 @@ from adapters.terminal import OneShotChannel, TerminalChannel, summarize_args
 from bot.dispatcher import HELP
 from core.events import (
     ApprovalRequest,
+    Attachment,
     Button,
     ButtonPress,
     Cancel,
@@ -28,6 +32,7 @@ from core.events import (
     Progress,
 )
 from core.suggestions import answer_button
+from memory.attachment_folder import AttachmentFolder
 from tests.kit import ask, offer
 
 
@@ -447,3 +452,129 @@ async def test_one_shot_submit_dispatches_a_message() -> None:
         "cli",
         "what changed?",
     )
+
+
+# -- Attachments --------------------------------------------------------------
+
+#: 2024-05-01 at noon, local time: the day folder the files land in.
+NOON = time.mktime((2024, 5, 1, 12, 0, 0, 0, 0, -1))
+REPORT = Attachment("report.pdf", b"%PDF" + b"x" * 12_284, "application/pdf", caption="Q3")
+CHART = Attachment("chart.png", b"\x89PNG-one", "image/png", caption="Costs\nby month")
+
+
+def folder_in(tmp_path: Path) -> AttachmentFolder:
+    return AttachmentFolder(tmp_path / "data", now=lambda: NOON)
+
+
+async def test_attachments_are_saved_and_named_one_line_each(tmp_path: Path) -> None:
+    channel, _, buf = await started(folder=folder_in(tmp_path))
+    await channel.send("terminal", "Here are the files.", attachments=[REPORT, CHART])
+    day = tmp_path / "data" / "attachments" / "2024-05-01"
+    assert (day / "report.pdf").read_bytes() == REPORT.data
+    assert (day / "chart.png").read_bytes() == CHART.data
+    lines = buf.getvalue().splitlines()
+    assert f"report.pdf (12 KB) — Q3 — saved to {day / 'report.pdf'}" in lines
+    assert f"chart.png (8 bytes) — Costs by month — saved to {day / 'chart.png'}" in lines
+    assert "Here are the files." in buf.getvalue()
+    assert "attachment not sent here" not in buf.getvalue()
+
+
+async def test_a_saved_attachment_is_never_overwritten(tmp_path: Path) -> None:
+    channel, _, buf = await started(folder=folder_in(tmp_path))
+    day = tmp_path / "data" / "attachments" / "2024-05-01"
+    newer = Attachment("report.pdf", b"second version", "application/pdf")
+    await channel.send("terminal", "v1", attachments=[REPORT])
+    await channel.send("terminal", "v2", attachments=[newer])
+    await channel.send("terminal", "v3", attachments=[newer])
+    assert (day / "report.pdf").read_bytes() == REPORT.data
+    assert (day / "report-1.pdf").read_bytes() == newer.data
+    assert (day / "report-2.pdf").read_bytes() == newer.data
+    assert f"saved to {day / 'report-2.pdf'}" in buf.getvalue()
+    assert sorted(p.name for p in day.iterdir()) == ["report-1.pdf", "report-2.pdf", "report.pdf"]
+
+
+@pytest.mark.parametrize(
+    ("name", "saved"),
+    [
+        ("../../etc/passwd", "passwd"),
+        ("C:\\Users\\me\\evil.bat", "evil.bat"),
+        (".bashrc", "bashrc"),
+        ("..", "attachment"),
+        ("a\x00b\n.txt", "a_b_.txt"),
+        ("x" * 300 + ".csv", "x" * 176 + ".csv"),
+    ],
+)
+async def test_an_attachment_name_never_leaves_its_folder(
+    tmp_path: Path, name: str, saved: str
+) -> None:
+    channel, _, buf = await started(folder=folder_in(tmp_path))
+    await channel.send("terminal", "", attachments=[Attachment(name, b"data", "text/plain")])
+    day = tmp_path / "data" / "attachments" / "2024-05-01"
+    assert [p.name for p in day.iterdir()] == [saved]
+    assert f"saved to {day / saved}" in buf.getvalue()
+    assert "steward\n" not in buf.getvalue()  # no empty reply before the file line
+
+
+async def test_a_file_that_cannot_be_saved_is_still_named(tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "attachments").write_text("a file where the folder should be")
+    channel, _, buf = await started(folder=folder_in(tmp_path))
+    await channel.send("terminal", "The report.", attachments=[REPORT])
+    [line] = [x for x in buf.getvalue().splitlines() if x.startswith("report.pdf")]
+    assert line.startswith("report.pdf (12 KB) — Q3 — not saved: ")
+
+
+async def test_streamed_answer_with_a_file_prints_the_file_line_only(tmp_path: Path) -> None:
+    channel, _, buf = await started(folder=folder_in(tmp_path))
+    await channel.progress("terminal", Progress(kind="text", task_id="t", text="Your chart."))
+    await channel.send("terminal", "Your chart.", attachments=[CHART])
+    out = buf.getvalue()
+    assert out.count("Your chart.") == 1
+    assert out.rstrip().endswith(f"{tmp_path / 'data' / 'attachments' / '2024-05-01'}/chart.png")
+
+
+async def test_a_question_with_a_file_shows_both(tmp_path: Path) -> None:
+    channel, _, buf = await started(folder=folder_in(tmp_path))
+    buttons = [Button("Yes", "q:yes"), Button("No", "q:no")]
+    await channel.send("terminal", "Send this report?", buttons=buttons, attachments=[REPORT])
+    out = buf.getvalue()
+    assert "Send this report?" in out and "[1] Yes" in out
+    assert "report.pdf (12 KB) — Q3 — saved to" in out
+
+
+async def test_one_shot_reply_says_where_each_file_was_saved(tmp_path: Path) -> None:
+    console, err = make_console()
+    channel = OneShotChannel(console, folder=folder_in(tmp_path))
+    await channel.send("terminal", "Done.", attachments=[REPORT])
+    day = tmp_path / "data" / "attachments" / "2024-05-01"
+    assert (
+        channel.final_reply()
+        == f"Done.\n\nreport.pdf (12 KB) — Q3 — saved to {day}{os.sep}report.pdf"
+    )
+    assert (day / "report.pdf").read_bytes() == REPORT.data
+    assert err.getvalue() == ""
+
+
+async def test_files_saved_at_once_each_get_their_own_name(tmp_path: Path) -> None:
+    folder = folder_in(tmp_path)
+    paths = await asyncio.gather(*(folder.save("same.txt", f"{n}".encode()) for n in range(6)))
+    assert len(set(paths)) == 6
+    assert sorted(p.read_text() for p in paths) == [str(n) for n in range(6)]
+    assert not [p for p in paths[0].parent.iterdir() if p.name.startswith(".")]  # no temp left
+
+
+async def test_saving_works_without_hard_links(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Some file systems (FAT, some network mounts) have no hard links: the name is then
+    created exclusively, still never overwriting."""
+
+    def no_links(*_: object) -> None:
+        raise PermissionError("operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    folder = folder_in(tmp_path)
+    first = await folder.save("a.txt", b"one")
+    second = await folder.save("a.txt", b"two")
+    assert (first.name, first.read_bytes()) == ("a.txt", b"one")
+    assert (second.name, second.read_bytes()) == ("a-1.txt", b"two")

@@ -590,9 +590,7 @@ async def test_web_fetch_errors(site: str, fetch_ctx: ToolContext) -> None:
             await call(fetch_ctx, "web_fetch", url=url)
 
 
-async def test_web_fetch_refuses_what_the_egress_policy_refuses(
-    site: str, ws: Path
-) -> None:
+async def test_web_fetch_refuses_what_the_egress_policy_refuses(site: str, ws: Path) -> None:
     """No egress_allow: the test site on 127.0.0.1 is this machine, refused before any
     request, with the setting that would allow it named."""
     ctx = ToolContext(workspace=ws, fetch_timeout=5)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import struct
+import zlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -20,10 +22,11 @@ import pytest
 from aiohttp import WSMsgType, web
 from structlog.testing import capture_logs
 
-from adapters.web import HISTORY_LIMIT, MAX_FRAME_BYTES, MAX_MESSAGE_BYTES, WebChannel
+from adapters.web import MAX_FRAME_BYTES, MAX_MESSAGE_BYTES, WebChannel
 from adapters.web_login import AUTHENTICATED
 from core.events import (
     ApprovalRequest,
+    Attachment,
     Button,
     ButtonPress,
     Cancel,
@@ -33,6 +36,7 @@ from core.events import (
     MessageRef,
     Progress,
 )
+from memory.web_history import HISTORY_LIMIT, WebHistory
 from tests.kit import Recorder, ask, offer
 
 SESSION = "testsession01"
@@ -70,7 +74,7 @@ async def logged_in(request: web.Request, handler: Any) -> web.StreamResponse:
 
 @asynccontextmanager
 async def serve(data_dir: Path, *, login: bool = True, **kwargs: Any) -> AsyncIterator[Server]:
-    channel = WebChannel(data_dir, **kwargs)
+    channel = WebChannel(WebHistory(data_dir), **kwargs)
     app = web.Application(middlewares=[logged_in] if login else [])
     channel.add_routes(app)
     runner = web.AppRunner(app)
@@ -102,6 +106,28 @@ async def recv(ws: aiohttp.ClientWebSocketResponse) -> dict[str, Any]:
     return json.loads(msg.data)
 
 
+def png(width: int = 24, height: int = 16, rgb: tuple[int, int, int] = (47, 111, 235)) -> bytes:
+    """A real PNG of one colour (a browser decodes it), made without an imaging library."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        body = kind + data
+        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body))
+
+    row = b"\x00" + bytes(rgb) * width
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+        + chunk(b"IDAT", zlib.compress(row * height))
+        + chunk(b"IEND", b"")
+    )
+
+
+CHART = Attachment("chart.png", png(), "image/png", caption="Costs by month")
+REPORT = Attachment(
+    "Q3 report (final).pdf", b"%PDF-1.4\n" + bytes(range(256)) * 40, "application/pdf"
+)
+
+
 def approval(**overrides: Any) -> ApprovalRequest:
     fields: dict[str, Any] = {
         "id": "ap1",
@@ -125,7 +151,7 @@ def approval(**overrides: Any) -> ApprovalRequest:
 
 
 def test_implements_channel_protocol(tmp_path: Path) -> None:
-    channel = WebChannel(tmp_path)
+    channel = WebChannel(WebHistory(tmp_path))
     assert isinstance(channel, Channel)
     assert channel.name == "web"
     assert channel.capabilities.buttons and channel.capabilities.streams_text
@@ -389,7 +415,7 @@ async def test_progress_and_typing_are_live_only(server: Server) -> None:
 
     _, history = await server.connect()
     assert [item["text"] for item in history] == ["Hello"]
-    stored = (server.channel._dir / f"{SESSION}.jsonl").read_text()
+    stored = server.channel.history.path(SESSION).read_text()
     assert "progress" not in stored and "typing" not in stored
 
 
@@ -554,11 +580,143 @@ async def test_a_history_that_cannot_be_written_still_shows_the_answer(server: S
     real write) must not hide the answer from the tab showing it; with no tab open the
     send fails, so the channel layer retries and keeps it."""
     ws, _ = await server.connect()
-    server.channel._path(SESSION).unlink(missing_ok=True)
-    server.channel._path(SESSION).mkdir(parents=True)
+    server.channel.history.path(SESSION).unlink(missing_ok=True)
+    server.channel.history.path(SESSION).mkdir(parents=True)
     await server.channel.send(CONV, "the answer")
     frame = await recv(ws)
     assert frame["type"] == "message" and frame["text"] == "the answer"
     await ws.close()
     with pytest.raises(DeliveryError, match="history not written"):
         await server.channel.send(CONV, "nobody sees this")
+
+
+# ---------------------------------------------------------------------- attachments
+
+
+async def test_attachments_reach_the_page_and_download_byte_for_byte(tmp_path: Path) -> None:
+    """The frame lists each file (name, type, size, caption, URL); the URL gives back the
+    very bytes; the history keeps them, also across a restart."""
+    async with serve(tmp_path) as srv:
+        ws, _ = await srv.connect()
+        ref = await srv.channel.send(CONV, "Here they are.", attachments=[CHART, REPORT])
+        frame = await recv(ws)
+        assert (frame["id"], frame["text"]) == (ref.id, "Here they are.")  # no "not sent" line
+        files = frame["attachments"]
+        assert [(f["name"], f["mime"], f["size"], f["caption"]) for f in files] == [
+            ("chart.png", "image/png", len(CHART.data), "Costs by month"),
+            ("Q3 report (final).pdf", "application/pdf", len(REPORT.data), ""),
+        ]
+        assert files[1]["url"].endswith("/Q3%20report%20%28final%29.pdf")
+        for shown, sent in zip(files, (CHART, REPORT), strict=True):
+            assert shown["url"].startswith("/attachments/")
+            async with srv.http.get(srv.url + shown["url"]) as resp:
+                assert resp.status == 200
+                assert await resp.read() == sent.data
+                assert resp.content_type == sent.mime
+                assert resp.headers["X-Content-Type-Options"] == "nosniff"
+                assert "sandbox" in resp.headers["Content-Security-Policy"]
+                disposition = resp.headers["Content-Disposition"]
+        # The image may show in the page; any other file is only ever a download.
+        assert disposition.startswith("attachment;")
+        assert "filename*=UTF-8''Q3%20report%20%28final%29.pdf" in disposition
+        async with srv.http.get(srv.url + files[0]["url"]) as resp:
+            assert resp.headers["Content-Disposition"].startswith("inline;")
+        await ws.close()
+        _, history = await srv.connect()
+        assert history[-1]["attachments"] == files
+
+    async with serve(tmp_path) as restarted:
+        _, history = await restarted.connect()
+        assert history[-1]["attachments"] == files
+        async with restarted.http.get(restarted.url + files[0]["url"]) as resp:
+            assert await resp.read() == CHART.data
+
+
+async def test_an_unknown_or_forged_attachment_url_is_404(server: Server) -> None:
+    await server.channel.send(CONV, "x", attachments=[CHART])
+    [item] = await server.channel.history.load(SESSION)
+    token = item["attachments"][0]["file"]
+    for path in (
+        f"/attachments/{'A' * 32}/chart.png",
+        "/attachments/short/chart.png",
+        f"/attachments/{token[:-1]}%2F/chart.png",
+        "/attachments/..%2F..%2Fweb/x",
+    ):
+        async with server.http.get(server.url + path) as resp:
+            assert resp.status == 404, path
+
+
+async def test_a_dangerous_file_type_is_served_as_a_download_that_runs_nothing(
+    server: Server,
+) -> None:
+    """A page served from Steward's own origin could act as the owner: HTML, SVG or a
+    made-up type is never shown inline, never sniffed, and sandboxed all the same."""
+    page = Attachment("evil.html", b"<script>fetch('/api/history')</script>", "text/html")
+    svg = Attachment("x.svg", b"<svg xmlns='http://www.w3.org/2000/svg'/>", "image/svg+xml")
+    odd = Attachment("..", b"?", "text/html; charset=utf-8\r\nX-Evil: 1")
+    await server.channel.send(CONV, "files", attachments=[page, svg, odd])
+    [item] = await server.channel.history.load(SESSION)
+    urls = [f["url"] for f in item["attachments"]]
+    assert urls[2].endswith("/attachment")  # ".." is no name for the last part of a URL
+    for url in urls:
+        async with server.http.get(server.url + url) as resp:
+            assert resp.status == 200
+            assert resp.headers["Content-Disposition"].startswith("attachment;")
+            assert resp.headers["Content-Security-Policy"] == "default-src 'none'; sandbox"
+            assert "X-Evil" not in resp.headers
+    async with server.http.get(server.url + urls[2]) as resp:
+        assert resp.content_type == "application/octet-stream"
+
+
+async def test_an_attachment_the_store_cannot_keep_is_named_not_dropped(
+    server: Server,
+) -> None:
+    ws, _ = await server.connect()
+    server.channel.history.folder.mkdir(parents=True, exist_ok=True)
+    (server.channel.history.folder / "files").write_text("not a folder")  # a real OSError
+    with capture_logs() as logs:
+        await server.channel.send(CONV, "The report.", attachments=[REPORT])
+    frame = await recv(ws)
+    assert frame["attachments"] == []
+    assert (
+        frame["text"] == "The report.\n\n[attachment not sent here: Q3 report (final).pdf, 10 KB]"
+    )
+    assert [e["event"] for e in logs] == ["web.attachment_write_failed"]
+
+
+async def test_files_leave_with_the_messages_the_history_drops(tmp_path: Path) -> None:
+    """A file is kept while its message is in the history; once trimming drops the
+    message, its file goes too (the folder cannot grow without bound)."""
+    async with serve(tmp_path) as srv:
+        await srv.channel.send(CONV, "old chart", attachments=[CHART])
+        await srv.channel.send(CONV, "new chart", attachments=[CHART])
+        old, new = await srv.channel.history.load(SESSION)
+        path = srv.channel.history.path(SESSION)
+        with path.open("a") as fh:  # enough later messages to push "old chart" out
+            for i in range(HISTORY_LIMIT - 1):
+                line = {"type": "message", "id": f"m{i}", "role": "user", "text": str(i)}
+                fh.write(json.dumps(line) + "\n")
+        _, history = await srv.connect()
+        assert history[0]["text"] == "new chart" and len(history) == HISTORY_LIMIT
+        async with srv.http.get(srv.url + old["attachments"][0]["url"]) as resp:
+            assert resp.status == 404
+        async with srv.http.get(srv.url + new["attachments"][0]["url"]) as resp:
+            assert await resp.read() == CHART.data
+        files = sorted(p.name for p in (srv.channel.history.folder / "files").iterdir())
+        token = new["attachments"][0]["file"]
+        assert files == [token, f"{token}.json"]
+
+
+async def test_a_tampered_attachment_line_is_skipped(tmp_path: Path) -> None:
+    path = tmp_path / "web" / f"{SESSION}.jsonl"
+    path.parent.mkdir(parents=True)
+    message = {"type": "message", "id": "a", "role": "assistant", "text": "one", "buttons": []}
+    bad = {"name": "x", "mime": "image/png", "size": "big", "caption": "", "url": "/", "file": "t"}
+    path.write_text(
+        json.dumps(message) + "\n" + json.dumps({**message, "id": "b", "attachments": [bad]}) + "\n"
+    )
+    async with serve(tmp_path) as srv:
+        with capture_logs() as logs:
+            _, history = await srv.connect()
+    assert [(m["id"], m["attachments"]) for m in history] == [("a", [])]
+    assert [e["event"] for e in logs].count("web.history_bad_line") == 1

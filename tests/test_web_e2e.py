@@ -13,10 +13,10 @@ from typing import Any
 
 import aiohttp
 
-from adapters.web_login import read_token
 from bot.server import serve
 from config.settings import ConfigError
 from core.clock import Clock
+from memory.login_token import read_token
 from tests.fakes.llm import Reply, ScriptedLLM
 from tests.test_concurrency import last_user
 from tests.test_history import is_summary_request

@@ -25,20 +25,23 @@ from aiohttp import web
 from dulwich import porcelain
 
 from adapters.web import WebChannel
-from adapters.web_login import (
+from adapters.web_login import WebLogin
+from bot.app import App
+from bot.server import build_web_app
+from memory.login_token import (
     TokenError,
-    WebLogin,
     load_or_create_token,
     new_token,
     read_token,
     token_path,
 )
-from bot.app import App
-from bot.server import build_web_app
 from memory.store import DataStore
+from memory.web_history import WebHistory
 from tests.conftest import make_env
 from tests.fakes.llm import ScriptedLLM
+from tests.kit import Recorder
 from tests.test_cli import run as run_steward
+from tests.test_web_adapter import CHART
 from tests.test_web_e2e import SESSION, frames_until, free_port, owner_session, running
 
 STEWARD = str(Path(sys.executable).with_name("steward"))
@@ -188,7 +191,7 @@ async def test_webhooks_stay_outside_the_login(settings_for: Callable, tmp_path:
     s = settings_for(None)
     platform = WebhookPlatform()
     login = WebLogin(load_or_create_token(s.data_dir))
-    server = build_web_app(App(s), WebChannel(tmp_path), [platform], login=login)  # type: ignore[list-item]
+    server = build_web_app(App(s), WebChannel(WebHistory(tmp_path)), [platform], login=login)  # type: ignore[list-item]
     runner = web.AppRunner(server)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -203,6 +206,39 @@ async def test_webhooks_stay_outside_the_login(settings_for: Callable, tmp_path:
     finally:
         await runner.cleanup()
     assert platform.calls == 1
+
+
+async def test_an_attachment_is_for_the_owner_only(settings_for: Callable, tmp_path: Path) -> None:
+    """A file's URL sits behind the same login as the socket: the owner's browser (the
+    login URL's cookie) gets the bytes, anyone else who learnt the URL gets 401."""
+    s = settings_for(None)
+    token = load_or_create_token(s.data_dir)
+    channel = WebChannel(WebHistory(tmp_path))
+    runner = web.AppRunner(build_web_app(App(s), channel, login=WebLogin(token)))
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    await channel.start(Recorder())
+    try:
+        async with owner_session() as owner:
+            async with owner.get(f"{url}/?token={token}") as r:
+                assert r.status == 200
+            async with owner.ws_connect(f"{url}/ws?session={SESSION}", origin=url) as ws:
+                await channel.send(f"web:{SESSION}", "The chart.", attachments=[CHART])
+                frame = await frames_until(ws, lambda f: f["type"] == "message", [])
+            [shown] = frame["attachments"]
+            async with owner.get(url + shown["url"]) as r:
+                assert r.status == 200 and await r.read() == CHART.data
+        async with aiohttp.ClientSession() as stranger:
+            async with stranger.get(url + shown["url"]) as r:
+                assert r.status == 401
+                assert CHART.data not in await r.read()
+            bearer = {"Authorization": f"Bearer {token}"}  # the owner's own scripts
+            async with stranger.get(url + shown["url"], headers=bearer) as r:
+                assert await r.read() == CHART.data
+    finally:
+        await channel.stop()
+        await runner.cleanup()
 
 
 # ---------------------------------------------------------------------- the attack, end to end

@@ -1,11 +1,14 @@
 """The WhatsApp adapter against the wire-level fake (tests/fakes/whatsapp.py): webhook
-verification and signatures, parsing, deduplication, buttons, error mapping, the
-24-hour window (held across a restart, delivered when the person writes, templates),
-golden files, and `steward run` with only WhatsApp configured."""
+verification and signatures (the shared intake's status codes), parsing,
+deduplication, buttons, error mapping, the 24-hour window (held in the channel
+store's document across a restart, delivered when the person writes, templates),
+golden files, and `steward run` with only WhatsApp configured. Attachments:
+tests/test_whatsapp_media.py."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
@@ -16,7 +19,9 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from structlog.testing import capture_logs
 
+from adapters.webhook import Refused
 from adapters.whatsapp import (
     GRAPH_API_VERSION,
     WEBHOOK_PATH,
@@ -27,6 +32,7 @@ from adapters.whatsapp import (
     graph_error,
     to_whatsapp,
 )
+from adapters.whatsapp.inbound import verify_signature
 from bot.app import App
 from core.approvals import approval_buttons
 from core.events import (
@@ -38,6 +44,7 @@ from core.events import (
     MessageRef,
     Progress,
 )
+from memory.channel_store import ChannelStore
 from tests import golden
 from tests.contract.whatsapp_harness import WhatsAppHarness
 from tests.fakes.llm import Reply, ScriptedLLM
@@ -81,7 +88,7 @@ class Rig:
             "app_secret": self.fake.app_secret,
             "verify_token": self.fake.verify_token,
             "api_url": self.fake.base_url,
-            "data_dir": self.data_dir,
+            "store": ChannelStore(self.data_dir, "whatsapp"),
             "now": self.clock,
             "timeout": 5,
             **kwargs,
@@ -113,8 +120,9 @@ class Rig:
         return await until(lambda: self.received[before:] and self.received[-1], what=text)
 
 
-@pytest.fixture
-async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
+@contextlib.asynccontextmanager
+async def running(tmp_path: Path) -> AsyncIterator[Rig]:
+    """A started fake and adapter (the `rig` fixture, also for tests/test_whatsapp_media.py)."""
     fake = FakeWhatsApp()
     await fake.start()
     r = Rig(fake, tmp_path / "data")
@@ -124,6 +132,12 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
     finally:
         await r.stop()
         await fake.stop()
+
+
+@pytest.fixture
+async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
+    async with running(tmp_path) as r:
+        yield r
 
 
 # ── webhook: verification, signatures, parsing ─────────────────────────────────
@@ -179,6 +193,53 @@ async def test_malformed_signed_payloads_are_400(rig: Rig, raw: bytes) -> None:
     assert rig.received == []
 
 
+@pytest.mark.parametrize(
+    ("kind", "status", "reason"),
+    [
+        ("unsigned", 401, "unsigned"),
+        ("forged", 401, "forged"),
+        ("malformed", 400, "malformed"),
+        ("oversized", 413, "oversized"),
+    ],
+)
+async def test_refusals_follow_the_webhook_status_contract(
+    rig: Rig, kind: str, status: int, reason: str
+) -> None:
+    """One `webhook.refused` line with the reason, and the shared status codes."""
+    update = rig.fake.text_update(ALICE, "refuse me")
+    with capture_logs() as logs:
+        if kind == "unsigned":
+            got = await rig.fake.deliver(update, signature="")
+        elif kind == "forged":
+            got = await rig.fake.deliver(update, signature=FakeWhatsApp(app_secret="x").sign(b""))
+        elif kind == "malformed":
+            got = await rig.fake.deliver({}, raw=b"{not json")
+        else:
+            got = await rig.fake.deliver({}, raw=b'{"pad": "' + b"x" * (2 * 1024 * 1024) + b'"}')
+    assert got == status
+    refused = [e for e in logs if e["event"] == "webhook.refused"]
+    assert [(e["channel"], e["reason"], e["status"]) for e in refused] == [
+        ("whatsapp", reason, status)
+    ]
+    await asyncio.sleep(0.05)
+    assert rig.received == []
+
+
+def test_signature_check_tells_unsigned_from_forged() -> None:
+    raw = b'{"object": "whatsapp_business_account"}'
+    good = FakeWhatsApp(app_secret="s3cret").sign(raw)
+    assert verify_signature("s3cret", {"X-Hub-Signature-256": good}, raw) is None
+    with pytest.raises(Refused) as caught:
+        verify_signature("s3cret", {}, raw)
+    assert (caught.value.status, caught.value.reason) == (401, "unsigned")
+    for header in (good.upper().replace("SHA256", "sha1"), "sha256=" + "0" * 64, good + "00"):
+        with pytest.raises(Refused) as caught:
+            verify_signature("s3cret", {"X-Hub-Signature-256": header}, raw)
+        assert (caught.value.status, caught.value.reason) == (401, "forged")
+    with pytest.raises(Refused, match="invalid signature"):  # no app secret: nothing checks
+        verify_signature("", {"X-Hub-Signature-256": good}, raw)
+
+
 async def test_text_message_becomes_a_message_and_is_marked_read_when_work_starts(
     rig: Rig,
 ) -> None:
@@ -219,8 +280,8 @@ async def test_statuses_are_not_messages_and_failures_are_counted(rig: Rig) -> N
     ref = await rig.channel.send(ALICE, "an answer")
     for status in ("sent", "delivered", "read"):
         assert await rig.fake.deliver(rig.fake.status_update(ref.id, status, ALICE)) == 200
-    assert rig.channel.failed_messages == 0
     assert await rig.fake.deliver(rig.fake.status_update(ref.id, "failed", ALICE, code=131026))
+    await until(lambda: rig.channel.failed_messages, what="the failed status")  # after the 200
     assert rig.channel.failed_messages == 1
     assert "1 message(s) reported failed" in rig.channel.health.detail
     assert len(rig.received) == 1
@@ -439,6 +500,69 @@ async def test_held_messages_survive_a_restart(rig: Rig) -> None:
     await rig.says("good morning")
     await until(lambda: rig.fake.to(ALICE), what="the held message")
     assert rig.fake.to(ALICE)[0]["text"]["body"] == "kept across the restart"
+
+
+async def test_the_window_state_is_a_document_of_the_channel_store(tmp_path: Path) -> None:
+    """`from_settings` gets the channel's store; the state is `<data dir>/whatsapp/
+    state.json` (where it always was, so an upgrade keeps what was held), written whole
+    and crash-safe by the store; a store that keeps nothing writes no file."""
+    fake = FakeWhatsApp()
+    await fake.start()
+    cfg = {
+        "token": fake.token,
+        "phone_id": fake.phone_id,
+        "app_secret": fake.app_secret,
+        "verify_token": fake.verify_token,
+        "api_url": fake.base_url,
+        "template": "",
+    }
+    data = tmp_path / "data"
+    legacy = data / "whatsapp" / "state.json"
+    legacy.parent.mkdir(parents=True)
+    legacy.write_text(
+        json.dumps(
+            {
+                "last_inbound": {ALICE: 1.0},
+                "held": [
+                    {
+                        "to": ALICE,
+                        "kind": "text",
+                        "payload": {"messaging_product": "whatsapp", "to": ALICE},
+                        "at": 2.0,
+                        "reason": "outside the 24-hour window",
+                    }
+                ],
+                "notified": [ALICE],
+            }
+        )
+    )
+    channel = WhatsAppChannel.from_settings(cfg, None, ChannelStore(data, "whatsapp"))
+    nowhere = WhatsAppChannel.from_settings(cfg, None, ChannelStore.nowhere("whatsapp"))
+    try:
+        await channel.state.load()  # a file written before the store read the same way
+        assert channel.state.last_inbound == {ALICE: 1.0}
+        assert len(channel.state.held) == 1 and channel.state.notified == {ALICE}
+        channel.state.held.clear()
+        await channel.state.save()
+        assert json.loads(legacy.read_text())["held"] == []
+        assert sorted(p.name for p in legacy.parent.iterdir()) == ["state.json"]  # no temp
+        await nowhere.state.save()
+        await nowhere.state.load()
+        assert nowhere.state.held == []
+    finally:
+        await fake.stop()
+
+
+async def test_a_damaged_state_document_starts_empty(rig: Rig) -> None:
+    await rig.stop()
+    state = rig.data_dir / "whatsapp" / "state.json"
+    state.parent.mkdir(parents=True, exist_ok=True)
+    state.write_text('{"last_inbound": [1, 2], "held": 3}')
+    await rig.start()
+    assert rig.channel.state.held == [] and rig.channel.state.last_inbound == {}
+    state.write_text("not json")
+    await rig.start()
+    assert rig.channel.state.held == []
 
 
 async def test_template_tells_the_person_once_and_never_for_suggestions(rig: Rig) -> None:

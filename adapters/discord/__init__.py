@@ -48,11 +48,17 @@ Slash commands `/rules`, `/approve`, `/deny`, `/pause` are registered globally a
 start (one bulk PUT). Their interaction is deferred at once ("thinking…") and the
 next reply sent to that conversation becomes the command's answer.
 
+Attachments are files of the message itself (multipart, as discord.py sends them): up
+to 10 per message and 10 MB together (Discord's limit for a bot in a server without
+boosts); each caption is the file's description (shown under an image) or, for other
+files, a line of the text. What does not fit gets a line saying it was not sent.
+
 The parts:
-- `gateway.py`: discord.py's ``Client`` with its events routed to the adapter;
-- `render.py`: messages and buttons as Discord JSON;
-- `errors.py`: the 429/5xx trace hook and errors as `DeliveryError`;
-- `channel.py`: `DiscordChannel`, the adapter.
+- `channel.py`: `DiscordChannel`, the adapter, and discord.py's ``Client`` with its
+  events routed to it;
+- `inbound.py`: gateway messages, edits, deletions and interactions as Steward's events;
+- `render.py`: messages, buttons and files as Discord's request;
+- `errors.py`: the 429/5xx trace hook and errors as `DeliveryError`.
 """
 
 from __future__ import annotations
@@ -66,16 +72,21 @@ from adapters.discord.channel import (
     DiscordChannel,
 )
 from adapters.discord.errors import TOKEN_REFUSED, delivery_error
+from adapters.discord.inbound import parse_message, parse_press
 from adapters.discord.render import (
     BUTTON_STYLES,
     BUTTONS_PER_ROW,
     EPHEMERAL,
     MAX_BUTTONS,
     MAX_CUSTOM_ID,
+    MAX_FILES,
     MAX_LABEL,
+    MAX_UPLOAD_BYTES,
     NO_PINGS,
+    fit_files,
     message_payload,
     render_buttons,
+    text_with_files,
 )
 
 __all__ = [
@@ -89,11 +100,17 @@ __all__ = [
     "INTERACTION_TTL",
     "MAX_BUTTONS",
     "MAX_CUSTOM_ID",
+    "MAX_FILES",
     "MAX_LABEL",
+    "MAX_UPLOAD_BYTES",
     "NO_PINGS",
     "TOKEN_REFUSED",
     "DiscordChannel",
     "delivery_error",
+    "fit_files",
     "message_payload",
+    "parse_message",
+    "parse_press",
     "render_buttons",
+    "text_with_files",
 ]

@@ -1,11 +1,12 @@
-"""`DiscordChannel`: the adapter itself.
+"""`DiscordChannel`: the adapter itself, and discord.py's ``Client`` that feeds it.
 
-Its lifecycle and restart loop, health, inbound messages, edits and deletions
-attributed to their author, button presses and held interactions, slash commands,
-and the REST outbound calls. The gateway client lives in adapters/discord/gateway.py,
-rendering in adapters/discord/render.py, error translation in
-adapters/discord/errors.py. One class over ~550 lines: its parts share the live
-gateway session and the maps of delivered messages and held interactions.
+Its lifecycle and restart loop (with backoff), health, the gateway events handed to
+the parsers and on to the dispatcher (messages, edits and deletions attributed to
+their author, button presses and held interactions, slash commands), and the REST
+delivery calls (messages with buttons and files, edits, typing, ephemeral notes).
+Parsing lives in adapters/discord/inbound.py, rendering in adapters/discord/render.py,
+error translation in adapters/discord/errors.py. One class over ~550 lines: its parts
+share the live gateway session and the maps of delivered messages and held interactions.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import contextlib
 import re
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import discord
@@ -24,23 +26,37 @@ import structlog
 import yarl
 from discord import app_commands
 
-from adapters.base import ChannelDefaults, with_attachments
+from adapters.base import ChannelDefaults
 from adapters.discord.errors import _guard, _snowflake, _trace, delivery_error
-from adapters.discord.gateway import _Gateway, _Held, _is_thread
-from adapters.discord.render import MAX_BUTTONS, MAX_LABEL, _params, message_payload
-from adapters.runtime import Health, Inflight, Recent
+from adapters.discord.inbound import (
+    parse_command,
+    parse_delete,
+    parse_edit,
+    parse_message,
+    parse_press,
+)
+from adapters.discord.render import (
+    MAX_BUTTONS,
+    MAX_LABEL,
+    _params,
+    discord_files,
+    fit_files,
+    message_payload,
+    text_with_files,
+)
+from adapters.runtime import Health, Inflight
+from core.backoff import Backoff
 from core.events import (
     Attachment,
     Button,
-    ButtonPress,
     Capabilities,
     DeliveryError,
     Dispatch,
     Inbound,
-    Message,
     MessageRef,
-    Retracted,
 )
+from core.recent import Recent
+from memory.channel_store import ChannelStore
 
 log = structlog.get_logger("adapters.discord")
 
@@ -63,9 +79,58 @@ AUTH_FAILED = (
 )
 #: Delivered messages remembered (id -> author, space) to attribute raw deletions.
 DELIVERED_KEPT = 1024
-#: First delay before restarting a gateway loop that crashed; doubles up to the cap.
+#: First delay before restarting a gateway loop that crashed; doubles up to the cap
+#: (with jitter) for as long as the client runs: each restart opens a new session, and
+#: Discord allows only so many IDENTIFYs a day.
 RESTART_DELAY = 1.0
 RESTART_DELAY_MAX = 60.0
+
+
+@dataclass(slots=True)
+class _Held:
+    """An interaction kept to answer later through its webhook (15-minute token)."""
+
+    interaction: discord.Interaction
+    message_id: str
+    expires: float
+
+
+class _Gateway(discord.Client):
+    """discord.py's Client with its events routed to the adapter."""
+
+    def __init__(self, adapter: DiscordChannel, **options: Any) -> None:
+        super().__init__(**options)
+        self.adapter = adapter
+        self.tree = app_commands.CommandTree(self)
+        adapter._register_commands(self.tree)
+
+    async def setup_hook(self) -> None:
+        await self.adapter._sync_commands(self)
+
+    async def on_connect(self) -> None:  # READY: a new gateway session
+        self.adapter._on_session(self)
+
+    async def on_resumed(self) -> None:
+        self.adapter._on_resumed()
+
+    async def on_disconnect(self) -> None:
+        self.adapter._on_disconnect()
+
+    async def on_message(self, message: discord.Message) -> None:
+        self.adapter._on_message(self, message)
+
+    async def on_raw_message_edit(self, payload: discord.RawMessageUpdateEvent) -> None:
+        self.adapter._on_edit(self, payload)
+
+    async def on_raw_message_delete(self, payload: discord.RawMessageDeleteEvent) -> None:
+        self.adapter._on_delete(self, payload)
+
+    async def on_interaction(self, interaction: discord.Interaction) -> None:
+        if interaction.type is discord.InteractionType.component:
+            await self.adapter._on_press(interaction)
+
+    async def on_error(self, event_method: str, /, *args: Any, **kwargs: Any) -> None:
+        log.exception("adapter.event_failed", channel="discord", event=event_method)
 
 
 class DiscordChannel(ChannelDefaults):
@@ -116,11 +181,15 @@ class DiscordChannel(ChannelDefaults):
         self._commands: dict[str, _Held] = {}
         #: message id -> (author id, guild id) of the messages delivered as input, newest last.
         self._delivered: Recent[int, tuple[str, str | None]] = Recent(DELIVERED_KEPT)
+        #: Delays between restarts of a crashed gateway loop.
+        self._restarts = Backoff(RESTART_DELAY, RESTART_DELAY_MAX)
 
     # ------------------------------------------------------------------ lifecycle
 
     @classmethod
-    def from_settings(cls, cfg: Mapping[str, str], settings: Any) -> DiscordChannel:
+    def from_settings(
+        cls, cfg: Mapping[str, str], settings: Any, store: ChannelStore | None = None
+    ) -> DiscordChannel:
         """The adapter from its registry settings (config/platforms.py)."""
         return cls(token=cfg["token"], api_url=cfg["api_url"], gateway_url=cfg["gateway_url"])
 
@@ -199,7 +268,7 @@ class DiscordChannel(ChannelDefaults):
     async def _run(self, client: _Gateway) -> None:
         """discord.py's connect loop (it reconnects and resumes by itself), restarted
         when it dies of something it does not handle, e.g. an event it cannot parse."""
-        failures = 0
+        self._restarts.reset()
         while not client.is_closed():
             try:
                 await client.connect(reconnect=True)
@@ -213,8 +282,7 @@ class DiscordChannel(ChannelDefaults):
             except Exception as exc:
                 if self._stopping or client.is_closed():
                     return
-                failures += 1
-                delay = min(RESTART_DELAY * 2 ** (failures - 1), RESTART_DELAY_MAX)
+                delay = self._restarts.next_delay()
                 log.exception("adapter.gateway_failed", channel=self.name, retry_in=delay)
                 self.health.lost(f"gateway loop failed: {type(exc).__name__}")
                 if client.ws is not None:
@@ -289,98 +357,34 @@ class DiscordChannel(ChannelDefaults):
 
     def _on_message(self, client: _Gateway, message: discord.Message) -> None:
         self.health.heard()
-        me = client.user
-        author = message.author
-        if me is None or author.bot or author.id == me.id or message.webhook_id is not None:
+        event = parse_message(message, client.user, self.name)
+        if event is None:
             return
-        if message.type not in (discord.MessageType.default, discord.MessageType.reply):
-            return
-        text = message.content
-        direct = message.guild is None
-        if not direct:
-            # People often pick the bot's own role from the @-autocomplete (same name as
-            # the bot): a mention of that managed role counts as mentioning the bot.
-            roles = [r.id for r in message.role_mentions if r.tags and r.tags.bot_id == me.id]
-            ids = "|".join([f"@!?{me.id}", *(f"@&{r}" for r in roles)])
-            mention = re.compile(rf"\s*<(?:{ids})>\s*")
-            named = roles or any(u.id == me.id for u in message.mentions)
-            if not (named or mention.search(text)):
-                return
-            text = mention.sub(" ", text)
-        channel = message.channel
-        conversation = str(channel.id)
-        space = None if message.guild is None else str(message.guild.id)
-        self._delivered.put(message.id, (str(author.id), space))
-        self._deliver(
-            Message(
-                channel=self.name,
-                conversation=conversation,
-                user=str(author.id),
-                text=text.strip(),
-                id=str(message.id),
-                thread=conversation if _is_thread(channel) else None,
-                user_name=author.display_name,
-                space=space,
-                direct=direct,
-            )
-        )
+        self._delivered.put(message.id, (event.user, event.space))
+        self._deliver(event)
 
     def _on_edit(self, client: _Gateway, payload: discord.RawMessageUpdateEvent) -> None:
         """A person's edit of a message Steward took as input → `Retracted` ("edited")."""
         self.health.heard()
-        me, message = client.user, payload.message
-        author = message.author
-        if me is None or author.bot or author.id == me.id or message.webhook_id is not None:
-            return
-        if not payload.data.get("edited_timestamp"):
-            return  # an embed / link preview resolving: the person changed nothing
-        if message.id not in self._delivered:
-            return  # not a message to Steward (or from before this session)
-        self._deliver(
-            Retracted(
-                channel=self.name,
-                conversation=str(payload.channel_id),
-                user=str(author.id),
-                message_id=str(message.id),
-                kind="edited",
-                sent_at=discord.utils.snowflake_time(message.id).timestamp(),
-                space=None if payload.guild_id is None else str(payload.guild_id),
-            )
-        )
+        event = parse_edit(payload, client.user, self._delivered, self.name)
+        if event is not None:
+            self._deliver(event)
 
     def _on_delete(self, client: _Gateway, payload: discord.RawMessageDeleteEvent) -> None:
         """A deletion of a message Steward took as input → `Retracted` ("deleted"); the
         author comes from discord.py's cache when it has the message, else from ours."""
         self.health.heard()
         known = self._delivered.pop(payload.message_id, None)
-        cached = payload.cached_message
-        me = client.user
-        if known is None and cached is not None and me is not None:
-            author = cached.author
-            if not author.bot and author.id != me.id and cached.webhook_id is None:
-                known = (str(author.id), None if cached.guild is None else str(cached.guild.id))
-        if known is None:
-            return  # author unknown (or the bot, another bot): nothing to attribute
-        user, space = known
-        self._deliver(
-            Retracted(
-                channel=self.name,
-                conversation=str(payload.channel_id),
-                user=user,
-                message_id=str(payload.message_id),
-                kind="deleted",
-                sent_at=discord.utils.snowflake_time(payload.message_id).timestamp(),
-                space=space,
-            )
-        )
+        event = parse_delete(payload, client.user, known, self.name)
+        if event is not None:
+            self._deliver(event)
 
     async def _on_press(self, interaction: discord.Interaction) -> None:
         """Acknowledge at once (deferred update, type 6), then dispatch in the background:
         Discord shows "interaction failed" if the answer takes more than 3 seconds."""
         self.health.heard()
-        data: dict[str, Any] = dict(interaction.data or {})
-        custom_id = data.get("custom_id")
-        if not isinstance(custom_id, str) or not custom_id or interaction.user.bot:
+        press = parse_press(interaction, self.name)
+        if press is None:
             return
         try:
             await interaction.response.defer()
@@ -390,21 +394,8 @@ class DiscordChannel(ChannelDefaults):
             if delivery_error("interaction ack", exc) is None:
                 raise
             log.warning("adapter.ack_failed", channel=self.name, error=str(exc))
-        conversation = str(interaction.channel_id)
-        user = str(interaction.user.id)
-        message_id = str(interaction.message.id) if interaction.message else ""
-        self._hold(self._presses, (conversation, user), interaction, message_id)
-        self._deliver(
-            ButtonPress(
-                channel=self.name,
-                conversation=conversation,
-                user=user,
-                value=custom_id,
-                message_id=message_id,
-                user_name=interaction.user.display_name,
-                space=None if interaction.guild_id is None else str(interaction.guild_id),
-            )
-        )
+        self._hold(self._presses, (press.conversation, press.user), interaction, press.message_id)
+        self._deliver(press)
 
     def _hold(
         self,
@@ -487,19 +478,7 @@ class DiscordChannel(ChannelDefaults):
             log.warning("adapter.ack_failed", channel=self.name, error=str(exc))
         else:
             self._hold(self._commands, conversation, interaction)
-        self._deliver(
-            Message(
-                channel=self.name,
-                conversation=conversation,
-                user=str(interaction.user.id),
-                text=text,
-                id=str(interaction.id),
-                thread=conversation if _is_thread(interaction.channel) else None,
-                user_name=interaction.user.display_name,
-                space=None if interaction.guild_id is None else str(interaction.guild_id),
-                direct=interaction.guild_id is None,
-            )
-        )
+        self._deliver(parse_command(interaction, text, self.name))
 
     # ------------------------------------------------------------------ outbound
 
@@ -511,14 +490,18 @@ class DiscordChannel(ChannelDefaults):
         return client.http
 
     async def _post(
-        self, conversation: str, thread: str | None, payload: dict[str, Any]
+        self,
+        conversation: str,
+        thread: str | None,
+        payload: dict[str, Any],
+        files: Sequence[Attachment] = (),
     ) -> MessageRef:
         target = thread or conversation
         cid = _snowflake(target, "channel")
-        data = await _guard(
-            f"POST /channels/{target}/messages",
-            self._http.send_message(cid, params=_params(payload)),
-        )
+        with _params(payload, discord_files(files)) as params:  # closes the files after
+            data = await _guard(
+                f"POST /channels/{target}/messages", self._http.send_message(cid, params=params)
+            )
         return MessageRef(
             channel=self.name, conversation=conversation, id=str(data["id"]), thread=thread
         )
@@ -534,15 +517,20 @@ class DiscordChannel(ChannelDefaults):
     ) -> MessageRef:
         """Post a message (text is already Discord Markdown and ≤2000 chars: the channel
         layer converts and splits), with one button per choice (custom_id = the opaque
-        value). The first send without buttons after a slash command answers it."""
-        text = with_attachments(text, attachments)
+        value) and the attachments as its files (up to 10, 10 MB together; any other
+        gets a line saying it was not sent). The first send without buttons after a
+        slash command answers it."""
+        files, left = fit_files(attachments)
+        text = text_with_files(text, files, left)
         if buttons:
-            return await self._post(conversation, thread, message_payload(text, buttons))
+            return await self._post(conversation, thread, message_payload(text, buttons), files)
         held = self._fresh(self._commands.get(conversation))
         if held is not None:
             try:
+                # `files` only when there are some: [] would add `attachments: []`.
+                extra: dict[str, Any] = {"files": discord_files(files)} if files else {}
                 sent = await held.interaction.followup.send(
-                    text, wait=True, allowed_mentions=discord.AllowedMentions.none()
+                    text, wait=True, allowed_mentions=discord.AllowedMentions.none(), **extra
                 )
             except (discord.NotFound, discord.Forbidden):
                 self._commands.pop(conversation, None)  # token gone: post normally
@@ -554,7 +542,7 @@ class DiscordChannel(ChannelDefaults):
             else:
                 self._commands.pop(conversation, None)
                 return MessageRef(self.name, conversation, str(sent.id), thread)
-        return await self._post(conversation, thread, message_payload(text))
+        return await self._post(conversation, thread, message_payload(text), files)
 
     async def edit(
         self, ref: MessageRef, text: str, *, buttons: list[Button] | None = None

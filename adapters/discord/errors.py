@@ -121,7 +121,8 @@ def delivery_error(what: str, exc: BaseException) -> DeliveryError | None:
             return DeliveryError(f"Discord {what}: server error {status} {detail}")
         hint = {
             401: "the bot token was refused (STEWARD_DISCORD_TOKEN)",
-            403: "the bot lacks access or permission there (View Channel, Send Messages)",
+            403: "the bot lacks access or permission there (View Channel, Send Messages; "
+            "Attach Files for a message with files)",
             404: "unknown channel, message or interaction",
         }.get(status, "Discord refused the request")
         return DeliveryError(f"Discord {what}: {status} {detail}: {hint}", transient=False)

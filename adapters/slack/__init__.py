@@ -29,19 +29,26 @@ bot_message, …) is ignored: our own replies (and our own edits of them) come b
 ``message`` events and must never turn into input.
 
 Modes: Socket Mode when an app-level token (``xapp-``) is given, else HTTP mode,
-which mounts ``POST /slack/events`` on Steward's aiohttp server (events,
-interactivity and slash commands all point there).
+which mounts ``POST /webhooks/slack`` (and the older ``/slack/events``) on Steward's
+aiohttp server through the shared webhook intake (events, interactivity and slash
+commands all point there). A request Slack retries, or one replayed within the
+signature's 5-minute window, runs once.
+
+Outbound attachments are real files: one external upload per message, into the same
+conversation and thread, each caption as the file's title.
 
 The parts:
-- `inbound.py`: the signature headers' first check and the payload parsers;
-- `outbound.py`: Block Kit rendering and Slack's errors as `DeliveryError`;
-- `socket.py`: the Socket Mode client that reports (re)connects and fatal auth;
-- `channel.py`: `SlackChannel`, the adapter (lifecycle, HTTP route, outbound calls).
+- `channel.py`: `SlackChannel`, the adapter (lifecycle, the Socket Mode client that
+  reports (re)connects and fatal auth, the HTTP route, the delivery calls);
+- `inbound.py`: the v0 signature check and the payload parsers;
+- `render.py`: Block Kit and the upload's file list;
+- `errors.py`: Slack's errors as `DeliveryError`.
 """
 
 from __future__ import annotations
 
 from adapters.slack.channel import DEFAULT_API_URL, LEGACY_HTTP_PATH, Mode, SlackChannel
+from adapters.slack.errors import delivery_error
 from adapters.slack.inbound import (
     ACTION_ID,
     SIGNATURE_WINDOW,
@@ -51,8 +58,9 @@ from adapters.slack.inbound import (
     parse_event,
     parse_retraction,
     strip_mention,
+    verify,
 )
-from adapters.slack.outbound import delivery_error, render_blocks, render_button
+from adapters.slack.render import escape_mrkdwn, file_uploads, render_blocks, render_button
 
 __all__ = [
     "ACTION_ID",
@@ -63,6 +71,8 @@ __all__ = [
     "Mode",
     "SlackChannel",
     "delivery_error",
+    "escape_mrkdwn",
+    "file_uploads",
     "parse_action",
     "parse_command",
     "parse_event",
@@ -70,4 +80,5 @@ __all__ = [
     "render_blocks",
     "render_button",
     "strip_mention",
+    "verify",
 ]

@@ -1,11 +1,13 @@
 """`SlackChannel`: the adapter itself, in Socket Mode or HTTP Events mode.
 
-Its lifecycle, the HTTP route (v0 signature checked before anything is parsed),
-identity, health and the outbound calls. Parsing lives in adapters/slack/inbound.py,
-rendering and error translation in adapters/slack/outbound.py, the Socket Mode
-client that reports reconnects in adapters/slack/socket.py.
+Its lifecycle, the Socket Mode connection (the SDK's client, made to report reconnects
+and fatal auth), the HTTP route (the shared webhook intake: v0 signature checked before
+anything is parsed), identity, health and the delivery calls (messages, edits,
+ephemeral notes, file uploads). Verification and parsing live in
+adapters/slack/inbound.py, payloads in adapters/slack/render.py, error translation in
+adapters/slack/errors.py.
 
-Size: just over 600 lines, the SlackChannel class alone; its methods share the client,
+Size: about 700 lines, most of it the SlackChannel class; its methods share the client,
 the health machine and the delivered-message map.
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import re
 from collections.abc import Awaitable, Mapping, Sequence
@@ -23,32 +26,30 @@ import aiohttp
 import structlog
 from aiohttp import web
 from slack_bolt.adapter.aiohttp import to_aiohttp_response
+from slack_bolt.adapter.socket_mode.aiohttp import AsyncSocketModeHandler
 from slack_bolt.app.async_app import AsyncApp
 from slack_bolt.authorization import AuthorizeResult
-from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.signature import SignatureVerifier
+from slack_sdk.socket_mode.aiohttp import SocketModeClient
 from slack_sdk.web.async_client import AsyncWebClient
 
 from adapters.base import ChannelDefaults, with_attachments
-from adapters.runtime import Health, Inflight, Recent
+from adapters.runtime import Health, Inflight
+from adapters.slack.errors import _FATAL_AUTH, _error_code, delivery_error
 from adapters.slack.inbound import (
     ACTION_ID,
     SLASH_COMMAND,
-    _unsigned,
+    bolt_request,
     parse_action,
     parse_command,
     parse_event,
     parse_retraction,
+    press_key,
+    verify,
 )
-from adapters.slack.outbound import (
-    _FATAL_AUTH,
-    _error_code,
-    delivery_error,
-    escape_mrkdwn,
-    render_blocks,
-)
-from adapters.slack.socket import _SocketClient, _SocketHandler
+from adapters.slack.render import escape_mrkdwn, file_uploads, render_blocks
+from adapters.webhook import Delivery, Webhook
 from core.events import (
     Attachment,
     Button,
@@ -58,6 +59,8 @@ from core.events import (
     Inbound,
     MessageRef,
 )
+from core.recent import Recent
+from memory.channel_store import ChannelStore
 
 log = structlog.get_logger("adapters.slack")
 
@@ -76,6 +79,55 @@ class _Identity:
     team_id: str
     team: str
     bot_id: str | None
+
+
+# ---------------------------------------------------------------------- Socket Mode
+
+
+class _SocketClient(SocketModeClient):
+    """The SDK's aiohttp Socket Mode client, telling the adapter when it (re)connects.
+
+    Why a subclass: the SDK reconnects on its own (after a close frame, a
+    ``disconnect`` message or failed pings) but reports it to nobody, and retries
+    forever even when the app token is simply wrong. Every (re)connection starts
+    with ``apps.connections.open``, so that is where we hook: the adapter's health
+    goes to ``reconnecting``, and a fatal auth error stops the loop and marks the
+    channel ``down`` instead of hammering Slack.
+    """
+
+    def __init__(self, *, owner: SlackChannel, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._owner = owner
+
+    async def issue_new_wss_url(self) -> str:
+        self._owner._socket_connecting()
+        try:
+            url = await super().issue_new_wss_url()
+        except SlackApiError as exc:
+            if _error_code(exc) in _FATAL_AUTH:
+                self.closed = True  # ends the SDK's connect/receive loops: retrying cannot help
+                self.auto_reconnect_enabled = False
+            self._owner._socket_failed(exc)
+            raise
+        except Exception as exc:
+            self._owner._socket_failed(exc)
+            raise
+        return url
+
+
+class _SocketHandler(AsyncSocketModeHandler):
+    """Bolt's aiohttp Socket Mode handler, running on our `_SocketClient`.
+
+    Its ``__init__`` is skipped on purpose: it would build a second client (an
+    aiohttp session plus a background task) only to have it replaced. ``handle``
+    (envelope → Bolt → ack) is the SDK's own.
+    """
+
+    def __init__(self, app: AsyncApp, client: _SocketClient) -> None:
+        self.app = app
+        self.app_token = client.app_token
+        self.client = client
+        client.socket_mode_request_listeners.append(self.handle)  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------------- the channel
@@ -169,7 +221,9 @@ class SlackChannel(ChannelDefaults):
         self._settled: asyncio.Event | None = None
 
     @classmethod
-    def from_settings(cls, cfg: Mapping[str, str], settings: Any) -> SlackChannel:
+    def from_settings(
+        cls, cfg: Mapping[str, str], settings: Any, store: ChannelStore | None = None
+    ) -> SlackChannel:
         """The adapter from its registry settings (config/platforms.py)."""
         return cls(
             bot_token=cfg["bot_token"],
@@ -182,13 +236,24 @@ class SlackChannel(ChannelDefaults):
 
     def add_routes(self, app: web.Application) -> None:
         """HTTP mode: mount ``POST <http_path>`` for events, interactivity and commands,
-        and ``/slack/events`` (the path before ``/webhooks/slack``) for existing apps.
+        and ``/slack/events`` (the path before ``/webhooks/slack``) for existing apps,
+        both on the shared webhook intake (adapters/webhook.py).
 
         A no-op in Socket Mode: there, nothing may reach Steward over HTTP as Slack.
         """
-        if self.mode == "http":
-            for path in dict.fromkeys((self.http_path, LEGACY_HTTP_PATH)):
-                app.router.add_post(path, self._http)
+        if self.mode != "http":
+            return
+        assert self._verifier is not None
+        webhook = Webhook(
+            self.name,
+            verify=functools.partial(verify, self._verifier),
+            parse=self._parse,
+            ready=lambda: self._dispatch,
+            inflight=self._inflight,
+            health=self.health,
+        )
+        for path in dict.fromkeys((self.http_path, LEGACY_HTTP_PATH)):
+            app.router.add_post(path, webhook.handle)
 
     async def start(self, dispatch: Dispatch) -> None:
         """Learn who we are (auth.test), then connect (Socket Mode) or wait for POSTs.
@@ -314,8 +379,11 @@ class SlackChannel(ChannelDefaults):
     ) -> MessageRef:
         """chat.postMessage; the text is already mrkdwn (the channel layer converted it).
         Buttons make it a section plus one button per choice, ``text`` staying the
-        notification's fallback."""
-        text = with_attachments(text, attachments, escape=escape_mrkdwn)
+        notification's fallback. Attachments follow as one upload (`_upload`) into the
+        same conversation and thread."""
+        if not text.strip() and attachments and not buttons:
+            await self._upload(conversation, thread, attachments)  # nothing to say first
+            return MessageRef(channel=self.name, conversation=conversation, id="", thread=thread)
         if buttons:
             call = self._client.chat_postMessage(
                 channel=conversation,
@@ -326,7 +394,42 @@ class SlackChannel(ChannelDefaults):
         else:
             call = self._client.chat_postMessage(channel=conversation, text=text, thread_ts=thread)
         data = await self._call("chat.postMessage", call)
-        return self._ref(data, conversation, thread)
+        ref = self._ref(data, conversation, thread)
+        if attachments:
+            try:
+                await self._upload(ref.conversation, thread, attachments)
+            except DeliveryError:
+                # The text is already there: failing the send would make the channel
+                # layer post it again. Say which files are missing instead.
+                note = with_attachments("", attachments, escape=escape_mrkdwn)
+                await self._call(
+                    "chat.postMessage",
+                    self._client.chat_postMessage(
+                        channel=ref.conversation, text=note, thread_ts=thread
+                    ),
+                )
+        return ref
+
+    async def _upload(
+        self, conversation: str, thread: str | None, attachments: Sequence[Attachment]
+    ) -> None:
+        """All files of one message in one external upload (slack_sdk's files_upload_v2:
+        files.getUploadURLExternal per file, the bytes POSTed to each upload URL, then one
+        files.completeUploadExternal sharing them into the conversation and thread), each
+        file's caption as its title."""
+        await self._call(
+            "files upload",
+            self._client.files_upload_v2(
+                file_uploads=file_uploads(attachments), channel=conversation, thread_ts=thread
+            ),
+        )
+        log.info(
+            "slack.uploaded",
+            channel=self.name,
+            conversation=conversation,
+            files=len(attachments),
+            bytes=sum(len(a.data) for a in attachments),
+        )
 
     async def edit(
         self, ref: MessageRef, text: str, *, buttons: list[Button] | None = None
@@ -462,21 +565,23 @@ class SlackChannel(ChannelDefaults):
         await ack()  # first: Slack shows the person an error after 3 s without it
         self._touch()
         press = parse_action(body, self.name)
-        if press is not None:
+        key = press_key(body)
+        if press is not None and (key is None or self._first_time(key)):
             self._deliver(press)
 
     async def _on_command(self, ack: Any, body: dict[str, Any]) -> None:
         await ack()
         self._touch()
         message = parse_command(body, self.name)
-        if message is not None:
+        if message is not None and (not message.id or self._first_time(f"command:{message.id}")):
             self._deliver(message)
 
     def _touch(self) -> None:
         self.health.heard()
 
     def _first_time(self, key: str, user: str | None = None) -> bool:
-        """False for a message already seen (Slack's HTTP retries deliver it again)."""
+        """False for a message, press or command already seen: Slack's retries deliver it
+        again, and a captured HTTP request can be replayed within its 5-minute window."""
         return self._seen.first_time(key, user)
 
     def _deliver(self, event: Inbound) -> None:
@@ -492,43 +597,13 @@ class SlackChannel(ChannelDefaults):
         )
         self._inflight.spawn(self._dispatch, event)
 
-    async def _http(self, request: web.Request) -> web.StreamResponse:
-        """HTTP mode inbound: verify the v0 signature first, then let Bolt route it.
-
-        The signature is checked before the body is parsed, so a forged request gets
-        401 whatever it contains, and nothing unsigned is ever parsed. (Bolt's own
-        verification middleware runs again inside `async_dispatch`; it is cheap.)
-        """
-        raw = await request.read()
-        timestamp = request.headers.get("X-Slack-Request-Timestamp", "")
-        signature = request.headers.get("X-Slack-Signature", "")
-        reason = _unsigned(timestamp, signature)
-        body: str | None = None
-        if not reason:
-            try:
-                body = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                # Slack only sends UTF-8, and the SDK's verifier would raise on it.
-                return _malformed(self.name, "UnicodeDecodeError")
-            assert self._verifier is not None
-            if not self._verifier.is_valid(body, timestamp, signature):
-                reason = "bad signature"
-        if reason or body is None:
-            log.warning("slack.forged", channel=self.name, reason=reason, remote=request.remote)
-            return web.json_response({"error": "invalid request signature"}, status=401)
-        try:
-            bolt_request = AsyncBoltRequest(
-                body=body, query=request.query_string, headers=dict(request.headers)
-            )
-            if not isinstance(bolt_request.body, dict):
-                raise ValueError("body is not an object")
-        except (ValueError, TypeError, AttributeError) as exc:
-            return _malformed(self.name, type(exc).__name__)
-        if self._dispatch is None:
-            # Not started (or stopping): a 503 makes Slack deliver it again later.
-            return web.json_response({"error": "Steward is not ready"}, status=503)
-        response = await self._app.async_dispatch(bolt_request)
-        return await to_aiohttp_response(response)
+    async def _parse(self, headers: Mapping[str, str], body: bytes) -> Delivery:
+        """HTTP mode, after the intake verified the signature: Bolt routes the request to
+        the listeners above and makes the answer (an ack, the url_verification
+        challenge). Nothing is left for the intake to run: the listeners hand events to
+        the dispatcher themselves, each once, and Bolt acks within Slack's 3 seconds."""
+        response = await self._app.async_dispatch(bolt_request(headers, body))
+        return Delivery(answer=await to_aiohttp_response(response))
 
     # ------------------------------------------------------------------ socket health
 
@@ -559,11 +634,6 @@ class SlackChannel(ChannelDefaults):
                 self._settled.set()
             return
         self.health.lost(str(err))
-
-
-def _malformed(channel: str, error: str) -> web.Response:
-    log.warning("slack.malformed", channel=channel, error=error)
-    return web.json_response({"error": "malformed request body"}, status=400)
 
 
 def _check_config(bot_token: str, app_token: str, signing_secret: str) -> None:

@@ -1,9 +1,11 @@
-"""Slack inbound: the HTTP headers' first check (`_unsigned`), then Events API,
-interactivity and slash-command payloads parsed into `Message`, `ButtonPress` and
-`Retracted` (pure functions, no I/O).
+"""Slack inbound: the v0 request signature checked for the webhook intake (`verify`),
+the verified body as Bolt's request (`bolt_request`), then Events API, interactivity and
+slash-command payloads parsed into `Message`, `ButtonPress` and `Retracted` (pure
+functions, no I/O).
 
-What counts as talking to Steward is listed in adapters/slack/__init__.py; the
-channel (adapters/slack/channel.py) verifies a request before it calls these.
+What counts as talking to Steward is listed in adapters/slack/__init__.py; the channel
+(adapters/slack/channel.py) hands Bolt only what `verify` let through, and Bolt calls
+the channel's listeners, which call these parsers.
 """
 
 from __future__ import annotations
@@ -13,12 +15,17 @@ import time
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from adapters.runtime import Recent, json_object
+from slack_bolt.request.async_request import AsyncBoltRequest
+from slack_sdk.signature import SignatureVerifier
+
+from adapters.runtime import json_object
+from adapters.webhook import forged, malformed, replayed, unsigned
 from core.events import (
     ButtonPress,
     Message,
     Retracted,
 )
+from core.recent import Recent
 
 #: Slack refuses signed requests older (or newer) than this many seconds.
 SIGNATURE_WINDOW = 300
@@ -212,12 +219,59 @@ def parse_command(body: Mapping[str, Any], channel: str = "slack") -> Message | 
     )
 
 
-def _unsigned(timestamp: str, signature: str) -> str:
-    """Why the headers alone rule the request out ("" if they don't): unsigned or stale."""
+def press_key(body: Mapping[str, Any]) -> str | None:
+    """What makes one button press unique (its ``trigger_id`` and ``action_ts``): the same
+    press delivered again, a retry or a replayed request, has the same key."""
+    actions = body.get("actions")
+    first = actions[0] if isinstance(actions, list) and actions else None
+    action_ts = first.get("action_ts") if isinstance(first, dict) else None
+    trigger = body.get("trigger_id")
+    if not trigger and not action_ts:
+        return None
+    return f"press:{trigger or ''}:{action_ts or ''}"
+
+
+# ---------------------------------------------------------------------- HTTP mode
+
+
+def verify(
+    verifier: SignatureVerifier,
+    headers: Mapping[str, str],
+    body: bytes,
+    *,
+    now: float | None = None,
+) -> None:
+    """Slack's v0 signature on the raw body, for the webhook intake (adapters/webhook.py):
+    returns when the request is Slack's, else raises its refusal.
+
+    Missing headers → unsigned; a timestamp more than five minutes off → replayed (a
+    captured request sent again later); a wrong signature → forged; a body that is not
+    UTF-8 → malformed (Slack only sends UTF-8, and the SDK's verifier cannot read it).
+    A replay *inside* the window passes here: the listeners run each event, press and
+    command once (adapters/slack/channel.py).
+    """
+    timestamp = headers.get("X-Slack-Request-Timestamp", "")
+    signature = headers.get("X-Slack-Signature", "")
     if not timestamp or not signature:
-        return "unsigned"
+        raise unsigned("no X-Slack-Request-Timestamp or X-Slack-Signature")
     if not timestamp.isdigit():
-        return "bad timestamp"  # the SDK's verifier would raise on int("…")
-    if abs(time.time() - int(timestamp)) > SIGNATURE_WINDOW:
-        return "stale"
-    return ""
+        raise forged("bad timestamp")  # the SDK's verifier would raise on int("…")
+    clock = time.time() if now is None else now
+    if abs(clock - int(timestamp)) > SIGNATURE_WINDOW:
+        raise replayed(f"timestamp {timestamp} is more than {SIGNATURE_WINDOW}s off")
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise malformed("UnicodeDecodeError") from exc
+    if not verifier.is_valid(text, timestamp, signature):
+        raise forged("bad signature")
+
+
+def bolt_request(headers: Mapping[str, str], body: bytes) -> AsyncBoltRequest:
+    """A verified request as Bolt's own (it routes events, interactivity and commands and
+    makes the answer). Raises `ValueError` for a body that is not a JSON object or a form
+    Slack sends: the intake answers that with 400."""
+    request = AsyncBoltRequest(body=body.decode("utf-8"), headers=dict(headers.items()))
+    if not isinstance(request.body, dict):
+        raise ValueError("body is not an object")
+    return request

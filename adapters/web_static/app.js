@@ -159,6 +159,49 @@
     });
   }
 
+  function fileSize(bytes) {
+    const n = Number(bytes) || 0;
+    if (n < 1024) return n === 1 ? "1 byte" : n + " bytes";
+    if (n < 1024 * 1024) return Math.round(n / 1024) + " KB";
+    return (n / (1024 * 1024)).toFixed(1) + " MB";
+  }
+
+  // Only what Steward's own server serves, behind its login: never another site, never
+  // a javascript: URL, whatever a (tampered) history says.
+  const ATTACHMENT_URL = /^\/attachments\/[A-Za-z0-9_-]+\/[^\s"'<>\\]*$/;
+
+  // Each attachment once, under the text: an image shown in the page (a click opens it),
+  // any other file as a download link with its size; the caption below either.
+  function renderAttachments(container, files) {
+    container.textContent = "";
+    const shown = (Array.isArray(files) ? files : [])
+      .filter((f) => f && typeof f.url === "string" && ATTACHMENT_URL.test(f.url));
+    container.hidden = shown.length === 0;
+    shown.forEach((f) => {
+      const name = String(f.name || "attachment");
+      const item = el("figure", "attachment");
+      const link = el("a", "file");
+      link.href = f.url;
+      if (String(f.mime || "").startsWith("image/")) {
+        link.target = "_blank";
+        link.rel = "noopener noreferrer";
+        link.title = name;
+        const img = el("img", "preview");
+        img.src = f.url;
+        img.alt = name;
+        link.appendChild(img);
+      } else {
+        link.download = name;
+        link.appendChild(el("span", "file-name", name));
+        link.appendChild(el("span", "file-size", fileSize(f.size)));
+      }
+      item.appendChild(link);
+      if (f.caption) item.appendChild(el("figcaption", "caption", String(f.caption)));
+      container.appendChild(item);
+    });
+  }
+
+  // An edit carries text and buttons only: the attachments stay as first shown.
   function fillMessage(node, frame) {
     node.querySelector(".text").innerHTML = renderMarkdown(frame.text);
     renderButtons(node.querySelector(".buttons"), frame.id, frame.buttons);
@@ -172,6 +215,9 @@
     node.dataset.id = frame.id;
     const bubble = el("div", "bubble");
     bubble.appendChild(el("div", "text"));
+    const files = el("div", "attachments");
+    renderAttachments(files, frame.attachments);
+    bubble.appendChild(files);
     bubble.appendChild(el("div", "buttons"));
     node.appendChild(bubble);
     const time = formatTime(frame.ts);

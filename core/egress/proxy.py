@@ -36,6 +36,7 @@ import structlog
 
 from core.egress.addresses import literal_ip, normal_host, valid_host
 from core.egress.policy import EgressPolicy, EgressRefused
+from core.task_set import TaskSet
 
 log = structlog.get_logger("steward.egress")
 
@@ -120,7 +121,7 @@ class EgressProxy:
         self.refused: list[Attempt] = []
         self.path: str | None = None
         self._server: asyncio.AbstractServer | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet("egress_proxy")  # one per open connection
         self._lookups = asyncio.Semaphore(MAX_LOOKUPS)
 
     # ── life ────────────────────────────────────────────────────────────────────
@@ -145,11 +146,7 @@ class EgressProxy:
         if self._server is not None:
             self._server.close()
             self._server = None
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await self._tasks.cancel_all()
         if self.path is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.path)
@@ -235,7 +232,7 @@ class EgressProxy:
             return
         task = asyncio.current_task()
         if task is not None:
-            self._tasks.add(task)
+            self._tasks.keep(task)
         try:
             first = await asyncio.wait_for(reader.readexactly(1), HEAD_TIMEOUT)
             if first == b"\x05":
@@ -248,8 +245,6 @@ class EgressProxy:
             log.exception("egress.proxy_failed")
         finally:
             writer.close()
-            if task is not None:
-                self._tasks.discard(task)
 
     async def _http(
         self, first: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter

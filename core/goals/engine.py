@@ -92,6 +92,7 @@ from core.goals.terms import (
     GoalError,
     GoalView,
 )
+from core.task_set import TaskSet
 
 log = structlog.get_logger("steward.goals")
 
@@ -161,7 +162,7 @@ class GoalEngine:
         self._velocity: dict[str, deque[tuple[float, int]]] = {}
         self._subscribers: list[Callable[[GoalView], None]] = []
         self._progress_timer: Callable[[], None] | None = None
-        self._posts: set[asyncio.Task[Any]] = set()
+        self._posts = TaskSet("goals", activity=clock.activity)
 
     # ── the contract (dashboard, commands) ──
     def load(self) -> None:
@@ -367,8 +368,7 @@ class GoalEngine:
         if self._progress_timer is not None:
             self._progress_timer()
             self._progress_timer = None
-        if self._posts:
-            await asyncio.gather(*self._posts, return_exceptions=True)
+        await self._posts.wait()
 
     # ── the loop: one step at a time, as a job of the conversation's queue ──
     def _kick(self, gid: str) -> None:
@@ -793,15 +793,7 @@ class GoalEngine:
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         """Run `work` in the background as counted activity: the simulated clock (replay,
         tests) is not idle until it has finished, and `stop` waits for it."""
-        self.clock.activity.inc()
-        task = asyncio.get_running_loop().create_task(work)
-        self._posts.add(task)
-
-        def done(t: asyncio.Task[None]) -> None:
-            self._posts.discard(t)
-            self.clock.activity.dec()
-
-        task.add_done_callback(done)
+        self._posts.run(work, "post")
 
     async def _applied(self, applied: list[tuple[str, str, str]]) -> None:
         for gid, action, by in applied:

@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import json
 import os
-import random
 import re
 import sys
 import threading
@@ -27,6 +26,7 @@ from typing import Any
 import structlog
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
+from core.backoff import backoff_delay
 from core.clock import Clock
 from core.lazy_package import defer_tree
 from core.model import litellm_file_ids, litellm_tokenizer
@@ -212,8 +212,7 @@ class LLMClient:
 
     def _wait(self, state: RetryCallState) -> float:
         exc = state.outcome.exception() if state.outcome else None
-        exp: float = self.backoff * (2 ** (state.attempt_number - 1))
-        delay = min(self.backoff_max, exp) * (0.5 + random.random() / 2)  # jitter
+        delay = backoff_delay(state.attempt_number, self.backoff, self.backoff_max)
         hinted = retry_after(exc) if exc else None
         if hinted is not None:
             delay = max(delay, min(hinted, self.backoff_max))

@@ -43,6 +43,7 @@ import structlog
 
 from core.model.errors import WorkerCallError
 from core.model.result import LLMResult
+from core.task_set import TaskSet
 
 log = structlog.get_logger("steward.llm_worker")
 
@@ -114,7 +115,7 @@ class WorkerPool:
         #: Seconds past a call's timeout before its worker is killed (tests shorten it).
         self.answer_grace = ANSWER_GRACE
         self._idle_check: asyncio.TimerHandle | None = None
-        self._retired: set[asyncio.Task[None]] = set()  # read to their end, then reaped
+        self._retired = TaskSet("llm_workers")  # read to their end, then reaped
 
     def pick(self) -> _Worker | None:
         """A ready worker for the next call while at least `threshold` other model calls
@@ -216,8 +217,7 @@ class WorkerPool:
             self._slots[slot] = None
             worker.retiring = True
             if worker.reading is not None:
-                self._retired.add(worker.reading)
-                worker.reading.add_done_callback(self._retired.discard)
+                self._retired.keep(worker.reading)
             log.info("llm_worker.idle_stop", slot=slot, pid=worker.process.pid)
             worker.writer.close()  # the worker reads EOF and exits; _answers reaps it
         if any(w is not None for w in self._slots):
@@ -310,8 +310,7 @@ class WorkerPool:
             if task is not None and not task.done():
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
-        if self._retired:
-            await asyncio.gather(*self._retired, return_exceptions=True)
+        await self._retired.wait()
         for i, worker in enumerate(self._slots):
             if worker is None:
                 continue

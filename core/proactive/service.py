@@ -10,7 +10,6 @@ For /proactive it reports and switches; the bot words the replies.
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import functools
 import hashlib
@@ -27,12 +26,17 @@ from core.proactive.config import KINDS, Config
 from core.proactive.engine import Engine
 from core.proactive.state import OfferDecision, OpenOffer, Score, Status, UserState
 from core.proactive.text import _fmt_minutes, parse_quiet
+from core.task_set import TaskSet
 from memory.health import health_for
 from memory.records import RecordStore
 from memory.redact import redact
 from memory.store import MalformedFile
 
 log = structlog.get_logger("steward.proactive")
+
+
+def _timer_failed(_owner: str, _what: str, exc: BaseException) -> None:
+    log.error("proactive.timer_failed", exc_info=exc)
 
 
 class FailureEvidenceSink(Protocol):
@@ -107,7 +111,7 @@ class Proactive:
         #: (channel, user, conversation) -> (channel, thread) last seen, for timer offers.
         self._where: dict[tuple[str, str, str], tuple[Channel, str | None]] = {}
         self._timers: dict[str, Callable[[], None]] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet("proactive", on_error=_timer_failed, activity=clock.activity)
         self._stopped = False
 
     # -- state on disk ------------------------------------------------------------------
@@ -160,22 +164,7 @@ class Proactive:
         if self._stopped:
             coro.close()
             return
-        self.clock.activity.inc()
-
-        async def run() -> None:
-            try:
-                await coro
-            except Exception:
-                log.exception("proactive.timer_failed")
-            finally:
-                self.clock.activity.dec()
-
-        task = asyncio.create_task(run())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        # Cancelled by stop() before its first step, run() never awaited `coro`: closing
-        # it keeps "coroutine ... was never awaited" out of the log (a no-op once it ran).
-        task.add_done_callback(lambda _task: coro.close())
+        self._tasks.run(coro, "timer")
 
     def _at(self, name: str, when: float, make: Callable[[], Coroutine[Any, Any, None]]) -> None:
         old = self._timers.pop(name, None)
@@ -215,10 +204,7 @@ class Proactive:
         for cancel in self._timers.values():
             cancel()
         self._timers.clear()
-        for task in list(self._tasks):
-            task.cancel()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._tasks.cancel_all()
 
     # -- events from the dispatcher -----------------------------------------------------
 

@@ -53,6 +53,7 @@ from typing import cast
 import structlog
 
 from core import git_control, safe_fs
+from core.recent import Recent
 from memory.atomic import atomic_write_text
 
 log = structlog.get_logger("steward.sandbox")
@@ -150,7 +151,7 @@ class GitGuard:
         self._known: dict[str, _Known] = {}
         #: Control entries trusted as they are (path → signature); None: not scanned yet.
         self._trusted: dict[str, Sig] | None = None
-        self._parsed: collections.OrderedDict[str, _Parsed] = collections.OrderedDict()
+        self._parsed: Recent[str, _Parsed] = Recent(PARSED_KEPT)
         self._lock = threading.Lock()
         #: Entries the last repair could not check, and folders its scan missed.
         self.unchecked = 0
@@ -502,9 +503,10 @@ class GitGuard:
         installed. Cached by content: a thousand copies cost one reading."""
         key = hashlib.sha256(data).hexdigest()
         with self._lock:
-            if key in self._parsed:
-                self._parsed.move_to_end(key)
-                return self._parsed[key]
+            known = self._parsed.get(key)
+            if known is not None:
+                self._parsed.put(key, known)  # recently used: kept longest
+                return known
         try:
             entries = git_control.read_entries(data)
         except git_control.ConfigUnreadable as exc:
@@ -513,9 +515,7 @@ class GitGuard:
             return None
         parsed = _Parsed(entries, git_control.unsafe(entries))
         with self._lock:
-            self._parsed[key] = parsed
-            while len(self._parsed) > PARSED_KEPT:
-                self._parsed.popitem(last=False)
+            self._parsed.put(key, parsed)
         return parsed
 
     def _check_config(self, path: str, shown: str, kind: int) -> tuple[str, Sig | None]:

@@ -10,7 +10,11 @@ What a hostile or broken inbound looks like here is (a) a message whose author
 Discord marks as a bot — another bot trying to drive Steward, or an echo of our
 own reply — and (b) a malformed event. `forged_inbound` delivers both, returns 0
 (no HTTP status exists) and waits until the adapter is listening again: the
-suite then checks that nothing was dispatched.
+suite then checks that nothing was dispatched. For the same reason there is no
+request to replay, oversize or garble: those return None.
+
+Files go up with the message itself (multipart); `uploads` reads them back from
+the fake with their bytes and descriptions.
 """
 
 from __future__ import annotations
@@ -18,8 +22,8 @@ from __future__ import annotations
 import itertools
 
 from adapters.discord import DiscordChannel
-from tests.contract.harness import Sent
-from tests.fakes.discord import ALICE, BOB, GROUP, OTHER_BOT, TOKEN, FakeDiscord
+from tests.contract.harness import Sent, Upload
+from tests.fakes.discord import ALICE, BOB, GROUP, OTHER_BOT, TOKEN, FakeDiscord, SentFile
 
 
 def _buttons(components: list[dict[str, object]] | None) -> list[tuple[str, str]]:
@@ -28,6 +32,16 @@ def _buttons(components: list[dict[str, object]] | None) -> list[tuple[str, str]
         for c in row.get("components", []):  # type: ignore[union-attr]
             out.append((str(c.get("label", "")), str(c.get("custom_id", ""))))
     return out
+
+
+def _upload(file: SentFile) -> Upload:
+    return Upload(
+        conversation=file.channel_id,
+        name=file.filename,
+        data=file.data,
+        caption=file.description or "",
+        kind="image" if file.content_type.startswith("image/") else "file",
+    )
 
 
 class DiscordHarness:
@@ -156,6 +170,20 @@ class DiscordHarness:
         await self.fake.wait_identifies(sessions + 1)
         await self.fake.wait_ready()
         return 0
+
+    async def replayed_inbound(self) -> None:
+        """Messages arrive on the gateway the adapter opened: no request to replay."""
+        return None
+
+    async def oversized_inbound(self) -> None:
+        return None
+
+    async def malformed_inbound(self) -> None:
+        return None
+
+    async def uploads(self) -> list[Upload]:
+        """Every file the bot sent with a message (posts and followups), in order."""
+        return [_upload(f) for f in self.fake.uploads]
 
     def acknowledged_within(self) -> float | None:
         """Seconds from the INTERACTION_CREATE leaving the fake to the callback arriving."""

@@ -2,7 +2,10 @@
 server, tests/fakes/googlechat.py playing Google on the other side.
 
 Inbound is a signed POST from the fake to ``/webhooks/googlechat`` (the harness waits
-for the app's answer, as Chat does). Google Chat has no connection of the app's own:
+for the app's answer, as Chat does). Attachments are files the adapter publishes on
+the same local server (its ``public_url`` is that server's 127.0.0.1 address, its
+store a temporary data dir): `uploads` fetches each file a card points at over HTTP,
+as Chat does to show it. Google Chat has no connection of the app's own:
 its link to Google is the access token, so "drop the connection" is a network drop
 on Google's side (issued tokens forgotten, the token endpoint hanging up), which the
 adapter's token keeper must notice and recover from.
@@ -10,14 +13,22 @@ adapter's token keeper must notice and recover from.
 
 from __future__ import annotations
 
+import json
+import shutil
+import socket
+import tempfile
+from email.message import Message
+from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
+import aiohttp
 from aiohttp import web
 
 from adapters.googlechat import GoogleChatChannel
-from tests.contract.harness import Sent
+from memory.channel_store import ChannelStore
+from tests.contract.harness import Sent, Upload
 from tests.fakes.googlechat import FakeGoogleChat
-from tests.kit import serve_routes
 
 
 def buttons_of(message: dict[str, Any]) -> list[tuple[str, str]]:
@@ -58,12 +69,17 @@ class GoogleChatHarness:
         self.fake = FakeGoogleChat()
         self.channel: GoogleChatChannel = None  # type: ignore[assignment]  # set by start()
         self._runner: web.AppRunner | None = None
+        self._data_dir = Path(tempfile.mkdtemp(prefix="steward-googlechat-"))
         self.url = ""
 
     async def start(self) -> None:
         await self.fake.start()
         self.fake.add_space(self.dm, direct=True)
         self.fake.add_space(self.group, direct=False, display="Ops")
+        # The port first: the adapter's public_url (where Chat fetches files) names it.
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        base = f"http://127.0.0.1:{sock.getsockname()[1]}"
         self.channel = GoogleChatChannel(
             credentials=self.fake.service_account_info(),
             audience=self.fake.audience,
@@ -71,15 +87,22 @@ class GoogleChatHarness:
             certs_url=self.fake.certs_url,
             timeout=5.0,
             refresh_every=0.2,
+            store=ChannelStore(self._data_dir, "googlechat"),
+            public_url=base,
         )
-        self._runner, port = await serve_routes(self.channel)
-        self.url = f"http://127.0.0.1:{port}{self.channel.http_path}"
+        app = web.Application()
+        self.channel.add_routes(app)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+        await self._runner.setup()
+        await web.SockSite(self._runner, sock).start()
+        self.url = f"{base}{self.channel.http_path}"
 
     async def stop(self) -> None:
         await self.channel.stop()
         if self._runner is not None:
             await self._runner.cleanup()
         await self.fake.stop()
+        shutil.rmtree(self._data_dir, ignore_errors=True)
 
     async def user_says(
         self,
@@ -125,9 +148,55 @@ class GoogleChatHarness:
         )
         return delivery.status
 
+    async def replayed_inbound(self) -> int | None:
+        """The same signed event (same bytes, same bearer token) twice: Chat's own retry
+        of a late answer, or someone replaying a captured request."""
+        event = self.fake.message_event(self.dm, self.user, "replay me")
+        token = self.fake.chat_token()
+        first = await self.fake.post_event(self.url, event, token=token)
+        assert first.status == 200, first
+        return (await self.fake.post_event(self.url, event, token=token)).status
+
+    async def oversized_inbound(self) -> int | None:
+        """2 MiB with a valid bearer token: refused for its size before it is read."""
+        raw = json.dumps({"type": "MESSAGE", "padding": "x" * (2 * 1024 * 1024)}).encode()
+        return (await self.fake.post_event(self.url, {}, raw=raw)).status
+
+    async def malformed_inbound(self) -> int | None:
+        """A correctly signed request that is not an interaction event (not JSON, then a
+        MESSAGE without its message); the status of the second (both must be 400)."""
+        garbage = await self.fake.post_event(self.url, {}, raw=b"this is not JSON")
+        event = self.fake.message_event(self.dm, self.user, "no message")
+        del event["message"]
+        shapeless = await self.fake.post_event(self.url, event)
+        if garbage.status != shapeless.status:
+            raise AssertionError(f"a body that is not JSON answered {garbage.status}")
+        return shapeless.status
+
+    async def uploads(self) -> list[Upload]:
+        """Every file a card of the bot's messages points at, fetched over HTTP from the
+        URL in the card (its name as the server gives it)."""
+        found: list[Upload] = []
+        async with aiohttp.ClientSession() as session:
+            for link in self.fake.links:
+                async with session.get(link.url) as response:
+                    if response.status != 200:
+                        raise AssertionError(f"{link.url} answered {response.status}")
+                    data = await response.read()
+                    name = _filename(response.headers.get("Content-Disposition", ""), link.url)
+                found.append(Upload(link.space, name, data, link.caption, link.kind))
+        return found
+
     def acknowledged_within(self) -> float | None:
         presses = [d for d in self.fake.deliveries if d.event.get("type") == "CARD_CLICKED"]
         return presses[-1].latency if presses else None
+
+
+def _filename(disposition: str, url: str) -> str:
+    """The file name a browser would save the download as (the URL's last part else)."""
+    header = Message()
+    header["Content-Disposition"] = disposition
+    return header.get_filename() or unquote(urlsplit(url).path.rsplit("/", 1)[-1])
 
 
 HARNESS = GoogleChatHarness

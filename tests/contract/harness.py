@@ -29,6 +29,19 @@ class Sent:
     raw: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class Upload:
+    """One file as the fake platform received it: uploaded, or (LINE) fetched from the
+    link the bot posted."""
+
+    conversation: str
+    name: str
+    data: bytes
+    caption: str = ""
+    #: "image" where the platform shows it as a picture, else "file" (or "link").
+    kind: str = "file"
+
+
 class Harness(Protocol):
     """A running fake platform plus an adapter pointed at it."""
 
@@ -85,6 +98,26 @@ class Harness(Protocol):
         """Deliver an inbound event that fails verification (bad signature/token);
         returns the HTTP status the platform fake got back (or 0 where the inbound path
         is a connection the adapter opened itself and forging means a bad envelope)."""
+        ...
+
+    async def replayed_inbound(self) -> int | None:
+        """Deliver a correctly signed message from `user` saying "replay me", then the
+        very same request again (same bytes, same headers); returns the HTTP status of
+        the second. None where messages do not arrive over HTTP."""
+        ...
+
+    async def oversized_inbound(self) -> int | None:
+        """A request of 2 MiB to the webhook (signed where the fake can sign it); its
+        HTTP status. None where the platform has no webhook."""
+        ...
+
+    async def malformed_inbound(self) -> int | None:
+        """A correctly signed request whose body is not the platform's JSON; its HTTP
+        status. None where the platform has no webhook."""
+        ...
+
+    async def uploads(self) -> list[Upload]:
+        """Every file the bot sent, in order, with its bytes."""
         ...
 
     def acknowledged_within(self) -> float | None:

@@ -1,8 +1,10 @@
 """The contract-suite harness for LINE: `LineChannel` against tests/fakes/line.py.
 
-The adapter's webhook route is served on its own aiohttp app on 127.0.0.1 (as
-`steward run` serves it on its one server), and the fake signs and POSTs events there;
-outbound, line-bot-sdk talks real HTTP to the fake.
+The adapter's routes (the webhook and the published files) are served on their own
+aiohttp app on 127.0.0.1 (as `steward run` serves them on its one server), whose
+address is also the adapter's public_url: the fake signs and POSTs events there, and
+`uploads` fetches each picture and file from the URL the bot sent, over HTTP, as LINE
+would. Outbound, line-bot-sdk talks real HTTP to the fake.
 
 Two contract items read differently on LINE, which has no persistent connection and
 no edit API:
@@ -17,15 +19,22 @@ no edit API:
 
 from __future__ import annotations
 
+import asyncio
+import re
+import socket
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
+import aiohttp
 from aiohttp import web
 
 from adapters.line import LineChannel
-from tests.contract.harness import Sent
+from memory.channel_store import ChannelStore
+from tests.contract.harness import Sent, Upload
 from tests.fakes.line import Delivered, FakeLine
-from tests.kit import serve_routes
 
 
 def message_text(message: dict[str, Any]) -> str:
@@ -68,7 +77,7 @@ def to_sent(d: Delivered) -> Sent:
 
 
 class LineHarness:
-    """A running fake LINE plus a `LineChannel` whose webhook it can reach."""
+    """A running fake LINE plus a `LineChannel` whose webhook and files it can reach."""
 
     name = "line"
     bold_there = "Hello there, all good."
@@ -80,24 +89,41 @@ class LineHarness:
     def __init__(self) -> None:
         self.fake = FakeLine()
         self.channel: LineChannel = None  # type: ignore[assignment]  # set by start()
+        self.public_url = ""
         self._runner: web.AppRunner | None = None
+        self._data = tempfile.TemporaryDirectory(prefix="steward-line-")
+        self._http: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
         await self.fake.start()
+        # The port first: it is part of the public_url the adapter is made with.
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
+        self.public_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
         self.channel = LineChannel(
             channel_secret=self.fake.channel_secret,
             channel_token=self.fake.channel_token,
             api_url=self.fake.base_url,
+            store=ChannelStore(Path(self._data.name), "line"),
+            public_url=self.public_url,
             timeout=5.0,
         )
-        self._runner, port = await serve_routes(self.channel)
-        self.fake.webhook_url = f"http://127.0.0.1:{port}{self.channel.http_path}"
+        app = web.Application()
+        self.channel.add_routes(app)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        await web.SockSite(self._runner, sock).start()
+        self.fake.webhook_url = f"{self.public_url}{self.channel.http_path}"
+        self._http = aiohttp.ClientSession()
 
     async def stop(self) -> None:
         await self.channel.stop()
+        if self._http is not None:
+            await self._http.close()
         if self._runner is not None:
             await self._runner.cleanup()
         await self.fake.stop()
+        self._data.cleanup()
 
     async def user_says(
         self,
@@ -141,7 +167,7 @@ class LineHarness:
         deadline = time.monotonic() + 5
         while self.channel.health.state != "deaf":
             assert time.monotonic() < deadline, self.channel.health
-            await _tick()
+            await asyncio.sleep(0.02)
         self.channel.deaf_after = saved
         status, _ = await self.fake.verify()
         assert status == 200
@@ -151,14 +177,59 @@ class LineHarness:
         status, _ = await self.fake.deliver([event], signature="bad")
         return status
 
+    async def replayed_inbound(self) -> int | None:
+        """The same signed bytes twice: LINE's redelivery, or a captured request replayed."""
+        raw = self.fake.body([self.fake.text(self.user, "replay me")])
+        first, _ = await self.fake.deliver([], raw=raw)
+        assert first == 200
+        second, _ = await self.fake.deliver([], raw=raw)
+        return second
+
+    async def oversized_inbound(self) -> int | None:
+        event = self.fake.text(self.user, "x" * (2 * 1024 * 1024))
+        status, _ = await self.fake.deliver([], raw=self.fake.body([event]))
+        return status
+
+    async def malformed_inbound(self) -> int | None:
+        status, _ = await self.fake.deliver([], raw=b'{"destination": "U", "events": {}}')
+        return status
+
+    async def uploads(self) -> list[Upload]:
+        """The pictures (picture messages) and files (links in a text) the bot sent, each
+        fetched from its URL as LINE or the person's phone would; a picture's caption is
+        the text message after it, a link's the text after its "—"."""
+        files = re.compile(re.escape(self.public_url) + r"/files/line/\S+")
+        found: list[tuple[str, str, str, str]] = []  # (url, conversation, caption, kind)
+        sent = self.fake.sent
+        for i, d in enumerate(sent):
+            if d.message.get("type") == "image":
+                after = sent[i + 1] if i + 1 < len(sent) else None
+                caption = ""
+                if after and after.request == d.request and after.message.get("type") == "text":
+                    caption = str(after.message["text"])
+                found.append((str(d.message["originalContentUrl"]), d.to, caption, "image"))
+            for line in message_text(d.message).splitlines():
+                for match in files.finditer(line):
+                    caption = line.split(" — ", 1)[1] if " — " in line else ""
+                    found.append((match.group(0), d.to, caption, "link"))
+        out: list[Upload] = []
+        seen: set[str] = set()
+        for url, conversation, caption, kind in found:
+            if url in seen:
+                continue
+            seen.add(url)
+            name = unquote(urlsplit(url).path.rsplit("/", 1)[-1])
+            out.append(Upload(conversation, name, await self._fetch(url), caption, kind))
+        return out
+
+    async def _fetch(self, url: str) -> bytes:
+        assert self._http is not None
+        async with self._http.get(url) as resp:
+            assert resp.status == 200, (url, resp.status)
+            return await resp.read()
+
     def acknowledged_within(self) -> float | None:
         return self.fake.webhooks[-1][1] if self.fake.webhooks else None
-
-
-async def _tick() -> None:
-    import asyncio
-
-    await asyncio.sleep(0.02)
 
 
 HARNESS = LineHarness

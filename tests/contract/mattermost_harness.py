@@ -8,7 +8,11 @@ are POSTed by the fake (as the Mattermost server does) to the adapter's
 Forged inbound on Mattermost: the server does not sign press requests, so what a
 forger can send is a press whose context lacks Steward's HMAC or carries a tampered
 one. `forged_inbound` POSTs such a press (a valid-looking approve value with a wrong
-signature) and returns the HTTP status (403).
+signature) and returns the HTTP status (401). Messages arrive over the websocket, so
+there is no HTTP request to replay (`replayed_inbound` is None; a replayed press is
+tested in tests/test_mattermost.py); the oversized and malformed requests go to the
+press route. Uploads are the files the bot's posts carry (``file_ids``), with the bytes
+the fake received; Mattermost has no caption per file (captions are in the post's text).
 """
 
 from __future__ import annotations
@@ -18,9 +22,9 @@ from typing import Any
 
 from aiohttp import web
 
-from adapters.mattermost import MattermostChannel
-from adapters.runtime import Backoff
-from tests.contract.harness import Sent
+from adapters.mattermost import MattermostChannel, sign
+from core.backoff import Backoff
+from tests.contract.harness import Sent, Upload
 from tests.fakes.mattermost import ALICE, MALLORY, FakeMattermost
 
 
@@ -32,6 +36,10 @@ def buttons_of(post: dict[str, Any]) -> list[tuple[str, str]]:
             context = (action.get("integration") or {}).get("context") or {}
             out.append((str(action.get("name", "")), str(context.get("value", ""))))
     return out
+
+
+#: The button-signing key the harness gives the adapter (so it can sign requests too).
+KEY = b"k" * 32
 
 
 class MattermostHarness:
@@ -60,7 +68,7 @@ class MattermostHarness:
             url=self.fake.url,
             token=self.fake.token,
             public_url=public,
-            key=b"k" * 32,
+            key=KEY,
             ping_interval=1.0,
             start_timeout=5.0,
             timeout=5.0,
@@ -163,6 +171,53 @@ class MattermostHarness:
         if unsigned.status != tampered.status:
             raise AssertionError(f"unsigned press answered {unsigned.status}")
         return tampered.status
+
+    def _press_body(self, value: str = "approve:x") -> dict[str, Any]:
+        """A correctly signed press request in Alice's DM (the context Steward would sign)."""
+        return {
+            "user_id": self.user,
+            "user_name": "alice",
+            "channel_id": self.dm,
+            "channel_name": "",
+            "team_id": "",
+            "team_domain": "",
+            "post_id": "signedpost0000000000000000",
+            "trigger_id": "trigger-signed",
+            "type": "",
+            "data_source": "",
+            "context": {"value": value, "channel_id": self.dm, "sig": sign(KEY, self.dm, value)},
+        }
+
+    async def replayed_inbound(self) -> int | None:
+        return None  # messages arrive over the websocket the adapter opened
+
+    async def oversized_inbound(self) -> int | None:
+        """2 MiB to the press route: a signed press padded with a long ``data_source``."""
+        body = {**self._press_body(), "data_source": "x" * (2 * 1024 * 1024)}
+        press = await self.fake.post_to_integration(self.channel.action_url, body)
+        return press.status
+
+    async def malformed_inbound(self) -> int | None:
+        """A press body that is not JSON, then a correctly signed one that names nobody who
+        pressed; the status of the second (both must be 400)."""
+        url = self.channel.action_url
+        garbage = await self.fake.post_to_integration(url, b"user_id=alice&context=approve")
+        nobody = {k: v for k, v in self._press_body().items() if k != "user_id"}
+        signed = await self.fake.post_to_integration(url, nobody)
+        if garbage.status != signed.status:
+            raise AssertionError(f"a non-JSON press answered {garbage.status}")
+        return signed.status
+
+    async def uploads(self) -> list[Upload]:
+        return [
+            Upload(
+                conversation=f.channel_id,
+                name=f.name,
+                data=f.data,
+                kind="image" if f.mime.startswith("image/") else "file",
+            )
+            for f in self.fake.attached()
+        ]
 
     def acknowledged_within(self) -> float | None:
         return self.fake.presses[-1].latency if self.fake.presses else None

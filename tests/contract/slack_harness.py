@@ -2,10 +2,19 @@
 
 Why Socket Mode: it is Steward's default Slack setup (no public URL), and it makes
 the fake own the inbound connection, so "drop the connection" is a real close frame
-the unmodified SDK must recover from. Forged inbound needs the other mode: Socket
-Mode has no signature to forge (the adapter opened the socket itself with the app
-token), so `forged_inbound` mounts an HTTP-mode adapter on a local aiohttp app and
-posts a badly signed event to it.
+the unmodified SDK must recover from.
+
+The webhook tests need the other mode: Socket Mode has no signature to forge and no
+request to replay (the adapter opened the socket itself with the app token). So the
+harness also runs an HTTP-mode `SlackChannel` on its own aiohttp server (the real
+`/webhooks/slack` route, through the shared webhook intake), pointed at the same fake:
+
+- `forged_inbound` uses a fresh one with a recording dispatch that fails the test if
+  anything gets through;
+- `replayed_inbound`, `oversized_inbound` and `malformed_inbound` use one started with
+  the very dispatch the rig gave the Socket Mode adapter, so a request that got through
+  would reach the rig's dispatcher and model, and the reply goes out through the rig's
+  outbox to the same fake (the suite counts model calls and replies there).
 """
 
 from __future__ import annotations
@@ -13,10 +22,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from aiohttp import web
+
 from adapters.slack import SlackChannel
-from core.events import Inbound
-from tests.contract.harness import Sent
-from tests.fakes.slack import FakeSlack
+from core.events import Dispatch, Inbound
+from tests.contract.harness import Sent, Upload
+from tests.fakes.slack import FakeSlack, FileUpload
 from tests.kit import serve_routes
 
 
@@ -40,6 +51,16 @@ def _sent(message: dict[str, Any]) -> Sent:
     )
 
 
+def _upload(file: FileUpload) -> Upload:
+    return Upload(
+        conversation=file.channel or "",
+        name=file.filename,
+        data=file.data or b"",
+        caption=file.title if file.title != file.filename else file.initial_comment,
+        kind="image" if file.mimetype.startswith("image/") else "file",
+    )
+
+
 class SlackHarness:
     """A running fake Slack plus a Socket Mode `SlackChannel` pointed at it."""
 
@@ -53,6 +74,10 @@ class SlackHarness:
     def __init__(self) -> None:
         self.fake = FakeSlack()
         self.channel: SlackChannel = None  # type: ignore[assignment]  # set by start()
+        #: The HTTP-mode adapter on the rig's dispatch, its server and URL (`_webhook`).
+        self._http: SlackChannel | None = None
+        self._runner: web.AppRunner | None = None
+        self._url = ""
 
     async def start(self) -> None:
         """Start the fake and build the adapter (the suite starts the adapter itself)."""
@@ -67,8 +92,33 @@ class SlackHarness:
         )
 
     async def stop(self) -> None:
+        if self._http is not None:
+            await self._http.stop()
+        if self._runner is not None:
+            await self._runner.cleanup()
         await self.channel.stop()
         await self.fake.stop()
+
+    def _http_channel(self) -> SlackChannel:
+        return SlackChannel(
+            bot_token=self.fake.bot_token,
+            signing_secret=self.fake.signing_secret,
+            api_url=self.fake.base_url,
+            timeout=5,
+        )
+
+    async def _webhook(self) -> str:
+        """The URL of the HTTP-mode adapter that hands what it receives to the rig's
+        dispatch (the one the suite started the Socket Mode adapter with); started once."""
+        if self._http is None:
+            dispatch: Dispatch | None = self.channel._dispatch
+            assert dispatch is not None, "the suite starts the Socket Mode adapter first"
+            channel = self._http_channel()
+            self._runner, port = await serve_routes(channel)
+            await channel.start(dispatch)
+            self._http = channel
+            self._url = f"http://127.0.0.1:{port}{channel.http_path}"
+        return self._url
 
     async def user_says(
         self,
@@ -116,12 +166,7 @@ class SlackHarness:
         The adapter is started with its own recording dispatch: if the forged event got
         through anyway, this raises instead of returning.
         """
-        channel = SlackChannel(
-            bot_token=self.fake.bot_token,
-            signing_secret=self.fake.signing_secret,
-            api_url=self.fake.base_url,
-            timeout=5,
-        )
+        channel = self._http_channel()
         received: list[Inbound] = []
 
         async def record(event: Inbound) -> None:
@@ -141,6 +186,35 @@ class SlackHarness:
         finally:
             await channel.stop()
             await runner.cleanup()
+
+    async def replayed_inbound(self) -> int:
+        """A signed DM "replay me", then the same bytes and headers again, to the HTTP-mode
+        adapter on the rig's dispatch; the status of the second (Slack's listeners run
+        each message once)."""
+        url = await self._webhook()
+        payload = self.fake.dm(self.dm, self.user, "replay me")
+        (first, _), (second, _) = await self.fake.replay(url, payload)
+        assert first == 200, first
+        return second
+
+    async def oversized_inbound(self) -> int:
+        """A correctly signed 2 MiB event (a DM whose text is the padding)."""
+        url = await self._webhook()
+        payload = self.fake.dm(self.dm, self.user, "x" * (2 * 1024 * 1024))
+        status, _ = await self.fake.post_event(url, payload)
+        return status
+
+    async def malformed_inbound(self) -> int:
+        """A correctly signed request whose JSON body is cut off."""
+        url = await self._webhook()
+        status, _ = await self.fake.post_raw(
+            url, b'{"type": "event_callback", "ev', "application/json"
+        )
+        return status
+
+    async def uploads(self) -> list[Upload]:
+        """Every file shared by the external upload flow, with the bytes the fake got."""
+        return [_upload(f) for f in self.fake.uploads]
 
     def acknowledged_within(self) -> float | None:
         acks = [a for a in self.fake.acks if a.kind == "interactive"]

@@ -11,10 +11,14 @@ How WhatsApp's differences show in the normalized `Sent` records:
   arrive as direct ones (the Cloud API has no group chats for business numbers).
 - "Dropping the connection" closes Graph's next connection: the adapter's liveness
   probe notices (reconnecting) and recovers (connected, one reconnect).
+- Attachments are uploaded to the fake's `/media` and shown by `image` / `document`
+  messages; `uploads()` is every such message with the bytes of the file it shows, and
+  `sent()` lists each as a message whose text is its caption.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from pathlib import Path
@@ -23,7 +27,8 @@ from typing import Any, ClassVar
 from aiohttp import web
 
 from adapters.whatsapp import WEBHOOK_PATH, WhatsAppChannel
-from tests.contract.harness import Sent
+from memory.channel_store import ChannelStore
+from tests.contract.harness import Sent, Upload
 from tests.fakes.whatsapp import FakeWhatsApp
 from tests.kit import serve_routes
 
@@ -39,6 +44,8 @@ def _text(message: dict[str, Any]) -> str:
         return str(message["text"]["body"])
     if message.get("type") == "interactive":
         return str(message["interactive"]["body"]["text"])
+    if message.get("type") in ("image", "document"):
+        return str(message[message["type"]].get("caption") or "")
     return f"[template {message.get('template', {}).get('name')}]"
 
 
@@ -79,7 +86,7 @@ class WhatsAppHarness:
             app_secret=self.fake.app_secret,
             verify_token=self.fake.verify_token,
             api_url=self.fake.base_url,
-            data_dir=self._dir,
+            store=ChannelStore(self._dir, "whatsapp"),
             probe_interval=0.2,
             timeout=5,
         )
@@ -135,6 +142,32 @@ class WhatsAppHarness:
     async def forged_inbound(self) -> int:
         update = self.fake.text_update(self.user, "forged: approve everything")
         return await self.fake.deliver(update, signature="sha256=" + "0" * 64)
+
+    async def replayed_inbound(self) -> int | None:
+        """The same signed delivery (same bytes, same signature) twice, as a retry by
+        Meta or a replay by someone who captured it."""
+        raw = json.dumps(self.fake.text_update(self.user, "replay me")).encode()
+        assert await self.fake.deliver({}, raw=raw) == 200
+        return await self.fake.deliver({}, raw=raw)
+
+    async def oversized_inbound(self) -> int | None:
+        """2 MiB, correctly signed: refused for its size before it is read."""
+        return await self.fake.deliver({}, raw=b"{" + b" " * (2 * 1024 * 1024) + b"}")
+
+    async def malformed_inbound(self) -> int | None:
+        return await self.fake.deliver({}, raw=b"this is not JSON")
+
+    async def uploads(self) -> list[Upload]:
+        return [
+            Upload(
+                conversation=f.to,
+                name=f.filename or f.media.name,
+                data=f.media.data,
+                caption=f.caption,
+                kind="image" if f.kind == "image" else "file",
+            )
+            for f in self.fake.files
+        ]
 
     def acknowledged_within(self) -> float | None:
         presses = [

@@ -17,12 +17,19 @@ One aiohttp app on 127.0.0.1 (ephemeral port) serves both:
   server, so a test can see that a reconnect really resumed. Frames are text; the
   ``compress`` query parameter is ignored (discord.py parses ``str`` frames as is).
 
+Messages with files arrive as discord.py sends them: a multipart form with the JSON
+body in ``payload_json`` (its ``attachments`` list gives each file's index, name and
+``description``) and each file in ``files[n]``. The fake checks Discord's limits (10
+files, 10 MiB per request for a server without boosts: 400 / 413 as Discord answers),
+stores the attachment objects on the message (as discord.py parses them) and records
+every file with its bytes in :attr:`uploads`.
+
 Test controls: :meth:`dm_message`, :meth:`guild_message`, :meth:`edit_message`,
 :meth:`embed_update`, :meth:`delete_message` (MESSAGE_UPDATE / MESSAGE_DELETE as the
 gateway sends them), :meth:`press_button`, :meth:`slash_command`, :meth:`dispatch`
 (any raw event), :meth:`drop`, :meth:`rate_limit_next`, :meth:`fail_next`,
 :attr:`close_on_identify`, and the records :attr:`requests`, :attr:`identifies`,
-:attr:`resumes`, :attr:`callbacks`.
+:attr:`resumes`, :attr:`callbacks`, :attr:`uploads`.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import mimetypes
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -53,6 +61,7 @@ __all__ = [
     "Callback",
     "FakeDiscord",
     "Recorded",
+    "SentFile",
 ]
 
 TOKEN = "fake-bot-token"
@@ -70,8 +79,13 @@ BOT_ROLE = "5001"
 DM_BASE = 4000
 MESSAGE_CONTENT = 1 << 15
 TS = "2024-01-01T00:00:00.000000+00:00"
-#: The parsed JSON body, read once by the recording middleware.
+#: Discord's limits on files: per message, and bytes per request (no boosts).
+MAX_FILES = 10
+MAX_UPLOAD_BYTES = 10 * 1024 * 1024
+#: The parsed JSON body (``payload_json`` of a multipart request), read once by the
+#: recording middleware, and the files of a multipart request.
 BODY: web.RequestKey[Any] = web.RequestKey("body", object)
+FILES: web.RequestKey[list[SentFile]] = web.RequestKey("files", list)
 
 
 def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
@@ -89,6 +103,29 @@ def _now() -> str:
 
 
 @dataclass
+class SentFile:
+    """One file of a multipart message as the fake received it."""
+
+    #: Its form field, ``files[n]``.
+    field: str
+    filename: str
+    data: bytes
+    #: From the ``attachments`` entry of ``payload_json`` with the same index.
+    description: str | None = None
+    #: Where it was posted, once the message exists.
+    channel_id: str = ""
+    message_id: str = ""
+
+    @property
+    def index(self) -> int:
+        return int(self.field.removeprefix("files[").removesuffix("]"))
+
+    @property
+    def content_type(self) -> str:
+        return mimetypes.guess_type(self.filename)[0] or "application/octet-stream"
+
+
+@dataclass
 class Recorded:
     """One REST request as the fake received it (path without ``/api/v10``)."""
 
@@ -98,6 +135,8 @@ class Recorded:
     body: Any
     authorization: str | None
     at: float
+    #: The files of a multipart request.
+    files: list[SentFile] = field(default_factory=list)
 
 
 @dataclass
@@ -161,6 +200,8 @@ class FakeDiscord:
         #: Followups sent through interaction webhooks: (interaction token, body).
         self.followups: list[tuple[str, dict[str, Any]]] = []
         self.commands: list[dict[str, Any]] = []
+        #: Every file the bot sent with a message (channel posts and followups), in order.
+        self.uploads: list[SentFile] = []
         self.threads: dict[str, str] = {THREAD: GROUP}
         self._ids = itertools.count(9000)
         self._sessions = itertools.count(1)
@@ -190,7 +231,8 @@ class FakeDiscord:
         await self.stop()
 
     async def start(self) -> None:
-        app = web.Application(middlewares=[self._record])
+        # Room above Discord's own limit, so that the fake answers it as Discord does.
+        app = web.Application(middlewares=[self._record], client_max_size=4 * MAX_UPLOAD_BYTES)
         api = "/api/v10"
         r = app.router
         r.add_get("/gw", self._gateway)
@@ -626,7 +668,10 @@ class FakeDiscord:
         if not request.path.startswith("/api/"):
             return await handler(request)
         body: Any = None
-        if request.can_read_body:
+        files: list[SentFile] = []
+        if request.content_type == "multipart/form-data":
+            body, files = await self._multipart(request)
+        elif request.can_read_body:
             raw = await request.read()
             body = json.loads(raw) if raw else None
         rec = Recorded(
@@ -636,8 +681,10 @@ class FakeDiscord:
             body=body,
             authorization=request.headers.get("Authorization"),
             at=time.monotonic(),
+            files=files,
         )
         request[BODY] = body
+        request[FILES] = files
         self.requests.append(rec)
         for match, fut in list(self._request_waiters):
             if not fut.done() and match(rec):
@@ -666,7 +713,32 @@ class FakeDiscord:
         if not login and self._failures:
             status = self._failures.pop(0)
             return _json({"message": f"fake failure {status}", "code": 0}, status=status)
+        if len(files) > MAX_FILES:
+            return _json(
+                {
+                    "message": "Invalid Form Body",
+                    "code": 50035,
+                    "errors": {"files": {"_errors": [{"code": "BASE_TYPE_MAX_LENGTH"}]}},
+                },
+                status=400,
+            )
+        if sum(len(f.data) for f in files) > MAX_UPLOAD_BYTES:
+            return _json({"message": "Request entity too large", "code": 40005}, status=413)
         return await handler(request)
+
+    @staticmethod
+    async def _multipart(request: web.Request) -> tuple[Any, list[SentFile]]:
+        """``payload_json`` and the ``files[n]`` of a multipart message, each file's
+        description taken from the ``attachments`` entry with its index."""
+        form = await request.post()
+        body = json.loads(str(form["payload_json"]))
+        described = {str(a.get("id")): a.get("description") for a in body.get("attachments") or []}
+        files = [
+            SentFile(name, value.filename, value.file.read(), described.get(name[6:-1]))
+            for name, value in form.items()
+            if isinstance(value, web.FileField)
+        ]
+        return body, files
 
     async def _me(self, request: web.Request) -> web.Response:
         return _json({**self.user(BOT_ID), "verified": True, "flags": 0, "mfa_enabled": False})
@@ -723,8 +795,29 @@ class FakeDiscord:
         self.commands = out
         return _json(out)
 
+    def _attachment(self, cid: str, file: SentFile) -> dict[str, Any]:
+        """The attachment object Discord returns for an uploaded file."""
+        aid = self.snowflake()
+        url = f"http://127.0.0.1:{self.port}/attachments/{cid}/{aid}/{file.filename}"
+        data: dict[str, Any] = {
+            "id": aid,
+            "filename": file.filename,
+            "size": len(file.data),
+            "url": url,
+            "proxy_url": url,
+            "content_type": file.content_type,
+        }
+        if file.description is not None:
+            data["description"] = file.description
+        return data
+
     def _store_bot_message(
-        self, cid: str, body: dict[str, Any], *, flags: int = 0
+        self,
+        cid: str,
+        body: dict[str, Any],
+        *,
+        flags: int = 0,
+        files: list[SentFile] | None = None,
     ) -> dict[str, Any]:
         data = self._message(
             cid,
@@ -733,6 +826,10 @@ class FakeDiscord:
             components=body.get("components") or [],
             flags=flags,
         )
+        for file in sorted(files or [], key=lambda f: f.index):
+            data["attachments"].append(self._attachment(cid, file))
+            file.channel_id, file.message_id = cid, data["id"]
+            self.uploads.append(file)
         if cid == GROUP or cid in self.threads:
             data["guild_id"] = GUILD
         self.messages[data["id"]] = data
@@ -748,7 +845,7 @@ class FakeDiscord:
 
     async def _create_message(self, request: web.Request) -> web.Response:
         cid = request.match_info["cid"]
-        return _json(self._store_bot_message(cid, request[BODY]))
+        return _json(self._store_bot_message(cid, request[BODY], files=request[FILES]))
 
     def _apply_edit(self, mid: str, body: dict[str, Any]) -> web.Response:
         message = self.messages.get(mid)
@@ -811,7 +908,9 @@ class FakeDiscord:
         body = request[BODY]
         self.followups.append((token, body))
         flags = int(body.get("flags") or 0)
-        data = self._store_bot_message(str(interaction["channel_id"]), body, flags=flags)
+        data = self._store_bot_message(
+            str(interaction["channel_id"]), body, flags=flags, files=request[FILES]
+        )
         data["webhook_id"] = APP_ID
         user = interaction.get("user") or interaction["member"]["user"]
         data["interaction_metadata"] = {

@@ -18,19 +18,25 @@ What it serves::
     PATCH /v1/spaces/{s}/messages/{m}     spaces.messages.patch (updateMask)
     GET   /v1/spaces, /v1/spaces/{s}      spaces.list / spaces.get
 
+Attachments: a Chat app cannot upload a file, so Steward's message carries cards that
+point at files it publishes; each one (an ``image`` widget's ``imageUrl``, a
+``decoratedText`` button's ``openLink``) is recorded in :attr:`links` with the card's
+caption, for a test to fetch as Chat would.
+
 What a test drives: the event builders (:meth:`message_event`, :meth:`card_clicked`,
 :meth:`added_to_space`, :meth:`removed_from_space`), :meth:`post_event` (signed
 delivery; the app's synchronous answer is applied as Chat would: a message posted,
 or the clicked card updated), :meth:`chat_token` (valid, expired, wrong audience,
 forged), :meth:`rate_limit_next`, :meth:`error_next`, :meth:`outage`; and what it
 reads: :attr:`messages`, :attr:`posted`, :attr:`edits`, :attr:`requests`,
-:attr:`deliveries`.
+:attr:`deliveries`, :attr:`links`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime
+import html
 import itertools
 import json
 import time
@@ -48,6 +54,8 @@ from google.auth import crypt, jwt
 
 CHAT_ISSUER = "chat@system.gserviceaccount.com"
 PROJECT_NUMBER = "123456789012"
+#: A message with its cards (Chat's limit).
+MAX_MESSAGE_BYTES = 32_000
 
 
 @cache
@@ -116,6 +124,43 @@ class Delivery:
 
 
 @dataclass
+class Linked:
+    """A file a message's card points at (what Chat fetches to show it)."""
+
+    space: str
+    message: str
+    url: str
+    #: "image" for an image widget, "link" for a button that opens the file.
+    kind: str
+    #: The name the card shows (a link's text; an image's alt text).
+    name: str
+    #: The text paragraph under it, unescaped ("" when none).
+    caption: str = ""
+
+
+def linked_files(space: str, message: dict[str, Any]) -> list[Linked]:
+    """The files the cards of `message` point at, in order."""
+    found: list[Linked] = []
+    for card in message.get("cardsV2") or []:
+        for section in _dict(card.get("card")).get("sections", []):
+            widgets = section.get("widgets", [])
+            texts = [_dict(w.get("textParagraph")).get("text", "") for w in widgets]
+            caption = html.unescape(next((t for t in texts if t), ""))
+            for widget in widgets:
+                image = _dict(widget.get("image"))
+                line = _dict(widget.get("decoratedText"))
+                link = _dict(_dict(_dict(line.get("button")).get("onClick")).get("openLink"))
+                if image.get("imageUrl"):
+                    url, kind, name = image["imageUrl"], "image", str(image.get("altText", ""))
+                elif link.get("url"):
+                    url, kind, name = link["url"], "link", html.unescape(str(line.get("text")))
+                else:
+                    continue
+                found.append(Linked(space, message["name"], url, kind, name, caption))
+    return found
+
+
+@dataclass
 class _Failure:
     status: int
     body: dict[str, Any]
@@ -141,6 +186,8 @@ class FakeGoogleChat:
         self.edits: list[dict[str, Any]] = []
         self.requests: list[Recorded] = []
         self.deliveries: list[Delivery] = []
+        #: Every file the app's cards pointed at, in the order the messages came.
+        self.links: list[Linked] = []
         #: Access tokens issued and still honoured.
         self.tokens: set[str] = set()
         self.token_requests = 0
@@ -503,6 +550,8 @@ class FakeGoogleChat:
             return _json(google_error(404, "NOT_FOUND", f"Space {space} not found."), 404)
         if len(body.get("text", "")) > 4096:
             return _json(google_error(400, "INVALID_ARGUMENT", "Message text too long."), 400)
+        if len(json.dumps(body).encode()) > MAX_MESSAGE_BYTES:
+            return _json(google_error(400, "INVALID_ARGUMENT", "Message too large."), 400)
         thread = _dict(body.get("thread")).get("name")
         if thread and request.query.get("messageReplyOption") is None:
             thread = None  # without a reply option Chat starts a new thread
@@ -520,6 +569,7 @@ class FakeGoogleChat:
         }
         self.messages[name] = message
         self.posted.append(name)
+        self.links.extend(linked_files(space, message))
         return message
 
     async def _patch(self, request: web.Request) -> web.Response:

@@ -17,7 +17,10 @@ What it serves::
 
 Limits checked with LINE's 400 shape: 1–5 messages per call, text 1–5000 characters,
 altText ≤ 400, a buttons template ≤ 4 actions, action label ≤ 20 (template) / ≤ 40
-(Flex button), postback data and displayText ≤ 300.
+(Flex button), postback data and displayText ≤ 300, a picture message's
+``originalContentUrl`` and ``previewImageUrl`` HTTPS (plain HTTP only for 127.0.0.1,
+where the tests serve them) and ≤ 2000 characters. LINE fetches a picture from its URL
+later; the fake only records the message (:meth:`images`), a test fetches it.
 
 What a test drives: :meth:`text` / :meth:`postback` build events (each with its own
 ``webhookEventId`` and a reply token the fake will accept once), :meth:`deliver` signs
@@ -25,7 +28,8 @@ and POSTs them to :attr:`webhook_url` (``signature="bad"``/``"none"`` to forge),
 :meth:`redeliver` sends the same events again as LINE does after a failed delivery;
 :meth:`rate_limit_next`, :meth:`quota_exhausted`, :meth:`fail_next`,
 :meth:`expire_reply_tokens`. What it reads: :attr:`sent` (every message delivered, in
-order), :attr:`requests`, :attr:`loading`.
+order), :meth:`images` (the picture messages among them), :attr:`requests`,
+:attr:`loading`.
 """
 
 from __future__ import annotations
@@ -124,7 +128,8 @@ class FakeLine:
         self._ids = itertools.count(470000000000000001)
         self._tokens: dict[str, _Token] = {}
         self._retry_keys: dict[str, list[dict[str, str]]] = {}
-        self._failures: list[tuple[str, int, str]] = []
+        #: (path or "" for any send, status, message, matching calls to let through first)
+        self._failures: list[list[Any]] = []
         self._monthly_exhausted = False
         self._session: aiohttp.ClientSession | None = None
         self.base_url = ""
@@ -167,10 +172,14 @@ class FakeLine:
 
     def rate_limit_next(self, path: str = "") -> None:
         """The next reply or push (or the call to `path`) answers LINE's 429."""
-        self._failures.append((path, 429, _RATE_LIMITED))
+        self._failures.append([path, 429, _RATE_LIMITED, 0])
 
-    def fail_next(self, status: int = 500, path: str = "", message: str = "") -> None:
-        self._failures.append((path, status, message or "Internal server error"))
+    def fail_next(
+        self, status: int = 500, path: str = "", message: str = "", *, after: int = 0
+    ) -> None:
+        """A later call (to `path`, or any reply or push) fails with `status`: the next
+        one, or the one after `after` calls got through."""
+        self._failures.append([path, status, message or "Internal server error", after])
 
     def quota_exhausted(self, exhausted: bool = True) -> None:
         """Every push answers 429 "You have reached your monthly limit." (replies are free)."""
@@ -182,6 +191,10 @@ class FakeLine:
 
     def calls(self, path: str) -> list[Recorded]:
         return [r for r in self.requests if r.path == path]
+
+    def images(self) -> list[Delivered]:
+        """The picture messages delivered, in order (their URLs are what LINE fetches)."""
+        return [d for d in self.sent if d.message.get("type") == "image"]
 
     async def wait_for(self, predicate: Any, within: float = 5.0) -> None:
         deadline = time.monotonic() + within
@@ -211,8 +224,12 @@ class FakeLine:
         return body
 
     def _injected(self, path: str) -> web.Response | None:
-        for i, (where, status, message) in enumerate(self._failures):
+        for i, failure in enumerate(self._failures):
+            where, status, message, after = failure
             if where == path or (not where and path.startswith("/v2/bot/message/")):
+                if after > 0:
+                    failure[3] -= 1
+                    return None
                 del self._failures[i]
                 return _error(status, message)
         return None
@@ -479,6 +496,13 @@ def _check_message(m: Any, where: str) -> list[dict[str, str]]:
                     bad(f"{prop}.data", "Length must be between 0 and 300")
                 if len(str(action.get("displayText") or "")) > 300:
                     bad(f"{prop}.displayText", "Length must be between 0 and 300")
+    elif kind == "image":
+        for prop in ("originalContentUrl", "previewImageUrl"):
+            url = m.get(prop)
+            if not isinstance(url, str) or not 0 < len(url) <= 2000:
+                bad(prop, "Length must be between 1 and 2000")
+            elif not url.startswith(("https://", "http://127.0.0.1:", "http://127.0.0.1/")):
+                bad(prop, "must be a URL starting with https")
     else:
         bad("type", "Invalid message type")
     return out

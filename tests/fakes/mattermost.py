@@ -9,12 +9,19 @@ Facts it follows (checked against the Mattermost server's source): integrations 
 stripped from posts in every answer and event; action ids must be alphanumeric (any
 other id's press route 404s and never reaches the bot); a press request is unsigned;
 its answer's ``update`` replaces the post's message (and its props when given); a bad
-websocket token is answered by closing the socket.
+websocket token is answered by closing the socket; an upload is multipart (a
+``channel_id`` field, ``files`` parts with their file names), answered 201 with
+``file_infos``, 413 over ``MaxFileSize`` (its type comes from the name's extension); a
+post's ``file_ids`` that are not the poster's unattached files of that channel are
+dropped, and more ids than 300 characters of JSON hold are refused.
 
 What it serves::
 
     GET  /api/v4/users/me                 the bot
-    POST /api/v4/posts                    201, broadcast as ``posted`` (the bot's own too)
+    POST /api/v4/posts                    201, broadcast as ``posted`` (the bot's own too);
+                                          ``file_ids`` attach uploaded files
+    POST /api/v4/files                    multipart upload: 201 ``file_infos``, 413 too large
+    GET  /api/v4/config/client            ``?format=old``: ``MaxFileSize``
     PUT  /api/v4/posts/{id}/patch         broadcast as ``post_edited``
     POST /api/v4/posts/ephemeral          only the named user sees it (not broadcast)
     POST /api/v4/users/{id}/typing
@@ -26,8 +33,9 @@ What it serves::
 What a test drives: :meth:`user_post`, :meth:`user_edit`, :meth:`user_delete`,
 :meth:`press`, :meth:`post_to_integration` (a raw press), :meth:`drop`,
 :meth:`freeze` (a connection that stops answering), :meth:`rate_limit_next`,
-:meth:`fail_next`, :meth:`revoke_token`; what it reads: :attr:`posts`,
-:attr:`bot_posts`, :attr:`edits`, :attr:`presses`, :attr:`requests`, :attr:`typing`.
+:meth:`fail_next`, :meth:`revoke_token`, :attr:`max_file_size`; what it reads:
+:attr:`posts`, :attr:`bot_posts`, :attr:`edits`, :attr:`presses`, :attr:`requests`,
+:attr:`typing`, :attr:`files` (every upload, bytes and names) and :meth:`attached`.
 For sync tests (``steward run`` in a subprocess) it runs on its own thread:
 :meth:`start_in_thread` and :meth:`call`.
 """
@@ -38,6 +46,7 @@ import asyncio
 import itertools
 import json
 import math
+import mimetypes
 import re
 import threading
 import time
@@ -51,6 +60,10 @@ from aiohttp import WSMsgType, web
 T = TypeVar("T")
 
 TOKEN = "mmbottoken0000000000000000"
+#: ``FileSettings.MaxFileSize``'s default.
+MAX_FILE_SIZE = 100 * 1024 * 1024
+#: ``model.PostFileidsMaxRunes``: the JSON array of a post's file ids, at most.
+FILE_IDS_MAX_RUNES = 300
 TEAM = "team0000000000000000000acme"[:26]
 _ALNUM = re.compile(r"^[A-Za-z0-9]+$")
 
@@ -122,6 +135,41 @@ class Press:
 
 
 @dataclass
+class StoredFile:
+    """One uploaded file, as the server keeps it."""
+
+    id: str
+    channel_id: str
+    creator: str
+    name: str
+    data: bytes
+    #: From the name's extension, as the server decides it (not the part's header).
+    mime: str
+    #: The ``Content-Type`` of the multipart part, as sent.
+    content_type: str
+    #: The post it is attached to ("" until a post names it in ``file_ids``).
+    post_id: str = ""
+
+    def info(self) -> dict[str, Any]:
+        """The ``FileInfo`` the server answers with."""
+        extension = self.name.rpartition(".")[2].lower() if "." in self.name else ""
+        return {
+            "id": self.id,
+            "user_id": self.creator,
+            "channel_id": self.channel_id,
+            "post_id": self.post_id,
+            "create_at": int(time.time() * 1000),
+            "update_at": 0,
+            "delete_at": 0,
+            "name": self.name,
+            "extension": extension,
+            "size": len(self.data),
+            "mime_type": self.mime,
+            "has_preview_image": self.mime.startswith("image/"),
+        }
+
+
+@dataclass
 class _Failure:
     status: int
     seconds: float = 0.0
@@ -170,6 +218,14 @@ class FakeMattermost:
         self.presses: list[Press] = []
         self.typing: list[dict[str, Any]] = []
         self.requests: list[Recorded] = []
+        #: Every uploaded file by id, in upload order (attached to a post or not).
+        self.files: dict[str, StoredFile] = {}
+        #: ``FileSettings.MaxFileSize``: a larger file part is answered 413.
+        self.max_file_size = MAX_FILE_SIZE
+        #: What ``GET /config/client`` says ``MaxFileSize`` is (None: the real one).
+        self.reported_max_file_size: int | None = None
+        #: ``FileSettings.EnableFileAttachments``: False answers every upload 403.
+        self.file_attachments = True
         #: Websocket connections that completed the authentication challenge.
         self.connections = 0
         self._conns: list[_Conn] = []
@@ -211,6 +267,8 @@ class FakeMattermost:
         app.router.add_get("/api/v4/users/me", self._me)
         app.router.add_post("/api/v4/posts", self._create_post)
         app.router.add_post("/api/v4/posts/ephemeral", self._ephemeral)
+        app.router.add_post("/api/v4/files", self._upload)
+        app.router.add_get("/api/v4/config/client", self._client_config)
         app.router.add_put("/api/v4/posts/{post_id}/patch", self._patch)
         app.router.add_post("/api/v4/users/{user_id}/typing", self._typing)
         app.router.add_get("/api/v4/users/me/teams", self._my_teams)
@@ -312,7 +370,7 @@ class FakeMattermost:
     ) -> dict[str, Any]:
         """A person posts; the bot's websocket gets ``posted``. Returns the post."""
         now = int(time.time() * 1000)
-        post = {
+        post: dict[str, Any] = {
             "id": self.new_id("p"),
             "create_at": now,
             "update_at": now,
@@ -390,9 +448,10 @@ class FakeMattermost:
         return await self.post_to_integration(integration["url"], body, post_id=post_id)
 
     async def post_to_integration(
-        self, url: str, body: dict[str, Any], *, post_id: str = ""
+        self, url: str, body: dict[str, Any] | bytes, *, post_id: str = ""
     ) -> Press:
-        """POST one press request to ``url`` exactly as the server does (no signature)."""
+        """POST one press request to ``url`` exactly as the server does (no signature).
+        ``body`` as bytes: sent as they are (a replayed capture, a malformed request)."""
         headers = {
             "Content-Type": "application/json",
             "Accept": "application/json",
@@ -401,7 +460,11 @@ class FakeMattermost:
         t0 = time.monotonic()
         async with (
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session,
-            session.post(url, data=json.dumps(body).encode(), headers=headers) as resp,
+            session.post(
+                url,
+                data=body if isinstance(body, bytes) else json.dumps(body).encode(),
+                headers=headers,
+            ) as resp,
         ):
             raw = await resp.read()
             status = resp.status
@@ -410,7 +473,8 @@ class FakeMattermost:
             answer = json.loads(raw) if raw else {}
         except ValueError:
             answer = None
-        press = Press(post_id, str(body.get("user_id")), body, status, answer, latency)
+        sent = body if isinstance(body, dict) else {}
+        press = Press(post_id, str(sent.get("user_id")), sent, status, answer, latency)
         self.presses.append(press)
         if status == 200 and isinstance(answer, dict) and post_id in self.posts:
             update = answer.get("update")
@@ -428,6 +492,14 @@ class FakeMattermost:
 
     def bot_messages(self) -> list[dict[str, Any]]:
         return [self.posts[i] for i in self.bot_posts]
+
+    def attached(self) -> list[StoredFile]:
+        """The files the bot's posts carry, in the order of the posts and their ids."""
+        return [
+            self.files[file_id]
+            for post in self.bot_messages()
+            for file_id in post.get("file_ids") or []
+        ]
 
     # ------------------------------------------------------------------ REST
 
@@ -514,11 +586,27 @@ class FakeMattermost:
             return _error(
                 400, "api.post.create_post.root_id.app_error", "Invalid RootId parameter."
             )
+        file_ids = body.get("file_ids") or []
+        if not isinstance(file_ids, list) or len(json.dumps(file_ids)) > FILE_IDS_MAX_RUNES:
+            return _error(400, "model.post.is_valid.file_ids.app_error", "Invalid file ids.")
         now = int(time.time() * 1000)
         props = dict(body.get("props") or {})
         props["from_bot"] = "true"
+        post_id = self.new_id("b")
+        # The server attaches only the poster's own unattached files of this channel, and
+        # drops the other ids without failing the post.
+        files = [
+            self.files[str(fid)]
+            for fid in file_ids
+            if str(fid) in self.files
+            and self.files[str(fid)].creator == BOT["id"]
+            and self.files[str(fid)].channel_id == channel_id
+            and not self.files[str(fid)].post_id
+        ]
+        for stored in files:
+            stored.post_id = post_id
         post = {
-            "id": self.new_id("b"),
+            "id": post_id,
             "create_at": now,
             "update_at": now,
             "edit_at": 0,
@@ -529,7 +617,8 @@ class FakeMattermost:
             "message": message,
             "type": "",
             "props": props,
-            "metadata": {},
+            "file_ids": [f.id for f in files],
+            "metadata": {"files": [f.info() for f in files]} if files else {},
         }
         self.posts[post["id"]] = post
         self.bot_posts.append(post["id"])
@@ -610,6 +699,108 @@ class FakeMattermost:
         self.bot_posts.append(stored["id"])
         self.ephemeral_to[stored["id"]] = user
         return self._record(request, body, _json(stored, 201))
+
+    async def _upload(self, request: web.Request) -> web.Response:
+        """``POST /files``, multipart: ``channel_id``, then one ``files`` part per file."""
+        refused = self._refusal(request, "files")
+        if refused:
+            return self._record(request, None, refused)
+        if not self.file_attachments:
+            return self._record(
+                request,
+                None,
+                _error(
+                    403,
+                    "api.file.attachments.disabled.app_error",
+                    "File attachments have been disabled on this server.",
+                ),
+            )
+        if not request.content_type.startswith("multipart/"):
+            return self._record(
+                request,
+                None,
+                _error(400, "api.file.upload_file.read_request.app_error", "Not multipart."),
+            )
+        channel_id = ""
+        parts: list[tuple[str, str, bytes]] = []
+        order: list[str] = []  # the parts' names as they came (channel_id should lead)
+        reader = await request.multipart()
+        while (part := await reader.next()) is not None:
+            if not isinstance(part, aiohttp.BodyPartReader) or not part.name:
+                continue
+            order.append(part.name)
+            if part.filename is None:  # a form field
+                value = (await part.read()).decode()
+                if part.name != "channel_id":
+                    return self._record(
+                        request,
+                        None,
+                        _error(
+                            400,
+                            "api.context.invalid_body_param.app_error",
+                            f"Invalid or missing {part.name} in request body.",
+                        ),
+                    )
+                channel_id = value
+                continue
+            data = await part.read()
+            if len(data) > self.max_file_size:
+                return self._record(
+                    request,
+                    {"parts": order, "channel_id": channel_id, "files": [part.filename]},
+                    _error(
+                        413,
+                        "api.file.upload_file.too_large_detailed.app_error",
+                        f"Unable to upload file {part.filename}. {len(data)} bytes exceeds "
+                        f"the maximum allowed {self.max_file_size} bytes.",
+                    ),
+                )
+            content_type = part.headers.get("Content-Type", "")
+            parts.append((part.filename, content_type, data))
+        record = {
+            "parts": order,
+            "channel_id": channel_id,
+            "files": [name for name, _, _ in parts],
+            "types": [content_type for _, content_type, _ in parts],
+        }
+        if channel_id not in self.channels or BOT["id"] not in self.members[channel_id]:
+            return self._record(
+                request,
+                record,
+                _error(
+                    403,
+                    "api.context.permissions.app_error",
+                    "You do not have the appropriate permissions.",
+                ),
+            )
+        infos = []
+        for name, content_type, data in parts:
+            stored = StoredFile(
+                id=self.new_id("f"),
+                channel_id=channel_id,
+                creator=BOT["id"],
+                name=name,
+                data=data,
+                mime=mimetypes.guess_type(name)[0] or "application/octet-stream",
+                content_type=content_type,
+            )
+            self.files[stored.id] = stored
+            infos.append(stored.info())
+        return self._record(request, record, _json({"file_infos": infos, "client_ids": []}, 201))
+
+    async def _client_config(self, request: web.Request) -> web.Response:
+        """``GET /config/client?format=old``: what clients may know of the config."""
+        refused = self._refusal(request, "config")
+        if refused:
+            return self._record(request, None, refused)
+        size = self.reported_max_file_size or self.max_file_size
+        config = {
+            "Version": "10.5.0",
+            "EnableFileAttachments": str(self.file_attachments).lower(),
+            "MaxFileSize": str(size),
+            "MaxPostSize": "16383",
+        }
+        return self._record(request, None, _json(config))
 
     async def _my_teams(self, request: web.Request) -> web.Response:
         refused = self._refusal(request, "teams")

@@ -9,13 +9,22 @@ pointed here by its public ``api_url`` option (slack_sdk's ``base_url``).
 What it serves::
 
     POST /api/<method>     auth.test · apps.connections.open · chat.postMessage ·
-                           chat.update · chat.postEphemeral
+                           chat.update · chat.postEphemeral ·
+                           files.getUploadURLExternal · files.completeUploadExternal
+    POST /upload/v1/<id>   the upload URL files.getUploadURLExternal hands out (the
+                           file's bytes, as slack_sdk's files_upload_v2 POSTs them)
     GET  /link?ticket=N    the Socket Mode websocket (hello, envelopes, acks)
 
+Uploads follow Slack's external upload flow: a file id and upload URL per file, the raw
+bytes POSTed to that URL, then one completion that shares all of them into a channel
+(and thread) with their titles and an optional initial comment; the shared files
+appear as one bot message carrying ``files``, as in Slack.
+
 What a test drives: :meth:`send_envelope` (Socket Mode inbound), :meth:`post_event`
-(signed HTTP inbound), :meth:`drop`, :meth:`rate_limit_next`, :meth:`fail_next`,
-:meth:`error_next`; and what it reads: :attr:`messages` (every message by ts, edits
-applied), :attr:`requests`, :attr:`acks`. Payload builders (:meth:`mention`,
+(signed HTTP inbound), :meth:`replay` (the same signed request twice), :meth:`drop`,
+:meth:`rate_limit_next`, :meth:`fail_next`, :meth:`error_next`; and what it reads:
+:attr:`messages` (every message by ts, edits applied), :attr:`uploads` (every shared
+file with its bytes), :attr:`requests`, :attr:`acks`. Payload builders (:meth:`mention`,
 :meth:`dm`, :meth:`edit`, :meth:`delete`, :meth:`unfurl`, :meth:`block_actions`,
 :meth:`slash_command`) follow the shapes of Slack's documentation (``message_changed``
 / ``message_deleted`` as the Events API sends them for ``message.im`` /
@@ -30,6 +39,7 @@ import hashlib
 import hmac
 import itertools
 import json
+import mimetypes
 import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -38,7 +48,7 @@ from urllib.parse import urlencode
 import aiohttp
 from aiohttp import WSMsgType, web
 
-__all__ = ["Ack", "FakeSlack", "Recorded", "sign"]
+__all__ = ["Ack", "FakeSlack", "FileUpload", "Recorded", "sign"]
 
 Signature = Literal["valid", "bad", "stale", "none"]
 
@@ -88,6 +98,29 @@ class Ack:
 
 
 @dataclass
+class FileUpload:
+    """One file of the external upload flow, as the fake received it."""
+
+    file_id: str
+    filename: str
+    #: The length files.getUploadURLExternal announced.
+    length: int
+    #: The bytes POSTed to the upload URL (None until then).
+    data: bytes | None = None
+    title: str = ""
+    #: Set by files.completeUploadExternal: where it was shared.
+    channel: str | None = None
+    thread_ts: str | None = None
+    initial_comment: str = ""
+    #: ts of the file-share message it appeared in.
+    message_ts: str | None = None
+
+    @property
+    def mimetype(self) -> str:
+        return mimetypes.guess_type(self.filename)[0] or "application/octet-stream"
+
+
+@dataclass
 class _Failure:
     status: int
     error: str
@@ -127,6 +160,9 @@ class FakeSlack:
         #: Every chat.update body, in order.
         self.updates: list[dict[str, Any]] = []
         self.requests: list[Recorded] = []
+        #: Every file of the upload flow by id, and those shared, in order of sharing.
+        self.files: dict[str, FileUpload] = {}
+        self.uploads: list[FileUpload] = []
         self.acks: list[Ack] = []
         #: Socket Mode connections accepted so far (each one got a hello).
         self.connections = 0
@@ -135,6 +171,7 @@ class FakeSlack:
         self._envelopes = itertools.count(1)
         self._tickets = itertools.count(1)
         self._triggers = itertools.count(1)
+        self._file_ids = itertools.count(1)
         self._ws: web.WebSocketResponse | None = None
         self._pending: dict[str, tuple[asyncio.Future[Ack], float, str]] = {}
         self._changed = asyncio.Condition()
@@ -147,6 +184,7 @@ class FakeSlack:
         """Serve on an ephemeral 127.0.0.1 port; :attr:`base_url` is the Web API base."""
         app = web.Application()
         app.router.add_post("/api/{method}", self._api)
+        app.router.add_post("/upload/v1/{file_id}", self._upload)
         app.router.add_get("/link", self._link)
         self._runner = web.AppRunner(
             app, access_log=None, handle_signals=False, shutdown_timeout=0.5
@@ -226,6 +264,8 @@ class FakeSlack:
             body = await request.json()
         else:
             body = dict(await request.post())
+        # Methods called with `params` (files.*) carry their arguments in the query.
+        body = {**request.query, **body}
         auth = request.headers.get("Authorization", "")
         token = auth.removeprefix("Bearer ").strip() if auth.startswith("Bearer ") else ""
         record = Recorded(method, body, token)
@@ -256,6 +296,8 @@ class FakeSlack:
             "chat.postMessage": self._post_message,
             "chat.update": self._update,
             "chat.postEphemeral": self._post_ephemeral,
+            "files.getUploadURLExternal": self._upload_url,
+            "files.completeUploadExternal": self._complete_upload,
         }.get(method)
         if handler is None:
             record.error = "unknown_method"
@@ -348,6 +390,79 @@ class FakeSlack:
         }
         self.posted.append(ts)
         return {"ok": True, "message_ts": ts}
+
+    def _upload_url(self, body: dict[str, Any]) -> dict[str, Any]:
+        filename, length = body.get("filename"), str(body.get("length", ""))
+        if not filename or not length.isdigit():
+            return {"ok": False, "error": "invalid_arguments"}
+        file_id = f"F{next(self._file_ids):08d}"
+        self.files[file_id] = FileUpload(file_id, str(filename), int(length))
+        return {
+            "ok": True,
+            "upload_url": f"http://127.0.0.1:{self.port}/upload/v1/{file_id}",
+            "file_id": file_id,
+        }
+
+    async def _upload(self, request: web.Request) -> web.Response:
+        """The upload URL: the raw bytes of one file (no token: the URL is the secret)."""
+        upload = self.files.get(request.match_info["file_id"])
+        data = await request.read()
+        if upload is None:
+            return web.Response(status=404, text="Not Found")
+        if len(data) != upload.length:
+            return web.Response(status=400, text=f"length {len(data)} != {upload.length}")
+        upload.data = data
+        await self._notify()
+        return web.Response(text=f"OK - {len(data)}", content_type="text/plain")
+
+    def _complete_upload(self, body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            listed = json.loads(str(body.get("files") or ""))
+        except ValueError:
+            return {"ok": False, "error": "invalid_arguments"}
+        uploads = [self.files.get(str(f.get("id"))) for f in listed if isinstance(f, dict)]
+        if not uploads or any(u is None or u.data is None for u in uploads):
+            return {"ok": False, "error": "file_not_found"}
+        channel = body.get("channel_id") or None
+        thread_ts = body.get("thread_ts") or None
+        comment = str(body.get("initial_comment") or "")
+        ts = self.next_ts() if channel else None
+        shared: list[dict[str, Any]] = []
+        for entry, upload in zip(listed, uploads, strict=True):
+            assert upload is not None
+            upload.title = str(entry.get("title") or upload.filename)
+            upload.channel, upload.thread_ts, upload.initial_comment = channel, thread_ts, comment
+            upload.message_ts = ts
+            shared.append(
+                {
+                    "id": upload.file_id,
+                    "name": upload.filename,
+                    "title": upload.title,
+                    "mimetype": upload.mimetype,
+                    "size": upload.length,
+                    "user": self.bot_user,
+                }
+            )
+            if channel:
+                self.uploads.append(upload)
+        if channel and ts:
+            message: dict[str, Any] = {
+                "type": "message",
+                "channel": channel,
+                "user": self.bot_user,
+                "bot_id": self.bot_id,
+                "text": comment,
+                "ts": ts,
+                "files": shared,
+                "upload": True,
+            }
+            if thread_ts:
+                message["thread_ts"] = thread_ts
+            self.messages[ts] = message
+            self.posted.append(ts)
+            if self.echo_own_messages:
+                self._echo(message)
+        return {"ok": True, "files": shared}
 
     def _echo(self, message: dict[str, Any]) -> None:
         if self._ws is None:
@@ -499,27 +614,27 @@ class FakeSlack:
         *,
         signature: Signature = "valid",
     ) -> tuple[int, str]:
-        """POST an inbound request to the app the way Slack does; returns (status, body).
-
-        Event callbacks and url_verification go as JSON; interactive payloads
-        (``block_actions``…) as the form field ``payload=``; slash commands (a dict
-        with ``command``) as plain form fields.
-        """
-        if "command" in payload:
-            body = urlencode(payload).encode()
-            content_type = "application/x-www-form-urlencoded"
-        elif payload.get("type") in ("event_callback", "url_verification", "app_rate_limited"):
-            body = json.dumps(payload).encode()
-            content_type = "application/json"
-        else:
-            body = urlencode({"payload": json.dumps(payload)}).encode()
-            content_type = "application/x-www-form-urlencoded"
+        """POST an inbound request to the app the way Slack does (`encode`); returns
+        (status, body)."""
+        body, content_type = self.encode(payload)
         return await self.post_raw(url, body, content_type, signature=signature)
 
-    async def post_raw(
-        self, url: str, body: bytes, content_type: str, *, signature: Signature = "valid"
-    ) -> tuple[int, str]:
-        """POST exact bytes with a valid/bad/stale/no v0 signature; returns (status, body)."""
+    def encode(self, payload: dict[str, Any]) -> tuple[bytes, str]:
+        """The body and content type Slack sends ``payload`` with: event callbacks and
+        url_verification as JSON; interactive payloads (``block_actions``…) as the form
+        field ``payload=``; slash commands (a dict with ``command``) as form fields."""
+        if "command" in payload:
+            return urlencode(payload).encode(), "application/x-www-form-urlencoded"
+        if payload.get("type") in ("event_callback", "url_verification", "app_rate_limited"):
+            return json.dumps(payload).encode(), "application/json"
+        return urlencode({"payload": json.dumps(payload)}).encode(), (
+            "application/x-www-form-urlencoded"
+        )
+
+    def signed_headers(
+        self, body: bytes, content_type: str, signature: Signature = "valid"
+    ) -> dict[str, str]:
+        """The headers of a request with a valid/bad/stale/no v0 signature."""
         now = int(time.time())
         headers = {"Content-Type": content_type}
         if signature != "none":
@@ -527,6 +642,24 @@ class FakeSlack:
             secret = self.signing_secret if signature != "bad" else self.signing_secret + "x"
             headers["X-Slack-Request-Timestamp"] = ts
             headers["X-Slack-Signature"] = sign(secret, ts, body)
+        return headers
+
+    async def post_raw(
+        self, url: str, body: bytes, content_type: str, *, signature: Signature = "valid"
+    ) -> tuple[int, str]:
+        """POST exact bytes with a valid/bad/stale/no v0 signature; returns (status, body)."""
+        headers = self.signed_headers(body, content_type, signature)
+        return await self._post(url, body, headers)
+
+    async def replay(self, url: str, payload: dict[str, Any]) -> list[tuple[int, str]]:
+        """A correctly signed request, then the very same bytes and headers again (a
+        retry, or someone replaying a captured request within the 5-minute window);
+        the (status, body) of each."""
+        body, content_type = self.encode(payload)
+        headers = self.signed_headers(body, content_type)
+        return [await self._post(url, body, headers) for _ in range(2)]
+
+    async def _post(self, url: str, body: bytes, headers: dict[str, str]) -> tuple[int, str]:
         timeout = aiohttp.ClientTimeout(total=5)
         async with (
             aiohttp.ClientSession(timeout=timeout) as session,
@@ -666,7 +799,8 @@ class FakeSlack:
                 "channel_id": channel,
                 "is_ephemeral": False,
             },
-            "trigger_id": f"tr-{message_ts}",
+            # Unique per press, as on Slack: two presses of one button are two presses.
+            "trigger_id": f"tr-{message_ts}-{next(self._triggers)}",
             "team": {"id": self.team_id, "domain": "acme"},
             "enterprise": None,
             "is_enterprise_install": False,

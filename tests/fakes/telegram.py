@@ -7,18 +7,29 @@ status codes — without network and without patching Steward or PTB. The adapte
 pointed here by ``STEWARD_TELEGRAM_API_URL`` (PTB's ``base_url``, token appended).
 
 Methods: getMe · deleteWebhook · setWebhook · getWebhookInfo · getUpdates (offset
-confirms, the request is held up to ``timeout`` seconds) · sendMessage ·
-editMessageText · editMessageReplyMarkup · answerCallbackQuery · sendChatAction ·
-setMyCommands. Errors as the Bot API gives them: 401 Unauthorized, 404 method not
-found, 400 "message is too long" / "MESSAGE_TOO_LONG" (edits) / "message text is
-empty" / "can't parse entities: …" (HTML checked like Telegram: only its tags, every
-tag closed) / "BUTTON_DATA_INVALID" / "message is not modified" / "query is too old",
-409 Conflict (another poller, or a webhook set), 429 with ``parameters.retry_after``.
+confirms, the request is held up to ``timeout`` seconds) · sendMessage · sendPhoto ·
+sendDocument · editMessageText · editMessageReplyMarkup · answerCallbackQuery ·
+sendChatAction · setMyCommands. Errors as the Bot API gives them: 401 Unauthorized,
+404 method not found, 400 "message is too long" / "MESSAGE_TOO_LONG" (edits) /
+"message text is empty" / "can't parse entities: …" (HTML checked like Telegram: only
+its tags, every tag closed) / "BUTTON_DATA_INVALID" / "message is not modified" /
+"query is too old" / "message caption is too long" / "file must be non-empty" /
+"PHOTO_INVALID_DIMENSIONS" (width + height over 10,000, or a side ratio over 20) /
+"IMAGE_PROCESS_FAILED" (not a picture) / "PHOTO_SAVE_FILE_INVALID" (a photo over
+10 MB), 413 for an upload over 50 MB, 409 Conflict (another poller, or a webhook set),
+429 with ``parameters.retry_after``.
+
+Uploads come as PTB sends them: ``multipart/form-data`` (``HTTPXRequest`` hands httpx
+the parameters as form fields and the file as a part named ``photo`` / ``document``
+with its file name and media type). Each is recorded in :attr:`uploads` (name,
+bytes, caption, chat, topic) and answered with a Message carrying ``photo`` (the
+sizes) or ``document``, as Telegram answers.
 
 Drive it with :meth:`user_message`, :meth:`press`, :meth:`edit_user_message` (updates
 queued for getUpdates, or POSTed to the webhook with the secret header when one is
-set), :meth:`rate_limit_next`, :meth:`fail_next`, :meth:`drop`, :attr:`conflict`;
-read :attr:`posted` (messages and alerts, in order), :attr:`messages`, :attr:`edits`,
+set), :meth:`rate_limit_next`, :meth:`fail_next`, :meth:`drop`, :attr:`conflict`,
+:meth:`webhook_unreachable` / :meth:`webhook_reachable`; read :attr:`posted` (text
+messages and alerts, in order), :attr:`uploads`, :attr:`messages`, :attr:`edits`,
 :attr:`answers`, :attr:`requests`. It can run in a thread for `steward run` tests.
 """
 
@@ -29,6 +40,7 @@ import contextlib
 import itertools
 import json
 import re
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -48,6 +60,9 @@ BOB = 1002
 #: A supergroup with forum topics.
 GROUP = -1001234567890
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
+#: The Bot API's upload limits: photos, and any file sent by multipart.
+MAX_PHOTO_BYTES = 10 * 1024 * 1024
+MAX_UPLOAD_BYTES = 50 * 1024 * 1024
 
 _ALLOWED_TAGS = {
     "b", "strong", "i", "em", "u", "ins", "s", "strike", "del", "a", "code", "pre",
@@ -149,6 +164,30 @@ class Recorded:
 
 
 @dataclass
+class FilePart:
+    """A file part of a multipart request, as it arrived."""
+
+    name: str
+    data: bytes
+    mime: str
+
+
+@dataclass
+class Uploaded:
+    """A file the bot sent (``kind`` "photo" or "document"), as the fake received it."""
+
+    kind: str
+    chat_id: int
+    message_id: int
+    name: str
+    data: bytes
+    mime: str
+    caption: str
+    thread: int | None = None
+    token: str = TOKEN
+
+
+@dataclass
 class Posted:
     """Something the bot showed: a message (``kind="message"``) or a callback alert/toast
     (``kind="alert"``, ``to`` = the presser)."""
@@ -186,6 +225,8 @@ class _Bot:
     last_error: str = ""
     #: update ids handed out, with the time (for callback answer latency).
     handed: dict[int, float] = field(default_factory=dict)
+    #: Telegram cannot reach the webhook: updates wait here (see webhook_unreachable).
+    undelivered: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _ok(result: Any) -> web.Response:
@@ -225,6 +266,8 @@ class FakeTelegram:
         }
         self.requests: list[Recorded] = []
         self.posted: list[Posted] = []
+        #: Every photo and document the bot sent, in order.
+        self.uploads: list[Uploaded] = []
         #: (chat id, message id) → the message object as Telegram returns it.
         self.messages: dict[tuple[int, int], dict[str, Any]] = {}
         self.edits: list[tuple[int, int, dict[str, Any]]] = []
@@ -238,6 +281,7 @@ class FakeTelegram:
         self._update_ids = itertools.count(100)
         self._message_ids = itertools.count(500)
         self._query_ids = itertools.count(1)
+        self._file_ids = itertools.count(1)
         self._rate_limits: list[float] = []
         self._failures: list[tuple[str, int, str]] = []
         self._drop = 0
@@ -262,7 +306,8 @@ class FakeTelegram:
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Condition()
         self._closing = asyncio.Event()
-        app = web.Application()
+        # Room for an upload over the Bot API's 50 MB, so the fake can refuse it as Telegram does.
+        app = web.Application(client_max_size=MAX_UPLOAD_BYTES + 8 * 1024 * 1024)
         app.router.add_route("*", "/bot{token}/{method}", self._handle)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
         await self._runner.setup()
@@ -338,6 +383,19 @@ class FakeTelegram:
         """The held getUpdates (the adapter's inbound connection) ends with a 502."""
         self._drop += 1
         await self._notify()
+
+    def webhook_unreachable(self, error: str = "Connection refused", token: str = TOKEN) -> None:
+        """Telegram cannot reach the bot's webhook: updates wait, and getWebhookInfo says
+        why (``last_error_message``), as Telegram does."""
+        self.bots[token].last_error = error
+
+    async def webhook_reachable(self, token: str = TOKEN) -> None:
+        """The webhook answers again: what waited is delivered, the error forgotten."""
+        bot = self.bots[token]
+        bot.last_error = ""
+        waiting, bot.undelivered = bot.undelivered, []
+        for update in waiting:
+            await self.deliver(update, token)
 
     def chat(self, chat_id: int, *, forum: bool = False) -> dict[str, Any]:
         if chat_id > 0:
@@ -474,6 +532,9 @@ class FakeTelegram:
         query = update.get("callback_query")
         if query:
             self._queries[query["id"]] = (token, update["update_id"], query)
+        if bot.webhook_url and bot.last_error:
+            bot.undelivered.append(update)
+            return
         if bot.webhook_url:
             bot.handed[update["update_id"]] = time.monotonic()
             status, text = await self.post_webhook(update, token)
@@ -505,9 +566,14 @@ class FakeTelegram:
         if request.content_type == "application/json":
             raw = await request.json()
             return dict(raw) if isinstance(raw, dict) else {}
-        form = await request.post()
+        form = await request.post()  # form-encoded, or multipart with files (uploads)
         params: dict[str, Any] = {}
         for key, value in form.items():
+            if isinstance(value, web.FileField):
+                params[key] = FilePart(
+                    _form_name(value.filename), value.file.read(), value.content_type
+                )
+                continue
             if not isinstance(value, str):
                 continue
             params[key] = value
@@ -710,6 +776,90 @@ class FakeTelegram:
         )
         return _ok(message)
 
+    async def _m_sendphoto(self, bot: _Bot, p: dict[str, Any]) -> web.Response:
+        return self._upload(bot, p, "photo")
+
+    async def _m_senddocument(self, bot: _Bot, p: dict[str, Any]) -> web.Response:
+        return self._upload(bot, p, "document")
+
+    def _upload(self, bot: _Bot, p: dict[str, Any], kind: str) -> web.Response:
+        """sendPhoto / sendDocument with the file uploaded (a file_id or URL is not
+        something Steward sends: refused like a bad identifier)."""
+        chat_id = self._chat_of(p)
+        if chat_id is None:
+            return _err(400, "Bad Request: chat not found")
+        part = p.get(kind)
+        if not isinstance(part, FilePart):
+            return _err(400, "Bad Request: wrong remote file identifier specified")
+        if len(part.data) > MAX_UPLOAD_BYTES:
+            return _err(413, "Request Entity Too Large")
+        if not part.data:
+            return _err(400, "Bad Request: file must be non-empty")
+        caption = str(p.get("caption") or "")
+        if _utf16_len(caption) > 1024:
+            return _err(400, "Bad Request: message caption is too long")
+        bad = self._check_markup(p)
+        if bad is not None:
+            return bad
+        file_id = f"{kind[:2].upper()}file{next(self._file_ids)}"
+        media: Any
+        if kind == "photo":
+            size = _picture_size(part.data)
+            if size is None:
+                return _err(400, "Bad Request: IMAGE_PROCESS_FAILED")
+            width, height = size
+            if width + height > 10000 or max(width, height) > 20 * max(1, min(width, height)):
+                return _err(400, "Bad Request: PHOTO_INVALID_DIMENSIONS")
+            if len(part.data) > MAX_PHOTO_BYTES:
+                return _err(400, "Bad Request: PHOTO_SAVE_FILE_INVALID")
+            media = [
+                {
+                    "file_id": file_id,
+                    "file_unique_id": f"u{file_id}",
+                    "width": width,
+                    "height": height,
+                    "file_size": len(part.data),
+                }
+            ]
+        else:
+            media = {
+                "file_id": file_id,
+                "file_unique_id": f"u{file_id}",
+                "file_name": part.name,
+                "mime_type": part.mime,
+                "file_size": len(part.data),
+            }
+        thread = int(p["message_thread_id"]) if p.get("message_thread_id") else None
+        message: dict[str, Any] = {
+            "message_id": next(self._message_ids),
+            "from": self.bot_user(bot.token),
+            "chat": self.chat(chat_id, forum=thread is not None),
+            "date": int(time.time()),
+            kind: media,
+        }
+        if caption:
+            message["caption"] = caption
+        if thread is not None:
+            message["message_thread_id"] = thread
+            message["is_topic_message"] = True
+        if p.get("reply_markup"):
+            message["reply_markup"] = p["reply_markup"]
+        self.messages[(chat_id, message["message_id"])] = message
+        self.uploads.append(
+            Uploaded(
+                kind,
+                chat_id,
+                message["message_id"],
+                part.name,
+                part.data,
+                part.mime,
+                caption,
+                thread,
+                bot.token,
+            )
+        )
+        return _ok(message)
+
     def _posted(self, chat_id: int, message_id: int) -> Posted | None:
         return next(
             (x for x in self.posted if x.chat_id == chat_id and x.message_id == message_id),
@@ -816,3 +966,32 @@ class FakeTelegram:
             return _err(400, "Bad Request: can't parse commands JSON object")
         self.commands = commands
         return _ok(True)
+
+
+def _picture_size(data: bytes) -> tuple[int, int] | None:
+    """(width, height) of a PNG, GIF or JPEG, as Telegram's image processing would find
+    them; None for anything it could not process as a photo."""
+    if data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) >= 24:
+        width, height = struct.unpack(">II", data[16:24])
+        return width, height
+    if data[:6] in (b"GIF87a", b"GIF89a") and len(data) >= 10:
+        width, height = struct.unpack("<HH", data[6:10])
+        return width, height
+    if data.startswith(b"\xff\xd8"):
+        pos = 2
+        while pos + 9 < len(data):
+            if data[pos] != 0xFF:
+                return None
+            marker = data[pos + 1]
+            length = struct.unpack(">H", data[pos + 2 : pos + 4])[0]
+            if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+                height, width = struct.unpack(">HH", data[pos + 5 : pos + 9])
+                return width, height
+            pos += 2 + length
+    return None
+
+
+def _form_name(name: str) -> str:
+    """A multipart file name as sent in HTML5 form encoding (httpx, like browsers, writes
+    ``"``, CR and LF as %22, %0D, %0A), decoded."""
+    return name.replace("%22", '"').replace("%0D", "\r").replace("%0A", "\n")

@@ -1,12 +1,15 @@
 """A wire-level fake of the WhatsApp Business Cloud API (Graph) on 127.0.0.1.
 
-Both directions of the real protocol: it serves `POST /<version>/<phone id>/messages`
-and `GET /<version>/<phone id>` with Graph's error body shape, checking the bearer
-token, the pinned version, Graph's limits (4,096-character text, 1,024-character
-interactive body, at most 3 reply buttons with unique titles of at most 20
-characters) and the 24-hour customer-service window; and it plays Meta towards the
-adapter: the verification GET, and message, button-reply and status webhooks signed
-with `X-Hub-Signature-256` (HMAC-SHA256 of the raw body with the app secret).
+Both directions of the real protocol: it serves `POST /<version>/<phone id>/messages`,
+`POST /<version>/<phone id>/media` (a multipart upload: `file`, `type`,
+`messaging_product`, answered with `{"id": …}`) and `GET /<version>/<phone id>` with
+Graph's error body shape, checking the bearer token, the pinned version, Graph's
+limits (4,096-character text, 1,024-character interactive body, at most 3 reply
+buttons with unique titles of at most 20 characters, Meta's supported media types and
+sizes, 1,024-character captions, `image` messages only for an uploaded JPEG or PNG)
+and the 24-hour customer-service window; and it plays Meta towards the adapter: the
+verification GET, and message, button-reply and status webhooks signed with
+`X-Hub-Signature-256` (HMAC-SHA256 of the raw body with the app secret).
 
 A free-form message outside the window is accepted and then fails asynchronously
 with a `failed` status webhook carrying error 131047, as Graph does; `window_errors =
@@ -31,6 +34,50 @@ from aiohttp import web
 from adapters.whatsapp import GRAPH_API_VERSION
 
 WINDOW = 24 * 3600.0
+MB = 1024 * 1024
+#: Meta's supported upload types and their size limits (Cloud API → media).
+MEDIA_LIMITS: dict[str, int] = {
+    **dict.fromkeys(("image/jpeg", "image/png"), 5 * MB),
+    **dict.fromkeys(
+        (
+            "text/plain",
+            "application/pdf",
+            "application/msword",
+            "application/vnd.ms-excel",
+            "application/vnd.ms-powerpoint",
+            "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
+            "application/vnd.openxmlformats-officedocument.presentationml.presentation",
+            "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
+        ),
+        100 * MB,
+    ),
+    **dict.fromkeys(("audio/aac", "audio/amr", "audio/mpeg", "audio/mp4", "audio/ogg"), 16 * MB),
+    **dict.fromkeys(("video/3gpp", "video/mp4"), 16 * MB),
+    "image/webp": 500 * 1024,
+}
+IMAGE_TYPES = ("image/jpeg", "image/png")
+
+
+@dataclass
+class Media:
+    """One file uploaded to `/media`, as Graph keeps it under its media id."""
+
+    id: str
+    data: bytes
+    name: str
+    mime: str
+
+
+@dataclass
+class SentFile:
+    """A media message Graph accepted: the uploaded file it shows and its caption."""
+
+    message_id: str
+    to: str
+    kind: str  # "image" or "document"
+    media: Media
+    caption: str
+    filename: str
 
 
 @dataclass
@@ -92,6 +139,9 @@ class FakeWhatsApp:
         self.window_errors = "async"
         #: Accepted outbound messages, with the id Graph gave them, in order.
         self.messages: list[dict[str, Any]] = []
+        #: Uploaded files by media id, and the media messages that showed them.
+        self.media: dict[str, Media] = {}
+        self.files: list[SentFile] = []
         #: Read receipts / typing indicators.
         self.reads: list[dict[str, Any]] = []
         #: Every request: (method, path).
@@ -101,6 +151,7 @@ class FakeWhatsApp:
         self.inbound_ids: set[str] = set()
         self._ids = itertools.count(1)
         self._fail_next: list[web.Response] = []
+        self._fail_next_upload: list[web.Response] = []
         self._drop_next = 0
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -109,9 +160,10 @@ class FakeWhatsApp:
 
     # ── lifecycle ───────────────────────────────────────────────────────────
     async def start(self) -> None:
-        app = web.Application()
+        app = web.Application(client_max_size=110 * MB)  # a 100 MB document and its form
         base = "/{version}/{phone}"
         app.router.add_post(f"{base}/messages", self._messages)
+        app.router.add_post(f"{base}/media", self._upload)
         app.router.add_get(base, self._phone)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
         await self._runner.setup()
@@ -146,6 +198,10 @@ class FakeWhatsApp:
 
     def fail_next(self, response: web.Response) -> None:
         self._fail_next.append(response)
+
+    def fail_next_upload(self, response: web.Response) -> None:
+        """The next `/media` upload answers `response`."""
+        self._fail_next_upload.append(response)
 
     def drop_next(self, requests: int = 1) -> None:
         """The next requests get their connection closed without an answer."""
@@ -201,6 +257,43 @@ class FakeWhatsApp:
             }
         )
 
+    async def _upload(self, request: web.Request) -> web.StreamResponse:
+        """`POST /media`: a multipart form of `messaging_product`, `type` and `file`."""
+        self.requests.append(("POST", request.path))
+        refused = self._refuse(request)
+        if refused is not None:
+            return refused
+        if self._fail_next_upload:
+            return self._fail_next_upload.pop(0)
+        if not request.content_type.startswith("multipart/form-data"):
+            return graph_error(100, "(#100) The parameter file is required.")
+        form = await request.post()
+        if form.get("messaging_product") != "whatsapp":
+            return graph_error(100, "(#100) The parameter messaging_product is required.")
+        part = form.get("file")
+        if not isinstance(part, web.FileField):
+            return graph_error(100, "(#100) The parameter file is required.")
+        mime = str(form.get("type") or "")
+        if not mime:
+            return graph_error(100, "(#100) The parameter type is required.")
+        data = part.file.read()
+        limit = MEDIA_LIMITS.get(mime)
+        if limit is None or part.content_type != mime:
+            return graph_error(
+                100,
+                "(#100) Param file must be a file with one of the following types: "
+                f"{', '.join(MEDIA_LIMITS)}. Received file of type '{part.content_type}'.",
+            )
+        if not data or len(data) > limit:
+            return graph_error(
+                131053,
+                "(#131053) Media upload error",
+                details=f"file size {len(data)} bytes is not within the limit of {limit}",
+            )
+        media = Media(str(1_000_000_000_000_000 + next(self._ids)), data, part.filename, mime)
+        self.media[media.id] = media
+        return _ok({"id": media.id})
+
     async def _messages(self, request: web.Request) -> web.StreamResponse:
         self.requests.append(("POST", request.path))
         refused = self._refuse(request)
@@ -244,6 +337,18 @@ class FakeWhatsApp:
             self._later(self.deliver(self.status_update(mid, "failed", to, code=131047)))
         else:
             self.messages.append({"id": mid, **body})
+            if kind in ("image", "document"):
+                shown = body[kind]
+                self.files.append(
+                    SentFile(
+                        mid,
+                        to,
+                        kind,
+                        self.media[shown["id"]],
+                        str(shown.get("caption") or ""),
+                        str(shown.get("filename") or ""),
+                    )
+                )
         return _ok(
             {
                 "messaging_product": "whatsapp",
@@ -252,8 +357,7 @@ class FakeWhatsApp:
             }
         )
 
-    @staticmethod
-    def _invalid(body: dict[str, Any]) -> str:
+    def _invalid(self, body: dict[str, Any]) -> str:
         kind = body.get("type")
         if not str(body.get("to", "")).isdigit():
             return "to must be a phone number (digits)"
@@ -280,6 +384,17 @@ class FakeWhatsApp:
                 return "button id must be at most 256 characters"
             if len(set(titles)) != len(titles) or len(set(ids)) != len(ids):
                 return "button titles and ids must be unique"
+        elif kind in ("image", "document"):
+            shown = body.get(kind)
+            if not isinstance(shown, dict) or not (shown.get("id") or shown.get("link")):
+                return f"{kind}.id or {kind}.link is required"
+            media = self.media.get(str(shown.get("id")))
+            if media is None:
+                return f"{kind}.id {shown.get('id')} is not an uploaded media id"
+            if kind == "image" and media.mime not in IMAGE_TYPES:
+                return f"an image message needs a JPEG or PNG, not {media.mime}"
+            if len(str(shown.get("caption") or "")) > 1024:
+                return f"{kind}.caption must be at most 1024 characters"
         elif kind != "template":
             return f"unsupported message type {kind}"
         return ""

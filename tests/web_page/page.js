@@ -192,6 +192,42 @@ const scenarios = {
     assert.match(page.errors()[1], /too big for the web chat/);
   },
 
+  attachments_show_images_inline_and_files_as_links() {
+    const page = load();
+    const chart = { name: "chart.png", mime: "image/png", size: 2048, caption: "Costs",
+      url: "/attachments/" + "a".repeat(32) + "/chart.png" };
+    const report = { name: "Q3 report.pdf", mime: "application/pdf", size: 3565158, caption: "",
+      url: "/attachments/" + "b".repeat(32) + "/Q3%20report.pdf" };
+    const forged = [
+      { name: "x.png", mime: "image/png", size: 1, url: "javascript:alert(1)" },
+      { name: "y.png", mime: "image/png", size: 1, url: "https://evil.example/y.png" },
+      { name: "z.png", mime: "image/png", size: 1, url: "/attachments/x/\"onerror=alert(1)" },
+    ];
+    page.frame({ ...reply("Here.", "m1"), attachments: [chart, report, ...forged] });
+    const shown = page.els.transcript.querySelectorAll(".attachment");
+    assert.equal(shown.length, 2, "only URLs of Steward's own downloads");
+    const [img] = shown[0].querySelectorAll(".preview");
+    assert.equal(img.tagName, "img");
+    assert.equal(img.src, chart.url);
+    assert.equal(img.alt, "chart.png");
+    assert.equal(shown[0].querySelector(".caption").textContent, "Costs");
+    const link = shown[1].querySelector(".file");
+    assert.equal(link.href, report.url);
+    assert.equal(link.download, "Q3 report.pdf");
+    assert.equal(shown[1].querySelector(".file-name").textContent, "Q3 report.pdf");
+    assert.equal(shown[1].querySelector(".file-size").textContent, "3.4 MB");
+    assert.equal(shown[1].querySelector(".caption"), null, "no caption, no empty line");
+    // An edit (an approval decided) changes the text; the files stay.
+    page.frame({ type: "edit", id: "m1", text: "Here, edited.", buttons: [] });
+    assert.equal(page.els.transcript.querySelectorAll(".attachment").length, 2);
+    // A reload shows them again from the history.
+    page.frame({ type: "history", items: [{ ...reply("Here.", "m1"), attachments: [chart] }] });
+    assert.equal(page.els.transcript.querySelectorAll(".preview").length, 1);
+    page.frame(reply("no files", "m2")); // an older server's frame: no attachments key
+    const bubbles = page.els.transcript.querySelectorAll(".attachments");
+    assert.equal(bubbles[bubbles.length - 1].hidden, true);
+  },
+
   a_socket_refused_for_want_of_a_login_says_how_to_log_in() {
     const page = load();
     page.sock.onclose({ code: 1006 }); // was open: a restart, not a refusal

@@ -39,6 +39,7 @@ import structlog
 from config.providers import PROVIDER_KEYS as PROVIDER_KEYS  # re-exported for callers
 from config.providers import embedded_wanted as embedded_wanted  # re-exported for callers
 from config.providers import provider_key_present as provider_key_present  # re-exported
+from core.backoff import backoff_delay
 
 log = structlog.get_logger("steward.local_model")
 
@@ -349,7 +350,9 @@ class ModelServer:
                         f"the local model server failed {self.failures_in_row} times in a row; "
                         f"last: {exc}"
                     ) from exc
-                delay = min(self.backoff_max, self.backoff * 2 ** (self.failures_in_row - 1))
+                delay = backoff_delay(
+                    self.failures_in_row, self.backoff, self.backoff_max, jitter=False
+                )
                 log.warning("local_model.start_failed", error=str(exc)[:300], retry_in_s=delay)
                 await asyncio.sleep(delay)
 

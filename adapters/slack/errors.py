@@ -1,18 +1,15 @@
-"""Slack outbound: Block Kit rendering of text and buttons, and Slack's API errors
-translated into the channel layer's `DeliveryError` (with what a person should do).
+"""Slack's API errors as the channel layer's `DeliveryError`: rate limits and Slack's own
+failures transient (with ``Retry-After``), refusals not, each with what a person should do
+about it. Also the token refusals no reconnect can fix (`_FATAL_AUTH`), which Socket Mode
+uses to stop retrying a wrong app-level token.
 """
 
 from __future__ import annotations
-
-import html
-from collections.abc import Sequence
-from typing import Any
 
 import aiohttp
 from slack_sdk.errors import SlackApiError
 
 from core.events import (
-    Button,
     DeliveryError,
 )
 
@@ -52,40 +49,6 @@ _HINTS = {
     "cant_update_message": "Steward can only edit its own messages",
     "user_not_in_channel": "that person is not in the channel",
 }
-
-# ---------------------------------------------------------------------- rendering
-
-
-def escape_mrkdwn(plain: str) -> str:
-    """Plain text in mrkdwn: &, < and > escaped (Slack reads <…> as links and mentions)."""
-    return html.escape(plain, quote=False)
-
-
-def render_button(index: int, button: Button) -> dict[str, Any]:
-    """One Block Kit button; the value is the opaque id the dispatcher gets back."""
-    label = button.label if len(button.label) <= 75 else button.label[:74] + "…"
-    element: dict[str, Any] = {
-        "type": "button",
-        "action_id": f"steward_{index}",
-        "text": {"type": "plain_text", "text": label or "?"},
-        "value": button.value,
-    }
-    if button.style in ("primary", "danger"):
-        element["style"] = button.style
-    return element
-
-
-def render_blocks(text: str, buttons: Sequence[Button] | None) -> list[dict[str, Any]]:
-    """A mrkdwn section, plus an actions block only when there are buttons."""
-    blocks: list[dict[str, Any]] = [{"type": "section", "text": {"type": "mrkdwn", "text": text}}]
-    if buttons:
-        blocks.append(
-            {"type": "actions", "elements": [render_button(i, b) for i, b in enumerate(buttons)]}
-        )
-    return blocks
-
-
-# ---------------------------------------------------------------------- errors
 
 
 def _error_code(exc: SlackApiError) -> str:

@@ -1,67 +1,38 @@
-"""Mattermost: a bot account over the REST API v4 and the websocket, buttons as
-interactive message attachments whose presses Steward verifies itself.
+"""`MattermostChannel`: the bot account's lifecycle, its websocket session loop, delivery
+over REST and the button-press route.
 
-Client library: none of Mattermost's. `mattermostdriver` (the usual choice) is
-unmaintained since 2022 and synchronous (requests; its websocket helper blocks the
-event loop), so the adapter speaks the small part of the protocol it needs with
-aiohttp, which Steward already uses: its `ClientSession` for REST and its websocket
-client for events. One library for both keeps one connection pool, one set of
-timeouts and one error type to translate.
-
-Inbound (the websocket ``<url>/api/v4/websocket``):
-
-* ``authentication_challenge`` with the bot token, then the server's ``hello``: only
-  then is the channel ``connected``;
-* ``posted``: ``data.post`` is a JSON string inside the JSON event. A post in a
-  direct channel (``channel_type`` ``D``) is a request; in any other channel only one
-  that names the bot, ``@botname``, which is removed from the text (the event's
-  ``mentions`` list is not enough: it also holds everyone an ``@channel`` reached).
-  A reply in a thread (``root_id``) is answered in that thread, a
-  channel mention in a new thread under it, a DM in place;
-* ``post_edited`` / ``post_deleted`` of a person's post addressed to Steward become
-  `Retracted` (a signal for proactive help, never re-run);
-* direct (and group) messages belong to no team in Mattermost, so their `space` is
-  the first of the bot's teams the sender is a member of, asked of the server and
-  cached: ``space:<team id>`` access rules then hold in DMs without guessing;
-* the bot's own posts come back as ``posted`` events too: they are never input, but
-  they prove events arrive (the registry's ``echoes=True``: the shared deaf check).
+Inbound: one websocket (``<url>/api/v4/websocket``): ``authentication_challenge`` with
+the bot token, then the server's ``hello``: only then is the channel ``connected``.
+Events become Steward's through `adapters.mattermost.inbound`. Direct (and group)
+messages belong to no team in Mattermost, so their `space` is the first of the bot's
+teams the sender is a member of, asked of the server and cached: ``space:<team id>``
+access rules then hold in DMs without guessing. The bot's own posts come back as
+``posted`` events too: they are never input, but they prove events arrive (the
+registry's ``echoes=True``: the shared deaf check).
 
 The websocket is watched with ping frames (aiohttp's ``heartbeat``: a connection that
-stops answering is closed) and reconnected with `adapters.runtime.Backoff`, capped
-well under 30 s. Every reconnect is a fresh authenticated session (the server's own
+stops answering is closed) and reconnected with `core.backoff.Backoff`, capped well
+under 30 s. Every reconnect is a fresh authenticated session (the server's own
 resumption needs the upgrade itself authenticated); the posts made meanwhile in the
 channels active recently are then fetched (``GET /channels/{id}/posts?since=``) and go
 through the same checks. Post ids already handled are remembered in a `Recent`, so a
-caught-up, replayed or duplicated post never runs twice.
-Before reconnecting after a failure the token is checked (``GET /users/me``): a
-revoked token makes the channel ``down`` with the reason, instead of a silent loop.
+caught-up, replayed or duplicated post never runs twice. Before reconnecting after a
+failure the token is checked (``GET /users/me``): a revoked token makes the channel
+``down`` with the reason, instead of a silent loop.
 
-Buttons: ``props.attachments[].actions`` with alphanumeric ids (``steward0``…;
-Mattermost silently drops presses of any other id). Each action's
-``integration.url`` is ``<STEWARD_PUBLIC_URL>/webhooks/mattermost`` and its
-``context`` carries the button's opaque value, the channel it was posted in and an
-HMAC-SHA256 of both. Mattermost does not sign the requests it sends to integrations,
-so that HMAC is the only proof a press came from a button Steward rendered: a press
-without it, with a wrong one or replayed into another channel is answered 403 and
-nothing happens. (Mattermost strips ``integration`` from every post it shows, so
-people never see a context or its HMAC.) The HMAC key is 32 random bytes kept in
-``<data dir>/secrets/mattermost_actions.key`` (mode 0600, created on first start).
-It is deliberately *not* derived from the bot token: whoever holds the token can post
-as the bot, but must not be able to forge a press (and so approve) as an admin.
-A press is answered at once (200, empty JSON: the post is left alone) and dispatched
-in the background; the decision then edits the post (``PUT /posts/{id}/patch``) to
-the outcome and who decided. A stranger's press gets an ephemeral post. Without a
-public URL Mattermost could not reach Steward, so buttons are off (the channel layer
-then offers ``/approve ID`` text instead) and the start says why.
+Button presses: ``POST /webhooks/mattermost`` is an `adapters.webhook.Webhook` (verify
+the context's HMAC, parse, answer 200 ``{}`` at once, dispatch in the background, a
+replayed press once); errors keep Mattermost's shape ``{"error": {"message": …}}``,
+which it shows the presser. The decision then edits the post (``PUT
+/posts/{id}/patch``) to the outcome and who decided. A stranger's press gets an
+ephemeral post. Without a public URL Mattermost could not reach Steward, so buttons
+are off (the channel layer then offers ``/approve ID`` text instead) and the start says
+why. The signing key is the channel store's ``mattermost_actions.key``.
 
-Errors become `DeliveryError`: 429 (``text/plain`` "limit exceeded" with
-``X-RateLimit-Reset`` in seconds, and ``Retry-After``), 5xx and network errors are
-transient; 400/403/404 are not; 401 also marks the channel ``down``.
-
-Size: one platform is one module by design (docs/development.md#adding-a-chat-platform):
-its wire format, verification, rendering and liveness read top to bottom in one place,
-and nothing in it is shared with another platform (that lives in adapters/runtime.py,
-adapters/base.py and bot/channels.py).
+Files: uploaded (``POST /files``) before the post that carries them; a file over the
+server's ``MaxFileSize`` (asked once, ``GET /config/client``) or refused by it (413, or
+attachments turned off) becomes a line of text in the post instead, never a silent
+drop.
 """
 
 from __future__ import annotations
@@ -69,17 +40,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import hashlib
-import hmac
 import json
-import os
-import re
-import secrets
 import time
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
@@ -87,27 +51,47 @@ import structlog
 from aiohttp import web
 
 from adapters.base import ChannelDefaults, with_attachments
-from adapters.runtime import Backoff, Health, Inflight, Recent, json_object
+from adapters.mattermost.errors import SEE, delivery_error, status_of
+from adapters.mattermost.inbound import (
+    NAME,
+    loads,
+    parse_delivery,
+    parse_posted,
+    parse_retraction,
+    press_verifier,
+    raw_text,
+)
+from adapters.mattermost.render import (
+    DEFAULT_MAX_FILE_SIZE,
+    MAX_POST,
+    batches,
+    post_body,
+    render_actions,
+    upload_form,
+    with_captions,
+)
+from adapters.runtime import Health, Inflight, json_object
+from adapters.webhook import Webhook
+from core.backoff import Backoff
 from core.events import (
     Attachment,
     Button,
-    ButtonPress,
     Capabilities,
     DeliveryError,
     Dispatch,
     Inbound,
-    Message,
     MessageRef,
-    Retracted,
 )
+from core.recent import Recent
+from memory.channel_store import ChannelStore
 
-log = structlog.get_logger(__name__)
+log = structlog.get_logger("adapters.mattermost")
 
-NAME = "mattermost"
 WEBHOOK_PATH = f"/webhooks/{NAME}"
 API = "/api/v4"
-#: Mattermost's default post size limit (newer schemas allow 65,535; this always fits).
-MAX_POST = 16383
+#: The button-signing key in the channel store: ``<data dir>/secrets/<KEY_FILE>``. It is
+#: deliberately *not* derived from the bot token: whoever holds the token can post as
+#: the bot, but must not be able to forge a press (and so approve) as an admin.
 KEY_FILE = "mattermost_actions.key"
 #: A websocket session that lasted this long resets the reconnect backoff.
 STABLE_AFTER = 10.0
@@ -118,322 +102,11 @@ CATCH_UP_OVERLAP_MS = 30_000
 CATCH_UP_CHANNELS = 50
 #: Seconds a person's team (their `space` in direct messages) is remembered.
 TEAM_TTL = 300.0
-#: Version tag inside the signed text, so the format can change without ambiguity.
-_SIG_VERSION = "v1"
-#: What a person should do about the common refusals, by HTTP status.
-_HINTS = {
-    400: "Mattermost refused the post",
-    403: "the bot may not do that here: add it to the channel (or team) first",
-    404: "the channel or post does not exist, or the bot cannot see it",
-}
-_SEE = "see docs/platforms/mattermost.md"
 
 
-# ---------------------------------------------------------------------- parsing
-
-
-def _loads(value: Any) -> Any:
-    """Mattermost puts JSON strings inside its events (``post``, ``mentions``)."""
-    if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except ValueError:
-            return None
-    return value
-
-
-def _mention_pattern(username: str) -> str:
-    # Usernames may hold "-", "_" and ".": "@steward-bot" is someone else, while a
-    # sentence may end right after the name ("thanks @steward.").
-    return rf"@{re.escape(username)}(?![\w-]|\.\w)"
-
-
-def _mentioned(text: str, username: str) -> bool:
-    return bool(username) and re.search(_mention_pattern(username), text, re.I) is not None
-
-
-def strip_mention(text: str, username: str) -> str:
-    """Remove ``@botname`` (wherever it is) from a request."""
-    if username:
-        text = re.sub(rf"\s*{_mention_pattern(username)}[:,]?\s*", " ", text, flags=re.I)
-    return text.strip()
-
-
-def _person_post(post: Any, bot_id: str) -> bool:
-    """A normal post by a person: not a system message, not a bot, not a webhook."""
-    if not isinstance(post, dict) or not isinstance(post.get("id"), str):
-        return False
-    props = json_object(post.get("props"))
-    return (
-        not post.get("type")  # system_join_channel, …
-        and isinstance(post.get("user_id"), str)
-        and post.get("user_id") != bot_id
-        and str(props.get("from_bot", "")).lower() != "true"
-        and str(props.get("from_webhook", "")).lower() != "true"
-    )
-
-
-def parse_posted(
-    event: Mapping[str, Any], bot_id: str, bot_username: str, channel: str = NAME
-) -> Message | None:
-    """A ``posted`` websocket event → a `Message` to Steward, or None to ignore it."""
-    if event.get("event") != "posted":
-        return None
-    data = json_object(event.get("data"))
-    post = _loads(data.get("post"))
-    if not _person_post(post, bot_id):
-        return None
-    conversation = post.get("channel_id")
-    if not isinstance(conversation, str) or not conversation:
-        return None
-    text = str(post.get("message") or "")
-    direct = data.get("channel_type") == "D"
-    # The event's `mentions` also lists everyone an @channel / @all / @here reached, so
-    # in a channel only an explicit @botname counts (the list only when the name is
-    # unknown).
-    mentions = _loads(data.get("mentions")) or []
-    addressed = direct or (
-        _mentioned(text, bot_username)
-        if bot_username
-        else isinstance(mentions, list) and bot_id in mentions
-    )
-    if not addressed:
-        return None  # channel chatter: Steward answers there only when mentioned
-    root = post.get("root_id") or None
-    sender = str(data.get("sender_name") or "").lstrip("@") or None
-    return Message(
-        channel=channel,
-        conversation=conversation,
-        user=post["user_id"],
-        text=strip_mention(text, bot_username),
-        id=post["id"],
-        # A thread reply stays in its thread; a channel mention starts one under itself.
-        thread=root if direct else (root or post["id"]),
-        user_name=sender,
-        space=str(data.get("team_id") or "") or None,
-        direct=direct,
-    )
-
-
-def parse_retraction(
-    event: Mapping[str, Any],
-    bot_id: str,
-    bot_username: str,
-    delivered: Recent[str, tuple[str, str]] | None = None,
-    channel: str = NAME,
-) -> Retracted | None:
-    """``post_edited`` / ``post_deleted`` of a person's post Steward took as input (or one
-    in a DM, or mentioning the bot) → `Retracted`; anything else → None. An "edit" that
-    leaves the text as Steward received it (a link preview, a reaction) is not one."""
-    kinds: dict[str, Literal["edited", "deleted"]] = {
-        "post_edited": "edited",
-        "post_deleted": "deleted",
-    }
-    kind = kinds.get(str(event.get("event")))
-    if kind is None:
-        return None
-    data = json_object(event.get("data"))
-    post = _loads(data.get("post"))
-    if not _person_post(post, bot_id):
-        return None
-    conversation = post.get("channel_id")
-    if not isinstance(conversation, str):
-        return None
-    seen = delivered.get(post["id"]) if delivered is not None else None
-    text = str(post.get("message") or "")
-    if kind == "edited" and seen is not None and seen[1] == text:
-        return None
-    broadcast = json_object(event.get("broadcast"))
-    direct = data.get("channel_type") == "D"
-    if not (seen or direct or _mentioned(text, bot_username)):
-        return None
-    create_at = post.get("create_at")
-    sent_at = create_at / 1000 if isinstance(create_at, int | float) and create_at else None
-    return Retracted(
-        channel=channel,
-        conversation=conversation,
-        user=post["user_id"],
-        message_id=post["id"],
-        kind=kind,
-        sent_at=sent_at,
-        space=str(data.get("team_id") or broadcast.get("team_id") or "") or None,
-    )
-
-
-# ---------------------------------------------------------------------- buttons
-
-
-def sign(key: bytes, conversation: str, value: str) -> str:
-    """The HMAC a button's context carries: binds its value to the channel it was posted in."""
-    text = f"{_SIG_VERSION}\n{conversation}\n{value}".encode()
-    return hmac.new(key, text, hashlib.sha256).hexdigest()
-
-
-def _read_key(path: Path) -> bytes | None:
-    try:
-        key = bytes.fromhex(path.read_text().strip())
-    except FileNotFoundError:
-        return None
-    except ValueError:
-        return b""  # unreadable: replaced below
-    return key if len(key) >= 32 else b""
-
-
-def load_or_create_key(data_dir: Path) -> bytes:
-    """The button-signing key of this data dir: created once (0600), then reused, so
-    buttons posted before a restart (or by another worker on the same data dir) stay valid.
-
-    Created under a temporary name and hard-linked into place, so two processes starting
-    together agree on one key instead of each keeping the one it wrote."""
-    path = data_dir / "secrets" / KEY_FILE
-    found = _read_key(path)
-    if found:
-        with contextlib.suppress(OSError):
-            if path.stat().st_mode & 0o077:
-                os.chmod(path, 0o600)
-        return found
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(OSError):
-        os.chmod(path.parent, 0o700)
-    tmp = path.with_name(f".{KEY_FILE}.{os.getpid()}.tmp")
-    key = secrets.token_bytes(32)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(key.hex() + "\n")
-    try:
-        if found == b"":
-            os.replace(tmp, path)  # a damaged key file: buttons signed with it are void
-            log.warning("mattermost.key_replaced", path=str(path))
-            return key
-        try:
-            os.link(tmp, path)
-        except FileExistsError:  # another process was first: use its key
-            theirs = _read_key(path)
-            if theirs:
-                return theirs
-            os.replace(tmp, path)
-            return key
-        log.info("mattermost.key_created", path=str(path))
-        return key
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-
-
-_STYLES = {"primary": "primary", "danger": "danger", "default": "default"}
-
-
-def render_actions(
-    buttons: list[Button], conversation: str, url: str, key: bytes
-) -> list[dict[str, Any]]:
-    """Interactive-message actions: alphanumeric ids, a signed context, our webhook URL."""
-    return [
-        {
-            "id": f"steward{i}",
-            "type": "button",
-            "name": b.label or "?",
-            "style": _STYLES.get(b.style, "default"),
-            "integration": {
-                "url": url,
-                "context": {
-                    "value": b.value,
-                    "channel_id": conversation,
-                    "sig": sign(key, conversation, b.value),
-                },
-            },
-        }
-        for i, b in enumerate(buttons)
-    ]
-
-
-def verify_press(body: Any, key: bytes) -> str | None:
-    """Why a press request must be refused (None: it carries a context Steward signed for
-    the channel it was pressed in)."""
-    if not isinstance(body, dict):
-        return "not an object"
-    context = body.get("context")
-    if not isinstance(context, dict):
-        return "no context"
-    value, where, sig = context.get("value"), context.get("channel_id"), context.get("sig")
-    if not (isinstance(value, str) and isinstance(where, str) and isinstance(sig, str)):
-        return "unsigned context"
-    if not hmac.compare_digest(sign(key, where, value), sig):
-        return "bad signature"
-    if body.get("channel_id") != where:
-        return "context from another channel"
-    return None
-
-
-def parse_press(body: Mapping[str, Any], channel: str = NAME) -> ButtonPress | None:
-    """A verified press request → `ButtonPress` (None when the person is missing)."""
-    user, conversation = body.get("user_id"), body.get("channel_id")
-    context = json_object(body.get("context"))
-    if not (isinstance(user, str) and user and isinstance(conversation, str)):
-        return None
-    return ButtonPress(
-        channel=channel,
-        conversation=conversation,
-        user=user,
-        value=str(context.get("value", "")),
-        message_id=str(body.get("post_id") or ""),
-        user_name=str(body.get("user_name") or "") or None,
-        space=str(body.get("team_id") or "") or None,  # empty in a DM
-    )
-
-
-# ---------------------------------------------------------------------- errors
-
-
-def _retry_after(headers: Mapping[str, str]) -> float | None:
-    """Mattermost's 429: ``X-RateLimit-Reset`` is seconds to wait; ``Retry-After`` too."""
-    for name in ("X-RateLimit-Reset", "Retry-After"):
-        raw = headers.get(name)
-        if raw:
-            with contextlib.suppress(ValueError):
-                return max(0.0, float(raw))
-    return None
-
-
-def _error_text(body: bytes) -> str:
-    """The ``message`` of Mattermost's error JSON, else the start of the body."""
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return body.decode("utf-8", "replace").strip()[:200]
-    if isinstance(data, dict):
-        return str(data.get("message") or data.get("id") or "")[:300]
-    return ""
-
-
-def delivery_error(
-    what: str, status: int, headers: Mapping[str, str], body: bytes
-) -> DeliveryError:
-    """An HTTP error answer → `DeliveryError` (transient or not, with Mattermost's wait)."""
-    detail = _error_text(body)
-    if status == 429:
-        wait = _retry_after(headers)
-        return DeliveryError(
-            f"Mattermost {what} was rate-limited (HTTP 429, retry after {wait}s)",
-            retry_after=wait,
-        )
-    if status >= 500:
-        return DeliveryError(f"Mattermost {what} failed on the server: HTTP {status} {detail}")
-    if status == 401:
-        refused = DeliveryError(
-            f"Mattermost refused the bot token (HTTP 401: {detail}): it is wrong or was "
-            f"revoked; set STEWARD_MATTERMOST_TOKEN to a valid bot access token ({_SEE})",
-            transient=False,
-        )
-        refused.status = status  # type: ignore[attr-defined]
-        return refused
-    hint = _HINTS.get(status, "")
-    text = f"Mattermost {what} refused: HTTP {status} {detail}".rstrip()
-    err = DeliveryError(text + (f" ({hint})" if hint else ""), transient=False)
-    err.status = status  # type: ignore[attr-defined]  # for callers that know better hints
-    return err
-
-
-# ---------------------------------------------------------------------- the channel
+def _error_body(message: str) -> Mapping[str, Any]:
+    """Mattermost shows the presser ``error.message`` of a refused press."""
+    return {"error": {"message": message}}
 
 
 class MattermostChannel(ChannelDefaults):
@@ -447,7 +120,7 @@ class MattermostChannel(ChannelDefaults):
         url: str,
         token: str,
         public_url: str = "",
-        data_dir: Path | None = None,
+        store: ChannelStore | None = None,
         key: bytes | None = None,
         ping_interval: float = 20.0,
         hello_timeout: float = 10.0,
@@ -458,21 +131,22 @@ class MattermostChannel(ChannelDefaults):
         """Check the configuration; nothing is sent to Mattermost yet.
 
         ``public_url``: Steward's public base; presses come back to its
-        ``/webhooks/mattermost`` (empty: no buttons). ``key``: the button-signing key
-        (default: loaded from ``data_dir`` at start). ``ping_interval``: websocket ping
-        frames, which is also how soon a silently dead connection is noticed.
+        ``/webhooks/mattermost`` (empty: no buttons). ``store``: keeps the button-signing
+        key (default: nowhere, a new key every start); ``key``: that key, given instead.
+        ``ping_interval``: websocket ping frames, which is also how soon a silently dead
+        connection is noticed.
         """
         url = url.strip().rstrip("/")
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ValueError(
                 f"STEWARD_MATTERMOST_URL must be the server's base URL, like "
-                f"https://chat.example.com (got {url!r}; {_SEE})"
+                f"https://chat.example.com (got {url!r}; {SEE})"
             )
         if not token.strip():
             raise ValueError(
                 f"STEWARD_MATTERMOST_TOKEN is not set: create a bot account and an access "
-                f"token for it ({_SEE})"
+                f"token for it ({SEE})"
             )
         self.url = url
         self.api = url + API
@@ -498,7 +172,7 @@ class MattermostChannel(ChannelDefaults):
             max_label_length=75,
         )
         self.health = Health(NAME)
-        self._data_dir = data_dir
+        self._store = store or ChannelStore.nowhere(NAME)
         self._key = key
         self._ping = ping_interval
         self._hello_timeout = hello_timeout
@@ -522,30 +196,44 @@ class MattermostChannel(ChannelDefaults):
         #: user id -> (when asked, the team used as their `space` in DMs).
         self._member_of: Recent[str, tuple[float, str | None]] = Recent(4096)
         self._lookups: dict[str, asyncio.Task[str | None]] = {}
-        #: channel id -> its type (D, G, O, P), recent first last: where to catch up.
-        self._channel_types: OrderedDict[str, str] = OrderedDict()
+        #: channel id -> its type (D, G, O, P), most recent last: where to catch up.
+        self._channel_types: Recent[str, str] = Recent(CATCH_UP_CHANNELS)
         #: Wall time (ms) of the last websocket event: where a catch-up starts.
         self._last_frame_ms: int | None = None
         #: channel id -> team id, from ``posted`` events (``post_edited`` carries no team).
         self._teams: Recent[str, str] = Recent(1024)
         #: Posts that carry (or carried) buttons: their edits must replace the props.
         self._with_buttons: Recent[str, None] = Recent(1024)
+        #: The server's ``MaxFileSize`` (None: not asked yet).
+        self._max_file_size: int | None = None
+        self.webhook = Webhook(
+            NAME,
+            verify=press_verifier(lambda: self._key),
+            parse=parse_delivery,
+            ready=self._ready_for_presses,
+            inflight=self._inflight,
+            health=self.health,
+            error_body=_error_body,
+        )
 
     @classmethod
-    def from_settings(cls, cfg: Mapping[str, str], settings: Any) -> MattermostChannel:
-        """The adapter from its registry settings (config/platforms.py)."""
+    def from_settings(
+        cls, cfg: Mapping[str, str], settings: Any, store: ChannelStore | None = None
+    ) -> MattermostChannel:
+        """The adapter from its registry settings (config/platforms.py) and the store that
+        keeps its button-signing key."""
         return cls(
             url=cfg["url"],
             token=cfg["token"],
             public_url=str(getattr(settings, "public_url", "") or ""),
-            data_dir=Path(settings.data_dir),
+            store=store,
         )
 
     # ------------------------------------------------------------------ lifecycle
 
     def add_routes(self, app: web.Application) -> None:
         """``POST /webhooks/mattermost``: where Mattermost sends button presses."""
-        app.router.add_post(WEBHOOK_PATH, self._on_press)
+        app.router.add_post(WEBHOOK_PATH, self.webhook.handle)
 
     async def start(self, dispatch: Dispatch) -> None:
         """Learn who the bot is, then open the websocket (kept open in the background).
@@ -557,10 +245,7 @@ class MattermostChannel(ChannelDefaults):
         self._dispatch = dispatch
         self.health.starting("connecting")
         if self._key is None and self.action_url:
-            if self._data_dir is None:
-                self._key = secrets.token_bytes(32)  # buttons valid for this run only
-            else:
-                self._key = await asyncio.to_thread(load_or_create_key, self._data_dir)
+            self._key = await self._store.key(KEY_FILE)
         if not self.action_url:
             log.warning(
                 "mattermost.no_buttons",
@@ -625,22 +310,39 @@ class MattermostChannel(ChannelDefaults):
 
     # ------------------------------------------------------------------ REST
 
-    async def _request(self, method: str, path: str, what: str, body: Any = None) -> dict[str, Any]:
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        what: str,
+        body: Any = None,
+        *,
+        form: aiohttp.FormData | None = None,
+    ) -> dict[str, Any]:
         """One REST call answering an object; every failure becomes `DeliveryError`."""
-        data = await self._call(method, path, what, body)
+        data = await self._call(method, path, what, body, form=form)
         return data if isinstance(data, dict) else {}
 
     async def _call(
-        self, method: str, path: str, what: str, body: Any = None, *, missing_ok: bool = False
+        self,
+        method: str,
+        path: str,
+        what: str,
+        body: Any = None,
+        *,
+        form: aiohttp.FormData | None = None,
+        missing_ok: bool = False,
     ) -> Any:
-        """One REST call, every failure translated into `DeliveryError`. ``missing_ok``:
-        a 403/404 answers None (a lookup whose "no" is an answer, not an error)."""
+        """One REST call (a JSON `body`, or a multipart `form`), every failure translated
+        into `DeliveryError`. ``missing_ok``: a 403/404 answers None (a lookup whose "no"
+        is an answer, not an error)."""
         if self._session is None:
             raise DeliveryError(f"Mattermost {what}: the channel is not started")
         headers = {"Authorization": f"Bearer {self._token}"}
+        payload: dict[str, Any] = {"data": form} if form is not None else {"json": body}
         try:
             async with self._session.request(
-                method, self.api + path, json=body, headers=headers
+                method, self.api + path, headers=headers, **payload
             ) as resp:
                 raw = await resp.read()
                 if missing_ok and resp.status in (403, 404):
@@ -673,12 +375,12 @@ class MattermostChannel(ChannelDefaults):
         try:
             me = await self._request("GET", "/users/me", "users/me")
         except DeliveryError as exc:
-            status = getattr(exc, "status", None)
+            status = status_of(exc)
             if exc.transient or status == 401:
                 raise
             raise DeliveryError(
                 f"{self.api}/users/me answered HTTP {status}: is STEWARD_MATTERMOST_URL the "
-                f"server's base URL, as people open it? ({_SEE})",
+                f"server's base URL, as people open it? ({SEE})",
                 transient=False,
             ) from exc
         self.bot_id = str(me.get("id") or "")
@@ -700,10 +402,37 @@ class MattermostChannel(ChannelDefaults):
     ) -> MessageRef:
         """``POST /posts``; the text is already Mattermost Markdown (split by the channel
         layer), with one button per choice under it (a Mattermost message attachment's
-        actions)."""
-        return await self._post(
-            conversation, with_attachments(text, attachments), thread, list(buttons)
-        )
+        actions).
+
+        Files are uploaded first (``POST /files``, one each) and go with the post as
+        ``file_ids``, with their captions as lines of its text: `FILES_PER_POST` a post,
+        the rest in further posts in the same place (the first one, with the text and the
+        buttons, is the one returned and later edited). A file the server will not take
+        (over its ``MaxFileSize``, 413, attachments turned off) is a line of the text
+        instead. A transient failure of any of it is raised: the channel layer retries the
+        whole message."""
+        props = {"attachments": self._attachments(conversation, list(buttons))} if buttons else None
+        uploaded: list[tuple[str, Attachment]] = []
+        refused: list[Attachment] = []
+        for attachment in attachments:
+            file_id = await self._upload(conversation, attachment)
+            if file_id is None:
+                refused.append(attachment)
+            else:
+                uploaded.append((file_id, attachment))
+        refs: list[MessageRef] = []
+        for group in batches(uploaded):
+            files = [a for _, a in group]
+            if refs:  # a further post: only its files and their captions
+                message, extra = with_captions("", files), None
+            else:
+                message, extra = with_attachments(with_captions(text, files), refused), props
+            refs.append(
+                await self._post(
+                    conversation, message, thread, extra, [file_id for file_id, _ in group]
+                )
+            )
+        return refs[0]  # batches() always makes a first post
 
     async def edit(
         self, ref: MessageRef, text: str, *, buttons: list[Button] | None = None
@@ -742,45 +471,78 @@ class MattermostChannel(ChannelDefaults):
         return [{"actions": render_actions(buttons, conversation, self.action_url, self._key)}]
 
     async def _post(
-        self, conversation: str, text: str, thread: str | None, buttons: list[Button] | None
+        self,
+        conversation: str,
+        text: str,
+        thread: str | None,
+        props: dict[str, Any] | None,
+        file_ids: list[str],
     ) -> MessageRef:
-        body: dict[str, Any] = {"channel_id": conversation, "message": text}
-        if thread:
-            body["root_id"] = thread
-        if buttons:
-            body["props"] = {"attachments": self._attachments(conversation, buttons)}
+        body = post_body(conversation, text, thread=thread, props=props, file_ids=file_ids)
         data = await self._request("POST", "/posts", "posts", body)
         post_id = str(data.get("id") or "")
-        if buttons:
+        if props:
             self._with_buttons.put(post_id, None)
         return MessageRef(channel=NAME, conversation=conversation, id=post_id, thread=thread)
 
+    async def _upload(self, conversation: str, attachment: Attachment) -> str | None:
+        """``POST /files``: the new file's id, or None when the server will not take it (a
+        line of text then says so). Transient failures and a refused token are raised."""
+        size, limit = len(attachment.data), await self._file_limit()
+        if size > limit:
+            log.info(
+                "mattermost.file_too_large",
+                channel=NAME,
+                name=attachment.name,
+                size=size,
+                limit=limit,
+            )
+            return None
+        try:
+            data = await self._request(
+                "POST", "/files", "files", form=upload_form(conversation, attachment)
+            )
+        except DeliveryError as exc:
+            if exc.transient or status_of(exc) == 401:
+                raise
+            return None  # 413, attachments off, …: logged as mattermost.delivery_failed
+        infos = data.get("file_infos")
+        info = infos[0] if isinstance(infos, list) and infos else None
+        if not isinstance(info, dict) or not info.get("id"):
+            log.warning("mattermost.file_without_id", channel=NAME, name=attachment.name)
+            return None
+        return str(info["id"])
+
+    async def _file_limit(self) -> int:
+        """The server's ``MaxFileSize`` (``GET /config/client``), asked once; its default
+        while the server cannot say."""
+        if self._max_file_size is None:
+            try:
+                config = await self._request("GET", "/config/client?format=old", "config/client")
+                self._max_file_size = int(config.get("MaxFileSize") or DEFAULT_MAX_FILE_SIZE)
+            except (DeliveryError, ValueError):
+                return DEFAULT_MAX_FILE_SIZE
+        return self._max_file_size
+
     # ------------------------------------------------------------------ button presses
 
-    async def _on_press(self, request: web.Request) -> web.StreamResponse:
-        """A press POSTed by the Mattermost server. Mattermost signs nothing, so the
-        request is parsed only as far as reading the context's HMAC, which is checked
-        before anything acts on it; then it is answered at once and dispatched after."""
-        if self._key is None or self._dispatch is None:
-            return _json({"error": {"message": "Steward is not ready"}}, 503)
-        raw = await request.read()
-        try:
-            body = json.loads(raw)
-        except ValueError:
-            log.warning("mattermost.malformed", channel=NAME, remote=request.remote)
-            return _json({"error": {"message": "malformed request body"}}, 400)
-        reason = verify_press(body, self._key)
-        if reason is not None:
-            log.warning("mattermost.forged", channel=NAME, reason=reason, remote=request.remote)
-            return _json({"error": {"message": "this button was not signed by Steward"}}, 403)
-        press = parse_press(body, NAME)
-        if press is None:
-            log.warning("mattermost.malformed", channel=NAME, error="no user or channel")
-            return _json({"error": {"message": "malformed press"}}, 400)
-        self.health.heard()
-        log.debug("mattermost.press", channel=NAME, conversation=press.conversation)
-        self._deliver(press)
-        return _json({})  # no "update": the decision edits the post itself
+    def _ready_for_presses(self) -> Dispatch | None:
+        """The Webhook's `ready`: presses are taken while the channel runs (else 503, and
+        Mattermost shows the presser an error)."""
+        return self._dispatch_press if self._dispatch is not None else None
+
+    async def _dispatch_press(self, event: Inbound) -> None:
+        """A verified press, in the Webhook's background task: from a DM it gets the
+        presser's team as its `space` (as messages do), then goes to Steward."""
+        dispatch = self._dispatch
+        if dispatch is None:
+            return
+        if event.space is None:
+            team = await self._team_of(event.user)
+            if team is not None:
+                event = dataclasses.replace(event, space=team)
+        log.debug("mattermost.press", channel=NAME, conversation=event.conversation)
+        await dispatch(event)
 
     # ------------------------------------------------------------------ websocket
 
@@ -828,7 +590,7 @@ class MattermostChannel(ChannelDefaults):
                     async for msg in ws:
                         if msg.type != aiohttp.WSMsgType.TEXT:
                             continue
-                        frame = _loads(msg.data)
+                        frame = loads(msg.data)
                         if not isinstance(frame, dict):
                             continue
                         if frame.get("event") == "hello":
@@ -871,7 +633,7 @@ class MattermostChannel(ChannelDefaults):
                 retracted = dataclasses.replace(
                     retracted, space=self._teams.get(retracted.conversation)
                 )
-            post = _loads((frame.get("data") or {}).get("post")) or {}
+            post = loads((frame.get("data") or {}).get("post")) or {}
             once = f"{retracted.message_id}:{retracted.kind}:{post.get('edit_at') or ''}"
             if self._retracted.first_time(once, None):
                 if retracted.kind == "edited":
@@ -888,13 +650,10 @@ class MattermostChannel(ChannelDefaults):
             if data.get("team_id"):
                 self._teams.put(where, str(data["team_id"]))
             if data.get("channel_type"):
-                self._channel_types[where] = str(data["channel_type"])
-                self._channel_types.move_to_end(where)
-                while len(self._channel_types) > CATCH_UP_CHANNELS:
-                    self._channel_types.popitem(last=False)
+                self._channel_types.put(where, str(data["channel_type"]))
         message = parse_posted(frame, self.bot_id, self.bot_username, NAME)
         if message is None or not self._delivered.first_time(
-            message.id, (message.user, _raw_text(frame))
+            message.id, (message.user, raw_text(frame))
         ):
             return False
         self._deliver(message)
@@ -906,7 +665,7 @@ class MattermostChannel(ChannelDefaults):
         live ones. What was already handled is skipped (post ids are remembered), so the
         overlap kept for clock skew never runs anything twice."""
         found = 0
-        for cid, kind in list(self._channel_types.items()):
+        for cid, kind in [(c, self._channel_types[c]) for c in self._channel_types]:
             try:
                 data = await self._request(
                     "GET", f"/channels/{cid}/posts?since={since_ms}", "channels/posts"
@@ -991,15 +750,3 @@ class MattermostChannel(ChannelDefaults):
             return None
         self._member_of.put(user, (time.monotonic(), found))
         return found
-
-
-def _raw_text(frame: Mapping[str, Any]) -> str:
-    post = _loads((frame.get("data") or {}).get("post")) or {}
-    return str(post.get("message") or "")
-
-
-def _json(data: dict[str, Any], status: int = 200) -> web.Response:
-    # Mattermost reads the answer as JSON whatever the charset; keep it exact anyway.
-    return web.Response(
-        status=status, body=json.dumps(data).encode(), headers={"Content-Type": "application/json"}
-    )

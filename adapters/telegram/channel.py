@@ -1,16 +1,19 @@
-"""Telegram: long polling (default) or a webhook, inline keyboards, HTML answers.
+"""`TelegramChannel`: the adapter's lifecycle, its getUpdates loop or webhook, and
+delivery (send with uploads, edit, typing, private notes).
 
 Client library: python-telegram-bot 22 (``telegram.Bot``), used for what it is good
-at (the HTTP client, the form-encoded request bodies, typed `Update` parsing, the
-mapping of Bot API errors to exceptions) but not its ``Application``/``Updater``.
-Why: the Updater's polling loop swallows errors into its own retry loop and logs,
-so a 409 Conflict (another instance polling with the same token) leaves a process
-that looks alive and hears nothing — exactly the failure Steward must show. The
-adapter runs its own ``getUpdates`` loop instead, so every outcome of a round trip
-lands in `Health`: success → ``connected``; network error or 5xx → ``reconnecting``
-with backoff; 409 → ``down`` with the fix, retried with backoff; a refused token →
-``down``. Webhook mode mounts ``POST /webhooks/telegram`` on ``steward run``'s own
-server (PTB's ``run_webhook`` would start a second, tornado server).
+at (the HTTP client, the form-encoded and multipart request bodies, typed `Update`
+parsing, the mapping of Bot API errors to exceptions) but not its
+``Application``/``Updater``. Why: the Updater's polling loop swallows errors into
+its own retry loop and logs, so a 409 Conflict (another instance polling with the
+same token) leaves a process that looks alive and hears nothing — exactly the
+failure Steward must show. The adapter runs its own ``getUpdates`` loop instead, so
+every outcome of a round trip lands in `Health`: success → ``connected``; network
+error or 5xx → ``reconnecting`` with backoff; 409 → ``down`` with the fix, retried
+with backoff; a refused token → ``down``. Webhook mode mounts ``POST
+/webhooks/telegram`` on ``steward run``'s own server through the one webhook intake
+(adapters/webhook.py), not PTB's ``run_webhook``, which would start a second,
+tornado server.
 
 Liveness: Telegram never shows the bot its own messages, so the echo-based deaf
 check of Slack/Discord cannot apply. The equivalent here is the long-poll round
@@ -21,80 +24,74 @@ the request's read timeout plus a margin (a wedged poll), and the next round tri
 brings it back. In webhook mode, ``getWebhookInfo`` is asked every few minutes and
 a ``last_error_message`` Telegram reports (it cannot reach us) shows in health.
 
-Dialect: **HTML**, not MarkdownV2. MarkdownV2 demands a backslash before 18
-characters anywhere outside entities (``.``, ``-``, ``!``, ``(``…), so any model
-output the converter misjudges makes Telegram refuse the whole message; HTML needs
-only ``&``, ``<`` and ``>`` escaped, its entities are explicit tags that survive the
-shared splitter (an unbalanced piece is repaired here by closing/reopening tags),
-and ``to_dialect`` below is a small, predictable converter. If Telegram still says
-"can't parse entities", the same text is sent again without formatting (tags
-removed, entities unescaped) instead of being lost.
+Inbound, one way for both modes: each update becomes at most one `Item` (its key
+the ``update_id``, so an update polled twice, retried by Telegram or replayed runs
+once). A press is answered with ``answerCallbackQuery`` as soon as the dispatcher
+has decided (bounded by ``ANSWER_WITHIN`` seconds, well inside Telegram's limit):
+that stops the spinner, and a note for the presser alone (a refused stranger,
+"already approved") becomes the callback's alert instead of a message everybody
+sees.
 
-Inbound, what counts as talking to Steward: in a private chat every message; in a
-group only a command (``/rules``, ``/rules@OurBot``; a command for another bot is
-not ours), an @-mention of the bot (removed from the text) or a reply to one of the
-bot's messages. Forum topics: the topic (``message_thread_id``) is the thread and
-answers go there. ``edited_message`` of a message Steward took as input becomes
-`Retracted` ("edited"); Telegram does not tell bots about deletions.
-
-Buttons: inline keyboards whose ``callback_data`` is the button's opaque value
-(values over Telegram's 64-byte limit are replaced by a short token kept here). A
-press is answered with ``answerCallbackQuery`` as soon as the dispatcher has
-decided (bounded by ``ANSWER_WITHIN`` seconds, well inside Telegram's limit): that
-stops the spinner, and a note for the presser alone (a refused stranger, "already
-approved") becomes the callback's alert instead of a message everybody sees.
-
-Size: one platform is one module by design (docs/development.md#adding-a-chat-platform):
-its wire format, verification, rendering and liveness read top to bottom in one place,
-and nothing in it is shared with another platform (that lives in adapters/runtime.py,
-adapters/base.py and bot/channels.py).
+Outbound: the text first (with the keyboard), then each attachment uploaded into
+the same chat and topic (adapters/telegram/render.py says which goes how). When an
+upload fails after the text went out, the channel layer's retry of the same send
+resumes with what is missing instead of repeating the text.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
-import hmac
-import html
-import json
-import re
 import time
 import warnings
-from collections.abc import Awaitable, Mapping, Sequence
-from dataclasses import dataclass
-from datetime import timedelta
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
 from urllib.parse import urlsplit
 
 import structlog
 from aiohttp import web
-from telegram import (
-    Bot,
-    BotCommand,
-    InlineKeyboardButton,
-    InlineKeyboardMarkup,
-    MessageEntity,
-    Update,
-)
+from telegram import Bot, BotCommand, InlineKeyboardMarkup, Update
 from telegram import Message as TgMessage
-from telegram.constants import ChatAction, ChatType, ParseMode
-from telegram.error import (
-    BadRequest,
-    ChatMigrated,
-    Conflict,
-    EndPointNotFound,
-    Forbidden,
-    InvalidToken,
-    NetworkError,
-    RetryAfter,
-    TelegramError,
-)
+from telegram.constants import ChatAction, ParseMode
+from telegram.error import BadRequest, Conflict, InvalidToken, RetryAfter, TelegramError
 from telegram.request import HTTPXRequest
-from telegram.warnings import PTBDeprecationWarning, PTBUserWarning
+from telegram.warnings import PTBUserWarning
 
 from adapters.base import ChannelDefaults, with_attachments
-from adapters.runtime import Backoff, Health, Inflight, Recent, tls_context
+from adapters.runtime import Health, Inflight, tls_context
+from adapters.telegram.errors import (
+    CONFLICT_HINT,
+    TOKEN_REFUSED,
+    WEBHOOK_ACTIVE_HINT,
+    delivery_error,
+    formatting_refused,
+    guard,
+    refused_as_photo,
+    retry_after_of,
+    says,
+)
+from adapters.telegram.inbound import Me, check_secret, parse_update, read_update
+from adapters.telegram.render import (
+    MAX_BUTTONS,
+    MAX_LABEL,
+    MAX_TEXT,
+    Upload,
+    alert,
+    balance,
+    chat_id,
+    escape,
+    input_file,
+    keyboard,
+    thread_id,
+    to_html,
+    to_plain,
+    uploads,
+)
+from adapters.webhook import Delivery, Item, Webhook
+from core.backoff import Backoff
 from core.events import (
     Attachment,
     Button,
@@ -102,31 +99,17 @@ from core.events import (
     Capabilities,
     DeliveryError,
     Dispatch,
-    Inbound,
     Message,
     MessageRef,
     Retracted,
 )
+from core.recent import Recent
+from memory.channel_store import ChannelStore
 
-log = structlog.get_logger(__name__)
-
-# PTB 22 warns, while building its own RetryAfter, that `retry_after` will become a
-# timedelta; `retry_after_of` reads both forms, so the warning says nothing to us.
-warnings.filterwarnings("ignore", r".*`retry_after`", PTBDeprecationWarning)
-
-T = TypeVar("T")
+log = structlog.get_logger("adapters.telegram")
 
 DEFAULT_API_URL = "https://api.telegram.org/bot"
 WEBHOOK_PATH = "/webhooks/telegram"
-SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
-MAX_TEXT = 4096
-MAX_CALLBACK_DATA = 64
-MAX_ALERT = 200
-MAX_LABEL = 64
-MAX_BUTTONS = 20
-#: A keyboard row holds at most this many buttons and this many label characters.
-ROW_BUTTONS = 2
-ROW_CHARS = 26
 #: How long a press waits for the dispatcher's verdict before the spinner is stopped anyway.
 ANSWER_WITHIN = 1.5
 #: Seconds Telegram holds a getUpdates open when nothing happens.
@@ -134,6 +117,11 @@ POLL_TIMEOUT = 10.0
 #: Extra slack before a silent poll loop counts as deaf (beyond timeout + read timeout).
 DEAF_MARGIN = 30.0
 WEBHOOK_CHECK_EVERY = 300.0
+#: Seconds an upload may take to write (PTB's default, 20, is short for 50 MB).
+UPLOAD_WRITE_TIMEOUT = 120.0
+#: How long a send that failed half-way waits for the channel layer's retry to resume
+#: it (its retries, a flood wait included, end well within this).
+RESUME_WITHIN = 600.0
 ALLOWED_UPDATES = ["message", "edited_message", "callback_query"]
 COMMANDS = (
     ("rules", "The rules Steward has learned"),
@@ -145,356 +133,6 @@ COMMANDS = (
     ("help", "What Steward can do"),
 )
 
-TOKEN_REFUSED = (
-    "Telegram refused STEWARD_TELEGRAM_TOKEN (401/404): copy the token BotFather gave you "
-    "(/mybots → your bot → API Token) into STEWARD_TELEGRAM_TOKEN"
-)
-CONFLICT_HINT = (
-    "409 Conflict on getUpdates: another instance is polling with this token (another "
-    "`steward run`, or another program using the same bot). Stop the other one, or give "
-    "this Steward its own bot from BotFather; retrying with backoff"
-)
-WEBHOOK_ACTIVE_HINT = (
-    "409 Conflict on getUpdates: a webhook is set for this bot (by another program?) and "
-    "Telegram refuses polling while it is; Steward deleted it at start, so something set it "
-    "again. Stop the other program, or use webhook mode (STEWARD_TELEGRAM_WEBHOOK_URL)"
-)
-
-_TAG = re.compile(r"<(/?)([a-zA-Z][a-zA-Z0-9-]*)([^<>]*)>")
-
-
-# ---------------------------------------------------------------------- the dialect
-
-
-def _escape(text: str) -> str:
-    return html.escape(text, quote=False)
-
-
-_INLINE_CODE = re.compile(r"`([^`\n]+)`")
-_LINK = re.compile(r"\[([^\]\n]+)\]\(((?:https?|tg|mailto):[^)\s]+)\)")
-_BOLD = re.compile(r"\*\*(?=\S)(.+?)(?<=\S)\*\*|__(?=\S)(.+?)(?<=\S)__")
-_ITALIC = re.compile(
-    r"(?<![\w*])\*(?=[^\s*])(.+?)(?<=[^\s*])\*(?![\w*])|(?<!\w)_(?=\S)(.+?)(?<=\S)_(?!\w)"
-)
-_STRIKE = re.compile(r"~~(?=\S)(.+?)(?<=\S)~~")
-_HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*\s*$")
-_BULLET = re.compile(r"^(\s*)[-*+]\s+")
-_FENCE = re.compile(r"^\s*(```|~~~)\s*([\w+#.-]*)\s*$")
-
-
-def _inline(line: str) -> str:
-    """One line of prose: code spans and links kept aside, the rest escaped and styled."""
-    kept: list[str] = []
-
-    def keep(fragment: str) -> str:
-        kept.append(fragment)
-        return f"\x00{len(kept) - 1}\x00"
-
-    line = _INLINE_CODE.sub(lambda m: keep(f"<code>{_escape(m.group(1))}</code>"), line)
-    line = _LINK.sub(
-        lambda m: keep(
-            f'<a href="{html.escape(m.group(2), quote=True)}">{_style(_escape(m.group(1)))}</a>'
-        ),
-        line,
-    )
-    line = _style(_escape(line))
-    return re.sub(r"\x00(\d+)\x00", lambda m: kept[int(m.group(1))], line)
-
-
-def _style(text: str) -> str:
-    text = _BOLD.sub(lambda m: f"<b>{m.group(1) or m.group(2)}</b>", text)
-    text = _STRIKE.sub(lambda m: f"<s>{m.group(1)}</s>", text)
-    return _ITALIC.sub(lambda m: f"<i>{m.group(1) or m.group(2)}</i>", text)
-
-
-def to_html(markdown: str) -> str:
-    """CommonMark-ish → Telegram HTML: code blocks as ``<pre><code>``, headings bold,
-    bullets as •, quotes as ``<blockquote>``, **bold**, *italic*, ~~strike~~, links.
-    Everything else is escaped, so model output can never form a tag Telegram refuses."""
-    out: list[str] = []
-    fence: str | None = None
-    code: list[str] = []
-    lang = ""
-    quote: list[str] = []
-
-    def flush_quote() -> None:
-        if quote:
-            out.append("<blockquote>" + "\n".join(quote) + "</blockquote>")
-            quote.clear()
-
-    for line in markdown.split("\n"):
-        m = _FENCE.match(line)
-        if fence is not None:
-            if m and m.group(1) == fence and not m.group(2):
-                body = _escape("\n".join(code))
-                attr = f' class="language-{html.escape(lang, quote=True)}"' if lang else ""
-                out.append(f"<pre><code{attr}>{body}</code></pre>")
-                fence, code = None, []
-            else:
-                code.append(line)
-            continue
-        if m:
-            flush_quote()
-            fence, lang, code = m.group(1), m.group(2), []
-            continue
-        if line.startswith(">"):
-            quote.append(_inline(line[1:].removeprefix(" ")))
-            continue
-        flush_quote()
-        h = _HEADING.match(line)
-        if h:
-            out.append(f"<b>{_inline(h.group(1))}</b>")
-            continue
-        b = _BULLET.match(line)
-        if b:
-            line = f"{b.group(1)}• {line[b.end() :]}"
-        out.append(_inline(line))
-    flush_quote()
-    if fence is not None:  # an unterminated fence: still code
-        out.append(f"<pre>{_escape(chr(10).join(code))}</pre>")
-    return "\n".join(out)
-
-
-def balance(text: str) -> str:
-    """Repair a piece of HTML the shared splitter cut: reopen tags closed without being
-    opened (the previous piece opened them), close tags left open. Links cannot be
-    reopened (the href is in the other piece): their stray closers are dropped."""
-    stack: list[tuple[str, str]] = []
-    prefix: list[str] = []
-    out: list[str] = []
-    pos = 0
-    for m in _TAG.finditer(text):
-        out.append(text[pos : m.start()])
-        pos = m.end()
-        closing, name = m.group(1), m.group(2).lower()
-        if not closing:
-            stack.append((name, m.group(0)))
-            out.append(m.group(0))
-            continue
-        if stack and stack[-1][0] == name:
-            stack.pop()
-            out.append(m.group(0))
-        elif not stack:
-            if name != "a":
-                prefix.insert(0, f"<{name}>")
-                out.append(m.group(0))
-        else:
-            out.append(m.group(0))  # mismatched nesting: leave it to Telegram / plain fallback
-    out.append(text[pos:])
-    return "".join(prefix) + "".join(out) + "".join(f"</{n}>" for n, _ in reversed(stack))
-
-
-def to_plain(text: str) -> str:
-    """Telegram HTML → what a person reads: tags removed, entities decoded."""
-    return html.unescape(_TAG.sub("", text))
-
-
-# ---------------------------------------------------------------------- errors
-
-
-def _seconds(value: int | float | timedelta) -> float:
-    return value.total_seconds() if isinstance(value, timedelta) else float(value)
-
-
-def retry_after_of(exc: RetryAfter) -> float:
-    with warnings.catch_warnings():  # PTB 22 warns that the int will become a timedelta
-        warnings.simplefilter("ignore")
-        return _seconds(exc.retry_after)
-
-
-def _is(exc: BaseException, *phrases: str) -> bool:
-    """PTB rewrites server texts ("Bad Request: X" → "X", capitalised): match loosely."""
-    text = str(exc).lower()
-    return any(p in text for p in phrases)
-
-
-def delivery_error(what: str, exc: BaseException) -> DeliveryError | None:
-    """A PTB/network error as `DeliveryError`; None for anything else (a bug)."""
-    if isinstance(exc, RetryAfter):
-        seconds = retry_after_of(exc)
-        return DeliveryError(
-            f"Telegram {what}: flood control, retry after {seconds:g}s", retry_after=seconds
-        )
-    if isinstance(exc, InvalidToken):
-        return DeliveryError(TOKEN_REFUSED, transient=False)
-    if isinstance(exc, ChatMigrated):
-        return DeliveryError(
-            f"Telegram {what}: the group became a supergroup with id {exc.new_chat_id}; "
-            "update access lists that name the old id",
-            transient=False,
-        )
-    if isinstance(exc, Forbidden):
-        return DeliveryError(
-            f"Telegram {what}: {exc} (the person blocked the bot, never started a chat "
-            "with it, or it was removed from the group)",
-            transient=False,
-        )
-    if isinstance(exc, BadRequest | EndPointNotFound | Conflict):
-        return DeliveryError(f"Telegram {what}: {exc}", transient=False)
-    if isinstance(exc, NetworkError):  # timeouts, connection errors, 5xx
-        return DeliveryError(f"Telegram {what}: {exc}")
-    if isinstance(exc, TelegramError):
-        return DeliveryError(f"Telegram {what}: {exc}", transient=False)
-    return None
-
-
-async def _guard(what: str, call: Awaitable[T]) -> T:
-    try:
-        return await call
-    except Exception as exc:
-        err = delivery_error(what, exc)
-        if err is None:
-            raise
-        raise err from exc
-
-
-def _chat_id(value: str, what: str = "chat") -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise DeliveryError(f"{what} {value!r} is not a Telegram id", transient=False) from None
-
-
-def _thread_id(value: str | None) -> int | None:
-    if value is None:
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        return None  # not a topic id: post in the chat itself
-
-
-# ---------------------------------------------------------------------- parsing
-
-
-@dataclass(frozen=True, slots=True)
-class Me:
-    """Who the bot is, as getMe said: needed to recognise mentions and replies."""
-
-    id: int
-    username: str
-
-
-def _name(user: Any) -> str | None:
-    full = " ".join(p for p in (user.first_name, user.last_name) if p)
-    return full or user.username or None
-
-
-def _space(chat: Any) -> str | None:
-    return None if chat.type == ChatType.PRIVATE else str(chat.id)
-
-
-def _topic(message: TgMessage) -> str | None:
-    if message.is_topic_message and message.message_thread_id is not None:
-        return str(message.message_thread_id)
-    return None
-
-
-def addressed(message: TgMessage, me: Me) -> str | None:
-    """The text of a group message meant for the bot (mention and @suffix removed), or
-    None when it is chatter or a command for another bot."""
-    text = message.text or message.caption or ""
-    handle = f"@{me.username}".lower()
-    ours = False
-    cuts: list[tuple[int, int, str]] = []  # (start, end, replacement) in characters
-    parsed = message.parse_entities() if message.text else message.parse_caption_entities()
-    for ent, value in parsed.items():
-        start = _char_offset(text, ent.offset)
-        end = start + len(value)
-        if ent.type == MessageEntity.BOT_COMMAND and ent.offset == 0:
-            command, _, target = value.partition("@")
-            if target and target.lower() != me.username.lower():
-                return None  # /rules@OtherBot
-            ours = True
-            cuts.append((start, end, command))
-        elif ent.type == MessageEntity.MENTION and value.lower() == handle:
-            ours = True
-            cuts.append((start, end, " "))
-        elif ent.type == MessageEntity.TEXT_MENTION and ent.user and ent.user.id == me.id:
-            ours = True
-            cuts.append((start, end, " "))
-    reply = message.reply_to_message
-    if (
-        reply is not None
-        and reply.from_user is not None
-        and reply.from_user.id == me.id
-        and reply.forum_topic_created is None
-    ):
-        ours = True
-    if not ours:
-        return None
-    for start, end, repl in sorted(cuts, reverse=True):
-        text = text[:start] + repl + text[end:]
-    return re.sub(r"[ \t]{2,}", " ", text).strip()
-
-
-def _char_offset(text: str, utf16_offset: int) -> int:
-    """Telegram offsets count UTF-16 code units; Python indexes code points."""
-    if text.isascii():
-        return utf16_offset
-    units = 0
-    for i, ch in enumerate(text):
-        if units >= utf16_offset:
-            return i
-        units += 2 if ord(ch) > 0xFFFF else 1
-    return len(text)
-
-
-def parse_update(update: Update, me: Me, channel: str = "telegram") -> Inbound | None:
-    """An Update → `Message` / `ButtonPress` / `Retracted` for Steward, or None (chatter,
-    bots, service messages, updates Steward does not use). Pure: no delivery state."""
-    query = update.callback_query
-    if query is not None:
-        if query.from_user.is_bot or not query.data or query.message is None:
-            return None
-        chat = query.message.chat
-        return ButtonPress(
-            channel=channel,
-            conversation=str(chat.id),
-            user=str(query.from_user.id),
-            value=query.data,
-            message_id=str(query.message.message_id),
-            user_name=_name(query.from_user),
-            space=_space(chat),
-        )
-    edited = update.edited_message
-    message = update.message or edited
-    if message is None or message.from_user is None or message.from_user.is_bot:
-        return None
-    chat = message.chat
-    direct = chat.type == ChatType.PRIVATE
-    if direct:
-        text: str | None = message.text or message.caption
-    else:
-        text = addressed(message, me)
-    if not text:
-        return None
-    user = str(message.from_user.id)
-    if edited is not None:
-        return Retracted(
-            channel=channel,
-            conversation=str(chat.id),
-            user=user,
-            message_id=str(message.message_id),
-            kind="edited",
-            sent_at=message.date.timestamp() if message.date else None,
-            space=_space(chat),
-        )
-    return Message(
-        channel=channel,
-        conversation=str(chat.id),
-        user=user,
-        text=text.strip(),
-        id=str(message.message_id),
-        thread=_topic(message),
-        user_name=_name(message.from_user),
-        space=_space(chat),
-        direct=direct,
-    )
-
-
-# ---------------------------------------------------------------------- the adapter
-
 
 @dataclass(slots=True)
 class _Press:
@@ -504,9 +142,19 @@ class _Press:
     answered: bool = False
 
 
+@dataclass(slots=True)
+class _Progress:
+    """The steps of a send already done when one failed (resumed by its retry)."""
+
+    done: int = 0
+    refs: list[MessageRef] = field(default_factory=list)
+    #: When the failure happened (monotonic): an old one is no retry, but a new send.
+    failed_at: float = 0.0
+
+
 class TelegramChannel(ChannelDefaults):
     """A Telegram bot: private chats, group mentions/commands/replies and forum topics in;
-    HTML messages with inline keyboards out."""
+    HTML messages with inline keyboards, photos and documents out."""
 
     name = "telegram"
     capabilities = Capabilities(
@@ -534,10 +182,12 @@ class TelegramChannel(ChannelDefaults):
         backoff_cap: float = 60.0,
         ready_timeout: float = 10.0,
         answer_within: float = ANSWER_WITHIN,
+        webhook_check_every: float = WEBHOOK_CHECK_EVERY,
     ) -> None:
         """``api_url``: the Bot API base exactly as PTB's ``base_url`` takes it (the token
         is appended unless it contains ``{token}``); empty: Telegram's own.
-        ``webhook_url``: webhook mode (a URL without a path gets ``/webhooks/telegram``)."""
+        ``webhook_url``: webhook mode (a URL without a path gets ``/webhooks/telegram``).
+        ``webhook_check_every``: seconds between getWebhookInfo checks in webhook mode."""
         self._token = token.strip()
         self._api_url = api_url.strip() or DEFAULT_API_URL
         self._webhook_url = _webhook_target(webhook_url.strip())
@@ -545,6 +195,7 @@ class TelegramChannel(ChannelDefaults):
         self._poll_timeout = poll_timeout
         self._ready_timeout = ready_timeout
         self._answer_within = answer_within
+        self._webhook_check_every = webhook_check_every
         self._backoff = Backoff(backoff_first, backoff_cap)
         self.health = Health(self.name)
         self._inflight = Inflight(self.name)
@@ -557,7 +208,8 @@ class TelegramChannel(ChannelDefaults):
         #: Time (monotonic) of the last successful getUpdates round trip: the heartbeat.
         self.last_poll_ok: float | None = None
         self._polled = asyncio.Event()
-        #: update ids handled (webhook redeliveries, a poll answered twice).
+        #: update ids handled by polling (a poll answered twice); the webhook intake
+        #: keeps its own (Telegram retried, or a request was replayed).
         self._seen: Recent[int, None] = Recent(4096)
         #: (chat, message id) of person's messages delivered as input (for edits).
         self._delivered: Recent[tuple[str, str], None] = Recent(2048)
@@ -567,14 +219,27 @@ class TelegramChannel(ChannelDefaults):
         self._long_values: Recent[str, str] = Recent(4096)
         #: conversation → the forum topic last written in (typing goes there).
         self._topics: Recent[str, str] = Recent(1024)
+        #: sends that failed after their first step, by what they send (see `send`).
+        self._partial: Recent[str, _Progress] = Recent(64)
+        self._webhook = Webhook(
+            self.name,
+            verify=self._verify,
+            parse=self._parse,
+            ready=self._ready,
+            inflight=self._inflight,
+            health=self.health,
+        )
 
     @property
     def mode(self) -> str:
         return "webhook" if self._webhook_url else "polling"
 
     @classmethod
-    def from_settings(cls, cfg: Mapping[str, str], settings: Any) -> TelegramChannel:
-        """The adapter from its registry settings (config/platforms.py)."""
+    def from_settings(
+        cls, cfg: Mapping[str, str], settings: Any, store: ChannelStore | None = None
+    ) -> TelegramChannel:
+        """The adapter from its registry settings (config/platforms.py). It keeps nothing
+        between runs (handled updates are confirmed to Telegram), so `store` is unused."""
         return cls(
             token=cfg["token"],
             api_url=cfg.get("api_url", ""),
@@ -589,7 +254,10 @@ class TelegramChannel(ChannelDefaults):
             base_url=self._api_url,
             # Several chats are answered at once: one pool connection would queue them.
             request=HTTPXRequest(
-                connection_pool_size=16, pool_timeout=10.0, httpx_kwargs=shared_tls
+                connection_pool_size=16,
+                pool_timeout=10.0,
+                media_write_timeout=UPLOAD_WRITE_TIMEOUT,
+                httpx_kwargs=shared_tls,
             ),
             get_updates_request=HTTPXRequest(
                 connection_pool_size=1, read_timeout=10.0, httpx_kwargs=shared_tls
@@ -602,7 +270,7 @@ class TelegramChannel(ChannelDefaults):
         """getMe with the configured token (for `steward doctor`)."""
         bot = self._new_bot()
         try:
-            me = await _guard("getMe", bot.get_me())
+            me = await guard("getMe", bot.get_me())
         finally:
             with contextlib.suppress(Exception):
                 await bot.shutdown()
@@ -638,7 +306,7 @@ class TelegramChannel(ChannelDefaults):
 
     async def _identify(self) -> None:
         assert self._bot is not None
-        await _guard("getMe", self._bot.initialize())
+        await guard("getMe", self._bot.initialize())
         me = self._bot.bot
         self._me = Me(id=me.id, username=me.username or "")
 
@@ -751,7 +419,7 @@ class TelegramChannel(ChannelDefaults):
         A failure is an outcome too: `start` stops waiting and reports the state."""
         self._polled.set()
         if isinstance(exc, Conflict):
-            hint = WEBHOOK_ACTIVE_HINT if _is(exc, "webhook") else CONFLICT_HINT
+            hint = WEBHOOK_ACTIVE_HINT if says(exc, "webhook") else CONFLICT_HINT
             self.health.down(hint)
         elif isinstance(exc, InvalidToken):
             self.health.down(TOKEN_REFUSED)
@@ -795,14 +463,16 @@ class TelegramChannel(ChannelDefaults):
         webhook mode, Telegram's own report of failing deliveries."""
         silent_limit = self._poll_timeout + 10.0 + DEAF_MARGIN
         every = min(15.0, silent_limit / 2)
-        next_webhook_check = time.monotonic() + 60.0
+        if self.mode == "webhook":
+            every = min(every, self._webhook_check_every)
+        next_webhook_check = time.monotonic() + min(60.0, self._webhook_check_every)
         while True:
             await asyncio.sleep(every)
             try:
                 if self.mode == "polling":
                     self.check_deaf(silent_limit)
                 elif time.monotonic() >= next_webhook_check and self._bot is not None:
-                    next_webhook_check = time.monotonic() + WEBHOOK_CHECK_EVERY
+                    next_webhook_check = time.monotonic() + self._webhook_check_every
                     await self._check_webhook(self._bot)
             except asyncio.CancelledError:
                 raise
@@ -845,43 +515,50 @@ class TelegramChannel(ChannelDefaults):
     # ------------------------------------------------------------------ inbound
 
     def _take(self, update: Update) -> None:
-        """One update from a poll or the webhook: dedup, parse, hand off in the background."""
+        """One update from a poll: dedup, then its item in the background."""
         if not self._seen.first_time(update.update_id, None):
             log.info("adapter.duplicate", channel=self.name, update_id=update.update_id)
             return
-        if self._me is None or self._dispatch is None:
+        if self._dispatch is None:
             return
         self.health.heard()
+        for item in self._items(update):
+            self._inflight.run(self._work(item), "inbound")
+
+    async def _work(self, item: Item) -> None:
+        """A polled item, run as the webhook intake runs one: `before`, then the dispatch."""
+        if item.before is not None:
+            await item.before()
+        if item.event is not None and self._dispatch is not None:
+            await self._dispatch(item.event)
+
+    def _items(self, update: Update) -> list[Item]:
+        """What one update asks Steward to do, the same polled or from the webhook: nothing
+        (chatter, an edit of a message Steward never took), a dispatch, or a press (its
+        `before` dispatches it and answers the callback query). Keyed by update id."""
+        if self._me is None:
+            return []
         try:
             event = parse_update(update, self._me, self.name)
         except Exception:
             log.exception("adapter.bad_update", channel=self.name, update_id=update.update_id)
-            return
+            return []
         if event is None:
-            return
+            return []
+        key = str(update.update_id)
         if isinstance(event, Message):
             self._delivered.put((event.conversation, event.id), None)
             if event.thread:
                 self._topics.put(event.conversation, event.thread)
         elif isinstance(event, Retracted):
             if (event.conversation, event.message_id) not in self._delivered:
-                return  # not a message Steward took as input
+                return []  # not a message Steward took as input
         elif isinstance(event, ButtonPress):
             query = update.callback_query
             assert query is not None
-            value = self._long_values.get(event.value) or event.value
-            event = ButtonPress(
-                channel=event.channel,
-                conversation=event.conversation,
-                user=event.user,
-                value=value,
-                message_id=event.message_id,
-                user_name=event.user_name,
-                space=event.space,
-            )
-            self._inflight.run(self._on_press(query.id, event), "press")
-            return
-        self._inflight.spawn(self._dispatch, event)
+            event = replace(event, value=self._long_values.get(event.value) or event.value)
+            return [Item(key, before=functools.partial(self._on_press, query.id, event))]
+        return [Item(key, event)]
 
     async def _on_press(self, query_id: str, event: ButtonPress) -> None:
         """Dispatch, wait (briefly) for the verdict, then stop the spinner: with the
@@ -900,13 +577,13 @@ class TelegramChannel(ChannelDefaults):
             press.answered = True
             await self._answer(query_id, None)
 
-    async def _answer(self, query_id: str, alert: str | None) -> None:
+    async def _answer(self, query_id: str, alert_text: str | None) -> None:
         bot = self._bot
         if bot is None:
             return
         try:
             await bot.answer_callback_query(
-                query_id, text=alert, show_alert=bool(alert), cache_time=0
+                query_id, text=alert_text, show_alert=bool(alert_text), cache_time=0
             )
         except TelegramError as exc:  # too late, or Telegram down: the press still counts
             log.warning("adapter.answer_failed", channel=self.name, error=str(exc))
@@ -914,29 +591,19 @@ class TelegramChannel(ChannelDefaults):
     def add_routes(self, app: web.Application) -> None:
         """Webhook mode only: ``POST /webhooks/telegram``. Polling mounts nothing."""
         if self.mode == "webhook":
-            app.router.add_post(WEBHOOK_PATH, self.handle_webhook)
+            # The bound coroutine method: aiohttp warns about a callable object.
+            app.router.add_post(WEBHOOK_PATH, self._webhook.handle)
 
-    async def handle_webhook(self, request: web.Request) -> web.Response:
-        """Secret token first (403), then the JSON (400), then answer at once; the update
-        is handled in the background."""
-        given = request.headers.get(SECRET_HEADER, "")
-        if not self._webhook_secret or not hmac.compare_digest(
-            given.encode(), self._webhook_secret.encode()
-        ):
-            log.warning("adapter.webhook_refused", channel=self.name, has_token=bool(given))
-            return web.Response(status=403, text="forbidden")
-        if self._bot is None or self._me is None:
-            return web.Response(status=503, text="not ready")  # Telegram retries later
-        try:
-            data = json.loads(await request.read())
-            if not isinstance(data, dict) or not isinstance(data.get("update_id"), int):
-                raise ValueError("not an Update")
-            update = Update.de_json(data, self._bot)
-        except Exception as exc:
-            log.warning("adapter.webhook_malformed", channel=self.name, error=str(exc)[:200])
-            return web.Response(status=400, text="malformed update")
-        self._take(update)
-        return web.Response(status=200)
+    def _verify(self, headers: Mapping[str, str], body: bytes) -> None:
+        check_secret(self._webhook_secret, headers)
+
+    def _ready(self) -> Dispatch | None:
+        """The dispatch once getMe has answered (before, an update cannot be read: 503,
+        and Telegram delivers it again later)."""
+        return self._dispatch if self._bot is not None and self._me is not None else None
+
+    def _parse(self, headers: Mapping[str, str], body: bytes) -> Delivery:
+        return Delivery(self._items(read_update(body, self._bot)))
 
     # ------------------------------------------------------------------ outbound
 
@@ -947,28 +614,10 @@ class TelegramChannel(ChannelDefaults):
         return self._bot
 
     def _keyboard(self, buttons: Sequence[Button]) -> InlineKeyboardMarkup:
-        rows: list[list[InlineKeyboardButton]] = []
-        for b in buttons:
-            data = b.value
-            if not data:
-                raise DeliveryError("a button without a value", transient=False)
-            if len(data.encode()) > MAX_CALLBACK_DATA:
-                token = "~" + hashlib.sha256(data.encode()).hexdigest()[:20]
-                self._long_values.put(token, data)
-                data = token
-            label = b.label.strip() or b.value
-            label = label if len(label) <= MAX_LABEL else label[: MAX_LABEL - 1] + "…"
-            button = InlineKeyboardButton(label, callback_data=data)
-            row = rows[-1] if rows else None
-            if (
-                row is not None
-                and len(row) < ROW_BUTTONS
-                and sum(len(x.text) for x in row) + len(label) <= ROW_CHARS
-            ):
-                row.append(button)
-            else:
-                rows.append([button])
-        return InlineKeyboardMarkup(rows)
+        markup, tokens = keyboard(buttons)
+        for token, value in tokens.items():
+            self._long_values.put(token, value)
+        return markup
 
     async def _send(
         self,
@@ -977,7 +626,7 @@ class TelegramChannel(ChannelDefaults):
         thread: str | None,
         markup: InlineKeyboardMarkup | None = None,
     ) -> MessageRef:
-        chat = _chat_id(conversation)
+        chat = chat_id(conversation)
         body = balance(text)
 
         async def post(formatted: bool) -> TgMessage:
@@ -986,7 +635,7 @@ class TelegramChannel(ChannelDefaults):
                 body if formatted else to_plain(body),
                 parse_mode=ParseMode.HTML if formatted else None,
                 reply_markup=markup,
-                message_thread_id=_thread_id(thread),
+                message_thread_id=thread_id(thread),
             )
 
         sent = await self._formatted("sendMessage", post)
@@ -996,16 +645,52 @@ class TelegramChannel(ChannelDefaults):
         """HTML first; when Telegram cannot parse it, the same text plain, not lost."""
         try:
             return await call(True)
-        except BadRequest as exc:
-            if not _is(exc, "can't parse entities", "can't find end tag", "unsupported start"):
-                raise delivery_error(what, exc) or exc from exc
-            log.warning("adapter.formatting_refused", channel=self.name, error=str(exc)[:200])
         except Exception as exc:
-            err = delivery_error(what, exc)
-            if err is None:
-                raise
-            raise err from exc
-        return await _guard(what, call(False))
+            if not formatting_refused(exc):
+                err = delivery_error(what, exc)
+                if err is None:
+                    raise
+                raise err from exc
+            log.warning("adapter.formatting_refused", channel=self.name, error=str(exc)[:200])
+        return await guard(what, call(False))
+
+    async def _upload(
+        self,
+        conversation: str,
+        upload: Upload,
+        thread: str | None,
+        markup: InlineKeyboardMarkup | None,
+    ) -> MessageRef:
+        """sendPhoto for a picture (sendDocument when Telegram refuses it as a photo),
+        sendDocument for anything else; the caption plain text."""
+        chat = chat_id(conversation)
+        common: dict[str, Any] = {
+            "caption": upload.caption,
+            "message_thread_id": thread_id(thread),
+            "reply_markup": markup,
+        }
+        sent: TgMessage | None = None
+        if upload.as_photo:
+            try:
+                sent = await guard(
+                    "sendPhoto",
+                    self._client.send_photo(chat, input_file(upload.attachment), **common),
+                )
+            except DeliveryError as exc:
+                if not refused_as_photo(exc.__cause__ or exc):
+                    raise
+                log.info(
+                    "adapter.photo_as_document",
+                    channel=self.name,
+                    file=upload.attachment.name,
+                    error=str(exc)[:200],
+                )
+        if sent is None:
+            sent = await guard(
+                "sendDocument",
+                self._client.send_document(chat, input_file(upload.attachment), **common),
+            )
+        return MessageRef(self.name, conversation, str(sent.message_id), thread)
 
     async def send(
         self,
@@ -1016,19 +701,48 @@ class TelegramChannel(ChannelDefaults):
         buttons: Sequence[Button] = (),
         attachments: Sequence[Attachment] = (),
     ) -> MessageRef:
-        """sendMessage; the text is already HTML and ≤4096 (the channel layer did that).
-        Buttons become an inline keyboard (callback_data = the opaque value)."""
-        text = with_attachments(text, attachments, escape=_escape)
+        """sendMessage (the text is already HTML and ≤4096: the channel layer did that;
+        buttons become an inline keyboard, callback_data = the opaque value), then each
+        attachment uploaded into the same chat and topic, a caption too long for its
+        file right after it. A file Telegram cannot take (over 50 MB, empty) is a line
+        in the text. Returns the text message (the first upload when there is no text).
+
+        The steps go out in order; when one fails for a moment after another went out,
+        the channel layer's retry of this same send starts at the failed step."""
+        files, unsendable = uploads(attachments)
+        text = with_attachments(text, unsendable, escape=escape)
         markup = self._keyboard(buttons) if buttons else None
-        return await self._send(conversation, text, thread, markup)
+        steps: list[Callable[[], Awaitable[MessageRef]]] = []
+        if text.strip() or not files:
+            steps.append(functools.partial(self._send, conversation, text, thread, markup))
+            markup = None  # the keyboard goes on the first message, whichever it is
+        for upload in files:
+            steps.append(functools.partial(self._upload, conversation, upload, thread, markup))
+            markup = None
+            if upload.overflow is not None:
+                steps.append(functools.partial(self._send, conversation, upload.overflow, thread))
+        key = _send_key(conversation, thread, text, buttons, files)
+        progress = self._partial.pop(key)
+        if progress is None or time.monotonic() - progress.failed_at > RESUME_WITHIN:
+            progress = _Progress()
+        for step in steps[progress.done :]:
+            try:
+                progress.refs.append(await step())
+            except DeliveryError as exc:
+                if progress.done and exc.transient:  # the channel layer will retry
+                    progress.failed_at = time.monotonic()
+                    self._partial.put(key, progress)
+                raise
+            progress.done += 1
+        return progress.refs[0]
 
     async def edit(
         self, ref: MessageRef, text: str, *, buttons: list[Button] | None = None
     ) -> None:
         """editMessageText; without buttons the keyboard is removed (a decided approval).
         "message is not modified" is success: the message already says this."""
-        chat = _chat_id(ref.conversation)
-        mid = _chat_id(ref.id, "message")
+        chat = chat_id(ref.conversation)
+        mid = chat_id(ref.id, "message")
         markup = self._keyboard(buttons) if buttons else None
         body = balance(text)
 
@@ -1051,12 +765,12 @@ class TelegramChannel(ChannelDefaults):
     async def typing(self, conversation: str) -> None:
         """sendChatAction "typing" (Telegram shows it about 5 seconds), in the topic last
         written in when the conversation is a forum."""
-        await _guard(
+        await guard(
             "sendChatAction",
             self._client.send_chat_action(
-                _chat_id(conversation),
+                chat_id(conversation),
                 ChatAction.TYPING,
-                message_thread_id=_thread_id(self._topics.get(conversation)),
+                message_thread_id=thread_id(self._topics.get(conversation)),
             ),
         )
 
@@ -1067,26 +781,41 @@ class TelegramChannel(ChannelDefaults):
         press = self._presses.get((conversation, user))
         if press is not None and not press.answered:
             press.answered = True
-            plain = to_plain(text).strip()
-            if len(plain) > MAX_ALERT:
-                plain = plain[: MAX_ALERT - 1] + "…"
             try:
-                await _guard(
+                await guard(
                     "answerCallbackQuery",
                     self._client.answer_callback_query(
-                        press.query_id, text=plain, show_alert=True, cache_time=0
+                        press.query_id, text=alert(text), show_alert=True, cache_time=0
                     ),
                 )
                 return
             except DeliveryError as exc:
                 log.warning("adapter.alert_failed", channel=self.name, error=str(exc))
-        target = conversation if _chat_id(conversation) > 0 else user
+        target = conversation if chat_id(conversation) > 0 else user
         await self._send(target, text, None)
 
     @staticmethod
     def to_dialect(markdown: str) -> str:
         """Markdown → Telegram HTML (the channel layer calls this before splitting)."""
         return to_html(markdown)
+
+
+def _send_key(
+    conversation: str,
+    thread: str | None,
+    text: str,
+    buttons: Sequence[Button],
+    files: Sequence[Upload],
+) -> str:
+    """What identifies one send across the channel layer's retries of it."""
+    digest = hashlib.sha256()
+    for part in (conversation, thread or "", text, *(f"{b.label}\0{b.value}" for b in buttons)):
+        digest.update(part.encode() + b"\0")
+    for upload in files:
+        a = upload.attachment
+        digest.update(f"{a.name}\0{a.mime}\0{a.caption}\0".encode())
+        digest.update(hashlib.sha256(a.data).digest())
+    return digest.hexdigest()
 
 
 def _webhook_target(url: str) -> str:
