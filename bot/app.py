@@ -64,6 +64,7 @@ from core.snapshots import undoable_deletes
 from core.suggestions import Suggestions
 from core.tools import ALL_TOOLS
 from core.tools.base import ToolContext
+from core.tools.toolbox import Toolbox
 from memory.approvals import ApprovalStore
 from memory.episodes import EpisodeStore
 from memory.health import DISK_ERRNOS, health_for, reason
@@ -392,12 +393,15 @@ class App:
         settings = self.settings
         if self.llm is None:
             return None
-        tools = dict(ALL_TOOLS)
+        builtin = dict(ALL_TOOLS)
         max_steps = settings.max_steps
         if isinstance(self.llm, LocalLLM):
             if settings.local_model_mode == "constrained":
-                tools = {name: ALL_TOOLS[name] for name in LOCAL_TOOLS}
+                builtin = {name: ALL_TOOLS[name] for name in LOCAL_TOOLS}
             max_steps = settings.local_model_max_steps
+        #: The built-in tools plus those that come and go (MCP servers, skills): sources
+        #: are added by the steps that build them.
+        tools = self.toolbox = Toolbox(builtin)
         return Agent(
             llm=self.llm,  # type: ignore[arg-type]  # LocalLLM has the same complete()
             tools=tools,

@@ -19,7 +19,7 @@ import dataclasses
 import json
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ from core.sandbox import NETWORK, UNSANDBOXED, Grant
 from core.sandbox.hosts import hosts_for
 from core.signatures import is_decision, is_environmental, signature
 from core.tools.base import Tool, ToolContext, ToolError
+from core.tools.toolbox import Toolbox
 from memory.episodes import Episode, EpisodeStore, ToolRecord
 from memory.journal import TaskJournal
 
@@ -123,7 +124,7 @@ class Agent:
         self,
         *,
         llm: LLMClient,
-        tools: dict[str, Tool],
+        tools: Mapping[str, Tool],
         tool_context: ToolContext,
         guardian: Guardian,
         approvals: Approvals,
@@ -166,7 +167,6 @@ class Agent:
         self.undo = undo
         #: core/persist.EpisodeWriter: when set, episodes are written after the reply.
         self.persist: Any = None
-        self._schemas = [t.schema() for t in tools.values()]
 
     async def _messages(
         self,
@@ -510,7 +510,7 @@ class Agent:
             episode.steps += 1
             result = await self.llm.complete(
                 messages,
-                self._schemas,
+                self._schemas(),
                 on_text=on_text if live else None,
                 on_reset=on_reset if live else None,
                 on_slow=on_slow,
@@ -557,6 +557,12 @@ class Agent:
             f"I stopped after {self.max_steps} steps without finishing. "
             f"Tell me how to continue, or raise STEWARD_MAX_STEPS."
         )
+
+    def _schemas(self) -> list[dict[str, Any]]:
+        """The tools as they are now (an MCP server's come and go: core/tools/toolbox.py)."""
+        if isinstance(self.tools, Toolbox):
+            return self.tools.schemas()
+        return [tool.schema() for tool in self.tools.values()]
 
     @staticmethod
     def _account(episode: Episode, result: LLMResult) -> None:

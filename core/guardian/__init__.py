@@ -44,7 +44,7 @@ The parts, in the order a call goes through them:
 from __future__ import annotations
 
 from core.guardian.decision import CallDecision, Verdict
-from core.guardian.guard import ENGINE_COMMANDS, FILE_TOOLS, Guardian
+from core.guardian.guard import ENGINE_COMMANDS, FILE_TOOLS, Guardian, Judge
 from core.guardian.knowledge import OPTION_SPECS, OptionSpec
 from core.guardian.shell_text import _Word, normalise_options
 from core.policy import PolicyError
@@ -55,6 +55,7 @@ __all__ = [
     "OPTION_SPECS",
     "CallDecision",
     "Guardian",
+    "Judge",
     "OptionSpec",
     "PolicyError",
     "Verdict",

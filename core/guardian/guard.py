@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import structlog
@@ -65,6 +65,17 @@ log = structlog.get_logger("steward.policy")
 MAX_PINNED_BYTES = 64 * 1024 * 1024
 #: A read noted as written (`$OUT`, `*.txt`): not one file that can be named.
 _UNKNOWN_PATH_CHARS = frozenset("$`*?[")
+
+
+class Judge(Protocol):
+    """Decides the calls of a family of tools the guardian has no rules of its own for.
+
+    `decide` runs in the guardian's worker thread under its timeout, with the merged
+    policy; it must not block on I/O. An exception there is a refusal."""
+
+    def claims(self, tool: str) -> bool: ...
+
+    def decide(self, policy: Policy, tool: str, args: dict[str, Any]) -> CallDecision: ...
 
 
 class _Unpinnable(Exception):
@@ -161,6 +172,14 @@ class Guardian:
         self._policy: Policy | None = None
         self._error: str | None = None
         self._guarded_paths: frozenset[str] = frozenset()
+        #: Judges for tools beyond the built-in ones (MCP tools, the skill tool), each
+        #: for the names it `claims`; registered by whoever offers those tools.
+        self._judges: list[Judge] = []
+
+    def add_judge(self, judge: Judge) -> None:
+        """Decide the calls of tools `judge.claims` (checked after the built-in tools,
+        before "unknown tool": a judge cannot take over shell, file or fetch calls)."""
+        self._judges.append(judge)
 
     # ── the policy ──────────────────────────────────────────────────────────────
     def policy(self) -> Policy:
@@ -295,6 +314,9 @@ class Guardian:
             return self.check_file_tool(tool, args, policy)
         if tool == "web_fetch":
             return self.check_fetch(args.get("url"), policy, person_urls=person_urls)
+        for judge in self._judges:
+            if judge.claims(tool):
+                return judge.decide(policy, tool, args)
         return CallDecision(
             Verdict.FORBID, f"unknown tool `{tool}`: there is no rule that allows it"
         )

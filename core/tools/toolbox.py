@@ -1,0 +1,59 @@
+"""The tools one agent offers the model: the built-in ones, and those that come and go.
+
+Why: the built-in tools are fixed at start, but an MCP server's tools appear when it
+connects, change when it says so and are withdrawn when it dies, and the skill tool
+describes whichever skills are enabled now. A `Toolbox` is the built-ins plus
+*sources*, each a function that returns its tools as they are at this moment; the
+agent reads it at the start of every model call, so the model only ever sees tools
+that can run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+from core.tools.base import Tool
+
+#: A provider of tools that change at run time (an MCP hub, the skills).
+Source = Callable[[], Iterable[Tool]]
+
+
+class Toolbox(Mapping[str, Tool]):
+    """A read-only mapping name → tool, built-ins first, then each source's tools in
+    the order the sources were added. A source's tool never replaces a built-in."""
+
+    def __init__(self, builtin: Mapping[str, Tool]) -> None:
+        self._builtin = dict(builtin)
+        self._sources: list[tuple[str, Source]] = []
+
+    def add_source(self, name: str, source: Source) -> None:
+        """Offer `source`'s tools too (`name` says where they came from in errors)."""
+        self._sources.append((name, source))
+
+    def _current(self) -> dict[str, Tool]:
+        tools = dict(self._builtin)
+        for _name, source in self._sources:
+            for tool in source():
+                tools.setdefault(tool.name, tool)
+        return tools
+
+    def __getitem__(self, name: str) -> Tool:
+        found = self._builtin.get(name)
+        if found is not None:
+            return found
+        for _name, source in self._sources:
+            for tool in source():
+                if tool.name == name:
+                    return tool
+        raise KeyError(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._current())
+
+    def __len__(self) -> int:
+        return len(self._current())
+
+    def schemas(self) -> list[dict[str, Any]]:
+        """The function-calling schemas of every tool available now."""
+        return [tool.schema() for tool in self._current().values()]
