@@ -29,17 +29,18 @@ import structlog
 from core.approvals import Approvals
 from core.clock import Clock
 from core.egress import urls_in
-from core.events import Channel, Progress
+from core.events import Attachment, Channel, Progress
 from core.gates import check_answer, honest_suffix, retry_instruction
 from core.guardian import CallDecision, Guardian, Verdict
 from core.model.client import LLMClient
 from core.model.errors import LLMError
+from core.model.images import images_message
 from core.model.result import LLMResult, ToolCallRequest
 from core.recall import Recall, Recalled, estimate_tokens, render
 from core.sandbox import NETWORK, UNSANDBOXED, Grant
 from core.sandbox.hosts import hosts_for
 from core.signatures import is_decision, is_environmental, signature
-from core.tools.base import Tool, ToolContext, ToolError
+from core.tools.base import Tool, ToolContext, ToolError, ToolOutput
 from core.tools.toolbox import Toolbox
 from memory.episodes import Episode, EpisodeStore, ToolRecord
 from memory.journal import TaskJournal
@@ -546,17 +547,41 @@ class Agent:
             # Durable before any tool runs, so a crash during one is asked about. Shielded:
             # a cancel of the task must not cancel the record's write.
             await asyncio.shield(opened)
+            shown: list[Attachment] = []
             for call in result.tool_calls:
-                content = await self._call_tool(req, task_id, call, episode, emit, bound)
+                output = await self._call_tool(req, task_id, call, episode, emit, bound)
+                content = output
+                if isinstance(output, ToolOutput):
+                    content = output.text
+                    await self._deliver(req, call.name, output, bound)
+                    shown.extend(output.images)
                 messages.append(
                     {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": content}
                 )
+            if shown and getattr(self.llm, "accepts_images", False):
+                messages.append(images_message(shown))
         episode.outcome = "failure"
         episode.error = f"step limit reached ({self.max_steps} model turns)"
         return (
             f"I stopped after {self.max_steps} steps without finishing. "
             f"Tell me how to continue, or raise STEWARD_MAX_STEPS."
         )
+
+    async def _deliver(self, req: TaskRequest, tool: str, output: ToolOutput, bound: Any) -> None:
+        """A tool's files go to the person's chat now, with a line saying which tool made
+        them; a failure to deliver is logged, never the task's failure."""
+        if not output.attachments:
+            return
+        names = ", ".join(a.name for a in output.attachments)
+        try:
+            await req.channel.send(
+                req.conversation,
+                f"From `{tool}`: {names}",
+                thread=req.thread,
+                attachments=output.attachments,
+            )
+        except Exception:
+            bound.exception("tool.attachments_failed", tool=tool)
 
     def _schemas(self) -> list[dict[str, Any]]:
         """The tools as they are now (an MCP server's come and go: core/tools/toolbox.py)."""
@@ -579,7 +604,7 @@ class Agent:
         episode: Episode,
         emit: Observer,
         bound: Any,
-    ) -> str:
+    ) -> str | ToolOutput:
         """Judge, maybe ask, run; returns what the model reads. Always records the call."""
         record = ToolRecord(name=call.name, ok=False, raw_arguments=call.arguments)
         episode.tools.append(record)
@@ -723,7 +748,8 @@ class Agent:
                 self.undo.after_tool(task_id, call.name)
         record.ok = True
         record.duration_s = time.perf_counter() - t0
-        await emit(Progress("tool_end", task_id, tool=call.name, ok=True, text=output[:200]))
+        said = output.text if isinstance(output, ToolOutput) else output
+        await emit(Progress("tool_end", task_id, tool=call.name, ok=True, text=said[:200]))
         bound.info("tool.ok", tool=call.name, duration_s=round(record.duration_s, 3))
         return output
 

@@ -26,6 +26,7 @@ from core.egress import EgressPolicy, parse_url
 from core.git_control import is_control_path
 from core.guardian.analysis import _Analysis
 from core.guardian.decision import CallDecision, Verdict
+from core.guardian.judges import builtin_judges
 from core.guardian.knowledge import INTERPRETER_ALIASES, INTERPRETERS, SHELLS, WRAPPERS
 from core.guardian.programs import _HANDLERS
 from core.guardian.shell_text import _norm, _Scope, _short, _Unparseable, _Word
@@ -174,7 +175,7 @@ class Guardian:
         self._guarded_paths: frozenset[str] = frozenset()
         #: Judges for tools beyond the built-in ones (MCP tools, the skill tool), each
         #: for the names it `claims`; registered by whoever offers those tools.
-        self._judges: list[Judge] = []
+        self._judges: list[Judge] = builtin_judges()
 
     def add_judge(self, judge: Judge) -> None:
         """Decide the calls of tools `judge.claims` (checked after the built-in tools,

@@ -181,6 +181,22 @@ class LLMClient:
         self.temperature = temperature
         self.stream = stream
         self._priced: bool | None = None
+        #: Whether the model is shown the images tools return (core/model/images.py).
+        #: None: asked of litellm's model table on first use; a model litellm does not
+        #: know is assumed text-only.
+        self._images: bool | None = None
+
+    @property
+    def accepts_images(self) -> bool:
+        """Whether this model takes image parts (litellm's table); False when unknown."""
+        if self._images is None:
+            try:
+                import litellm
+
+                self._images = bool(litellm.supports_vision(model=self.model))
+            except Exception:  # an unknown model or provider: text only
+                self._images = False
+        return self._images
 
     def describe(self) -> str:
         """The model and its server as shown to people (errors in chat, /healthz, the

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from core.events import Attachment
+
 #: Tools that read and change nothing: no snapshot is taken before them (core/snapshots),
 #: and a goal task cut off after only these may run again (core/goals/queue.py).
 READ_ONLY_TOOLS = frozenset({"read_file", "list_files", "search_files", "web_fetch"})
@@ -49,7 +51,21 @@ class ToolContext:
     egress: EgressPolicy | None = None
 
 
-ToolFn = Callable[[ToolContext, dict[str, Any]], Awaitable[str]]
+@dataclass(frozen=True, slots=True)
+class ToolOutput:
+    """What a tool returns when text alone is not all of it: a screenshot, an image an
+    MCP server returned, a report.
+
+    `text` is what the model reads (say in it what the files are). `attachments` go to
+    the person's chat with the task's progress, as files of a message. `images` (PNG
+    or JPEG attachments) are also shown to the model when it accepts images."""
+
+    text: str
+    attachments: tuple[Attachment, ...] = ()
+    images: tuple[Attachment, ...] = ()
+
+
+ToolFn = Callable[[ToolContext, dict[str, Any]], Awaitable[str | ToolOutput]]
 
 
 @dataclass(frozen=True, slots=True)
