@@ -24,6 +24,7 @@ BENCHES = {
     "dashboard": "bench.dashboard",
     "goals": "bench.goals",
     "snapshots": "bench.snapshots",
+    "code_index": "bench.code_index",
     "rss": "bench.rss",
     "local_model": "bench.local_model",  # skips, saying why, without steward[local]
 }

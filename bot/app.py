@@ -7,6 +7,7 @@ same agent, guardian and dispatcher, differing only in clock and channels.
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import os
 import threading
@@ -19,9 +20,12 @@ import structlog
 from bot.channels import Outbox, wrap
 from bot.commands.goals import GoalCommands
 from bot.commands.goals import register as register_goal_commands
+from bot.commands.mcp import register as register_mcp_commands
 from bot.commands.rules import RulesCommands
 from bot.commands.schedules import ScheduleCommands
 from bot.commands.schedules import register as register_schedule_commands
+from bot.commands.skills import SkillsCommands
+from bot.commands.skills import register as register_skill_commands
 from bot.commands.undo import register as register_undo_commands
 from bot.dispatcher import Dispatcher
 from bot.model_check import NO_MODEL_MESSAGE, configured_embedder, no_model_message
@@ -30,7 +34,11 @@ from core.access import Access
 from core.activity import Activity
 from core.agent import Agent
 from core.approvals import Approvals
+from core.browser import BrowserConfig, Browsers
+from core.browser import unavailable as browser_unavailable
+from core.browser.tools import NAMES as BROWSER_TOOL_NAMES
 from core.clock import Clock
+from core.code.service import CodeIntel
 from core.conversations import Conversations
 from core.egress.policy import from_settings as egress_from_settings
 from core.egress.policy import server_endpoints
@@ -43,6 +51,8 @@ from core.guardian import Guardian
 from core.history import History, model_summarizer
 from core.interrupted import Interrupted
 from core.learning import Learner, LearningConfig
+from core.mcp import McpHub, McpJudge
+from core.mcp import plan as mcp_plan
 from core.model.client import LLMClient
 from core.model.local.client import LOCAL_TOOLS, LocalLLM
 from core.model.local.runtime import (
@@ -59,6 +69,8 @@ from core.sandbox import Limits, SandboxRequired, own_paths, parse_user
 from core.sandbox import Setup as SandboxSetup
 from core.sandbox import setup as sandbox_setup
 from core.schedules import Deps, ScheduleConfig, Scheduler
+from core.search import from_settings as search_from_settings
+from core.skills import Proposals, SkillJudge, SkillSource, skills_for
 from core.snapshots import from_settings as undo_from_settings
 from core.snapshots import undoable_deletes
 from core.suggestions import Suggestions
@@ -194,6 +206,7 @@ def config_files(settings: Settings) -> list[Path]:
         for origin in settings.sources.values()
         if origin != "default" and not origin.startswith("env ")
     }
+    files.update(Path(f) for f in settings.mcp.files)  # they may hold an MCP server's env
     return sorted(files)
 
 
@@ -251,7 +264,11 @@ class App:
         self._build_model(os.environ if env is None else env, local_command)
         self.index: Any = None
         self._pending: asyncio.Task[None] | None = None
+        self._build_code()
+        self._build_browser()
         self.agent = self._build_agent()
+        if self.agent is not None and self.browsers is not None:  # each task's, at its end
+            self.agent.on_task_end.append(self.browsers.end)
         self._build_learning()
         # Last, so nothing above can fail while the lock is held: one Steward per data dir.
         try:
@@ -263,6 +280,8 @@ class App:
         self._build_dispatcher(subcommand)
         self._build_schedules()
         self._build_goals()
+        self._build_mcp()
+        self._build_skills()
         #: Whether `start` arms the schedules' timers. Off for `steward chat -m` and piped
         #: chat: a one-shot exchange must not run (or print) a schedule's work.
         self.fire_schedules = True
@@ -387,6 +406,29 @@ class App:
                     mode=settings.local_model_mode,
                 )
 
+    def _build_code(self) -> None:
+        """The code indexes the code_* tools answer from (core/code; docs/code.md): one
+        per workspace under the data dir, opened on the first question about code."""
+        self.code = CodeIntel.from_settings(self.settings, self.data_dir)
+
+    def _build_browser(self) -> None:
+        """The browser tools' Chromium, one per task (core/browser; docs/browser.md), when
+        it is installed and the OS sandbox works; else the tools are not offered."""
+        settings = self.settings
+        sandbox = self.sandbox.sandbox
+        why = browser_unavailable(settings.browser_enabled, settings.browser_chromium, sandbox)
+        self.browsers: Browsers | None = None
+        if why is not None or sandbox is None:
+            if settings.browser_enabled:
+                structlog.get_logger("steward.app").info("browser.unavailable", reason=why)
+            return
+        self.browsers = Browsers(
+            BrowserConfig(settings.browser_chromium, settings.browser_timeout),
+            workspace=self.workspace,
+            sandbox=sandbox,
+            egress=self.egress,
+        )
+
     def _build_agent(self) -> Agent | None:
         """The agent, when there is a model; with the embedded model, its reduced tool set
         (constrained mode) and step cap."""
@@ -399,6 +441,8 @@ class App:
             if settings.local_model_mode == "constrained":
                 builtin = {name: ALL_TOOLS[name] for name in LOCAL_TOOLS}
             max_steps = settings.local_model_max_steps
+        if self.browsers is None:  # no Chromium or no OS sandbox here: not offered
+            builtin = {n: t for n, t in builtin.items() if n not in BROWSER_TOOL_NAMES}
         #: The built-in tools plus those that come and go (MCP servers, skills): sources
         #: are added by the steps that build them.
         tools = self.toolbox = Toolbox(builtin)
@@ -414,6 +458,9 @@ class App:
                 sandbox=self.sandbox.sandbox,
                 sandbox_env=tuple(settings.sandbox_env),
                 egress=self.egress,
+                search=search_from_settings(settings, self.egress, self.clock),
+                code=self.code,
+                browser=self.browsers,
             ),
             ask_every_shell=self.sandbox.fallback,
             guardian=self.guardian,
@@ -561,6 +608,55 @@ class App:
         if self.undo is not None:
             register_undo_commands(self.dispatcher.router, self.undo)
 
+    def _build_skills(self) -> None:
+        """Skills (core/skills): `use_skill` offered while one is enabled (not to the tiny
+        local model, which cannot follow them), its judge, /skills, and offers to save a
+        task that worked as a skill."""
+        settings = self.settings
+        #: The skills of the data dir and the workspace (docs/skills.md).
+        self.skills = skills_for(self.data_dir, self.workspace, self.datastore, self.clock)
+        self.guardian.add_judge(SkillJudge())
+        if self.agent is not None and not (
+            isinstance(self.llm, LocalLLM) and settings.local_model_mode == "constrained"
+        ):
+            self.toolbox.add_source("skills", SkillSource(self.skills))
+        self.skill_offers = Proposals(
+            self.skills,
+            self.clock,
+            self.data_dir,
+            enabled=settings.skills_propose and self.agent is not None,
+            min_steps=settings.skills_propose_steps,
+            may_save=self.access.is_admin,
+        )
+        self.dispatcher.after_task.append(self.skill_offers.after_task)
+        register_skill_commands(
+            self.dispatcher.router, SkillsCommands(self.skills), self.skill_offers
+        )
+
+    def _build_mcp(self) -> None:
+        """MCP servers (core/mcp; docs/mcp.md): their tools join the toolbox (not the tiny
+        local model's), every call of one passes their judge, /mcp lists them. They are
+        started with the channels (`start`), when there is an agent to use them."""
+        settings = self.settings
+        #: Every declared server's connection and tools (the dashboard shows them).
+        self.mcp = McpHub(
+            settings.mcp,
+            plan=functools.partial(
+                mcp_plan,
+                setup=self.sandbox,
+                data_dir=self.data_dir,
+                hidden=[self.data_dir, *config_files(settings)],
+            ),
+            egress=self.egress,
+        )
+        self.guardian.add_judge(McpJudge(self.mcp.find))
+        self._mcp_wanted = self.agent is not None and not (
+            isinstance(self.llm, LocalLLM) and settings.local_model_mode == "constrained"
+        )
+        if self._mcp_wanted:
+            self.toolbox.add_source("mcp", self.mcp.tools)
+        register_mcp_commands(self.dispatcher.router, self.mcp, self.guardian)
+
     def _local_server(self, command: Callable[[int], list[str]] | None) -> ModelServer | None:
         log_path = self.data_dir / "local-model.log"
         if command is not None:
@@ -611,6 +707,8 @@ class App:
         others go on (`steward run`: one platform down must not keep the rest down);
         otherwise the first failure is raised after all have been tried."""
         await self.initialize()
+        if self._mcp_wanted:  # before the channels, so the first message sees their tools
+            await self.mcp.start()  # (a server slow to start holds them START_WAIT at most)
         results = await asyncio.gather(
             *(self._start_one(adapter) for adapter in channels), return_exceptions=True
         )
@@ -728,6 +826,9 @@ class App:
         ran, and the process never exited."""
         try:
             await self._stop_channels()
+            await _bounded("mcp servers", self.mcp.stop(), STOP_STEP_TIMEOUT)
+            if self.browsers is not None:  # tasks close their own; a stop cut some off
+                await _bounded("browsers", self.browsers.stop(), STOP_STEP_TIMEOUT)
             await _bounded("episodes", self.persist.stop(), STOP_STEP_TIMEOUT)
             await _bounded("transcripts", self.history.drain(), STOP_STEP_TIMEOUT)
             await _bounded("drafts", self._stop_pending(), STOP_STEP_TIMEOUT)
@@ -739,6 +840,7 @@ class App:
                 index, self.index = self.index, None
                 await _bounded("memory index", index.close(), STOP_STEP_TIMEOUT)
             await _bounded("memory history", self._last_batch(), STOP_STEP_TIMEOUT)
+            await _bounded("code index", asyncio.to_thread(self.code.close), STOP_STEP_TIMEOUT)
         finally:
             try:
                 self.datastore.close()

@@ -91,6 +91,11 @@ class Dispatcher:
     #: memory/seen.SeenEvents: messages already taken, remembered across restarts, so a
     #: platform's redelivery runs nothing (None: only the adapters' in-memory filters).
     seen: SeenEvents | None = None
+    #: Called with (channel, message, result) after each task's reply, in the task's
+    #: follow-up; a failure is logged, never the task's (skill offers: core/skills).
+    after_task: list[Callable[[Channel, Message, TaskResult], Awaitable[None]]] = field(
+        default_factory=list
+    )
     #: Commands and button presses (bot/commands); register more with `router.command`.
     router: CommandRouter[Dispatcher] = field(default_factory=builtin_router)
     last_results: dict[str, TaskResult] = field(default_factory=dict)
@@ -442,6 +447,8 @@ class Dispatcher:
                 "proactive.failed",
                 event="task_finished",
             )
+        for hook in self.after_task:
+            await _quietly(hook(channel, msg, result), "dispatch.after_task_failed")
         if self.write_health is None:
             return
         if saving is not None and not saving.done():

@@ -76,6 +76,35 @@ def _sandbox(settings: Settings) -> Check:
     return Check("sandbox", True, found.describe())
 
 
+async def _mcp(settings: Settings) -> list[Check]:
+    """Each declared MCP server, started (or reached) once the way `steward run` would,
+    with its tools counted or the reason it failed (docs/mcp.md)."""
+    if not settings.mcp.servers:
+        return []
+    from bot.cli.mcp import probe_all
+    from core.mcp import State
+
+    checks = []
+    for status in await probe_all(settings):
+        name = f"mcp {status.name}"
+        if status.state == State.DISABLED:
+            checks.append(Check(name, True, "disabled (enabled = false)"))
+        elif status.state == State.CONNECTED:
+            count = len(status.tools)
+            checks.append(Check(name, True, f"connected, {count} tool{'s' if count != 1 else ''}"))
+        else:
+            checks.append(
+                Check(
+                    name,
+                    False,
+                    f"{status.server.where()}: {status.detail}",
+                    f"fix [mcp.servers.{status.name}] in {status.server.origin}, or set "
+                    "enabled = false (docs/mcp.md); `steward mcp call` tests one tool",
+                )
+            )
+    return checks
+
+
 def _port(settings: Settings) -> Check:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -390,6 +419,7 @@ async def run_doctor(settings: Settings) -> int:
     checks.append(_port(settings))
     checks.append(_web_login(settings))
     checks.append(_sandbox(settings))
+    checks += await _mcp(settings)
     checks += await _model(settings)
     checks += await _channels(settings)
     checks.append(_snapshots(settings))

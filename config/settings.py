@@ -18,8 +18,17 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    create_model,
+    field_validator,
+)
 
+from config import mcp as mcp_tables
 from config import platforms
 from config.platforms import PlatformConfig
 from config.providers import DEFAULT_CONFIG_NAME
@@ -71,6 +80,19 @@ class _CoreSettings(BaseModel):
     fetch_timeout: float = Field(gt=0)
     fetch_max_bytes: int = Field(ge=1024)
     egress_allow: list[str]
+    mcp_config: str
+    search_backend: Literal["duckduckgo", "searxng", "brave", "tavily"]
+    search_fallback: Literal["", "duckduckgo", "searxng", "brave", "tavily"]
+    search_url: str
+    search_timeout: float = Field(gt=0)
+    search_cache_ttl: float = Field(ge=0)
+    brave_api_key: str = Field(repr=False)
+    brave_api_url: str
+    tavily_api_key: str = Field(repr=False)
+    tavily_api_url: str
+    browser_enabled: bool
+    browser_chromium: str
+    browser_timeout: float = Field(gt=0)
     approval_timeout: float = Field(gt=0)
     log_format: Literal["auto", "json", "console"]
     log_level: Literal["debug", "info", "warning", "error"]
@@ -96,6 +118,8 @@ class _CoreSettings(BaseModel):
     rules_max_per_task: int = Field(ge=0)
     rules_budget: int = Field(ge=0)
     rules_admins_only: bool
+    skills_propose: bool
+    skills_propose_steps: int = Field(ge=1)
     delivery_retries: int = Field(ge=0, le=20)
     delivery_backoff: float = Field(ge=0)
     delivery_backoff_max: float = Field(ge=0)
@@ -162,6 +186,9 @@ class _CoreSettings(BaseModel):
     snapshot_skip: str
     snapshot_max_file_bytes: int = Field(ge=0)
     undoable_deletes: Literal["auto", "on", "off"]
+    code_skip: str
+    code_max_files: int = Field(ge=1)
+    code_max_file_bytes: int = Field(ge=1024)
 
     local_model: Literal["auto", "off"]
     local_model_path: str
@@ -242,6 +269,14 @@ class _CoreSettings(BaseModel):
 
     #: Where each value came from ("default", "steward.toml", "env STEWARD_MODEL"), for doctor.
     sources: dict[str, str] = Field(default_factory=dict, exclude=True)
+    #: The MCP servers of steward.toml's and `mcp_config`'s [mcp.servers.*] tables
+    #: (config/mcp.py); set by load_settings.
+    _mcp: mcp_tables.McpConfig = PrivateAttr(default=mcp_tables.EMPTY)
+
+    @property
+    def mcp(self) -> mcp_tables.McpConfig:
+        """The declared MCP servers (docs/mcp.md)."""
+        return self._mcp
 
     @property
     def model_configured(self) -> bool:
@@ -330,6 +365,7 @@ def load_settings(
         candidate = cwd / DEFAULT_CONFIG_NAME
         path = candidate if candidate.is_file() else None
 
+    mcp_table: Any = None  # [mcp.servers.*]: not settings, read by config/mcp.py
     if path is not None:
         try:
             data = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -337,6 +373,7 @@ def load_settings(
             raise ConfigError(f"{path} is not valid TOML: {exc}. Fix the line it names.") from exc
         except OSError as exc:
             raise ConfigError(f"Cannot read {path}: {exc}.") from exc
+        mcp_table = data.pop("mcp", None)
         for key, value in data.items():
             if key not in values:
                 raise _unknown_key(key, str(path), known)
@@ -359,6 +396,7 @@ def load_settings(
         sources[key] = f"env {name}"
 
     _platform_defaults(values, sources, env)
+    _search_keys(values, sources, env)
 
     for key in ("data_dir", "workspace"):
         if isinstance(values.get(key), str) and values[key].strip() == "":
@@ -376,13 +414,40 @@ def load_settings(
         p = p.expanduser()
         return p if p.is_absolute() else (cwd / p)
 
-    return settings.model_copy(
+    settings = settings.model_copy(
         update={
             "data_dir": absolute(settings.data_dir),
             "workspace": absolute(settings.workspace),
             "sources": sources,
         }
     )
+    main = (str(path), mcp_table) if path is not None and mcp_table is not None else None
+    settings._mcp = _mcp_servers(main, settings.mcp_config, env, cwd)
+    return settings
+
+
+def _mcp_servers(
+    main: tuple[str, Any] | None, extra: str, env: Mapping[str, str], cwd: Path
+) -> mcp_tables.McpConfig:
+    """The MCP servers of steward.toml's [mcp.servers.*] tables (`main`) and of the file
+    the `mcp_config` setting names (STEWARD_MCP_CONFIG), config/mcp.py."""
+    other: tuple[str, dict[str, Any]] | None = None
+    if extra.strip():
+        file = Path(extra.strip()).expanduser()
+        file = file if file.is_absolute() else cwd / file
+        try:
+            other = (str(file), tomllib.loads(file.read_text(encoding="utf-8")))
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{file} is not valid TOML: {exc}. Fix the line it names.") from exc
+        except OSError as exc:
+            raise ConfigError(
+                f"`mcp_config` names {file}, which cannot be read ({exc.strerror or exc}). "
+                "Fix STEWARD_MCP_CONFIG (or mcp_config in steward.toml), or unset it."
+            ) from exc
+    try:
+        return mcp_tables.combine(main, other, env)
+    except mcp_tables.McpConfigError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def platform_public_url(env: Mapping[str, str]) -> str:
@@ -421,6 +486,16 @@ def _platform_defaults(
         if derived:
             values["public_url"] = derived
             sources["public_url"] = "the hosting platform's environment"
+
+
+def _search_keys(values: dict[str, Any], sources: dict[str, str], env: Mapping[str, str]) -> None:
+    """The search APIs' keys from their usual variables (BRAVE_API_KEY, TAVILY_API_KEY),
+    like a model provider's key, unless steward.toml or STEWARD_* set them."""
+    for key in ("brave_api_key", "tavily_api_key"):
+        name = key.upper()
+        if sources.get(key) == "default" and env.get(name, "").strip():
+            values[key] = env[name].strip()
+            sources[key] = f"env {name}"
 
 
 def _explain(exc: ValidationError, values: dict[str, Any], sources: dict[str, str]) -> ConfigError:

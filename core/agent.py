@@ -168,6 +168,10 @@ class Agent:
         self.undo = undo
         #: core/persist.EpisodeWriter: when set, episodes are written after the reply.
         self.persist: Any = None
+        #: Called with the task's id when a task ends, however it ended (done, failed,
+        #: cancelled, cut off by a shutdown): what a task holds open (its browser,
+        #: core/browser) is closed there. A failure is logged, never the task's.
+        self.on_task_end: list[Callable[[str], Awaitable[None]]] = []
 
     async def _messages(
         self,
@@ -255,6 +259,15 @@ class Agent:
             finally:
                 if recalling is not None and not recalling.done():
                     recalling.cancel()
+                if self.on_task_end:  # shielded: a cancelled task still closes what it held
+                    await asyncio.shield(self._end_task(task_id))
+
+    async def _end_task(self, task_id: str) -> None:
+        for hook in list(self.on_task_end):
+            try:
+                await hook(task_id)
+            except Exception:
+                log.exception("task.end_hook_failed", task_id=task_id)
 
     async def _recall(self, recall: Recall, req: TaskRequest) -> list[Recalled]:
         try:
@@ -634,7 +647,9 @@ class Agent:
             return fail(
                 "BadArguments", f"Error: the arguments are not a valid JSON object ({exc})."
             )
-        record.args, record.raw_arguments = args, ""  # kept whole; cut when written
+        # Kept whole (cut when written), but a password typed into a page is never
+        # written to the episode nor shown in the approval (core/browser/page.py).
+        record.args, record.raw_arguments = _shown_args(call.name, args), ""
 
         await emit(
             Progress(
@@ -642,7 +657,7 @@ class Agent:
             )
         )
         # A URL the person wrote is fetched without a question (core/egress/urls.py).
-        person = _person_urls(req) if call.name == "web_fetch" else None
+        person = _person_urls(req) if call.name in ("web_fetch", "browser_open") else None
         checked = await self.guardian.check(call.name, args, person_urls=person)
         record.effects = checked.effects  # what the call would do, for the answer gates
         decision = self._sandbox_decision(call.name, args, checked)
@@ -694,8 +709,8 @@ class Agent:
             answer = await self.approvals.ask(
                 req.channel,
                 tool=call.name,
-                args=args,
-                what=f"{call.name}: {_summary(args)}",
+                args=_shown_args(call.name, args),
+                what=f"{call.name}: {_summary(_shown_args(call.name, args), call.name)}",
                 why=decision.reason,
                 risk=risk,
                 asked_by=req.user,
@@ -708,7 +723,8 @@ class Agent:
                 msg = f"Not approved ({answer.reason}); the call did not run: {decision.reason}."
                 await emit(Progress("tool_end", task_id, tool=call.name, ok=False, text=msg))
                 return fail("Denied", msg)
-        context = self.tool_context
+        # The task's id: what per-task state (the task's browser, core/browser) is kept by.
+        context = dataclasses.replace(self.tool_context, task_id=task_id)
         if grant is not None:
             context = dataclasses.replace(context, grant=grant)
             bound.info("sandbox.grant", tool=call.name, grant=grant.describe())
@@ -785,7 +801,22 @@ def _person_urls(req: TaskRequest) -> frozenset[str]:
     return urls_in([req.text, *said])
 
 
-def _summary(args: dict[str, Any]) -> str:
+def _shown_args(tool: str, args: dict[str, Any]) -> dict[str, Any]:
+    """`args` as people and the episode see them: the text of a `browser_type` into a
+    password field (its `confirm` names the field) replaced by its length."""
+    confirm = str(args.get("confirm") or "")
+    if tool == "browser_type" and confirm.startswith("the password field"):
+        return {**args, "text": f"[hidden: {len(str(args.get('text') or ''))} characters]"}
+    return args
+
+
+def _summary(args: dict[str, Any], tool: str = "") -> str:
+    """A call's arguments in one line for a person. An MCP tool's are shown whole (an
+    approval must show exactly what runs): indented JSON in a code block, kept verbatim
+    by every dialect, with backticks written as \\u0060 so none can close the block."""
+    if tool.startswith("mcp__"):
+        whole = json.dumps(args, indent=2, sort_keys=True, ensure_ascii=False)
+        return "\n```json\n" + whole.replace("`", "\\u0060") + "\n```"
     if "command" in args:
         return str(args["command"])[:300]
     if "path" in args:

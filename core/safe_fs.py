@@ -646,3 +646,12 @@ def remove_tree(fd: int, name: str) -> None:
         for held, _own, _left in stack:
             os.close(held)
     os.rmdir(name, dir_fd=fd)
+
+
+#: How much of a file is read to tell binary from text.
+SNIFF_BYTES = 8192
+
+
+def looks_binary(head: bytes) -> bool:
+    """A NUL byte in the first few KB: how git and grep tell binary from text."""
+    return b"\x00" in head[:SNIFF_BYTES]

@@ -13,6 +13,7 @@ from bot.app import App
 from core.access import Rules
 from core.events import Message
 from core.tools.base import Tool
+from core.tools.toolbox import Toolbox
 from tests.fakes.llm import Reply, ScriptedLLM
 from tests.test_history import is_summary_request
 
@@ -116,9 +117,14 @@ async def test_crashing_tool_and_timeout_are_contained(
     assert app.agent is not None
     # Tools are a registry (the seam plugins use): swap in a buggy and a hanging one.
     schema = {"type": "object", "properties": {}}
-    app.agent.tools["list_files"] = Tool("list_files", "crashes", schema, boom)
-    app.agent.tools["read_file"] = Tool("read_file", "hangs", schema, hang)
+    builtin = dict(app.agent.tools)
+    builtin["list_files"] = Tool("list_files", "crashes", schema, boom)
+    builtin["read_file"] = Tool("read_file", "hangs", schema, hang)
+    app.agent.tools = Toolbox(builtin)
     try:
+        # The first call pays litellm's import and set-up: not what the timeout is about.
+        await app.dispatcher.handle(Message("replay", "w", "u", "warm up"), ch)
+        await wait_all(app, ["replay:w"])
         await app.dispatcher.handle(Message("replay", "a", "u", "crash"), ch)
         await app.dispatcher.handle(Message("replay", "b", "u", "slow"), ch)
         await app.dispatcher.handle(Message("replay", "c", "u", "hello"), ch)

@@ -435,3 +435,13 @@ def test_passing_result_gives_no_texts() -> None:
     assert result == GateResult(None, [], [])
     assert retry_instruction(result) == ""
     assert honest_suffix(result) == ""
+
+
+def test_an_mcp_call_backs_claims_about_the_teams_own_systems() -> None:
+    """The gate cannot see inside a ticket system: a successful MCP call backs "I deleted
+    the old ticket", but not a claim about a workspace file it did not touch."""
+    closed = ToolRecord(name="mcp__tickets__delete_ticket", ok=True, args={"id": 42})
+    failed = ToolRecord(name="mcp__tickets__delete_ticket", ok=False, args={"id": 42})
+    assert check_answer("I deleted the old ticket.", [closed]).ok()
+    assert not check_answer("I deleted the old ticket.", [failed]).ok()
+    assert not check_answer("I deleted old.log.", [closed]).ok()

@@ -47,6 +47,17 @@ def test_registry_order_and_schemas() -> None:
         "search_files",
         "shell",
         "web_fetch",
+        "web_search",
+        "code_symbols",
+        "code_definition",
+        "code_references",
+        "code_impact",
+        "browser_open",
+        "browser_click",
+        "browser_type",
+        "browser_text",
+        "browser_screenshot",
+        "browser_close",
     ]
     schemas = tool_schemas()
     assert [s["function"]["name"] for s in schemas] == list(ALL_TOOLS)

@@ -85,6 +85,14 @@ def _parser() -> argparse.ArgumentParser:
 
     add_undo_parser(sub)
 
+    from bot.cli.mcp import add_mcp_parser  # light: argparse only
+
+    add_mcp_parser(sub)
+
+    from bot.cli.skills import add_skills_parser  # light: argparse only
+
+    add_skills_parser(sub)
+
     login = sub.add_parser(
         "login",
         help="print the web chat's login URL (it holds this data dir's secret token)",
@@ -263,6 +271,10 @@ def _dispatch(args: argparse.Namespace, settings: Any, parser: argparse.Argument
         from bot.cli.goal import goal_command
 
         return goal_command(settings, args)
+    if args.command == "mcp":
+        from bot.cli.mcp import mcp_command
+
+        return mcp_command(settings, args)
     if args.command == "undo":
         from bot.cli.undo import undo_command
 
@@ -271,6 +283,10 @@ def _dispatch(args: argparse.Namespace, settings: Any, parser: argparse.Argument
         from bot.cli.policy import policy_command
 
         return policy_command(settings, args)
+    if args.command == "skills":
+        from bot.cli.skills import skills_command
+
+        return skills_command(settings, args)
     parser.print_help()
     return EXIT_FAIL
 

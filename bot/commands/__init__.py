@@ -2,7 +2,7 @@
 
 Each module here holds one family (its handlers and a `register(router)`), so a
 command reads whole in one place; `builtin_router()` puts them together in the order
-`/help` lists them. Commands from elsewhere (goals, schedules, undo, here too) are
+`/help` lists them. Commands from elsewhere (goals, schedules, undo, skills, here too) are
 added to the dispatcher's router after it is built: `dispatcher.router.command(…)`.
 
 The families are imported by `builtin_router`, not here: `steward goal`, `schedule`

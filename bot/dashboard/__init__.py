@@ -6,7 +6,8 @@ chosen by the URL's #fragment) and a JSON API behind it; the page uses only the 
 (docs/dashboard.md#the-api lists it):
 
     GET  /api/status                 running tasks (current tool call), recent ones, goals,
-                                     schedules with next run, channel health, pending count
+                                     schedules with next run, channel health, MCP servers,
+                                     pending count
     GET  /api/approvals              pending approvals of every channel, recent decisions
     POST /api/approvals/{id}         {"action": "approve"|"session"|"always"|"deny"}
     GET  /api/episodes?q=&limit=     episodes, newest first; q searches the memory index
@@ -168,9 +169,15 @@ class Dashboard:
                 "goals": await self._goal_list(),
                 "schedules": self._schedules(),
                 "channels": self._channels(),
+                "mcp": self._mcp(),
                 "approvals_pending": len(app.approvals.pending()),
             }
         )
+
+    def _mcp(self) -> list[dict[str, Any]]:
+        """Each MCP server's state and tools (core/mcp), as /mcp lists them."""
+        hub = getattr(self.app, "mcp", None)
+        return [s.to_json() for s in hub.servers()] if hub is not None else []
 
     def _channels(self) -> list[dict[str, Any]]:
         return [{"name": c.name, **c.health.to_json()} for c in self.app.channels]
@@ -410,6 +417,7 @@ class Dashboard:
             activity.version if activity is not None else 0,
             self._goals_version,
             tuple((c.name, c.health.state, c.health.detail) for c in app.channels),
+            tuple((s["name"], s["state"], s["detail"], len(s["tools"])) for s in self._mcp()),
             tuple(
                 (s.id, s.next_run, s.paused, s.running)
                 for s in getattr(getattr(app, "schedules", None), "schedules", {}).values()

@@ -241,6 +241,10 @@ class EgressProxy:
                 await self._http(first, reader, writer)
         except (asyncio.IncompleteReadError, TimeoutError, ConnectionError):
             pass
+        except asyncio.CancelledError:
+            # `stop` ends the connection: this task is asyncio's own (the server's
+            # callback), so a cancel raised out of it is logged as an error on 3.11.
+            pass
         except Exception:  # a bug: one connection fails, the proxy goes on
             log.exception("egress.proxy_failed")
         finally:

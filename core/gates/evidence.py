@@ -199,6 +199,21 @@ def _is_doc(record: ToolRecordLike) -> bool:
     )
 
 
+def _outside_effect(kind: str, target: str, tools: Sequence[ToolRecordLike]) -> bool:
+    """A claim about something outside the workspace ("I closed the ticket", "I ran the
+    cleanup job") that a successful MCP call may have done: the gate cannot see inside
+    the team's own systems, so such a call backs it. A claim naming a file
+    (`old.log`, `src/a.py`) still needs the workspace call that did it."""
+    if kind not in ("run", "delete", "fetch", "write") or _names_a_file(target):
+        return False
+    return any(r.ok and r.name.startswith("mcp__") for r in tools)
+
+
+def _names_a_file(target: str) -> bool:
+    last = target.rsplit("/", 1)[-1]
+    return "/" in target or ("." in last and not last.endswith("."))
+
+
 # ── a claim against the log ─────────────────────────────────────────────────────
 
 
@@ -208,6 +223,8 @@ def unsupported_reason(
     """Why the log does not back this claim, or "" when it does."""
     claim = found.claim
     target, shown = claim.target, f"`{claim.target}`" if claim.target else ""
+    if _outside_effect(claim.kind, target, tools):
+        return ""
     if claim.kind == "write":
         copy = found.command_hint == "copy"
         if any(_writes(r, target, copy=copy) for r in tools):

@@ -53,6 +53,8 @@ from memory.effects import Effects
 # ════════════════════════════════════════════════════════════════════════════════
 
 FILE_TOOLS = frozenset({"read_file", "write_file", "edit_file", "list_files", "search_files"})
+#: Tools judged by the URL they reach (`check_fetch`): a page the browser opens is a fetch.
+URL_TOOLS = frozenset({"web_fetch", "browser_open"})
 
 #: Names the engine judges by their arguments: an overlay [allow] entry cannot change them.
 ENGINE_COMMANDS = frozenset({*_HANDLERS, *INTERPRETERS, *INTERPRETER_ALIASES, *WRAPPERS, *SHELLS})
@@ -313,8 +315,8 @@ class Guardian:
             return self.check_shell(args.get("command"), policy)
         if tool in FILE_TOOLS:
             return self.check_file_tool(tool, args, policy)
-        if tool == "web_fetch":
-            return self.check_fetch(args.get("url"), policy, person_urls=person_urls)
+        if tool in URL_TOOLS:
+            return self.check_fetch(args.get("url"), policy, person_urls=person_urls, tool=tool)
         for judge in self._judges:
             if judge.claims(tool):
                 return judge.decide(policy, tool, args)
@@ -556,15 +558,17 @@ class Guardian:
         policy: Policy | None = None,
         *,
         person_urls: frozenset[str] | None = None,
+        tool: str = "web_fetch",
     ) -> CallDecision:
         """A GET of a URL the person wrote in this conversation (`person_urls`, normalised)
         is allowed; any other needs approval naming its host (`needs` holds `host:NAME`, what
         a session or always grant keys on). A host written as a private, loopback or
         metadata address (127.0.0.1, localhost, 2130706433, [::1] ...) or one of Steward's
         own endpoints is refused here; a name that resolves to one is refused when web_fetch
-        connects (core/egress), and so is each redirect hop."""
+        connects (core/egress), and so is each redirect hop. `tool`: web_fetch, or
+        browser_open (a page the browser opens is judged as a fetch of its URL)."""
         if not isinstance(url, str):
-            return CallDecision(Verdict.FORBID, "web_fetch: url must be a string")
+            return CallDecision(Verdict.FORBID, f"{tool}: url must be a string")
         effects = Effects(fetches=(url.strip(),))
         try:
             scheme = urlsplit(url.strip()).scheme.lower()
@@ -572,31 +576,32 @@ class Guardian:
             scheme = ""
         if scheme not in ("http", "https"):
             return CallDecision(
-                Verdict.FORBID, f"web_fetch only fetches http(s) URLs, not `{_short(url)}`"
+                Verdict.FORBID, f"{tool} only fetches http(s) URLs, not `{_short(url)}`"
             )
         for cred in (policy or self.policy()).credentials:
             if cred.regex.search(url):
                 return CallDecision(
-                    Verdict.FORBID, f"web_fetch `{_short(url)}` reads {cred.what}", effects=effects
+                    Verdict.FORBID, f"{tool} `{_short(url)}` reads {cred.what}", effects=effects
                 )
         try:
             target = parse_url(url)
         except ValueError as exc:
-            return CallDecision(Verdict.FORBID, f"web_fetch: {exc}", effects=effects)
+            return CallDecision(Verdict.FORBID, f"{tool}: {exc}", effects=effects)
         refused = self.egress.literal_refusal(target.host, target.port)
         if refused is not None:
             return CallDecision(
-                Verdict.FORBID, f"web_fetch `{_short(url)}`: {refused}", effects=effects
+                Verdict.FORBID, f"{tool} `{_short(url)}`: {refused}", effects=effects
             )
         if person_urls and target.url in person_urls:
             return CallDecision(
                 Verdict.ALLOW,
-                "web_fetch of a URL the person gave in this conversation (a read-only GET)",
+                f"{tool} of a URL the person gave in this conversation"
+                + (" (a read-only GET)" if tool == "web_fetch" else ""),
                 effects=effects,
             )
         return CallDecision(
             Verdict.APPROVAL,
-            f"web_fetch {_short(url)} — {target.host} is not a site you gave in this conversation",
+            f"{tool} {_short(url)} — {target.host} is not a site you gave in this conversation",
             (f"host:{target.host}",),
             effects=effects,
         )

@@ -10,6 +10,7 @@ A relaxation the overlay asks for but cannot get becomes a note in `Policy.notes
 from __future__ import annotations
 
 import fnmatch
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -17,12 +18,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from config.mcp import is_mcp_tool
 from core.policy.schema import (
     HOST_PREFIX,
     NO_SUBCOMMAND,
     RULE_ARGUMENT,
     AlwaysAllowRule,
     CredentialSpec,
+    McpToolsSpec,
     OptionRisks,
     PolicyDoc,
     valid_rule_host,
@@ -74,6 +77,54 @@ class Credential:
 
 
 @dataclass(frozen=True)
+class McpRules:
+    """One MCP server's `[mcp.<server>]` entries, built-in policy and overlay merged:
+    each entry a (pattern, file) pair. Asked in this order, the first match deciding:
+    forbid (either file), the overlay's approval, the overlay's allow (which lifts a
+    built-in approval), the built-in approval, the built-in allow."""
+
+    server: str
+    forbid: tuple[tuple[str, str], ...] = ()
+    approval_added: tuple[tuple[str, str], ...] = ()
+    allow_added: tuple[tuple[str, str], ...] = ()
+    approval: tuple[tuple[str, str], ...] = ()
+    allow: tuple[tuple[str, str], ...] = ()
+
+    def verdict(self, *names: str) -> tuple[str, str] | None:
+        """("forbid" | "approval" | "allow", which entry said so) for a tool known by
+        any of `names`; None when no entry names it."""
+        order = (
+            ("forbid", self.forbid),
+            ("approval", self.approval_added),
+            ("allow", self.allow_added),
+            ("approval", self.approval),
+            ("allow", self.allow),
+        )
+        for kind, entries in order:
+            for pattern, origin in entries:
+                if any(fnmatch.fnmatchcase(name, pattern) for name in names):
+                    return kind, f"`{pattern}` in [mcp.{self.server}] {kind} of {origin}"
+        return None
+
+
+def canonical_args(args: Mapping[str, Any]) -> str:
+    """The one JSON text of a call's arguments that an MCP tool's always-allow rule
+    names (keys sorted, no spaces): the same arguments always give the same text."""
+    return json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _args_match(match: str, args: Mapping[str, Any]) -> bool:
+    match = match.strip()
+    if match == "*":
+        return True
+    try:
+        named = json.loads(match)
+    except ValueError:
+        return False
+    return isinstance(named, dict) and canonical_args(named) == canonical_args(args)
+
+
+@dataclass(frozen=True)
 class Policy:
     """Built-in policy and overlay, merged. Read by the core/guardian/ engine."""
 
@@ -100,6 +151,8 @@ class Policy:
     overlay: PolicyDoc | None = None
     #: Overlay entries that could not take effect, said plainly (shown by /policy).
     notes: tuple[str, ...] = ()
+    #: MCP server name → its tools' entries (`[mcp.<server>]`, docs/mcp.md#policy).
+    mcp: Mapping[str, McpRules] = field(default_factory=dict)
 
     def forbidden_reason(self, *names: str) -> str | None:
         return next((r for n in names if (r := self.forbid.get(n)) is not None), None)
@@ -127,8 +180,13 @@ class Policy:
         A rule matches its exact argument (command, path, URL). A web_fetch rule written
         as `host:NAME` matches every URL on that host (any path, http or https, the
         scheme's default port left out, names compared in lower case); an exact-URL
-        web_fetch rule matches that URL only. Whether the files a shell rule names
+        web_fetch rule matches that URL only. An MCP tool's rule matches any arguments
+        (`*`) or exactly the JSON object it names. Whether the files a shell rule names
         (`reads`) still hold what they held is the guardian's check, not this one."""
+        if is_mcp_tool(tool):
+            return tuple(
+                r for r in self.always_allow if r.tool == tool and _args_match(r.match, args)
+            )
         exact = _argument(tool, args)
         if not self.always_allow or exact is None:
             return ()
@@ -178,7 +236,10 @@ def url_host(url: str) -> str | None:
 
 def rule_match(tool: str, args: Mapping[str, Any]) -> str | None:
     """What an always-allow rule for this call matches (None: no rule can match): the
-    exact argument for most tools, the URL's host (`url_host`) for web_fetch."""
+    exact argument for most tools, the URL's host (`url_host`) for web_fetch, any
+    arguments (`*`) for an MCP tool (the rule is for that tool, never its server)."""
+    if is_mcp_tool(tool):
+        return "*"
     value = _argument(tool, args)
     if value is not None and tool == "web_fetch":
         return url_host(value)
@@ -317,6 +378,8 @@ def merge(
         "|".join(f"(?:{fnmatch.translate(n)})" for n in env_names) if env_names else r"(?!)"
     )
 
+    mcp = _merge_mcp(base, ov, builtin, overlay_path, notes)
+
     return Policy(
         allow=frozenset(base.allow) | frozenset(ov.allow),
         workspace_writers=frozenset(base.workspace_writers) | frozenset(ov.workspace_writers),
@@ -337,7 +400,41 @@ def merge(
         overlay_path=overlay_path,
         overlay=overlay,
         notes=tuple(notes),
+        mcp=mcp,
     )
+
+
+def _merge_mcp(
+    base: PolicyDoc,
+    ov: PolicyDoc,
+    builtin: Path | None,
+    overlay_path: Path | None,
+    notes: list[str],
+) -> dict[str, McpRules]:
+    """Each server's `[mcp.<server>]` sections: the overlay adds; its allow entries lift
+    the built-in approval ones, never a forbid (said in a note)."""
+    base_file = base.origin or str(builtin or "the built-in policy")
+    ov_file = ov.origin or str(overlay_path or "the overlay")
+    out: dict[str, McpRules] = {}
+    for server in sorted({*base.mcp, *ov.mcp}):
+        b = base.mcp.get(server, McpToolsSpec())
+        o = ov.mcp.get(server, McpToolsSpec())
+        forbid = {*b.forbid, *o.forbid}
+        for name in o.allow:
+            if name in forbid:
+                notes.append(
+                    f"`{name}` of MCP server {server} stays forbidden: a forbidden tool "
+                    "cannot be allowlisted"
+                )
+        out[server] = McpRules(
+            server,
+            forbid=tuple((p, base_file) for p in b.forbid) + tuple((p, ov_file) for p in o.forbid),
+            approval_added=tuple((p, ov_file) for p in o.approval),
+            allow_added=tuple((p, ov_file) for p in o.allow),
+            approval=tuple((p, base_file) for p in b.approval),
+            allow=tuple((p, base_file) for p in b.allow),
+        )
+    return out
 
 
 def _norm_dir(d: str) -> str:

@@ -38,7 +38,10 @@ OVERLAY_HEADER = """\
 # The "Always allow" button appends rules here; /policy in chat lists them. A shell
 # rule's `reads` names the content (sha256) of the workspace files its command reads or
 # runs: once one changes, the rule no longer matches and the command is asked again.
-# A web_fetch rule with match = "host:NAME" allows every page of that host.
+# A web_fetch rule with match = "host:NAME" allows every page of that host; an MCP
+# tool's rule (tool = "mcp__SERVER__TOOL") matches any arguments (match = "*") or exactly
+# the JSON object it names. [mcp.SERVER] sections allow, ask for or forbid that server's
+# tools by name (docs/mcp.md).
 # Test a change with: steward policy check -- 'COMMAND'
 """
 
@@ -174,6 +177,15 @@ def render_document(doc: PolicyDoc, header: str = "") -> str:
                 table.add("runs", _reasons_table(risks.runs))
             opts.add(programs, table)
         out.add("options", opts)
+    if doc.mcp:
+        servers = tomlkit.table(is_super_table=True)
+        for server, tools in doc.mcp.items():
+            table = tomlkit.table()
+            for key in ("allow", "approval", "forbid"):
+                if getattr(tools, key):
+                    table.add(key, list(getattr(tools, key)))
+            servers.add(server, table)
+        out.add("mcp", servers)
     if doc.always_allow:
         rules = tomlkit.aot()
         for rule in doc.always_allow:

@@ -29,6 +29,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from pydantic import model_validator as _model_validator
 from pydantic_core import PydanticCustomError
 
+from config.mcp import SERVER_NAME_RE, is_mcp_tool
+
 BUILTIN_NAME = "config/policy.toml"
 #: The name used in a subcommand table for "the program run with no subcommand".
 NO_SUBCOMMAND = "(none)"
@@ -127,6 +129,16 @@ class AlwaysAllowRule:
         return self.match.strip()[len(HOST_PREFIX) :].strip().lower().rstrip(".")
 
 
+@dataclass(frozen=True)
+class McpToolsSpec:
+    """What one `[mcp.<server>]` section says of that server's tools: names as the server
+    calls them, or `*` patterns (docs/mcp.md#policy)."""
+
+    allow: tuple[str, ...] = ()
+    approval: tuple[str, ...] = ()
+    forbid: tuple[str, ...] = ()
+
+
 @dataclass
 class PolicyDoc:
     """What one policy file says. Equality ignores where it came from."""
@@ -145,6 +157,8 @@ class PolicyDoc:
     #: programs as written ("gcc g++ cc") → what their options do
     options: dict[str, OptionRisks] = field(default_factory=dict)
     always_allow: list[AlwaysAllowRule] = field(default_factory=list)
+    #: MCP server name → its `[mcp.<server>]` section
+    mcp: dict[str, McpToolsSpec] = field(default_factory=dict)
 
     def is_empty(self) -> bool:
         return self == PolicyDoc()
@@ -444,10 +458,10 @@ class _Options(_Table):
 
 def _tool(value: Any) -> str:
     tool = _text(value)
-    if tool not in RULE_ARGUMENT:
+    if tool not in RULE_ARGUMENT and not is_mcp_tool(tool):
         raise _problem(
             f"{tool!r} is not a tool an always-allow rule can name",
-            f"Use one of: {', '.join(RULE_ARGUMENT)}.",
+            f"Use one of: {', '.join(RULE_ARGUMENT)}, or an MCP tool (mcp__SERVER__TOOL).",
         )
     return tool
 
@@ -492,6 +506,12 @@ class _Rule(_Table):
                 "Remove `reads` from this rule.",
             )
         match = self.match.strip()
+        if is_mcp_tool(self.tool) and match != "*" and not _json_object(match):
+            raise _problem(
+                f"{match!r}: an MCP tool's rule matches any arguments or exactly one set",
+                'Write match = "*" (any arguments) or the arguments as a JSON object, '
+                "e.g. match = '{\"id\": 42}'.",
+            )
         if self.tool == "web_fetch" and match.lower().startswith(HOST_PREFIX):
             host = match[len(HOST_PREFIX) :].strip().lower().rstrip(".")
             if not valid_rule_host(host):
@@ -501,6 +521,52 @@ class _Rule(_Table):
                     "exact URL.",
                 )
         return self
+
+
+def _json_object(text: str) -> bool:
+    import json
+
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
+
+
+def _patterns(value: Any) -> list[str]:
+    """Tool names or `*` patterns of an `[mcp.<server>]` list."""
+    if not isinstance(value, list) or not all(
+        isinstance(x, str) and x.strip() and len(x.split()) == 1 for x in value
+    ):
+        raise _problem(
+            f"must be a list of tool names or `*` patterns, got {value!r}",
+            'Write it as %LAST% = ["search", "get_*"].',
+        )
+    return list(value)
+
+
+Patterns = Annotated[list[str], BeforeValidator(_patterns)]
+
+
+class _McpTools(_Table):
+    example = '[mcp.SERVER] with allow = ["search"], approval = [ … ], forbid = [ … ]'
+    allow: Patterns = []
+    approval: Patterns = []
+    forbid: Patterns = []
+
+    def spec(self) -> McpToolsSpec:
+        return McpToolsSpec(tuple(self.allow), tuple(self.approval), tuple(self.forbid))
+
+
+def _servers(value: Any) -> dict[str, Any]:
+    """`[mcp.<server>]` sections, by server name as declared in [mcp.servers.NAME]."""
+    data = _table(value, '[mcp.SERVER] with allow = ["tool"]')
+    for name in data:
+        if not SERVER_NAME_RE.match(name):
+            raise _problem(
+                f"{name!r} is not an MCP server name",
+                "Use the name of its [mcp.servers.NAME] table in steward.toml.",
+            )
+    return data
 
 
 def _rules(value: Any) -> list[Any]:
@@ -532,6 +598,7 @@ class _BuiltinFile(_Table):
     options: Annotated[
         dict[str, _Options], BeforeValidator(_programs('[options.tar] with writes = ["-f"]'))
     ] = {}
+    mcp: Annotated[dict[str, _McpTools], BeforeValidator(_servers)] = {}
 
     def doc(self, origin: str) -> PolicyDoc:
         return PolicyDoc(
@@ -553,6 +620,7 @@ class _BuiltinFile(_Table):
                 names: OptionRisks(o.runs, tuple(o.writes), tuple(o.configs))
                 for names, o in self.options.items()
             },
+            mcp={name: tools.spec() for name, tools in self.mcp.items()},
         )
 
 
@@ -602,6 +670,7 @@ _KNOWN: dict[str, type[_Table]] = {
     "subcommands": _Subcommands,
     "options": _Options,
     "always_allow": _Rule,
+    "mcp": _McpTools,
 }
 
 

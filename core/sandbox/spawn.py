@@ -32,7 +32,7 @@ import structlog
 from core import io_threads
 from core.egress import EgressPolicy, EgressProxy
 from core.sandbox.bwrap import PROXY_PORT, Sandbox
-from core.sandbox.environment import command_env
+from core.sandbox.environment import DEFAULT_PATH, command_env
 from core.sandbox.gitguard import GitGuard, Scan
 from core.sandbox.grant import Grant
 from core.sandbox.interpreter import within
@@ -78,6 +78,7 @@ async def launch(
     env_names: Iterable[str] = (),
     extra_env: Mapping[str, str] | None = None,
     egress: EgressPolicy | None = None,
+    environment: Mapping[str, str] | None = None,
     stdin: int | None = asyncio.subprocess.DEVNULL,
     stdout: int | None = asyncio.subprocess.PIPE,
     stderr: int | None = asyncio.subprocess.STDOUT,
@@ -86,10 +87,16 @@ async def launch(
     sandbox unless there is none or the grant says "unsandboxed"; in its own session,
     so that the whole tree can be stopped. On leaving, the process group is killed if
     still running, then the after-checks run. Raises GrantRefused (core/sandbox/bwrap)
-    for a grant of Steward's own files, before anything starts."""
+    for a grant of Steward's own files, before anything starts. `environment`: the whole
+    environment instead of the allowlisted one (an MCP server gets its own `env` table
+    and nothing of Steward's; the sandbox still sets HOME, TMPDIR, USER and PATH's
+    interpreter folders)."""
     grant = grant or Grant()
     sandboxed = sandbox is not None and not grant.unsandboxed
-    env = command_env(workspace, listed=env_names, extra=extra_env)
+    if environment is None:
+        env = command_env(workspace, listed=env_names, extra=extra_env)
+    else:
+        env = {"PATH": DEFAULT_PATH, **environment}
     inner = ["bash", "-c", command] if isinstance(command, str) else list(command)
     argv = inner
     before: Scan | None = None

@@ -9,13 +9,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from core.browser.tools import TOOLS as BROWSER_TOOLS
 from core.tools import (
+    code,
     edit_file,
     list_files,
     read_file,
     search_files,
     shell,
     web_fetch,
+    web_search,
     write_file,
 )
 from core.tools.base import Tool
@@ -30,6 +33,9 @@ ALL_TOOLS: dict[str, Tool] = {
         search_files.TOOL,
         shell.TOOL,
         web_fetch.TOOL,
+        web_search.TOOL,
+        *code.TOOLS,
+        *BROWSER_TOOLS,
     )
 }
 

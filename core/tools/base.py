@@ -16,11 +16,18 @@ from core.events import Attachment
 
 #: Tools that read and change nothing: no snapshot is taken before them (core/snapshots),
 #: and a goal task cut off after only these may run again (core/goals/queue.py).
-READ_ONLY_TOOLS = frozenset({"read_file", "list_files", "search_files", "web_fetch"})
+READ_ONLY_TOOLS = frozenset(
+    {"read_file", "list_files", "search_files", "web_fetch", "web_search"}
+    | {"browser_text", "browser_screenshot", "browser_close"}
+    | {"code_symbols", "code_definition", "code_references", "code_impact"}
+)
 
 if TYPE_CHECKING:
+    from core.browser import Browsers
+    from core.code.service import CodeIntel
     from core.egress import EgressPolicy
     from core.sandbox import Grant, Sandbox
+    from core.search import WebSearch
 
 
 class ToolError(Exception):
@@ -49,6 +56,18 @@ class ToolContext:
     #: Where the tools' network connections may go (core/egress; `egress_allow`). None:
     #: the egress rules with no exceptions (still no loopback, private or metadata hosts).
     egress: EgressPolicy | None = None
+    #: The task this call belongs to (the agent sets it for each call): what per-task
+    #: state, such as the task's browser, is kept by.
+    task_id: str = ""
+    #: The browsers of running tasks (core/browser), one per task, closed when it ends.
+    #: None: no browser here (`browser_enabled` off, no Chromium, or no OS sandbox).
+    browser: Browsers | None = None
+    #: What web_search asks (core/search: the owner's backend, its fallback, the cache).
+    #: None: web_search says it is not set up.
+    search: WebSearch | None = None
+    #: The code indexes the code tools answer from (core/code, under the data dir).
+    #: None: each code tool call builds a throwaway index in memory.
+    code: CodeIntel | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from core import safe_fs
+from core.safe_fs import looks_binary
 from core.tools.base import Tool, ToolContext, ToolError
 from core.tools.workspace import (
     Target,
     encode_text,
     explained,
     in_thread,
-    looks_binary,
     opened_base,
     parse_path,
     plural,

@@ -9,13 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from core import safe_fs
+from core.safe_fs import SNIFF_BYTES, looks_binary
 from core.tools.base import Tool, ToolContext, ToolError, cap_output
 from core.tools.workspace import (
-    SNIFF_BYTES,
     Target,
     explained,
     in_thread,
-    looks_binary,
     opened_base,
     parse_path,
 )

@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from core import safe_fs
+from core.safe_fs import looks_binary
 from core.tools.base import Tool, ToolContext, ToolError, cap_output
 from core.tools.workspace import (
     SKIP_DIRS,
     Target,
     explained,
     in_thread,
-    looks_binary,
     opened_base,
     parse_path,
 )

@@ -26,6 +26,10 @@ class Toolbox(Mapping[str, Tool]):
     def __init__(self, builtin: Mapping[str, Tool]) -> None:
         self._builtin = dict(builtin)
         self._sources: list[tuple[str, Source]] = []
+        #: The built-ins' schemas, made once (they are sent with every model call).
+        self._builtin_schemas = [tool.schema() for tool in self._builtin.values()]
+        #: A source's tool → its schema, while the source keeps offering that object.
+        self._schema_of: dict[int, tuple[Tool, dict[str, Any]]] = {}
 
     def add_source(self, name: str, source: Source) -> None:
         """Offer `source`'s tools too (`name` says where they came from in errors)."""
@@ -55,5 +59,20 @@ class Toolbox(Mapping[str, Tool]):
         return len(self._current())
 
     def schemas(self) -> list[dict[str, Any]]:
-        """The function-calling schemas of every tool available now."""
-        return [tool.schema() for tool in self._current().values()]
+        """The function-calling schemas of every tool available now (each made once)."""
+        if not self._sources:
+            return list(self._builtin_schemas)
+        out = list(self._builtin_schemas)
+        seen = set(self._builtin)
+        kept: dict[int, tuple[Tool, dict[str, Any]]] = {}
+        for _name, source in self._sources:
+            for tool in source():
+                if tool.name in seen:
+                    continue
+                seen.add(tool.name)
+                known = self._schema_of.get(id(tool))
+                schema = known[1] if known is not None and known[0] is tool else tool.schema()
+                kept[id(tool)] = (tool, schema)
+                out.append(schema)
+        self._schema_of = kept  # forget tools no source offers any more
+        return out

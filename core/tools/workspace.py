@@ -33,7 +33,6 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 #: How many bytes are sniffed for a NUL byte to call a file binary.
-SNIFF_BYTES = 8192
 #: Folders the listing and search tools never descend into.
 SKIP_DIRS = frozenset({".git"})
 #: Hex characters of sha256 a write result shows: enough to tell two versions apart.
@@ -270,11 +269,6 @@ def _is_dir(entry: os.DirEntry[str]) -> bool:
         return False
 
 
-def looks_binary(head: bytes) -> bool:
-    """A NUL byte in the first few KB: how git and grep tell binary from text."""
-    return b"\x00" in head[:SNIFF_BYTES]
-
-
 def short_hash(data: bytes) -> str:
     """The first HASH_CHARS hex digits of sha256: a fingerprint a person can compare."""
     return hashlib.sha256(data).hexdigest()[:HASH_CHARS]
@@ -329,7 +323,7 @@ def write_verified(folder: int, target: Target, data: bytes) -> None:
     safe_fs.write_at(
         folder, target.name, data, shown=target.rel, owner="file" if target.outside else "folder"
     )
-    back = safe_fs.read_regular(folder, target.name, len(data) + SNIFF_BYTES)
+    back = safe_fs.read_regular(folder, target.name, len(data) + safe_fs.SNIFF_BYTES)
     on_disk = back.data
     if on_disk == data:
         return
