@@ -26,10 +26,10 @@ OUTSIDE = re.compile(
 )
 #: A page under docs/ named from outside docs/, with an optional #anchor.
 DOCS_PATH = re.compile(r"(?<![\w./-])(docs/(?:[\w-]+/)*[\w-]+\.md)(?:#([\w-]+))?")
-#: Files in the agent's workspace that tool tests, gate cases and the local model's bench
-#: requests use as examples: not pages of this repository.
+#: Files in the agent's workspace (or a skill's folder) that tool tests, gate cases and
+#: the local model's bench requests use as examples: not pages of this repository.
 WORKSPACE_EXAMPLES = frozenset(
-    {"docs/x.md", "docs/n.md", "docs/notes.md", "docs/v2/notes.md", "docs/guide.md"}
+    {"docs/x.md", "docs/n.md", "docs/notes.md", "docs/v2/notes.md", "docs/guide.md", "docs/a.md"}
 )
 
 
