@@ -16,6 +16,7 @@ records in `<data dir>/skill-proposals/`, so a press after a restart still saves
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import secrets
@@ -169,6 +170,7 @@ class Proposals:
         self.store = RecordStore(data_dir / "skill-proposals", "skill proposal")
         #: Offers of this run, open or answered while their message was being sent.
         self._offers: dict[str, _Offer] = {}
+        self._saving = asyncio.Lock()
         self._last: dict[str, float] = {}
 
     def _wanted(self, channel: Channel, msg: Message, episode: Episode) -> bool:
@@ -231,12 +233,12 @@ class Proposals:
         }
         # Known before the message goes out: a press may come back before `send` returns.
         offer = self._offers[pid] = _Offer(record, draft.text, channel)
-        await self.store.save(self.store.path(pid), record, draft.text)
+        await self._save(offer)
         ref = await channel.send(msg.conversation, text, thread=msg.thread, buttons=buttons)
         offer.ref = ref
         if ref is not None:
             record.update(message_id=ref.id, thread=ref.thread)
-            await self.store.save(self.store.path(pid), record, draft.text)
+            await self._save(offer)
         log.info("skills.proposed", proposal=pid, skill=draft.name, conversation=msg.conversation)
         if record["status"] != "open":  # answered while it was being sent
             await self._edit(offer)
@@ -292,10 +294,18 @@ class Proposals:
         await self._close(offer, "saved", outcome)
         return f"{outcome} `/skills show {name}` shows it; `/skills disable {name}` stops it."
 
+    async def _save(self, offer: _Offer) -> None:
+        """Write the offer's record as it is now. One write at a time: a press answered
+        while the offer's own second write is on its way must not be overwritten by it
+        (the writes run in threads and could land in either order)."""
+        async with self._saving:
+            record = dict(offer.record)
+            await self.store.save(self.store.path(record["id"]), record, offer.draft)
+
     async def _close(self, offer: _Offer, status: str, outcome: str) -> None:
         record = offer.record
         record.update(status=status, outcome=outcome, answered_at=self.clock.now())
-        await self.store.save(self.store.path(record["id"]), record, offer.draft)
+        await self._save(offer)
         log.info("skills.proposal_answered", proposal=record["id"], status=status)
         await self._edit(offer)
 
