@@ -446,6 +446,8 @@ class App:
         #: The built-in tools plus those that come and go (MCP servers, skills): sources
         #: are added by the steps that build them.
         tools = self.toolbox = Toolbox(builtin)
+        if self.browsers is not None:  # the page tools once a task has opened a page
+            tools.offer_when(self.browsers.offered)
         return Agent(
             llm=self.llm,  # type: ignore[arg-type]  # LocalLLM has the same complete()
             tools=tools,

@@ -524,7 +524,7 @@ class Agent:
             episode.steps += 1
             result = await self.llm.complete(
                 messages,
-                self._schemas(),
+                self._schemas(task_id),
                 on_text=on_text if live else None,
                 on_reset=on_reset if live else None,
                 on_slow=on_slow,
@@ -596,10 +596,11 @@ class Agent:
         except Exception:
             bound.exception("tool.attachments_failed", tool=tool)
 
-    def _schemas(self) -> list[dict[str, Any]]:
-        """The tools as they are now (an MCP server's come and go: core/tools/toolbox.py)."""
+    def _schemas(self, task_id: str) -> list[dict[str, Any]]:
+        """The tools as they are now for this task (an MCP server's come and go, the
+        browser's clicks follow its open: core/tools/toolbox.py)."""
         if isinstance(self.tools, Toolbox):
-            return self.tools.schemas()
+            return self.tools.schemas(task_id)
         return [tool.schema() for tool in self.tools.values()]
 
     @staticmethod

@@ -75,6 +75,10 @@ async def test_open_click_type_and_read_a_page(
     assert "The button was pressed" in clicked
     assert typed.startswith('Typed 16 characters into the field "note"')
     assert "Echo: typed by steward" in text and "The button was pressed" in text
+    # The page tools go with the model's calls only once this task has a page open.
+    offered = [{t["function"]["name"] for t in r.get("tools", [])} for r in llm.requests]
+    assert "browser_open" in offered[0] and "browser_click" not in offered[0]
+    assert {"browser_click", "browser_type", "browser_text"} <= offered[1]
     [ep] = episodes(settings)
     assert [t["name"] for t in ep["tools"]] == [
         "browser_open",

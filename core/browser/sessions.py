@@ -63,6 +63,14 @@ class Browsers:
         self._sessions: dict[str, BrowserSession] = {}
         self._starting: dict[str, asyncio.Lock] = {}
 
+    def offered(self, tool: str, task_id: str) -> bool:
+        """Whether `tool`'s schema goes with task `task_id`'s model calls: `browser_open`
+        always, the tools that act on a page only once the task has a browser open (six
+        schemas on every call of every task cost about 470 prompt tokens)."""
+        if not tool.startswith("browser_") or tool == "browser_open":
+            return True
+        return self.get(task_id) is not None
+
     def get(self, task_id: str) -> BrowserSession | None:
         """The task's open browser, if it has one."""
         session = self._sessions.get(task_id)
