@@ -142,8 +142,7 @@ async def running(
                 with contextlib.suppress(asyncio.CancelledError):
                     await reading
     finally:
-        # The git guard of spawn.launch keeps one entry per sandbox root; this one is gone.
-        _spawn._guards.pop(root, None)
+        _spawn.forget_guard(root)  # the root is removed below
         await asyncio.to_thread(shutil.rmtree, root, True)
         await asyncio.to_thread(shutil.rmtree, private, True)
         log.info("browser.stopped")

@@ -52,6 +52,13 @@ def guard_for(workspace: str, state_dir: str | None = None) -> GitGuard:
     return guard
 
 
+def forget_guard(workspace: str) -> None:
+    """Drop the git guard of a sandbox root that is gone for good (a browser's private
+    root, removed at its task's end), so a long-running Steward does not keep one per
+    task it ever browsed in."""
+    _guards.pop(workspace, None)
+
+
 @dataclass(slots=True)
 class Started:
     """A process the agent caused, while it runs; `notes` is filled when it ended."""

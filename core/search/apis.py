@@ -196,17 +196,22 @@ def _searxng_status(status: int) -> str | None:
     return None
 
 
-class Brave:
-    """Brave Search's web API: `GET …/res/v1/web/search?q=…` with the key in
-    `X-Subscription-Token` → `web.results[]` with `title`, `url`, `description`."""
-
-    name = "brave"
+class _KeyedApi:
+    """A search API at an endpoint the owner set, with the owner's key: the endpoint's
+    own host is reachable whatever the egress rules say of it (`owner_policy`)."""
 
     def __init__(self, url: str, key: str, policy: EgressPolicy, timeout: float) -> None:
         self.endpoint = url.strip()
         self.policy = owner_policy(policy, self.endpoint)
         self.key = key
         self.timeout = timeout
+
+
+class Brave(_KeyedApi):
+    """Brave Search's web API: `GET …/res/v1/web/search?q=…` with the key in
+    `X-Subscription-Token` → `web.results[]` with `title`, `url`, `description`."""
+
+    name = "brave"
 
     async def search(self, query: str, count: int) -> list[SearchResult]:
         data = await call_api(
@@ -223,17 +228,11 @@ class Brave:
         return clean_results(_rows(items, "description"), count)
 
 
-class Tavily:
+class Tavily(_KeyedApi):
     """Tavily's search API: `POST …/search` with a JSON body (`query`, `max_results`) and
     `Authorization: Bearer <key>` → `results[]` with `title`, `url`, `content`."""
 
     name = "tavily"
-
-    def __init__(self, url: str, key: str, policy: EgressPolicy, timeout: float) -> None:
-        self.endpoint = url.strip()
-        self.policy = owner_policy(policy, self.endpoint)
-        self.key = key
-        self.timeout = timeout
 
     async def search(self, query: str, count: int) -> list[SearchResult]:
         data = await call_api(
