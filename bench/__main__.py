@@ -25,6 +25,7 @@ BENCHES = {
     "goals": "bench.goals",
     "snapshots": "bench.snapshots",
     "code_index": "bench.code_index",
+    "workflows": "bench.workflows",
     "rss": "bench.rss",
     "local_model": "bench.local_model",  # skips, saying why, without steward[local]
 }

@@ -27,6 +27,7 @@ from bot.commands.schedules import register as register_schedule_commands
 from bot.commands.skills import SkillsCommands
 from bot.commands.skills import register as register_skill_commands
 from bot.commands.undo import register as register_undo_commands
+from bot.commands.workflows import register as register_workflow_commands
 from bot.dispatcher import Dispatcher
 from bot.model_check import NO_MODEL_MESSAGE, configured_embedder, no_model_message
 from config.settings import ConfigError, Settings
@@ -40,6 +41,7 @@ from core.browser.tools import NAMES as BROWSER_TOOL_NAMES
 from core.clock import Clock
 from core.code.service import CodeIntel
 from core.conversations import Conversations
+from core.delegate import TOOL as DELEGATE_TOOL
 from core.egress.policy import from_settings as egress_from_settings
 from core.egress.policy import server_endpoints
 from core.events import Channel
@@ -77,6 +79,9 @@ from core.suggestions import Suggestions
 from core.tools import ALL_TOOLS
 from core.tools.base import ToolContext
 from core.tools.toolbox import Toolbox
+from core.workflows import WorkflowStore
+from core.workflows.learn import WorkflowLearner
+from core.workflows.tools import Workflows
 from memory.approvals import ApprovalStore
 from memory.episodes import EpisodeStore
 from memory.health import DISK_ERRNOS, health_for, reason
@@ -282,6 +287,7 @@ class App:
         self._build_goals()
         self._build_mcp()
         self._build_skills()
+        self._build_workflows()
         #: Whether `start` arms the schedules' timers. Off for `steward chat -m` and piped
         #: chat: a one-shot exchange must not run (or print) a schedule's work.
         self.fire_schedules = True
@@ -436,6 +442,8 @@ class App:
         if self.llm is None:
             return None
         builtin = dict(ALL_TOOLS)
+        if settings.delegate_depth > 0:  # children of a task (core/delegate.py)
+            builtin[DELEGATE_TOOL.name] = DELEGATE_TOOL
         max_steps = settings.max_steps
         if isinstance(self.llm, LocalLLM):
             if settings.local_model_mode == "constrained":
@@ -476,6 +484,10 @@ class App:
             context_budget=settings.context_budget,
             journal=self.journal,
             undo=self.undo,
+            max_children=settings.max_children,
+            delegate_depth=settings.delegate_depth,
+            delegate_max_steps=settings.delegate_max_steps,
+            delegate_max_tokens=settings.delegate_max_tokens,
         )
 
     def _build_learning(self) -> None:
@@ -633,6 +645,54 @@ class App:
         self.dispatcher.after_task.append(self.skill_offers.after_task)
         register_skill_commands(
             self.dispatcher.router, SkillsCommands(self.skills), self.skill_offers
+        )
+
+    def _build_workflows(self) -> None:
+        """Learned workflows (core/workflows; docs/workflows.md): saved ones as tools
+        `wf__<name>` and direct runs of a request that fully matches one (not with the
+        tiny local model, which cannot fill their inputs), the learner that offers to save
+        a request done the same way `workflows_min_runs` times, and /workflows."""
+        settings = self.settings
+        #: The data dir's workflows/ (the dashboard and /workflows read it too).
+        self.workflow_store = WorkflowStore(self.data_dir, self.datastore, self.clock)
+        self.workflows = Workflows(
+            self.workflow_store,
+            enabled=settings.workflows_enabled,
+            direct=settings.workflows_direct,
+            step_deadline=settings.workflows_step_deadline,
+            judge_threshold=settings.workflows_judge_threshold,
+            retire_after=settings.workflows_retire_losses,
+        )
+        agent = self.agent
+        constrained = isinstance(self.llm, LocalLLM) and settings.local_model_mode == "constrained"
+        usable = agent is not None and not constrained and settings.workflows_enabled
+        if usable:
+            assert agent is not None
+            agent.workflows = self.workflows
+            self.toolbox.add_source("workflows", self.workflows.tools)
+
+        def allowed(platform: str, user: str, tool: str) -> bool:
+            """A workflow may only call tools this Steward offers the person's tasks
+            (never another workflow or a child: those are not steps)."""
+            if tool == DELEGATE_TOOL.name or tool.startswith("wf__") or agent is None:
+                return False
+            return tool in agent.tools
+
+        self.workflow_offers = WorkflowLearner(
+            self.workflow_store,
+            self.clock,
+            self.data_dir,
+            drafter=self.writer,
+            allowed=allowed,
+            workspace=self.workspace,
+            enabled=usable and settings.workflows_propose,
+            min_runs=settings.workflows_min_runs,
+        )
+        self.dispatcher.after_task.append(self.workflow_offers.after_task)
+        register_workflow_commands(
+            self.dispatcher.router,
+            self.workflow_store,
+            self.workflow_offers if usable and settings.workflows_propose else None,
         )
 
     def _build_mcp(self) -> None:

@@ -120,6 +120,17 @@ class _CoreSettings(BaseModel):
     rules_admins_only: bool
     skills_propose: bool
     skills_propose_steps: int = Field(ge=1)
+    max_children: int = Field(ge=1, le=16)
+    delegate_depth: int = Field(ge=0, le=4)
+    delegate_max_steps: int = Field(ge=1, le=200)
+    delegate_max_tokens: int = Field(ge=1000)
+    workflows_enabled: bool
+    workflows_propose: bool
+    workflows_min_runs: int = Field(ge=2, le=20)
+    workflows_direct: bool
+    workflows_retire_losses: int = Field(ge=1)
+    workflows_judge_threshold: float = Field(ge=0, le=1)
+    workflows_step_deadline: float = Field(gt=0)
     delivery_retries: int = Field(ge=0, le=20)
     delivery_backoff: float = Field(ge=0)
     delivery_backoff_max: float = Field(ge=0)

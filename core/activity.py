@@ -57,6 +57,10 @@ class RunningTask:
     ended: float | None = None
     steps: list[ToolStep] = field(default_factory=list)
     status: str = ""
+    #: The task that delegated this one ("" for a task of its own), and its own children
+    #: (core/delegate.py): the board shows them under their parent.
+    parent: str = ""
+    children: list[RunningTask] = field(default_factory=list)
 
     @property
     def current(self) -> ToolStep | None:
@@ -78,6 +82,8 @@ class RunningTask:
             "status": self.status,
             "current": current.to_json() if current else None,
             "steps": [s.to_json() for s in self.steps],
+            "parent": self.parent,
+            "children": [c.to_json() for c in self.children],
         }
 
 
@@ -88,6 +94,8 @@ class Activity:
         self._now = now
         self.running: dict[str, RunningTask] = {}
         self.recent: deque[RunningTask] = deque(maxlen=RECENT_KEPT)
+        #: Children of running tasks, by id (they are shown inside their parent).
+        self._children: dict[str, RunningTask] = {}
         #: Bumped on every change: a cheap "did anything happen" for pollers.
         self.version = 0
         self._watchers: list[Callable[[], None]] = []
@@ -109,7 +117,9 @@ class Activity:
         if event.kind in ("text", "reset"):
             return
         now = self._now()
-        task = self.running.get(event.task_id)
+        task = self.running.get(event.task_id) or self._children.get(event.task_id)
+        if task is None and event.data.get("parent") and event.kind != "task_end":
+            task = self._child(event, now)
         if event.kind == "task_start":
             self.running[event.task_id] = RunningTask(
                 event.task_id, channel, conversation, user, request, now
@@ -130,11 +140,40 @@ class Activity:
             step.result = event.text[:300]
         elif event.kind == "status":
             task.status = event.text[:300]
+            if task.parent and event.data.get("ended"):
+                task.ended = now
         elif event.kind == "task_end":
             self.running.pop(event.task_id, None)
             task.ended = now
+            self._forget_children(task)
             self.recent.appendleft(task)
         self._changed()
+
+    def _child(self, event: Progress, now: float) -> RunningTask | None:
+        """A child's first event: its card, under its parent's (None: no such parent)."""
+        parent_id = str(event.data["parent"])
+        parent = self.running.get(parent_id) or self._children.get(parent_id)
+        if parent is None:
+            return None
+        child = RunningTask(
+            event.task_id,
+            parent.channel,
+            parent.conversation,
+            parent.user,
+            str(event.data.get("child") or ""),
+            now,
+            parent=parent_id,
+        )
+        parent.children.append(child)
+        self._children[event.task_id] = child
+        return child
+
+    def _forget_children(self, task: RunningTask) -> None:
+        for child in task.children:
+            self._children.pop(child.task_id, None)
+            if child.ended is None:
+                child.ended = task.ended
+            self._forget_children(child)
 
     def snapshot(self) -> dict[str, Any]:
         return {

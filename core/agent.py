@@ -15,6 +15,7 @@ remains is the loop's own order of steps.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import secrets
@@ -28,6 +29,7 @@ import structlog
 
 from core.approvals import Approvals
 from core.clock import Clock
+from core.delegate import NAME as DELEGATE
 from core.egress import urls_in
 from core.events import Attachment, Channel, Progress
 from core.gates import check_answer, honest_suffix, retry_instruction
@@ -40,9 +42,10 @@ from core.recall import Recall, Recalled, estimate_tokens, render
 from core.sandbox import NETWORK, UNSANDBOXED, Grant
 from core.sandbox.hosts import hosts_for
 from core.signatures import is_decision, is_environmental, signature
+from core.task_host import TaskHost
 from core.tools.base import Tool, ToolContext, ToolError, ToolOutput
 from core.tools.toolbox import Toolbox
-from memory.episodes import Episode, EpisodeStore, ToolRecord
+from memory.episodes import RESULT_CHARS, Episode, EpisodeStore, ToolRecord
 from memory.journal import TaskJournal
 
 log = structlog.get_logger("steward.agent")
@@ -86,11 +89,27 @@ class TaskRequest:
     #: task's episode so far; an answer (the reason) stops the task by code before the
     #: next call or tool runs. A goal's budgets and stop live here (core/goals/engine.py).
     spend: Callable[[Episode], Awaitable[str | None]] | None = None
+    #: Whether the task ends as an episode file of its own. A child of `delegate` does
+    #: not: its record is part of its parent's episode (core/delegate.py).
+    record: bool = True
+    #: Whether its answer may be streamed to the chat (a child's never is).
+    stream: bool = True
+    #: 0 for a task a person or a schedule asked for; a child's is its parent's + 1.
+    depth: int = 0
+    #: The tools this task may use (a child's subset of its parent's); None: all of them.
+    allowed_tools: frozenset[str] | None = None
+    #: Model turns this task may take; None: the agent's `max_steps`.
+    max_steps: int | None = None
+    #: A child's task in a few words: approvals it asks for are labelled with it.
+    label: str = ""
+    #: The task at the root of a child's tree: its snapshot, journal record and undo
+    #: cover the children's changes too. "" for a root task.
+    root: str = ""
 
     @property
     def streams_text(self) -> bool:
         """The answer can be shown as it is generated; else the model is not asked to stream."""
-        return self.channel.capabilities.streams_text
+        return self.stream and self.channel.capabilities.streams_text
 
     @property
     def scope(self) -> str:
@@ -142,6 +161,10 @@ class Agent:
         ask_every_shell: str = "",
         journal: TaskJournal | None = None,
         undo: Any = None,
+        max_children: int = 3,
+        delegate_depth: int = 1,
+        delegate_max_steps: int = 8,
+        delegate_max_tokens: int = 60_000,
     ) -> None:
         """`ask_every_shell`: why shell commands cannot be sandboxed on this machine
         (core/sandbox.Setup.fallback); when set, every shell command needs approval.
@@ -172,6 +195,17 @@ class Agent:
         #: cancelled, cut off by a shutdown): what a task holds open (its browser,
         #: core/browser) is closed there. A failure is logged, never the task's.
         self.on_task_end: list[Callable[[str], Awaitable[None]]] = []
+        #: `delegate` (core/delegate.py): children at once, how deep, a child's default
+        #: turns and tokens. A depth of 0 takes the tool away.
+        self.max_children = max_children
+        self.delegate_depth = delegate_depth
+        self.delegate_max_steps = delegate_max_steps
+        self.delegate_max_tokens = delegate_max_tokens
+        #: core/workflows/tools.Workflows: saved workflows, run as tools or directly
+        #: on a request that fully matches one (None: none here).
+        self.workflows: Any = None
+        #: Each running task's TaskHost (core/task_host.py), by task id.
+        self._hosts: dict[str, TaskHost] = {}
 
     async def _messages(
         self,
@@ -257,6 +291,7 @@ class Agent:
             try:
                 return await self._run(req, task_id, observe, recalling)
             finally:
+                self._hosts.pop(task_id, None)
                 if recalling is not None and not recalling.done():
                     recalling.cancel()
                 if self.on_task_end:  # shielded: a cancelled task still closes what it held
@@ -317,6 +352,8 @@ class Agent:
         opened = asyncio.ensure_future(
             self._open_journal(req, task_id, episode, written, after=recalling)
         )
+        # What `delegate` and workflow steps use of this task (core/task_host.py).
+        self._hosts[task_id] = TaskHost(self, req, task_id, episode, emit, bound)
         try:
             async with asyncio.timeout(self.task_timeout):
                 reply = await self._loop(req, task_id, episode, emit, bound, opened, recalling)
@@ -325,7 +362,8 @@ class Agent:
             if self.journal is not None and self.journal.stopping:
                 # Cut off by a shutdown, not by its person: the journal record stays
                 # open, and the next start asks whether to run it again.
-                self.journal.forget(task_id)
+                if req.journaled:
+                    self.journal.forget(task_id)
                 bound.info("task.interrupted", reason="shutdown")
                 raise
             episode.outcome = "cancelled"
@@ -333,7 +371,8 @@ class Agent:
             if self.undo is not None:  # a cancelled task's changes can be undone too
                 await asyncio.shield(self._undo_after(task_id, episode, bound))
             episode.duration_s = time.perf_counter() - t0
-            await asyncio.shield(self._save(episode, bound))
+            if req.record:
+                await asyncio.shield(self._save(episode, bound))
             bound.info("task.cancelled")
             raise
         except TimeoutError:
@@ -397,11 +436,14 @@ class Agent:
         # Shielded: the answer exists (a stream may have shown it already); a stop now
         # must not lose its episode, nor leave its journal record open to be asked about.
         saved: asyncio.Future[Path | None] | None = None
-        if self.persist is not None:  # journaled now, written after the reply (core/persist)
+        path: Path | None
+        if not req.record:  # a child: its parent's episode keeps it (core/delegate.py)
+            path = None
+        elif self.persist is not None:  # journaled now, written after the reply (core/persist)
             saved = self.persist.submit_nowait(episode)
             if saved is None:  # the writer is behind: wait for room, shielded
                 saved = await asyncio.shield(self.persist.submit(episode))
-            path: Path | None = self.episodes.path_for(episode)
+            path = self.episodes.path_for(episode)
         else:
             path = await asyncio.shield(self._save(episode, bound))
         bound.info(
@@ -494,6 +536,7 @@ class Agent:
         opened: asyncio.Future[None],
         recalling: asyncio.Future[list[Recalled]] | None,
     ) -> str:
+        host = self._hosts[task_id]
         messages = await self._messages(req, episode, recalling)
 
         async def on_text(delta: str) -> None:
@@ -506,39 +549,49 @@ class Agent:
             await emit(Progress("status", task_id, text=text))
 
         live = req.streams_text  # stream only when someone can watch it
+        max_steps = self.steps_for(req)
+
+        if self.workflows is not None and req.depth == 0:
+            # A request that fully matches a saved workflow runs it without a model turn;
+            # a run that fails or is unsure hands the task back to the loop below.
+            picked = self.workflows.pick(req.text)
+            if picked is not None:
+                await asyncio.shield(opened)  # durable before its first call runs
+                done = await self._direct(req, task_id, episode, host, messages, *picked)
+                if done is not None:
+                    return done
 
         retried = False
-        for step in range(self.max_steps):
-            spent = episode.tokens_in + episode.tokens_out
-            if req.token_budget and step and spent >= req.token_budget:
+        for step in range(max_steps):
+            if stop := await self.over_budget(req, episode, first=not step):
                 episode.outcome = "failure"
-                episode.error = f"token budget reached ({spent} of {req.token_budget} tokens)"
-                return (
-                    f"I stopped: this run used {spent} tokens, its ceiling is "
-                    f"{req.token_budget} (the schedule's max_tokens_run/max_tokens_day)."
-                )
-            if req.spend is not None and (stop := await req.spend(episode)):
-                episode.outcome = "failure"
+                if stop.startswith("token budget"):
+                    episode.error = stop
+                    spent = episode.tokens_in + episode.tokens_out
+                    return (
+                        f"I stopped: this run used {spent} tokens, its ceiling is "
+                        f"{req.token_budget} ({self._budget_owner(req)})."
+                    )
                 episode.error = f"stopped by code: {stop}"
                 return f"I stopped: {stop}."
             episode.steps += 1
             result = await self.llm.complete(
                 messages,
-                self._schemas(task_id),
+                self._schemas(task_id, req),
                 on_text=on_text if live else None,
                 on_reset=on_reset if live else None,
                 on_slow=on_slow,
             )
-            self._account(episode, result)
+            self.account(episode, result)
             # Counted at once (a kill -9 during the tools keeps it); stops before tools run.
-            stop = await req.spend(episode) if req.spend is not None else None
-            if stop and result.tool_calls:
+            after = await req.spend(episode) if req.spend is not None else None
+            if after and result.tool_calls:
                 episode.outcome = "failure"
-                episode.error = f"stopped by code: {stop}"
-                return f"I stopped: {stop}."
+                episode.error = f"stopped by code: {after}"
+                return f"I stopped: {after}."
             if not result.tool_calls:
                 text = result.text.strip() or EMPTY_ANSWER
-                verdict = check_answer(text, episode.tools, request=req.text)
+                verdict = check_answer(text, [*episode.tools, *host.evidence], request=req.text)
                 if verdict.ok():
                     episode.outcome = "success"
                     if retried:
@@ -546,7 +599,7 @@ class Agent:
                     return text
                 episode.gates.append(str(verdict.gate))
                 bound.info("gate.fired", gate=verdict.gate, problems=verdict.problems)
-                if not retried and step + 1 < self.max_steps:
+                if not retried and step + 1 < max_steps:
                     # One more step: the model may do the missing work or correct its claim.
                     retried = True
                     await emit(Progress("reset", task_id))
@@ -560,13 +613,13 @@ class Agent:
             # Durable before any tool runs, so a crash during one is asked about. Shielded:
             # a cancel of the task must not cancel the record's write.
             await asyncio.shield(opened)
+            outputs = await self._tool_calls(req, task_id, result.tool_calls, episode, emit, bound)
             shown: list[Attachment] = []
-            for call in result.tool_calls:
-                output = await self._call_tool(req, task_id, call, episode, emit, bound)
+            for call, output in zip(result.tool_calls, outputs, strict=True):
                 content = output
                 if isinstance(output, ToolOutput):
                     content = output.text
-                    await self._deliver(req, call.name, output, bound)
+                    await self.deliver(req, call.name, output, bound)
                     shown.extend(output.images)
                 messages.append(
                     {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": content}
@@ -574,13 +627,115 @@ class Agent:
             if shown and getattr(self.llm, "accepts_images", False):
                 messages.append(images_message(shown))
         episode.outcome = "failure"
-        episode.error = f"step limit reached ({self.max_steps} model turns)"
+        episode.error = f"step limit reached ({max_steps} model turns)"
+        if req.depth:
+            return f"I stopped after {max_steps} steps without finishing."
         return (
-            f"I stopped after {self.max_steps} steps without finishing. "
+            f"I stopped after {max_steps} steps without finishing. "
             f"Tell me how to continue, or raise STEWARD_MAX_STEPS."
         )
 
-    async def _deliver(self, req: TaskRequest, tool: str, output: ToolOutput, bound: Any) -> None:
+    async def _tool_calls(
+        self,
+        req: TaskRequest,
+        task_id: str,
+        calls: list[ToolCallRequest],
+        episode: Episode,
+        emit: Observer,
+        bound: Any,
+    ) -> list[str | ToolOutput]:
+        """One turn's calls, in order, except that several `delegate` calls run at once
+        (after the others; the task's host lets `max_children` of them run together)."""
+
+        async def one(call: ToolCallRequest) -> str | ToolOutput:
+            output, _record = await self.call_recorded(req, task_id, call, episode, emit, bound)
+            return output
+
+        together = [c for c in calls if c.name == DELEGATE]
+        if len(together) < 2:
+            return [await one(c) for c in calls]
+        out: dict[str, str | ToolOutput] = {}
+        for call in calls:
+            if call.name != DELEGATE:
+                out[call.id] = await one(call)
+        if self.undo is not None:
+            # The task's one snapshot before the children start, not a race of theirs
+            # (a failure here is each call's again, which then does not run).
+            with contextlib.suppress(Exception):
+                await self._snapshot(req, req.root or task_id, DELEGATE, ())
+        answers = await asyncio.gather(*(one(c) for c in together))
+        out.update({c.id: a for c, a in zip(together, answers, strict=True)})
+        return [out[c.id] for c in calls]
+
+    async def _direct(
+        self,
+        req: TaskRequest,
+        task_id: str,
+        episode: Episode,
+        host: TaskHost,
+        messages: list[dict[str, Any]],
+        wf: Any,
+        inputs: dict[str, Any],
+    ) -> str | None:
+        """Run workflow `wf` for the request without asking the model. Its answer, or None
+        when it handed back: the model then gets the task, told what already ran."""
+        result = await host.run_workflow(wf, inputs)
+        if result.ok:
+            text = result.output.strip() or EMPTY_ANSWER
+            verdict = check_answer(text, episode.tools, request=req.text)
+            if verdict.ok():
+                episode.outcome = "success"
+                return text
+            result.handback = "its answer did not pass the answer checks: " + "; ".join(
+                verdict.problems
+            )
+        ran = "\n".join(
+            f"- {s.tool or s.kind} {json.dumps(s.args, ensure_ascii=False)[:200]}: "
+            f"{'ok' if s.ok else 'failed'}: {s.text[:300]}"
+            for s in result.steps
+            if s.kind == "call"
+        )
+        messages.append(
+            {
+                "role": "user",
+                "content": (
+                    f"(Steward ran the saved workflow {wf.name!r} for this request and it "
+                    f"stopped: {result.handback}. Steps it ran, already done:\n"
+                    f"{ran or '- none'}\nFinish the request yourself; don't repeat steps "
+                    "that succeeded unless needed.)"
+                ),
+            }
+        )
+        return None
+
+    def steps_for(self, req: TaskRequest) -> int:
+        """The model turns `req` may take."""
+        return req.max_steps or self.max_steps
+
+    def tool_names(self, req: TaskRequest) -> list[str]:
+        """The tools task `req` may use now (a child: its share of its parent's)."""
+        names = [n for n in self.tools if n != DELEGATE or req.depth < self.delegate_depth]
+        if req.allowed_tools is not None:
+            names = [n for n in names if n in req.allowed_tools]
+        return names
+
+    async def over_budget(self, req: TaskRequest, episode: Episode, *, first: bool = False) -> str:
+        """Why the next model call must not start ("" when it may): the task's token
+        ceiling (a schedule's, a child's share), then its own stop (a goal's budgets)."""
+        spent = episode.tokens_in + episode.tokens_out
+        if req.token_budget and not first and spent >= req.token_budget:
+            return f"token budget reached ({spent} of {req.token_budget} tokens)"
+        if req.spend is not None:
+            return await req.spend(episode) or ""
+        return ""
+
+    @staticmethod
+    def _budget_owner(req: TaskRequest) -> str:
+        if req.depth:
+            return "the share of its parent's budget this sub-task got"
+        return "the schedule's max_tokens_run/max_tokens_day"
+
+    async def deliver(self, req: TaskRequest, tool: str, output: ToolOutput, bound: Any) -> None:
         """A tool's files go to the person's chat now, with a line saying which tool made
         them; a failure to deliver is logged, never the task's failure."""
         if not output.attachments:
@@ -596,21 +751,31 @@ class Agent:
         except Exception:
             bound.exception("tool.attachments_failed", tool=tool)
 
-    def _schemas(self, task_id: str) -> list[dict[str, Any]]:
+    def _schemas(self, task_id: str, req: TaskRequest) -> list[dict[str, Any]]:
         """The tools as they are now for this task (an MCP server's come and go, the
-        browser's clicks follow its open: core/tools/toolbox.py)."""
+        browser's clicks follow its open: core/tools/toolbox.py), without those it may
+        not use (a child's are its share of its parent's; `delegate` past the depth)."""
         if isinstance(self.tools, Toolbox):
-            return self.tools.schemas(task_id)
-        return [tool.schema() for tool in self.tools.values()]
+            schemas = self.tools.schemas(task_id)
+        else:
+            schemas = [tool.schema() for tool in self.tools.values()]
+        if req.allowed_tools is None and req.depth < self.delegate_depth:
+            return schemas
+        return [s for s in schemas if self._may_use(req, s["function"]["name"])]
+
+    def _may_use(self, req: TaskRequest, name: str) -> bool:
+        if name == DELEGATE and req.depth >= self.delegate_depth:
+            return False
+        return req.allowed_tools is None or name in req.allowed_tools
 
     @staticmethod
-    def _account(episode: Episode, result: LLMResult) -> None:
+    def account(episode: Episode, result: LLMResult) -> None:
         episode.tokens_in += result.tokens_in
         episode.tokens_out += result.tokens_out
         if result.cost_usd is not None:
             episode.cost_usd = (episode.cost_usd or 0.0) + result.cost_usd
 
-    async def _call_tool(
+    async def call_recorded(
         self,
         req: TaskRequest,
         task_id: str,
@@ -618,9 +783,23 @@ class Agent:
         episode: Episode,
         emit: Observer,
         bound: Any,
-    ) -> str | ToolOutput:
-        """Judge, maybe ask, run; returns what the model reads. Always records the call."""
+    ) -> tuple[str | ToolOutput, ToolRecord]:
+        """Judge, maybe ask, run: what the model reads, and the call's record (always
+        kept in the episode; a workflow step reads from it whether the call worked)."""
         record = ToolRecord(name=call.name, ok=False, raw_arguments=call.arguments)
+        output = await self._judge_and_run(req, task_id, call, episode, emit, bound, record)
+        return output, record
+
+    async def _judge_and_run(
+        self,
+        req: TaskRequest,
+        task_id: str,
+        call: ToolCallRequest,
+        episode: Episode,
+        emit: Observer,
+        bound: Any,
+        record: ToolRecord,
+    ) -> str | ToolOutput:
         episode.tools.append(record)
         t0 = time.perf_counter()
 
@@ -634,9 +813,9 @@ class Agent:
             bound.info("tool.failed", tool=call.name, error_class=error_class)
             return message
 
-        tool = self.tools.get(call.name)
+        tool = self.tools.get(call.name) if self._may_use(req, call.name) else None
         if tool is None:
-            known = ", ".join(self.tools)
+            known = ", ".join(self.tool_names(req))
             return fail(
                 "UnknownTool", f"Error: there is no tool named {call.name!r}. Tools: {known}."
             )
@@ -711,7 +890,8 @@ class Agent:
                 req.channel,
                 tool=call.name,
                 args=_shown_args(call.name, args),
-                what=f"{call.name}: {_summary(_shown_args(call.name, args), call.name)}",
+                what=(f"[sub-task: {req.label}] " if req.label else "")
+                + f"{call.name}: {_summary(_shown_args(call.name, args), call.name)}",
                 why=decision.reason,
                 risk=risk,
                 asked_by=req.user,
@@ -725,21 +905,19 @@ class Agent:
                 await emit(Progress("tool_end", task_id, tool=call.name, ok=False, text=msg))
                 return fail("Denied", msg)
         # The task's id: what per-task state (the task's browser, core/browser) is kept by.
-        context = dataclasses.replace(self.tool_context, task_id=task_id)
+        context = dataclasses.replace(
+            self.tool_context, task_id=task_id, host=self._hosts.get(task_id)
+        )
         if grant is not None:
             context = dataclasses.replace(context, grant=grant)
             bound.info("sandbox.grant", tool=call.name, grant=grant.describe())
+        # A child's calls are its root task's: one record, one snapshot, one /undo.
+        root = req.root or task_id
         if self.journal is not None:  # before it runs: a crash during it still lists it
-            await self.journal.tool(task_id, call.name, _summary(args))
+            await self.journal.tool(root, call.name, _summary(args))
         if self.undo is not None:  # snapshot first: whatever it changes can be undone
             try:
-                await self.undo.before_tool(
-                    task_id,
-                    conversation=f"{req.channel.name}:{req.conversation}",
-                    request=req.text,
-                    tool=call.name,
-                    outside=grant.write if grant is not None else (),
-                )
+                await self._snapshot(req, root, call.name, grant.write if grant is not None else ())
             except Exception as exc:  # no way back: the call does not run
                 bound.exception("snapshot.failed", tool=call.name)
                 return fail(
@@ -762,13 +940,25 @@ class Agent:
             return fail(type(exc).__name__, msg)
         finally:
             if self.undo is not None:  # measure its changes while the model thinks
-                self.undo.after_tool(task_id, call.name)
+                self.undo.after_tool(root, call.name)
         record.ok = True
         record.duration_s = time.perf_counter() - t0
         said = output.text if isinstance(output, ToolOutput) else output
+        record.result = said[:RESULT_CHARS]
         await emit(Progress("tool_end", task_id, tool=call.name, ok=True, text=said[:200]))
         bound.info("tool.ok", tool=call.name, duration_s=round(record.duration_s, 3))
         return output
+
+    async def _snapshot(
+        self, req: TaskRequest, root: str, tool: str, outside: tuple[str, ...]
+    ) -> None:
+        await self.undo.before_tool(
+            root,
+            conversation=f"{req.channel.name}:{req.conversation}",
+            request=req.text,
+            tool=tool,
+            outside=outside,
+        )
 
     def _sandbox_decision(
         self, tool: str, args: dict[str, Any], decision: CallDecision

@@ -22,6 +22,8 @@ from memory.store import MalformedFile, render
 
 #: How much of a call's arguments an episode file keeps (the tool log keeps them whole).
 EPISODE_ARGUMENTS_CHARS = 500
+#: Characters of a tool call's result kept in memory and in the journal (ToolRecord.result).
+RESULT_CHARS = 4000
 
 
 #: Fields of `Episode.to_record` that Steward makes itself (ids, times, counters, enum
@@ -71,6 +73,9 @@ class ToolRecord:
     effects: Effects = field(default_factory=Effects)
     #: The arguments text as sent, only when it was not a JSON object (else "").
     raw_arguments: str = ""
+    #: What the model read back from the call, cut to RESULT_CHARS: kept in memory and in
+    #: the journal (the workflow learner replays it in a dry run), not in the episode file.
+    result: str = ""
 
     def __post_init__(self) -> None:
         # A record rebuilt from plain data (a journal, `asdict`) gets its effects back typed.
@@ -142,6 +147,12 @@ class Episode:
     #: what it changed ("M notes.md (+3 -1)", "D build/out.bin"): `/undo` reverts it.
     snapshot: str = ""
     changes: list[str] = field(default_factory=list)
+    #: The learned workflow this task ran (core/workflows), "" when it ran none.
+    workflow: str = ""
+    #: The children `delegate` ran (core/delegate.py), each as a plain record: id, task,
+    #: outcome, reply, tools, steps, tokens and cost, and its own children. Their tokens
+    #: and cost are also counted in this episode's (what the task cost in all).
+    children: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def error_signatures(self) -> list[str]:
@@ -195,6 +206,8 @@ class Episode:
             "cost_usd": self.cost_usd,
             "duration_s": round(self.duration_s, 3),
             **({"snapshot": self.snapshot, "changes": self.changes} if self.snapshot else {}),
+            **({"workflow": self.workflow} if self.workflow else {}),
+            **({"children": self.children} if self.children else {}),
         }
 
     def to_record(self) -> dict[str, Any]:

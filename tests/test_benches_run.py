@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
         ("dashboard", "warm spend / baseline"),
         ("journal", "x the baseline"),
         ("guardian_corpus", "ratio to baseline"),
+        ("workflows", "after/baseline ratio"),
     ],
 )
 def test_a_quick_bench_runs_and_prints_its_ratio(name: str, ratio: str, tmp_path: Path) -> None:

@@ -93,6 +93,10 @@ def _parser() -> argparse.ArgumentParser:
 
     add_skills_parser(sub)
 
+    from bot.cli.workflows import add_workflows_parser  # light: argparse only
+
+    add_workflows_parser(sub)
+
     login = sub.add_parser(
         "login",
         help="print the web chat's login URL (it holds this data dir's secret token)",
@@ -287,6 +291,10 @@ def _dispatch(args: argparse.Namespace, settings: Any, parser: argparse.Argument
         from bot.cli.skills import skills_command
 
         return skills_command(settings, args)
+    if args.command == "workflows":
+        from bot.cli.workflows import workflows_command
+
+        return workflows_command(settings, args)
     parser.print_help()
     return EXIT_FAIL
 

@@ -16,8 +16,6 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-EXIT_OK, EXIT_FAIL = 0, 1
-
 
 def add_skills_parser(sub: Any) -> None:
     """The `skills` subcommand of `steward` (bot/cli/__init__.py builds the parser)."""
@@ -37,33 +35,17 @@ def add_skills_parser(sub: Any) -> None:
 
 
 def skills_command(settings: Any, args: argparse.Namespace) -> int:
-    import asyncio
-
-    from memory.lock import DataDirLocked, acquire
-    from memory.store import DataStore
+    from bot.cli.data_dir import run_on_store
 
     action = args.skills_command or "list"
-    lock = None
-    if action != "list":
-        try:
-            lock = acquire(settings.data_dir, f"skills {action}")
-        except DataDirLocked as exc:
-            print(
-                f"steward: {exc}\nWhile it runs, put the skill in the workspace's skills/ "
-                "folder and enable it with /skills enable NAME in a chat."
-            )
-            return EXIT_FAIL
-    store = DataStore(settings.data_dir)
-    try:
-        if lock is not None:
-            store.ensure_repo()
-        text, ok = asyncio.run(_run(settings, store, action, args))
-    finally:
-        store.close()
-        if lock is not None:
-            lock.release()
-    print(text)
-    return EXIT_OK if ok else EXIT_FAIL
+    return run_on_store(
+        settings,
+        f"skills {action}",
+        changes=action != "list",
+        while_running="While it runs, put the skill in the workspace's skills/ folder and "
+        "enable it with /skills enable NAME in a chat.",
+        run=lambda store: _run(settings, store, action, args),
+    )
 
 
 async def _run(

@@ -231,7 +231,24 @@ def episode_detail(cache: FrontMatterCache, data_dir: Path, episode_id: str) -> 
         "rules_applied": list(meta.get("rules_applied") or []),
         "rules_trial": list(meta.get("rules_trial") or []),
         "duration_s": _float(meta.get("duration_s")),
+        "workflow": str(meta.get("workflow") or ""),
+        "children": [_child(c) for c in meta.get("children") or [] if isinstance(c, dict)],
         "markdown": body,
+    }
+
+
+def _child(c: dict[str, Any]) -> dict[str, Any]:
+    """A child of `delegate` as the episode detail shows it, whatever the file holds."""
+    return {
+        "id": str(c.get("id") or ""),
+        "task": str(c.get("task") or ""),
+        "outcome": str(c.get("outcome") or ""),
+        "reply": str(c.get("reply") or ""),
+        "tools": [t for t in c.get("tools") or [] if isinstance(t, dict)],
+        "tokens_in": _int(c.get("tokens_in")),
+        "tokens_out": _int(c.get("tokens_out")),
+        "cost_usd": _float(c.get("cost_usd")),
+        "children": [_child(g) for g in c.get("children") or [] if isinstance(g, dict)],
     }
 
 

@@ -81,6 +81,22 @@ class BrowserJudge:
         )
 
 
+class ThroughAgentJudge:
+    """`delegate` (a child task) and `wf__<name>` (a learned workflow) do nothing
+    themselves: every call they cause is a tool call of the agent's, judged here on its
+    own (and asked about, and sandboxed) exactly as if the model had asked for it. So
+    the wrapper is allowed; what it does is not waved through."""
+
+    def claims(self, tool: str) -> bool:
+        return tool == "delegate" or tool.startswith("wf__")
+
+    def decide(self, policy: Policy, tool: str, args: dict[str, Any]) -> CallDecision:
+        what = "a sub-task" if tool == "delegate" else f"the learned workflow {tool[4:]}"
+        return CallDecision(
+            Verdict.ALLOW, f"{tool} runs {what}; each of its tool calls is judged on its own"
+        )
+
+
 def builtin_judges() -> list[Judge]:
     """A fresh list of the built-in judges, in the order they are asked."""
-    return [WebSearchJudge(), CodeJudge(), BrowserJudge()]
+    return [WebSearchJudge(), CodeJudge(), BrowserJudge(), ThroughAgentJudge()]

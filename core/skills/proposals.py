@@ -16,7 +16,6 @@ records in `<data dir>/skill-proposals/`, so a press after a restart still saves
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import secrets
@@ -28,14 +27,14 @@ from typing import Any
 import structlog
 
 from core.clock import Clock
-from core.events import Button, Channel, Message, MessageRef
+from core.events import Button, Channel, Message
+from core.offers import OfferBook
 from core.skills.catalog import SkillError, Skills
 from core.skills.files import in_memory
 from core.skills.grade import grade
 from core.skills.skill import SKILL_FILE, name_problem, one_line
 from core.skills.tool import NAME as USE_SKILL
 from memory.episodes import Episode, ToolRecord
-from memory.records import RecordStore
 from memory.store import render
 
 log = structlog.get_logger("steward.skills")
@@ -138,16 +137,6 @@ def draft_from(episode: Episode, taken: set[str]) -> Draft | None:
     return Draft(name, description, render({"name": name, "description": description}, body))
 
 
-@dataclass(slots=True)
-class _Offer:
-    """An open offer: its record, the draft, and where its message is."""
-
-    record: dict[str, Any]
-    draft: str
-    channel: Channel | None = None
-    ref: MessageRef | None = None
-
-
 class Proposals:
     """Offers after a task (the dispatcher's `after_task` hook) and their answers."""
 
@@ -167,10 +156,8 @@ class Proposals:
         self.min_steps = min_steps
         #: Whether this person on this platform may enable skills (an admin).
         self.may_save = may_save
-        self.store = RecordStore(data_dir / "skill-proposals", "skill proposal")
-        #: Offers of this run, open or answered while their message was being sent.
-        self._offers: dict[str, _Offer] = {}
-        self._saving = asyncio.Lock()
+        #: The offers' records (`<data dir>/skill-proposals/`) and those of this run.
+        self.book = OfferBook(data_dir / "skill-proposals", "skill proposal", clock)
         self._last: dict[str, float] = {}
 
     def _wanted(self, channel: Channel, msg: Message, episode: Episode) -> bool:
@@ -188,7 +175,7 @@ class Proposals:
         if any(
             o.record["status"] == "open"
             and f"{o.record['channel']}:{o.record['conversation']}" == key
-            for o in self._offers.values()
+            for o in self.book.live.values()
         ):
             return False
         last = self._last.get(key)
@@ -232,33 +219,16 @@ class Proposals:
             "offered_at": self.clock.now(),
         }
         # Known before the message goes out: a press may come back before `send` returns.
-        offer = self._offers[pid] = _Offer(record, draft.text, channel)
-        await self._save(offer)
+        offer = self.book.add(record, draft.text, channel)
+        await self.book.save(offer)
         ref = await channel.send(msg.conversation, text, thread=msg.thread, buttons=buttons)
-        offer.ref = ref
-        if ref is not None:
-            record.update(message_id=ref.id, thread=ref.thread)
-            await self._save(offer)
         log.info("skills.proposed", proposal=pid, skill=draft.name, conversation=msg.conversation)
-        if record["status"] != "open":  # answered while it was being sent
-            await self._edit(offer)
-
-    def _find(self, pid: str) -> _Offer | None:
-        offer = self._offers.get(pid)
-        if offer is not None:
-            return offer
-        if not re.fullmatch(r"[0-9a-f]{8}", pid):
-            return None
-        try:  # an offer of an earlier run: its record on disk
-            record, draft = self.store.read(self.store.path(pid))
-        except (OSError, ValueError):
-            return None
-        return _Offer(record, draft)
+        await self.book.sent(offer, ref)
 
     async def answer(self, platform: str, value: str, user: str) -> str:
         """A press (or `/skills save|skip ID`): what the presser is told."""
         action, _, pid = value.partition(":")
-        offer = self._find(pid)
+        offer = self.book.find(pid)
         if offer is None:
             return "That offer is no longer open."
         record = offer.record
@@ -267,7 +237,7 @@ class Proposals:
         if user != record.get("user"):
             return "This offer was for someone else."
         if action == SKIP:
-            await self._close(offer, "skipped", "Not saved.")
+            await self.book.close(offer, "skipped", "Not saved.")
             return "Not saved."
         if not self.may_save(platform, user):
             return "Only an admin can save a skill."
@@ -278,7 +248,7 @@ class Proposals:
         try:
             saved = await self.skills.install(
                 name,
-                in_memory(name, {SKILL_FILE: offer.draft.encode("utf-8")}),
+                in_memory(name, {SKILL_FILE: offer.body.encode("utf-8")}),
                 by=user,
                 why=f"saved from task {record.get('task')}",
             )
@@ -288,36 +258,8 @@ class Proposals:
         g = saved.grade
         assert g is not None
         if saved.state is None:
-            await self._close(offer, "refused", "Not saved: its grade failed.")
+            await self.book.close(offer, "refused", "Not saved: its grade failed.")
             return "It was not saved: its grade failed: " + "; ".join(g.problems)
         outcome = f"Saved as skill `{name}` and enabled (graded: passed)."
-        await self._close(offer, "saved", outcome)
+        await self.book.close(offer, "saved", outcome)
         return f"{outcome} `/skills show {name}` shows it; `/skills disable {name}` stops it."
-
-    async def _save(self, offer: _Offer) -> None:
-        """Write the offer's record as it is now. One write at a time: a press answered
-        while the offer's own second write is on its way must not be overwritten by it
-        (the writes run in threads and could land in either order)."""
-        async with self._saving:
-            record = dict(offer.record)
-            await self.store.save(self.store.path(record["id"]), record, offer.draft)
-
-    async def _close(self, offer: _Offer, status: str, outcome: str) -> None:
-        record = offer.record
-        record.update(status=status, outcome=outcome, answered_at=self.clock.now())
-        await self._save(offer)
-        log.info("skills.proposal_answered", proposal=record["id"], status=status)
-        await self._edit(offer)
-
-    async def _edit(self, offer: _Offer) -> None:
-        """The offer's message shows the answer, without its buttons."""
-        if offer.channel is None or offer.ref is None:
-            return
-        record = offer.record
-        self._offers.pop(record["id"], None)
-        try:
-            await offer.channel.edit(
-                offer.ref, f"{record.get('text', '')}\n\n{record.get('outcome', '')}", buttons=[]
-            )
-        except Exception:
-            log.warning("skills.proposal_edit_failed", proposal=record["id"], exc_info=True)

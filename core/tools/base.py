@@ -68,6 +68,10 @@ class ToolContext:
     #: The code indexes the code tools answer from (core/code, under the data dir).
     #: None: each code tool call builds a throwaway index in memory.
     code: CodeIntel | None = None
+    #: The running task's own services for tools that act through the agent (the agent
+    #: sets it for each call, core/task_host.TaskHost): `delegate` starts a child there, a
+    #: learned workflow's steps are called there, each judged like a call of the model's.
+    host: Any = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -242,7 +242,20 @@
       t.status ? el("p", { class: "status" }, t.status) : null,
       t.steps.length ? el("ol", { class: "steps", "aria-label": "tool calls" }, t.steps.map((s) =>
         el("li", { class: s.ok === null ? "run" : s.ok ? "ok" : "fail" },
-          el("code", {}, s.tool), " ", s.text, s.ok === null ? " …" : s.ok ? " ✓" : " ✗"))) : null);
+          el("code", {}, s.tool), " ", s.text, s.ok === null ? " …" : s.ok ? " ✓" : " ✗"))) : null,
+      (t.children || []).length ? el("ul", { class: "cards children", "aria-label": "sub-tasks" },
+        t.children.map((c) => taskCard(c, running && !c.ended))) : null);
+  }
+
+  // A child of `delegate` as its parent's episode keeps it, with its own children.
+  function childCard(c) {
+    return el("li", { class: "task" },
+      el("p", {}, el("strong", {}, c.task), " ", el("span", { class: "state " + c.outcome }, c.outcome),
+        " ", el("span", { class: "small" }, `${num(c.tokens_in + c.tokens_out)} tokens · ${usd(c.cost_usd)}`)),
+      c.tools.length ? el("ol", { class: "steps", "aria-label": "tool calls" }, c.tools.map((t) =>
+        el("li", { class: t.ok ? "ok" : "fail" }, el("code", {}, t.name), " ", String(t.arguments || "").slice(0, 120)))) : null,
+      c.reply ? el("p", { class: "small" }, c.reply.slice(0, 300)) : null,
+      (c.children || []).length ? el("ul", { class: "cards children" }, c.children.map(childCard)) : null);
   }
 
   async function pageNow() {
@@ -336,6 +349,8 @@
         table("Tool calls", ["tool", "arguments", "verdict", "result"], d.tool_calls.map((t) =>
           [el("code", {}, t.name), el("code", {}, String(t.arguments || "").slice(0, 200)), t.verdict || "",
             t.ok ? "ok" : "failed " + (t.error || "")])),
+        d.workflow ? el("p", {}, "Ran the learned workflow ", el("code", {}, d.workflow), ".") : null,
+        (d.children || []).length ? section("Sub-tasks", el("ul", { class: "cards children" }, d.children.map(childCard))) : null,
         markdown(d.markdown),
         el("p", {}, el("button", { type: "button", onclick: () => { state.episode = null; refresh(); } }, "Close"))));
     }
