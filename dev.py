@@ -223,14 +223,14 @@ def main(argv: list[str]) -> int:
             _setup("requirements.lock")
         if cmd == "setup":
             return 0
-        return subprocess.call([str(BIN / "steward"), *(rest or ["run"])], env=env)
+        return _become([str(BIN / "steward"), *(rest or ["run"])], env)
     _setup("requirements-dev.lock")
     if cmd == "test":
         _chromium()
         # The whole suite runs on every core (pytest-xdist); a run narrowed with
         # arguments (-k, a file) stays in one process, where output and -x read plainly.
         spread = [] if rest else ["-n", "auto"]
-        return subprocess.call([str(PY), "-m", "pytest", *spread, *rest], cwd=ROOT, env=env)
+        return _become([str(PY), "-m", "pytest", *spread, *rest], env, cwd=ROOT)
     if cmd == "lint":
         # ruff, then mypy as tests/test_types.py runs it: a type error found here is
         # one less failing suite run.
@@ -242,7 +242,20 @@ def main(argv: list[str]) -> int:
         for name, code in (("ruff", ruff), ("mypy", mypy)):
             print(f"[steward] {name}: {'passed' if code == 0 else f'failed (exit {code})'}")
         return ruff or mypy
-    return subprocess.call([str(PY), "-m", "bench", *rest], cwd=ROOT, env=env)
+    return _become([str(PY), "-m", "bench", *rest], env, cwd=ROOT)
+
+
+def _become(args: list[str], env: dict[str, str], cwd: Path | None = None) -> int:
+    """Replace this process with `args` (exec), once set-up is done. Why not a child:
+    Ctrl-C and a PaaS's SIGTERM then reach Steward (or pytest) alone, which shuts down
+    in its own time; a waiting parent got the same Ctrl-C, printed a KeyboardInterrupt
+    traceback and killed its child a quarter of a second into that shutdown."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if cwd is not None:
+        os.chdir(cwd)
+    os.execve(args[0], args, env)
+    return 1  # not reached: execve does not return
 
 
 if __name__ == "__main__":

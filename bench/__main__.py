@@ -18,6 +18,7 @@ BENCHES = {
     "memory": "bench.memory",
     "learning": "bench.learning",
     "proactive": "bench.proactive",
+    "history": "bench.history",
     "sandbox": "bench.sandbox",
     "journal": "bench.journal",
     "schedules": "bench.schedules",

@@ -159,7 +159,8 @@ def ensure_dir(path: Path, key: str) -> Path:
         if exc.errno in DISK_ERRNOS:  # a full disk is not a permissions problem
             raise ConfigError(
                 f"`{key}` is {path}, which cannot be written: {reason(exc)} ({exc.strerror}). "
-                f"Free some space there, or set STEWARD_{key.upper()} to another folder."
+                f"Free some space there, or set STEWARD_{key.upper()} to another folder.",
+                exit_code=1,  # the machine's state, as a full disk met later (bot/cli)
             ) from exc
         raise ConfigError(
             f"`{key}` is {path}, which is not writable ({exc.strerror}). "
@@ -393,6 +394,7 @@ class App:
                 retries=settings.llm_retries,
                 backoff=settings.llm_backoff,
                 backoff_max=settings.llm_backoff_max,
+                first_notice=settings.llm_first_notice,
                 max_tokens=settings.max_tokens,
                 temperature=settings.temperature,
                 stream=settings.stream,
@@ -558,7 +560,11 @@ class App:
             rules_admins_only=settings.rules_admins_only,
             proactive=self.proactive,
             interrupted=Interrupted(
-                self.journal, self.episodes, self.clock, after_episode=self._index_episode
+                self.journal,
+                self.episodes,
+                self.clock,
+                after_episode=self._index_episode,
+                resume_queued=settings.resume_queued,
             ),
             write_health=self.health,
             # Redeliveries are dropped across restarts; not in replay, whose message ids
@@ -824,6 +830,13 @@ class App:
             if self.undo is not None:  # an undo a crash cut short is finished first
                 await self.undo.recover()
                 self.undo.warm()
+            # Files that cannot be read are set aside and shown (memory/quarantine.py): the
+            # rules (and again before each task), the episodes the index could not read;
+            # approvals as the next line reads them (their messages are expired).
+            from memory.quarantine import quarantine_for
+
+            self.rules.quarantine = quarantine_for(self.data_dir)
+            await asyncio.to_thread(self.rules.quarantine.sweep)
             await self.approvals.recover({})  # loads the records; recovers no channel yet
 
     async def open_memory(self) -> None:

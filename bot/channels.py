@@ -9,6 +9,13 @@ delivery (429 honouring Retry-After, 5xx and network errors with jittered backof
 bounded). What still can't be delivered is logged and kept in
 `<data dir>/outbox/undelivered.jsonl`: nothing is dropped silently.
 
+Order holds per conversation: its messages leave one at a time, in the order they were
+made, and a new one waits behind what the conversation has kept (those are sent first;
+if they still fail, the new one is kept after them). A kept status notice ("Queued: N
+task(s) ahead", see `is_status_notice`) describes a moment: it is re-sent only while
+it is still the conversation's latest word, from this run, and less than `LATE_AFTER`
+old; otherwise it is dropped, never sent late.
+
 The registry is config/platforms.py: adding a platform is its adapter, its fake, one
 entry there and its page, docs/platforms/<name>.md.
 """
@@ -20,9 +27,12 @@ import dataclasses
 import functools
 import importlib
 import json
+import re
 import threading
 import time
 import uuid
+import weakref
+from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +44,7 @@ from adapters.base import attachment_line, attachments_room, with_typed_choices
 from config.platforms import PLATFORMS, PlatformSpec
 from config.platforms import spec as platform_spec
 from core.backoff import backoff_delay
-from core.clock import Clock
+from core.clock import Clock, Waiter
 from core.events import (
     Attachment,
     Button,
@@ -64,6 +74,16 @@ DEAF_CHECK_EVERY = 15.0
 REDELIVER_EVERY = 30.0
 #: A kept message re-sent within this many seconds goes out as it was.
 LATE_AFTER = 60.0
+#: The dispatcher's "Queued: N task(s) ahead of this one." (bot/dispatcher.py): a notice
+#: of where a message stands, true only at the moment it is said.
+STATUS_NOTICE = re.compile(r"Queued: \d+ task\(s\) ahead\b")
+#: This process: a status notice kept by an earlier run described a queue that is gone.
+RUN_ID = uuid.uuid4().hex[:12]
+
+
+def is_status_notice(text: str) -> bool:
+    """Whether `text` is a status notice (not an answer): kept, it goes stale."""
+    return STATUS_NOTICE.match(text.lstrip()) is not None
 
 
 class UndeliveredStore:
@@ -135,6 +155,42 @@ class UndeliveredStore:
             return sum(1 for _ in fh)
 
 
+class Turns:
+    """A first-come, first-served lock whose waiters wait on the clock (`Waiter`): a
+    send waiting for its turn does not count as running, so a simulated clock moves on
+    while the one ahead of it sleeps through a retry backoff (a plain asyncio.Lock
+    would leave `steward replay` waiting for work that waits for time)."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.busy = False
+        self._queue: deque[Waiter[None]] = deque()
+
+    async def __aenter__(self) -> None:
+        if not self.busy:
+            self.busy = True
+            return
+        turn: Waiter[None] = Waiter(self.clock)
+        self._queue.append(turn)
+        try:
+            await turn.wait()
+        except BaseException:  # cancelled
+            if turn in self._queue:  # still waiting: it leaves the line
+                self._queue.remove(turn)
+            else:  # handed the turn first: the next one gets it
+                self._release()
+            raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        while self._queue:
+            if self._queue.popleft().wake(None):  # the turn passes on; still busy
+                return
+        self.busy = False
+
+
 @dataclass(slots=True)
 class _Status:
     ref: MessageRef | None = None
@@ -189,12 +245,20 @@ class Outbox:
         #: The platform echoes the bot's own messages, so their absence means "deaf".
         self.echoes = echoes
         self._cancel_watch: Callable[[], None] | None = None
-        #: Kept (undelivered) messages of this channel not yet re-sent; -1: not counted yet.
-        self._backlog = -1
+        #: Conversations of this channel with kept (undelivered) messages; None: the
+        #: store not read yet. A conversation leaves it only under its own lock, when
+        #: what it kept has gone out (or was dropped).
+        self._kept_in: set[str] | None = None
+        self._kept_read = asyncio.Lock()
+        #: Turns per conversation with a send under way: its messages leave one at a
+        #: time, in order. Held only by those using it (weak values): nothing accumulates.
+        self._conversation_locks: weakref.WeakValueDictionary[str, Turns] = (
+            weakref.WeakValueDictionary()
+        )
         self.late_notice_after = late_notice_after
         self._cancel_retry: Callable[[], None] | None = None
         self._redelivery: asyncio.Task[int] | None = None
-        self._redeliver_lock: asyncio.Lock | None = None
+        self._redeliver_lock = Turns(clock)  # one round at a time
 
     @property
     def health(self) -> ChannelHealth:
@@ -270,9 +334,8 @@ class Outbox:
         return health.state == "deaf"
 
     # ── delivery with retries ────────────────────────────────────────────────
-    async def _deliver(
-        self, what: str, call: Callable[[], Awaitable[T]], keep: dict[str, Any]
-    ) -> T:
+    async def _attempts(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        """`call` under the retry policy; the last error is logged and raised as it came."""
         attempt = 0
         while True:
             attempt += 1
@@ -307,24 +370,53 @@ class Outbox:
                 attempts=attempt,
                 error=str(error)[:300],
             )
-            self._kept()
-            await self.undelivered.keep(
-                {
-                    "at": self.clock.now(),
-                    "channel": self.name,
-                    "what": what,
-                    "error": str(error)[:500],
-                    **keep,
-                }
-            )
+            raise error
+
+    async def _deliver(
+        self, what: str, call: Callable[[], Awaitable[T]], keep: dict[str, Any]
+    ) -> T:
+        """Deliver with retries; what still fails is kept, then `DeliveryError` raised."""
+        try:
+            return await self._attempts(what, call)
+        except Exception as error:
+            await self._keep(what, str(error), keep)
             if isinstance(error, DeliveryError):
-                raise error
+                raise
             raise DeliveryError(f"{type(error).__name__}: {error}", transient=False) from error
 
+    async def _keep(self, what: str, error: str, keep: dict[str, Any]) -> None:
+        self._note_kept(str(keep.get("conversation") or ""))
+        await self.undelivered.keep(
+            {
+                "at": self.clock.now(),
+                "channel": self.name,
+                "what": what,
+                "error": error[:500],
+                **keep,
+            }
+        )
+
     # ── kept messages, delivered later ───────────────────────────────────────
-    def _kept(self) -> None:
-        self._backlog = max(self._backlog, 0) + 1
+    def _note_kept(self, conversation: str) -> None:
+        if self._kept_in is not None:
+            self._kept_in.add(conversation)
         self._arm_retry()
+
+    async def _kept_conversations(self) -> set[str]:
+        """The conversations with kept messages (the store is read once, then followed)."""
+        async with self._kept_read:
+            if self._kept_in is None:
+                found: set[str] = set()
+                self._kept_in = found  # a keep from now on is noted here, read or not
+                items = await self.undelivered.pending(self.name)
+                found.update(str(i.get("conversation") or "") for i in items)
+            return self._kept_in
+
+    def _lock_for(self, conversation: str) -> Turns:
+        lock = self._conversation_locks.get(conversation)
+        if lock is None:
+            lock = self._conversation_locks[conversation] = Turns(self.clock)
+        return lock
 
     def _arm_retry(self) -> None:
         if self._cancel_retry is None:
@@ -334,7 +426,7 @@ class Outbox:
 
     def _retry_tick(self) -> None:
         self._cancel_retry = None
-        if self._backlog <= 0:
+        if self._kept_in is not None and not self._kept_in:
             return
         if self.health.state == "connected":
             self._redeliver_soon()
@@ -367,52 +459,118 @@ class Outbox:
         combined = f"{note}\n\n{text}"
         return [combined] if len(combined) <= self.capabilities.max_length else [note, text]
 
-    async def redeliver(self) -> int:
-        """Send what this channel kept as undelivered, oldest first; returns how many.
+    def _stale(self, item: dict[str, Any], *, latest: bool) -> bool:
+        """A kept status notice is stale unless it is still the conversation's latest
+        word (`latest`), was kept by this run (the queue it described is this process's)
+        and is less than LATE_AFTER old: it is dropped then, never sent late."""
+        if item.get("notice") != "status":
+            return False
+        age = self.clock.now() - float(item.get("at") or 0.0)
+        return not latest or item.get("run") != RUN_ID or age >= LATE_AFTER
 
-        Called as the channel starts, after any successful send, and every
-        REDELIVER_EVERY seconds while something is kept and the channel is healthy. One
-        attempt each (the channel was just seen working); the first failure stops the
-        round, so the order is kept, and the rest waits for the next. Kept approvals,
-        suggestions and edits are not re-sent: their moment has passed (the task they
-        belonged to has ended: its answer is kept as a message of its own)."""
-        if self._redeliver_lock is None:
-            self._redeliver_lock = asyncio.Lock()
-        async with self._redeliver_lock:
-            items = await self.undelivered.pending(self.name)
-            self._backlog = len(items)
-            done: list[str] = []
-            sent = 0
-            for item in items:
+    async def _send_kept(self, conversation: str, item: dict[str, Any]) -> None:
+        if item.get("what") == "send":
+            for piece in self._late_pieces(item):
+                await self.adapter.send(conversation, piece, thread=item.get("thread"))
+        else:
+            await self.adapter.send_private(
+                conversation, str(item.get("to")), str(item.get("text") or "")
+            )
+
+    async def _resend(self, conversation: str, *, followed: bool, retry: bool) -> tuple[int, int]:
+        """Send what `conversation` kept, oldest first, stopping at the first failure
+        (the order is kept); the caller holds the conversation's lock. `followed`: a new
+        message is about to go out (so no kept status notice is the latest word);
+        `retry`: each under the retry policy (one attempt otherwise). Returns (sent,
+        still kept)."""
+        items = [
+            i
+            for i in await self.undelivered.pending(self.name)
+            if str(i.get("conversation") or "") == conversation
+        ]
+        done: list[str] = []
+        sent = 0
+        try:
+            for n, item in enumerate(items):
                 what = item.get("what")
-                conversation = str(item.get("conversation") or "")
                 if what not in ("send", "private") or not conversation:
                     log.info("delivery.kept_dropped", channel=self.name, what=what)
                     done.append(item["id"])
                     continue
+                if self._stale(item, latest=not followed and n == len(items) - 1):
+                    log.info("delivery.kept_stale", channel=self.name, conversation=conversation)
+                    done.append(item["id"])
+                    continue
+                call = functools.partial(self._send_kept, conversation, item)
                 try:
-                    if what == "send":
-                        for piece in self._late_pieces(item):
-                            await self.adapter.send(conversation, piece, thread=item.get("thread"))
-                    else:
-                        await self.adapter.send_private(
-                            conversation, str(item.get("to")), str(item.get("text") or "")
-                        )
+                    await (self._attempts("redeliver", call) if retry else call())
                 except Exception as exc:
                     log.warning(
                         "delivery.redeliver_failed",
                         channel=self.name,
+                        conversation=conversation,
                         error=str(exc)[:200],
                         left=len(items) - len(done),
                     )
                     break
                 done.append(item["id"])
                 sent += 1
-            await self.undelivered.forget(done)
-            self._backlog = len(items) - len(done)
+        finally:
+            await asyncio.shield(self.undelivered.forget(done))
+        left = len(items) - len(done)
+        if not left and self._kept_in is not None:
+            self._kept_in.discard(conversation)
+        return sent, left
+
+    async def _behind_kept(self, conversation: str, what: str, keeps: list[dict[str, Any]]) -> None:
+        """Before a new message goes out (the caller holds the conversation's lock), what
+        the conversation kept goes first. If that still fails, the new message is kept
+        after it, not tried: on a platform that fails now and then it could otherwise
+        arrive before the older ones. Raises `DeliveryError` then."""
+        if conversation not in await self._kept_conversations():
+            return
+        sent, left = await self._resend(conversation, followed=True, retry=True)
+        if sent:
+            log.info("delivery.redelivered", channel=self.name, count=sent, left=left)
+        if not left:
+            return
+        log.warning(
+            "delivery.kept_behind", channel=self.name, conversation=conversation, waiting=left
+        )
+        for keep in keeps:
+            await self._keep(what, f"waiting behind {left} undelivered message(s)", keep)
+        raise DeliveryError(
+            f"{self.name}: {left} earlier message(s) to this conversation could not be "
+            "delivered yet; this one is kept after them and goes out when they do"
+        )
+
+    async def redeliver(self) -> int:
+        """Send what this channel kept as undelivered, oldest first per conversation;
+        returns how many.
+
+        Called as the channel starts, after any successful send, and every
+        REDELIVER_EVERY seconds while something is kept and the channel is healthy. One
+        attempt each (the channel was just seen working); the first failure stops the
+        round, so the order is kept, and the rest waits for the next. Each conversation
+        is sent under its lock, so a new message to it waits for its kept ones. Kept
+        approvals, suggestions and edits are not re-sent: their moment has passed (the
+        task they belonged to has ended: its answer is kept as a message of its own);
+        nor is a stale status notice (see `_stale`)."""
+        async with self._redeliver_lock:
+            await self._kept_conversations()
+            items = await self.undelivered.pending(self.name)
+            sent = 0
+            for conversation in dict.fromkeys(str(i.get("conversation") or "") for i in items):
+                lock = self._lock_for(conversation)
+                async with lock:
+                    count, left = await self._resend(conversation, followed=False, retry=False)
+                sent += count
+                if left:
+                    break
             if sent:
-                log.info("delivery.redelivered", channel=self.name, count=sent, left=self._backlog)
-            if self._backlog > 0:
+                left_items = len(await self.undelivered.pending(self.name))
+                log.info("delivery.redelivered", channel=self.name, count=sent, left=left_items)
+            if self._kept_in:
                 self._arm_retry()
             return sent
 
@@ -428,29 +586,49 @@ class Outbox:
     ) -> MessageRef:
         """Markdown `text` in the platform's dialect, split at its limit (the attachments go
         with the last piece). Buttons (an approval, an offer of help) go out as one message
-        with the text when they fit the platform, else as the text saying what to type."""
+        with the text when they fit the platform, else as the text saying what to type.
+
+        After what the conversation kept, in order (see `_behind_kept`); a piece that
+        can't be delivered is kept, and the rest of the answer behind it."""
         if buttons:
             if self._buttons_fit(text, buttons, attachments):
                 return await self._ask(conversation, text, thread, buttons, attachments)
             text = with_typed_choices(text, buttons)
         await self._finish_status(conversation)
-        event_before = self._last_event()  # its echo may arrive before the send returns
+        notice = {"notice": "status", "run": RUN_ID} if is_status_notice(text) else {}
         room = attachments_room(attachments)
         pieces = split_message(self.convert(text), self.capabilities.max_length - room)
-        ref: MessageRef | None = None
-        for n, piece in enumerate(pieces, start=1):
-            files = attachments if n == len(pieces) else ()
-            ref = await self._deliver(
-                "send",
-                functools.partial(
-                    self.adapter.send, conversation, piece, thread=thread, attachments=files
-                ),
-                {"conversation": conversation, "text": piece, "thread": thread}
-                | ({"attachments": [attachment_line(a) for a in files]} if files else {}),
+
+        def keep(n: int) -> dict[str, Any]:
+            files = attachments if n == len(pieces) - 1 else ()
+            return (
+                {"conversation": conversation, "text": pieces[n], "thread": thread}
+                | ({"attachments": [attachment_line(a) for a in files]} if files else {})
+                | notice
             )
+
+        lock = self._lock_for(conversation)
+        async with lock:
+            await self._behind_kept(conversation, "send", [keep(n) for n in range(len(pieces))])
+            event_before = self._last_event()  # its echo may arrive before the send returns
+            ref: MessageRef | None = None
+            for n, piece in enumerate(pieces):
+                files = attachments if n == len(pieces) - 1 else ()
+                try:
+                    ref = await self._deliver(
+                        "send",
+                        functools.partial(
+                            self.adapter.send, conversation, piece, thread=thread, attachments=files
+                        ),
+                        keep(n),
+                    )
+                except DeliveryError as exc:  # the rest of the answer waits behind it
+                    for rest in range(n + 1, len(pieces)):
+                        await self._keep("send", f"behind an undelivered piece: {exc}", keep(rest))
+                    raise
         assert ref is not None
         self._sent_ok(event_before)
-        if self._backlog > 0:  # the channel works again: what it kept goes out now
+        if self._kept_in:  # the channel works again: what others kept goes out now
             self._redeliver_soon()
         return ref
 
@@ -464,25 +642,29 @@ class Outbox:
     ) -> MessageRef:
         """A message with buttons: one delivery, the status message left as it is (the
         task goes on after the answer). Kept when it fails, never re-sent: its moment
-        will have passed."""
+        will have passed. After what the conversation kept, like any message."""
         body = self.convert(text)
-        return await self._deliver(
-            "buttons",
-            functools.partial(
-                self.adapter.send,
-                conversation,
-                body,
-                thread=thread,
-                buttons=buttons,
-                attachments=attachments,
-            ),
-            {
-                "conversation": conversation,
-                "text": body,
-                "thread": thread,
-                "buttons": [b.value for b in buttons],
-            },
-        )
+        keep = {
+            "conversation": conversation,
+            "text": body,
+            "thread": thread,
+            "buttons": [b.value for b in buttons],
+        }
+        lock = self._lock_for(conversation)
+        async with lock:
+            await self._behind_kept(conversation, "buttons", [keep])
+            return await self._deliver(
+                "buttons",
+                functools.partial(
+                    self.adapter.send,
+                    conversation,
+                    body,
+                    thread=thread,
+                    buttons=buttons,
+                    attachments=attachments,
+                ),
+                keep,
+            )
 
     async def edit(
         self, ref: MessageRef, text: str, *, buttons: list[Button] | None = None
@@ -507,11 +689,13 @@ class Outbox:
 
     async def send_private(self, conversation: str, user: str, text: str) -> None:
         body = self.convert(text)
-        await self._deliver(
-            "private",
-            lambda: self.adapter.send_private(conversation, user, body),
-            {"conversation": conversation, "to": user, "text": body},
-        )
+        keep = {"conversation": conversation, "to": user, "text": body}
+        lock = self._lock_for(conversation)
+        async with lock:
+            await self._behind_kept(conversation, "private", [keep])
+            await self._deliver(
+                "private", lambda: self.adapter.send_private(conversation, user, body), keep
+            )
 
     async def typing(self, conversation: str) -> None:
         try:

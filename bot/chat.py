@@ -17,6 +17,7 @@ from bot.app import App
 from bot.model_check import EXIT_NO_MODEL, local_model_ready, no_model_message
 from config.settings import Settings
 from core.agent import TaskResult
+from core.gates import NOT_DONE, none_succeeded
 from memory.attachment_folder import AttachmentFolder
 
 EXIT_OK, EXIT_FAIL = 0, 1
@@ -148,7 +149,7 @@ async def _exchange(app: App, channel: OneShotChannel, key: str, text: str) -> b
     failed = why_failed(result)
     if failed:
         print(f"steward: {result.reply}", file=sys.stderr)
-        if result.outcome in ("success", "denied"):
+        if result.outcome in ("success", "denied") or failed.startswith(NOT_DONE):
             print(f"steward: counted as failed: {failed}", file=sys.stderr)
         return False
     print(reply, flush=True)
@@ -158,25 +159,26 @@ async def _exchange(app: App, channel: OneShotChannel, key: str, text: str) -> b
 def why_failed(result: TaskResult) -> str:
     """Why the task counts as failed for the exit code, or "" when it succeeded.
 
-    The agent's outcome is not enough: a task whose only tool call was denied (nobody
-    can approve in a one-shot run), refused by the policy or errored ends with a
-    polite answer ("I could not write it") and outcome "success", though the work was
-    not done, and a script must be able to tell. So: failed when the outcome is not
-    success, or when at least one tool call was made and none of them succeeded. A
-    task that needed no tool (a question) or recovered from a failed call with another
-    one still succeeds. Episodes and learning keep their own outcome; this is only
-    the command's answer.
+    The exit code says what the episode says (and so the dashboard and `steward memory
+    stats`): 0 only for the outcome `success`. A task whose work was not done is a
+    failure however politely its answer admits it: its tool calls all failed or were
+    refused, or the answer says it could not after a call failed (core/gates/outcome.py).
+    The answer then explains, but a script must be able to tell. A task that needed no
+    tool (a question) or recovered from a failed call with another one succeeds.
+    `denied` (the last call was denied: nobody can approve here) is a decision, not a
+    failure, for learning and proactive help; the work was not done, so it fails here.
     """
-    # "denied" (the last call was denied: a decision, not a failure for learning) is
-    # judged by the tool records like a success.
-    if result.outcome not in ("success", "denied"):
-        return result.outcome
     calls = result.episode.tools
-    if calls and not any(call.ok for call in calls):
-        what = "its tool call" if len(calls) == 1 else f"none of its {len(calls)} tool calls"
-        verb = "did not succeed" if len(calls) == 1 else "succeeded"
-        return f"{what} {verb} (denied, refused or failed), so the work was not done"
-    return ""
+    if result.outcome == "success":
+        # The gates' own reading, for a result recorded without it.
+        return none_succeeded(calls)
+    if result.outcome == "denied":
+        if not any(call.ok for call in calls):
+            what = "its tool call" if len(calls) == 1 else f"none of its {len(calls)} tool calls"
+            verb = "did not succeed" if len(calls) == 1 else "succeeded"
+            return f"{what} {verb} (denied, refused or failed), so the work was not done"
+        return "its last tool call was denied (nobody can approve here), so the work was not done"
+    return result.episode.error if result.episode.error.startswith(NOT_DONE) else result.outcome
 
 
 async def chat_interactive(settings: Settings, *, log_file: Path | None = None) -> int:

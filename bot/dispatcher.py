@@ -112,6 +112,10 @@ class Dispatcher:
     #: Write-failure notices waiting for a background transcript save (`_notice_after`).
     _notices: TaskSet = field(default_factory=lambda: TaskSet("notices"))
 
+    def __post_init__(self) -> None:
+        if self.interrupted is not None:  # `resume_queued`: queued messages run at start
+            self.interrupted.bind(self._resume)
+
     def bind(self, channel: Channel) -> Callable[[Inbound], Awaitable[None]]:
         async def dispatch(event: Inbound) -> None:
             await self.handle(event, channel)
@@ -306,9 +310,26 @@ class Dispatcher:
         if answer is not None:
             await self.say(channel, msg.conversation, answer, msg.thread)
 
-    async def _task(self, msg: Message, channel: Channel, text: str) -> None:
+    async def _task(
+        self, msg: Message, channel: Channel, text: str, queued: str | None = None
+    ) -> None:
+        """Hand a message to its conversation's queue. One that waits behind a running
+        task is journaled first (core/interrupted.py `accept`), durably, before its person
+        is told "Queued": a kill -9 or a deploy before its turn does not lose it.
+        `queued`: the record of a message a restart caught queued, run again now."""
         key = self.key(channel, msg.conversation)
-        ahead = self.conversations.submit(key, lambda: self._run(msg, channel, text, key))
+        record: list[asyncio.Future[str | None]] = []  # read by the job when it starts
+        ahead = self.conversations.submit(
+            key, lambda: self._queued_run(msg, channel, text, key, record)
+        )
+        if queued is not None:
+            done: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+            done.set_result(queued)
+            record.append(done)
+        elif ahead and self.interrupted is not None:
+            # Submitted first (messages keep their order), written before it is said.
+            record.append(asyncio.ensure_future(self._accept(channel, msg, text)))
+            await asyncio.shield(record[0])
         if ahead:
             await self.say(
                 channel,
@@ -317,7 +338,55 @@ class Dispatcher:
                 msg.thread,
             )
 
-    async def _run(self, msg: Message, channel: Channel, text: str, key: str) -> FollowUp | None:
+    async def _accept(self, channel: Channel, msg: Message, text: str) -> str | None:
+        assert self.interrupted is not None
+        try:
+            return await self.interrupted.accept(channel.name, msg, text)
+        except Exception:  # the message still waits in memory; only a crash can lose it
+            log.exception("dispatch.queue_record_failed", channel=channel.name)
+            return None
+
+    async def _resume(self, channel: Channel, msg: Message, record: str) -> None:
+        """A message a restart caught queued, run now (`resume_queued`); its record stays
+        the job's until the job ends."""
+        await self._task(msg, channel, msg.text, queued=record)
+
+    async def _queued_run(
+        self,
+        msg: Message,
+        channel: Channel,
+        text: str,
+        key: str,
+        record: list[asyncio.Future[str | None]],
+    ) -> FollowUp | None:
+        """`_run`, for a message that may have a queued record: the record names the task
+        once it begins and is closed once the task has ended (before its answer is sent)
+        or the job ends otherwise (cancelled, crashed); not when Steward stops before
+        its task ended, so the next start finds what never ran."""
+        if not record:
+            return await self._run(msg, channel, text, key)
+        writing = record[0]
+        try:
+            rid = await asyncio.shield(writing)  # started while its record was written
+        except asyncio.CancelledError:
+            if not self._stopping():
+                writing.add_done_callback(self._settle_written)
+            raise
+        open_record = [rid] if rid is not None else []
+        try:
+            return await self._run(msg, channel, text, key, open_record)
+        finally:
+            if open_record and self.interrupted is not None and not self._stopping():
+                self.interrupted.settle(open_record.pop())
+
+    def _settle_written(self, writing: asyncio.Future[str | None]) -> None:
+        if self.interrupted is not None and not writing.cancelled() and not writing.exception():
+            if (rid := writing.result()) is not None:
+                self.interrupted.settle(rid)
+
+    async def _run(
+        self, msg: Message, channel: Channel, text: str, key: str, record: list[str] | None = None
+    ) -> FollowUp | None:
         """Run the task and send its answer; return what is left to do after it.
 
         The rest (history, rule credit, proactive help) is the conversation's follow-up:
@@ -341,6 +410,8 @@ class Dispatcher:
 
         async def observe(event: Progress) -> None:
             if event.kind == "task_start":
+                if record and not started and self.interrupted is not None:
+                    self.interrupted.taken(record[0], event.task_id)  # its record takes over
                 started.append(event.task_id)
             watch(event)
             if channel.capabilities.shows(event):
@@ -375,15 +446,22 @@ class Dispatcher:
         )
         started_at = self.agent.clock.now()
         proactive = self.proactive
+
+        def settle() -> None:  # the task ended (its own record holds its episode)
+            if record and self.interrupted is not None:
+                self.interrupted.settle(record.pop())
+
         try:
             try:
                 result = await self.agent.run(request, observe)
+                settle()
             except asyncio.CancelledError:
                 if self._stopping():  # asked about again after the restart (core/interrupted)
                     await asyncio.shield(
                         self.say(channel, msg.conversation, STOPPING_MESSAGE, msg.thread)
                     )
                     raise
+                settle()
                 await asyncio.shield(
                     self.say(
                         channel, msg.conversation, "Stopped: the task was cancelled.", msg.thread

@@ -234,7 +234,9 @@ async def _model(settings: Settings) -> list[Check]:
         await client.complete([{"role": "user", "content": "ping"}])
         checks.append(Check("model", True, f"{client.describe()} answered"))
     except LLMError as exc:
-        checks.append(Check("model", False, str(exc), "see the message above"))
+        # Whoever runs doctor runs Steward: the server and the provider's words too.
+        said = f"{exc.detail}. {exc}" if exc.detail else str(exc)
+        checks.append(Check("model", False, said, "see the message above"))
     return checks
 
 
@@ -399,6 +401,31 @@ async def _live_health(settings: Settings) -> dict[str, Any] | None:
     return channels
 
 
+def _memory(settings: Settings) -> Check:
+    """Damaged memory files: those set aside in quarantine/ (memory/quarantine.py), and
+    those still in place that the next start will set aside. Reads only: a running
+    Steward may own the data dir."""
+    from memory.quarantine import CLEAR, Quarantine
+
+    quarantine = Quarantine(settings.data_dir)
+    held = quarantine.files()
+    waiting = quarantine.damaged()
+    if not held and not waiting:
+        return Check("memory", True, "every rule, approval and indexed episode reads")
+    lines = []
+    if held:
+        lines.append(f"{len(held)} damaged file(s) set aside in {quarantine.root}:")
+        lines += [
+            f"    {q.path}: {q.reason}" + (f" (since {q.since})" if q.since else "") for q in held
+        ]
+    if waiting:
+        if lines:
+            lines.append("  and")
+        lines.append(f"{len(waiting)} damaged file(s) the next start will set aside:")
+        lines += [f"    {p.relative_to(quarantine.data_dir)}: {why}" for p, why in waiting]
+    return Check("memory", False, "\n".join(lines), CLEAR)
+
+
 def _snapshots(settings: Settings) -> Check:
     """Workspace snapshots (/undo): on or off, and how much disk the store uses."""
     if not settings.snapshots:
@@ -422,6 +449,7 @@ async def run_doctor(settings: Settings) -> int:
     checks += await _mcp(settings)
     checks += await _model(settings)
     checks += await _channels(settings)
+    checks.append(_memory(settings))
     checks.append(_snapshots(settings))
     failed = 0
     for c in checks:

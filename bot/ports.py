@@ -8,6 +8,7 @@ contract visible and checked, where `Any` let any typo through.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from core.agent import TaskResult
@@ -89,3 +90,12 @@ class InterruptedTasks(Protocol):
     async def answer(self, value: str, user: str) -> InterruptedAnswer: ...
 
     async def recover(self, channels: dict[str, Channel]) -> int: ...
+
+    # A message queued behind a running task: journaled, named, closed, resumed.
+    def bind(self, resume: Callable[[Channel, Message, str], Awaitable[None]]) -> None: ...
+
+    async def accept(self, channel: str, msg: Message, text: str) -> str | None: ...
+
+    def taken(self, record_id: str, task_id: str) -> None: ...
+
+    def settle(self, record_id: str) -> None: ...

@@ -22,6 +22,7 @@ from config.settings import ConfigError, Settings
 from core.clock import Clock
 from core.events import Channel
 from memory.login_token import TokenError, load_or_create_token, new_token, token_path
+from memory.quarantine import memory_health
 from memory.redact import redact, redact_shown
 from memory.web_history import WebHistory
 
@@ -83,8 +84,9 @@ def build_web_app(
         # Until the first channel is up (memory opened, adapters started) Steward is not
         # ready: a load balancer or a test must not send it work yet.
         starting = not channels
-        # Failed memory writes (a full disk): answering but not remembering is not ok.
-        memory = app.health.snapshot()
+        # Failed memory writes (a full disk): answering but not remembering is not ok;
+        # nor are damaged files set aside in quarantine/ (listed, with how to clear them).
+        memory = await asyncio.to_thread(memory_health, app.health)
         return web.json_response(
             {
                 "ok": not bad and not starting and memory["ok"],

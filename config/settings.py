@@ -37,7 +37,13 @@ ENV_PREFIX = "STEWARD_"
 
 
 class ConfigError(Exception):
-    """A configuration mistake, worded for the person who has to fix it."""
+    """A configuration mistake, worded for the person who has to fix it. `exit_code`:
+    what `steward` exits with (2, a setting to fix; 1 when the machine itself is the
+    problem, such as a full disk under a folder it names)."""
+
+    def __init__(self, message: str, *, exit_code: int = 2) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 class _CoreSettings(BaseModel):
@@ -56,10 +62,12 @@ class _CoreSettings(BaseModel):
     public_url: str
     max_steps: int = Field(ge=1, le=200)
     task_timeout: float = Field(gt=0)
+    resume_queued: bool
     llm_timeout: float = Field(gt=0)
     llm_retries: int = Field(ge=0, le=20)
     llm_backoff: float = Field(ge=0)
     llm_backoff_max: float = Field(ge=0)
+    llm_first_notice: float = Field(ge=0)
     llm_workers: int = Field(ge=0, le=16)
     llm_worker_threshold: int = Field(ge=1)
     max_tokens: int = Field(ge=0)
@@ -149,9 +157,12 @@ class _CoreSettings(BaseModel):
     proactive_cooldown_max: float = Field(ge=0)
     proactive_restore: float = Field(ge=0, le=1)
     proactive_refusal_nudge: float = Field(ge=0, le=1)
+    proactive_welcome: float = Field(ge=0)
+    proactive_welcome_memory: float = Field(ge=0)
     proactive_quick_cancel: float = Field(ge=0)
     proactive_silence: float = Field(ge=0)
     proactive_repeat_similarity: float = Field(gt=0, le=1)
+    proactive_reask: float = Field(ge=0)
     proactive_corrections: str
     proactive_help_words: str
     proactive_timezone: str

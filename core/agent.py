@@ -32,7 +32,7 @@ from core.clock import Clock
 from core.delegate import NAME as DELEGATE
 from core.egress import urls_in
 from core.events import Attachment, Channel, Progress
-from core.gates import check_answer, honest_suffix, retry_instruction
+from core.gates import NOT_DONE, check_answer, honest_suffix, retry_instruction
 from core.guardian import CallDecision, Guardian, Verdict
 from core.model.client import LLMClient
 from core.model.errors import LLMError
@@ -424,6 +424,8 @@ class Agent:
             causes = [t.signature for t in episode.tools if t.signature and not t.environmental]
             if causes:
                 episode.task_signature = causes[-1]
+            elif episode.error.startswith(NOT_DONE):
+                pass  # work not done after refused or environmental calls: theirs are the record
             else:
                 if not kind and episode.error.startswith(("token budget", "stopped by code")):
                     kind = "Budget"  # a ceiling someone set, not a lesson to learn
@@ -593,7 +595,9 @@ class Agent:
                 text = result.text.strip() or EMPTY_ANSWER
                 verdict = check_answer(text, [*episode.tools, *host.evidence], request=req.text)
                 if verdict.ok():
-                    episode.outcome = "success"
+                    # "failure" when the answer is honest that the work was not done.
+                    episode.outcome = verdict.outcome
+                    episode.error = verdict.not_done[:1000]
                     if retried:
                         episode.gates.append("passed after retry")
                     return text
@@ -684,7 +688,8 @@ class Agent:
             text = result.output.strip() or EMPTY_ANSWER
             verdict = check_answer(text, episode.tools, request=req.text)
             if verdict.ok():
-                episode.outcome = "success"
+                episode.outcome = verdict.outcome
+                episode.error = verdict.not_done[:1000]
                 return text
             result.handback = "its answer did not pass the answer checks: " + "; ".join(
                 verdict.problems

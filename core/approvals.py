@@ -41,6 +41,13 @@ ACTIONS = (APPROVE, SESSION, ALWAYS, DENY)
 
 #: Why a request left pending by a previous run was expired (shown in its edited message).
 RESTART_REASON = "Steward restarted before this was answered; the task stopped. Ask again."
+#: Why a request whose stored record was damaged was expired: its file could not be read
+#: after a restart and was set aside (memory/approvals.py, memory/quarantine.py).
+DAMAGED_REASON = (
+    "Steward restarted and could not read this request's record (the file was damaged; "
+    "it is kept in the data dir's quarantine/ folder), so it can no longer be approved; "
+    "the task stopped. Ask again."
+)
 
 AlwaysAllow = Callable[[str, dict[str, Any], str], str]
 #: What a session grant keeps of the files a call reads (`Guardian.pin`): the same
@@ -196,6 +203,15 @@ class Approvals:
                         str(record.get("decided_by") or "?"),
                         str(record.get("reason") or record["status"]),
                     )
+            # Records whose file was damaged (set aside as they were read): never
+            # approvable; those still waiting with a known message have it expired below.
+            for stub in self.store.take_damaged():
+                rid = str(stub["id"])
+                if rid in self._decided:
+                    continue
+                self._decided[rid] = ApprovalDecision(False, "restart", DAMAGED_REASON)
+                if stub.get("status") == "pending" and stub.get("message_id"):
+                    left.append(stub)
             if self._left_open is None:  # two channels started at once: the first read wins
                 self._left_open = left
         return self._left_open
@@ -212,25 +228,35 @@ class Approvals:
         self._left_open = [r for r in left if str(r.get("channel")) not in channels]
         for record in mine:
             rid = str(record["id"])
-            record.update(
-                status="expired",
-                decided_by="restart",
-                reason=RESTART_REASON,
-                decided_at=self.clock.now(),
-            )
-            await self.store.save(record)
+            damaged = bool(record.get("damaged"))
+            reason = DAMAGED_REASON if damaged else RESTART_REASON
+            if damaged:  # its file is in quarantine: nothing to rewrite, the message remains
+                await asyncio.to_thread(self.store.forget_message, rid)
+            else:
+                record.update(
+                    status="expired",
+                    decided_by="restart",
+                    reason=RESTART_REASON,
+                    decided_at=self.clock.now(),
+                )
+                await self.store.save(record)
             channel = channels[str(record.get("channel"))]
             if record.get("message_id"):
                 ref = MessageRef(
-                    channel.name, str(record["conversation"]), str(record["message_id"])
+                    channel.name, str(record.get("conversation") or ""), str(record["message_id"])
                 )
+                text = str(record.get("text") or "").strip()
                 try:
                     await channel.edit(
-                        ref, f"{record.get('text', '')}\n\nExpired: {RESTART_REASON}", buttons=[]
+                        ref,
+                        f"{text}\n\nExpired: {reason}" if text else f"Expired: {reason}",
+                        buttons=[],
                     )
                 except Exception:
                     log.warning("approval.recover_edit_failed", approval=rid, exc_info=True)
-            log.info("approval.expired_on_restart", approval=rid, channel=channel.name)
+            log.info(
+                "approval.expired_on_restart", approval=rid, channel=channel.name, damaged=damaged
+            )
         return len(mine)
 
     async def ask(

@@ -32,7 +32,8 @@ Job = Callable[[], Coroutine[Any, Any, FollowUp | None]]
 
 @dataclass(slots=True)
 class _Conversation:
-    queue: deque[Job] = field(default_factory=deque)
+    #: Jobs waiting, each with whether it is already counted as activity (see `submit`).
+    queue: deque[tuple[Job, bool]] = field(default_factory=deque)
     worker: asyncio.Task[None] | None = None
     current: asyncio.Task[FollowUp | None] | None = None
 
@@ -59,11 +60,18 @@ class Conversations:
         return len(conv.queue) if conv else 0
 
     def submit(self, key: str, job: Job) -> int:
-        """Queue a job; returns how many jobs are ahead of it (0: it starts now)."""
+        """Queue a job; returns how many jobs are ahead of it (0: it starts now).
+
+        A job that starts now is counted as activity from now, so "idle" can't race its
+        start; one queued behind another is counted when its turn comes (in the same
+        loop turn as the job ahead stops counting): until then it waits, as on the
+        clock or on a person, and a replay whose running task waits for an approval
+        can still deliver its next line."""
         conv = self._get(key)
         ahead = len(conv.queue) + (1 if conv.current is not None else 0)
-        self.clock.activity.inc()  # counted from now, so "idle" can't race the start
-        conv.queue.append(job)
+        if not ahead:
+            self.clock.activity.inc()
+        conv.queue.append((job, not ahead))
         if conv.worker is None or conv.worker.done():
             conv.worker = asyncio.create_task(self._work(key, conv), name=f"conv:{key}")
         return ahead
@@ -78,7 +86,9 @@ class Conversations:
 
     async def _work(self, key: str, conv: _Conversation) -> None:
         while conv.queue:
-            job = conv.queue.popleft()
+            job, counted = conv.queue.popleft()
+            if not counted:
+                self.clock.activity.inc()
             try:
                 follow_up = await self._run(key, conv, job)
                 if follow_up is not None:

@@ -14,11 +14,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from memory.documents import DocError, from_text
 from memory.effects import Effects
 from memory.health import health_for
 from memory.hops import disk_executor
 from memory.records import RecordStore, Written, read_record
-from memory.store import MalformedFile, render
+from memory.store import MalformedFile, parse, render
 
 #: How much of a call's arguments an episode file keeps (the tool log keeps them whole).
 EPISODE_ARGUMENTS_CHARS = 500
@@ -339,8 +340,65 @@ class EpisodeStore:
 
     @staticmethod
     def read_front_matter(path: Path) -> dict[str, Any]:
-        """Parse one episode's front matter; raises ValueError naming the file when malformed."""
+        """Parse one episode's front matter; raises ValueError naming the file when malformed
+        (`MalformedFile`: also when a field Steward relies on has the wrong kind of value)."""
         meta, _body = read_record(path)
         if not meta:
             raise MalformedFile(path, "front matter is empty")
+        problem = _wrong_fields(meta)
+        if problem:
+            raise MalformedFile(path, problem)
         return meta
+
+
+#: Fields every reader of an episode uses, and the kinds of value they must have (a
+#: word a person typed by hand, `request: 42`, still reads; a mapping there does not).
+_SCALAR = (str, int, float, bool)
+_FIELD_KINDS: dict[str, tuple[type, ...]] = {
+    "id": _SCALAR,
+    "request": _SCALAR,
+    "outcome": _SCALAR,
+    "channel": _SCALAR,
+    "tools": (list,),
+    "error_signatures": (list,),
+    "rules_applied": (list,),
+}
+
+
+def _wrong_fields(meta: dict[str, Any]) -> str:
+    """What is wrong with the kinds of an episode's fields ("" when nothing is)."""
+    for name, kinds in _FIELD_KINDS.items():
+        value = meta.get(name)
+        if value is not None and not isinstance(value, kinds):
+            return f"{name} is a {type(value).__name__}, not a {kinds[0].__name__}"
+    tools = meta.get("tools") or []
+    if any(not isinstance(t, dict) for t in tools):
+        return "tools holds something other than 'name: …' mappings"
+    return ""
+
+
+def damage(path: Path, data_dir: Path) -> str | None:
+    """Why `path` cannot be read as an episode (as the memory index and the readers here
+    read it), or None; an I/O error is not damage. memory/quarantine.py asks it."""
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return f"not UTF-8 text ({exc.reason} at byte {exc.start})"
+    try:
+        rel = path.relative_to(data_dir).as_posix()
+    except ValueError:
+        rel = f"episodes/{path.name}"
+    try:
+        from_text(data_dir, rel, "episode", text, 0, len(raw))
+        meta, _body = parse(text, path)
+    except DocError as exc:
+        return exc.reason
+    except MalformedFile as exc:
+        return exc.reason
+    if not meta:
+        return "front matter is empty"
+    return _wrong_fields(meta) or None

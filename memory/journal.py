@@ -27,6 +27,12 @@ task's path), and a line torn by a crash is ignored when read. Writes run in a
 thread: each costs an fsync, which must not stall the event loop. The writes asked for
 in one event-loop turn (100 conversations at once open many records together) share
 one thread hop (memory/hops.py), each still fsynced and awaited on its own.
+
+A message queued behind a running task has a record of its own (`queue`, kind QUEUED),
+created and fsynced the same way before its person is told "Queued", so a kill -9 or a
+SIGTERM before its turn does not lose it; when its task begins a line names that task
+(`taken`), and the record goes when the job ends (`settle`). core/interrupted.py
+answers what is left of them at start-up.
 """
 
 from __future__ import annotations
@@ -57,6 +63,9 @@ log = structlog.get_logger("steward.journal")
 OPEN = "open"
 #: A record found open at start-up whose person was asked "Run it again?".
 ASKED = "asked"
+#: A message accepted behind a running task, waiting its turn (`TaskJournal.queue`):
+#: the record's `kind` stays QUEUED once it was asked about (status ASKED).
+QUEUED = "queued"
 
 #: Emptied record files kept for the next records (`TaskJournal._recycle`); their
 #: names never end in .jsonl, so nothing reads them as records.
@@ -169,13 +178,24 @@ class TaskJournal:
             self._folder[1]()  # closes it, once
             self._folder = None
 
-    def _append(self, task_id: str, line: str) -> None:
+    def _append(self, task_id: str, line: str, *, sync: bool = True) -> None:
         fd = os.open(self.path(task_id), os.O_WRONLY | os.O_APPEND)
         try:
             os.write(fd, line.encode("utf-8"))
-            os.fdatasync(fd)
+            if sync:
+                os.fdatasync(fd)
         finally:
             os.close(fd)
+
+    def _append_unsynced(self, task_id: str, line: str) -> bool:
+        """One line appended without an fsync (what reached the page cache survives a
+        killed process); a failure is logged, never raised."""
+        try:
+            self._append(task_id, line, sync=False)
+        except OSError:
+            log.warning("journal.write_failed", task_id=task_id, exc_info=True)
+            return False
+        return True
 
     async def open(
         self,
@@ -245,16 +265,7 @@ class TaskJournal:
         redacted = redact_obj({k: v for k, v in episode.items() if k not in verbatim})
         clean = {k: episode[k] if k in verbatim else redacted[k] for k in episode}
         line = json.dumps({"done": clean}, ensure_ascii=False) + "\n"
-        try:
-            fd = os.open(self.path(task_id), os.O_WRONLY | os.O_APPEND)
-            try:
-                os.write(fd, line.encode("utf-8"))
-            finally:
-                os.close(fd)
-        except OSError:
-            log.warning("journal.write_failed", task_id=task_id, exc_info=True)
-            return False
-        return True
+        return self._append_unsynced(task_id, line)
 
     async def close(self, task_id: str) -> None:
         """The task ended and its episode was written: nothing to ask after a restart.
@@ -288,6 +299,60 @@ class TaskJournal:
                     log.warning("journal.close_failed", task_id=task_id, exc_info=True)
 
         return unlink_all
+
+    # -- messages waiting behind a running task ---------------------------------------
+
+    async def queue(
+        self,
+        record_id: str,
+        *,
+        channel: str,
+        conversation: str,
+        user: str,
+        request: str,
+        accepted: datetime,
+        thread: str | None = None,
+        direct: bool = True,
+    ) -> bool:
+        """A message accepted while its conversation is busy: recorded durably (the same
+        write and fsyncs as a task's record) before its person is told it is queued, so a
+        kill -9 or a deploy before its turn does not lose it. Returns False when it could
+        not be written (logged; the message still waits in memory)."""
+        record: dict[str, Any] = {
+            "id": record_id,
+            "kind": QUEUED,
+            "status": QUEUED,
+            "started": accepted.isoformat(),
+            "channel": channel,
+            "conversation": conversation,
+            "user": user,
+            "thread": thread,
+            "direct": direct,
+            "request": redact(request),
+            "tools": [],
+        }
+        try:
+            await self._create(record)
+        except Exception:
+            log.warning("journal.write_failed", task_id=record_id, exc_info=True)
+            return False
+        return True
+
+    def taken(self, record_id: str, task_id: str) -> None:
+        """The queued message's turn came and its task `task_id` began: one line appended
+        (no fsync, like `finished`: what reached the page cache survives a killed
+        process). From here the task's own record speaks for it; at start-up a queued
+        record naming a task that has a record or an episode is removed unasked."""
+        self._append_unsynced(record_id, json.dumps({"task": task_id}) + "\n")
+
+    def settle(self, record_id: str) -> None:
+        """The queued message's job ended (answered, cancelled or crashed): its record
+        goes, as a task's does once its episode is written (no fsync: one outliving it
+        names its task, and is recognised at start-up)."""
+        try:
+            self._recycle(record_id)
+        except OSError:
+            log.warning("journal.close_failed", task_id=record_id, exc_info=True)
 
     def forget(self, task_id: str) -> None:
         """Stop tracking a task cut off by a shutdown; its file stays for the next start."""
@@ -406,6 +471,8 @@ def _read(path: Path) -> dict[str, Any] | None:
             continue
         if isinstance(entry, dict) and isinstance(entry.get("done"), dict):
             record["done"] = entry["done"]  # the finished task's episode (`finished`)
+        elif isinstance(entry, dict) and set(entry) == {"task"}:
+            record["task"] = str(entry["task"])  # a queued message's task began (`taken`)
         elif isinstance(entry, dict):
             tools.append(entry)
     record["tools"] = tools

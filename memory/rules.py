@@ -4,8 +4,10 @@ Every change goes through the data dir's git repository (DataStore.awrite with a
 commit message that carries the evidence), so `git log rules/r-12.md` is the
 rule's whole story. A person may edit a file by hand: the text's hash no longer
 matches `text_sha`, and the rule is treated as theirs (pinned: scored, never
-rewritten). A malformed file is reported by path and skipped, never fatal and
-never overwritten.
+rewritten). A file that cannot be read as a rule is never fatal and never
+overwritten: in a running Steward it is set aside in quarantine/ (memory/quarantine.py)
+and shown by /healthz, `steward doctor` and the dashboard, instead of silently no
+longer applying; elsewhere (`steward rules list`) it is reported by path.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from typing import Any
 import structlog
 
 from memory.dirwatch import DirWatch
-from memory.store import DataStore, parse
+from memory.quarantine import FOLDER as QUARANTINE_FOLDER
+from memory.quarantine import Quarantine
+from memory.store import DataStore, MalformedFile, parse
 
 log = structlog.get_logger("steward.rules")
 
@@ -157,6 +161,32 @@ def rule_from(meta: dict[str, Any], body: str, path: Path) -> Rule:
     return rule
 
 
+def _read_rule(path: Path) -> Rule:
+    """The rule in `path`; `MalformedFile` (with the reason) when it is not one, OSError
+    when it cannot be read at all."""
+    try:
+        meta, body = parse(path.read_text(encoding="utf-8"), path)
+        return rule_from(meta, body, path)
+    except MalformedFile:
+        raise
+    except UnicodeDecodeError as exc:
+        raise MalformedFile(path, f"not UTF-8 text ({exc.reason})") from None
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise MalformedFile(path, f"front matter value of the wrong kind: {exc}") from None
+
+
+def damage(path: Path) -> str | None:
+    """Why `path` cannot be read as a rule, or None (also when it cannot be opened: an
+    I/O error is not damage). memory/quarantine.py asks it."""
+    try:
+        _read_rule(path)
+    except MalformedFile as exc:
+        return exc.reason
+    except OSError:
+        return None
+    return None
+
+
 #: Every slot of a Rule, read in one call (Rule.copy).
 _slot_values = attrgetter(*Rule.__slots__)
 
@@ -177,6 +207,9 @@ class RuleStore:
         #: that look found, in order (`_parsed`'s items): memory/dirwatch.py.
         self._watch = DirWatch(self.root)
         self._last: list[Rule | str] | None = None
+        #: Set by the process holding the data dir's lock (bot/app.py): a damaged rule
+        #: is then moved there and shown, not only skipped. None: reported only.
+        self.quarantine: Quarantine | None = None
 
     def load(self) -> tuple[list[Rule], list[str]]:
         """All readable rules (fresh copies: callers may change them), plus one problem
@@ -217,23 +250,32 @@ class RuleStore:
         self._last = items
         return _copies(items)
 
-    @staticmethod
-    def _parse(path: Path) -> Rule | str:
+    def _parse(self, path: Path) -> Rule | str:
         try:
-            meta, body = parse(path.read_text(encoding="utf-8"), path)
-            return rule_from(meta, body, path)
-        except (OSError, ValueError, TypeError, AttributeError) as exc:
-            log.warning("rules.malformed", path=str(path), error=str(exc))
-            return f"{path}: {exc}"
+            return _read_rule(path)
+        except MalformedFile as exc:
+            if self.quarantine is not None:
+                held = self.quarantine.put(path, exc.reason)  # logged there, once
+                if held is not None:
+                    return f"{path}: {exc.reason} (set aside in {held.held})"
+            log.warning("rules.malformed", path=str(path), error=exc.reason)
+            return f"{path}: {exc.reason}"
+        except OSError as exc:
+            log.warning("rules.unreadable", path=str(path), error=str(exc))
+            return f"{path}: cannot read: {exc.strerror or exc}"
 
     def get(self, rule_id: str) -> Rule | None:
         return next((r for r in self.load()[0] if r.id == rule_id), None)
 
     def next_id(self) -> str:
+        """One past the highest id in rules/ and in quarantine/rules/ (a rule set aside
+        keeps its id: its file may be fixed and put back)."""
         highest = 0
-        if self.root.is_dir():
-            for path in self.root.glob("*.md"):
-                m = _ID.match(path.stem)
+        for folder in (self.root, self.data_dir / QUARANTINE_FOLDER / "rules"):
+            if not folder.is_dir():
+                continue
+            for path in folder.glob("*.md"):
+                m = _ID.match(path.stem.split("~", 1)[0])
                 if m:
                     highest = max(highest, int(m.group(1)))
         return f"r-{highest + 1}"
@@ -264,4 +306,4 @@ def _name_order(name: str) -> tuple[int, str]:
     return (int(m.group(1)) if m else 1 << 30, stem)
 
 
-__all__ = ["STATUSES", "Rule", "RuleStore", "rule_from", "text_sha"]
+__all__ = ["STATUSES", "Rule", "RuleStore", "damage", "rule_from", "text_sha"]

@@ -94,13 +94,16 @@ GITIGNORE = (
     "sandbox/",  # the git guard's trusted entries and unchecked markers (core/sandbox)
     "attachments/",  # files `steward chat` saved for the person (memory/attachment_folder.py)
     "/*/files/",  # files a platform fetches by URL (memory/channel_store.py), kept a week
+    "quarantine/",  # damaged files set aside until a person clears them (memory/quarantine.py)
 )
 _FILE_MODE = 0o100644
 _CAS_ATTEMPTS = 5  # HEAD moved under us (a person committed): rebuild and retry
 
 
 class MalformedFile(ValueError):
-    """A memory file that cannot be parsed. Reported and skipped, never rewritten."""
+    """A memory file that cannot be parsed. Reported and skipped, never rewritten; in a
+    running Steward, episodes, rules and approvals that raise it are set aside in
+    quarantine/ with their bytes and `reason` (memory/quarantine.py)."""
 
     def __init__(self, path: Path, reason: str) -> None:
         self.path = path

@@ -104,13 +104,15 @@ async def test_three_denials_are_no_failure_three_real_failures_are(
     assert not any("Denied" in r.signature for r in rules)
     assert not (s.data_dir / "learning" / "pending").exists()
 
-    # The person's rule was in every prompt: a denial is neither its win nor its loss.
+    # The person's rule was in every prompt: a denial is neither its win nor its loss
+    # (Bob's failed deploys are its losses).
     [person] = [r for r in rules if r.source == "person"]
     alice_ids = {e["id"] for e in eps["alice"]}
     trials = [h["detail"] for h in person.history if h["event"] == "trial"]
     on_alice = [d for d in trials if d.split(" on ")[1].split(" ")[0] in alice_ids]
     assert len(on_alice) == 3 and all(d.startswith("neutral on ") for d in on_alice), trials
-    assert person.losses == 0
+    assert [e["outcome"] for e in eps["bob"]] == ["failure"] * 3
+    assert person.losses == 3 and person.wins == 0
 
 
 async def test_a_denial_neither_counts_nor_ends_a_run_of_failures(
@@ -130,7 +132,7 @@ async def test_a_denial_neither_counts_nor_ends_a_run_of_failures(
     out = await replay(s, lines, drain=60)
     [offer] = [o for o in out if o["kind"] == "suggestion"]
     assert offer["t"] == 180
-    assert [e["outcome"] for e in episodes(s)] == ["success", "success", "denied", "success"]
+    assert [e["outcome"] for e in episodes(s)] == ["failure", "failure", "denied", "failure"]
 
 
 async def test_a_denial_the_model_works_around_is_a_success(

@@ -185,6 +185,37 @@ async def test_stop_halts_within_one_model_call(llm: ScriptedLLM, settings_for: 
         assert t2.state == "dropped"
 
 
+async def test_a_stopped_goal_lists_the_file_its_stopped_task_wrote(
+    llm: ScriptedLLM, settings_for: Callable
+) -> None:
+    """/stop while a task is between its write_file and its answer: the goal's task
+    still lists the file it wrote under "Produced" (it was only read from the finished
+    episode, which a stopped task never has)."""
+    model = GoalModel(sections=10)
+    gate = asyncio.Event()
+    reached = asyncio.Event()
+
+    async def responder(body: dict[str, Any]) -> Any:
+        said = json.dumps(body["messages"])
+        if "This task (g1-t2)" in said and any(m["role"] == "tool" for m in body["messages"]):
+            reached.set()  # its write_file ran; its answer waits
+            await gate.wait()
+        return model(body)
+
+    llm.responder = responder
+    s = settings_for(llm)
+    async with Running(s) as run:
+        await run.say("/goal write a ten-section guide")
+        await asyncio.wait_for(reached.wait(), 60)
+        await run.say("/stop")
+        gate.set()
+        await run.idle()
+        t2 = run.app.goals.queue.tasks["g1-t2"]
+        assert t2.state == "dropped"
+        assert (s.workspace / "guide" / "section-2.md").exists()
+        assert t2.produced == ["guide/section-2.md"]
+
+
 async def test_a_persons_message_goes_before_goal_work(
     llm: ScriptedLLM, settings_for: Callable
 ) -> None:

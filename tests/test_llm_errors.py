@@ -120,4 +120,5 @@ async def test_other_bad_requests_keep_their_advice(llm: ScriptedLLM) -> None:
     llm.reply_error(400, message="Unknown parameter: 'frobnicate'.")
     err = await failure(client(llm), request("hi"))
     assert err.kind == "bad_request"
-    assert "Unknown parameter" in str(err) and "check STEWARD_MODEL" in str(err)
+    assert "check STEWARD_MODEL" in str(err) and "Unknown parameter" not in str(err)
+    assert "Unknown parameter" in err.detail  # the provider's reason: for the log

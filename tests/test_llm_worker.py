@@ -109,7 +109,9 @@ async def test_under_load_calls_go_to_the_worker_and_read_the_same(
         with pytest.raises(LLMError) as refused:
             await client.complete(ask("refused"))
         assert refused.value.kind == "auth" and not refused.value.retryable
-        assert "tried 1 time" in str(refused.value) and "bad key" in str(refused.value)
+        # The provider's words are kept for the log, not shown to the person.
+        assert "tried 1 time" in str(refused.value) and "bad key" not in str(refused.value)
+        assert "bad key" in refused.value.detail
 
         llm.push(Reply.malformed())
         with pytest.raises(LLMError) as unreadable:

@@ -115,7 +115,11 @@ async def test_recall_shows_similar_past_episodes_of_the_same_scope(
     )
     second, bobs = llm.requests[2], llm.requests[3]
     section = recall_section(second)
-    assert "'deploy the parser service to staging' — shell:ToolError" in section
+    # Its only call failed: the work was not done, and the note says why.
+    assert (
+        "[failure] 'deploy the parser service to staging' — the work was not done: its tool "
+        "call did not succeed (shell: exit code 4" in section
+    )
     assert recall_section(bobs) == ""  # alice's direct messages are never shown to bob
     episodes = sorted(
         (
@@ -126,3 +130,24 @@ async def test_recall_shows_similar_past_episodes_of_the_same_scope(
     )
     assert episodes[1]["recalled"] == [episodes[0]["id"]]
     assert episodes[2]["recalled"] == []
+
+
+async def test_recall_carries_what_a_past_task_found(
+    llm: ScriptedLLM, settings_for: Callable
+) -> None:
+    """A value a task found (the build number) reaches a later task's prompt through
+    recall, not only that the task succeeded."""
+    s = settings_for(llm, history_turns=0)
+    llm.reply_tool("list_files", {"path": "."})
+    llm.reply_text("The last green build of the parser service is build 4711.")
+    llm.reply_text("It was build 4711.")
+    await replay(
+        s,
+        [
+            {"t": 0, "user": "alice", "text": "find the last green build of the parser service"},
+            {"t": 60, "user": "alice", "text": "which build of the parser service was green?"},
+        ],
+    )
+    section = recall_section(llm.requests[-1])
+    assert "find the last green build of the parser service" in section
+    assert "answered: The last green build of the parser service is build 4711." in section

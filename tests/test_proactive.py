@@ -81,6 +81,8 @@ def test_repeats_and_corrections() -> None:
     e = Engine(Config(corrections=("no", "that's wrong", "again", "nochmal", "c'est faux")))
     st = e.new_user("u")
     assert e.message(st, C, "deploy the app to staging", T0) == []
+    e.task_finished(st, C, T0 + 5, failed=True, request="deploy the app to staging")
+    # Asked again after it failed: a retry (tests/test_proactive_repeats.py: when not).
     assert e.message(st, C, "Deploy the app to staging!", T0 + 10) == ["repeat"]
     assert e.message(st, C, "please list the files", T0 + 20) == []
     assert e.message(st, C, "No, that's wrong", T0 + 30) == ["correction"]
@@ -115,7 +117,7 @@ def test_silence_after_failure_is_a_signal_once_and_a_message_cancels_it() -> No
 
 
 def test_decide_rules_in_order() -> None:
-    e = Engine(Config(threshold=2.0, cooldown=300, refusal_nudge=0))
+    e = Engine(Config(threshold=2.0, cooldown=300, refusal_nudge=0, welcome=0))
     st = e.new_user("u")
     e.message(st, C, "deploy", T0)
     fail(e, st, T0)
@@ -144,7 +146,9 @@ def refuse(e: Engine, st: UserState, t: float, n: int, *, accepted: bool = False
 
 
 def test_five_refusals_within_the_window_raise_threshold_and_cooldown() -> None:
-    cfg = Config(threshold=3.0, cooldown=300, threshold_step=1.5, cooldown_step=3, refusal_nudge=0)
+    cfg = Config(
+        threshold=3.0, cooldown=300, threshold_step=1.5, cooldown_step=3, refusal_nudge=0, welcome=0
+    )
     e = Engine(cfg)
     st = e.new_user("u")
     refuse(e, st, T0, 4)
@@ -163,7 +167,14 @@ def test_five_refusals_within_the_window_raise_threshold_and_cooldown() -> None:
 
 def test_adaptation_is_capped() -> None:
     e = Engine(
-        Config(threshold=3.0, cooldown=300, threshold_max=5.0, cooldown_max=1000, refusal_nudge=0)
+        Config(
+            threshold=3.0,
+            cooldown=300,
+            threshold_max=5.0,
+            cooldown_max=1000,
+            refusal_nudge=0,
+            welcome=0,
+        )
     )
     st = e.new_user("u")
     for k in range(5):
@@ -172,7 +183,7 @@ def test_adaptation_is_capped() -> None:
 
 
 def test_acceptances_restore_slowly() -> None:
-    e = Engine(Config(threshold=3.0, cooldown=300, restore=0.5, refusal_nudge=0))
+    e = Engine(Config(threshold=3.0, cooldown=300, restore=0.5, refusal_nudge=0, welcome=0))
     st = e.new_user("u")
     refuse(e, st, T0, 5)
     assert (st.threshold, st.cooldown) == (4.5, 900)
@@ -187,7 +198,12 @@ def test_acceptances_restore_slowly() -> None:
 def test_ignored_is_a_mild_refusal_and_later_helpful_withdraws_it() -> None:
     e = Engine(
         Config(
-            threshold=3.0, cooldown=300, ignored_weight=0.5, help_words=("help",), refusal_nudge=0
+            threshold=3.0,
+            cooldown=300,
+            ignored_weight=0.5,
+            help_words=("help",),
+            refusal_nudge=0,
+            welcome=0,
         )
     )
     st = e.new_user("u")
@@ -206,7 +222,9 @@ def test_ignored_is_a_mild_refusal_and_later_helpful_withdraws_it() -> None:
 
 
 def test_each_refusal_nudges_even_when_spread_out() -> None:
-    e = Engine(Config(threshold=3.0, cooldown=300, refusal_nudge=0.1, ignored_weight=0.5))
+    e = Engine(
+        Config(threshold=3.0, cooldown=300, refusal_nudge=0.1, ignored_weight=0.5, welcome=0)
+    )
     st = e.new_user("u")
     refuse(e, st, T0, 1)
     assert (st.threshold, st.cooldown) == pytest.approx((3.3, 330))
@@ -216,6 +234,27 @@ def test_each_refusal_nudges_even_when_spread_out() -> None:
     for i in range(10):  # hours apart: never a burst, still quieter and quieter
         refuse(e, st, T0 + 10_000 + i * 4000, 1)
     assert st.stats["adapted"] == 0 and st.threshold > 8 and st.cooldown > 850
+
+
+def test_the_welcome_factor_follows_each_persons_answers() -> None:
+    """Threshold and cooldown × (0.5 / welcome)², welcome = (yes + 1) / (answers + 2):
+    someone who says yes is offered help sooner (never below half the defaults),
+    someone who says no is left alone much longer; answers fade over a week."""
+    e = Engine(Config(threshold=3.0, cooldown=300, refusal_nudge=0, welcome=2))
+    yes, no = e.new_user("yes"), e.new_user("no")
+    refuse(e, yes, T0, 3, accepted=True)
+    assert e.welcome(yes, T0 + 2) == pytest.approx(0.8, rel=1e-4)
+    assert (yes.threshold, yes.cooldown) == pytest.approx((1.5, 150))  # the floor, not 0.39×
+    refuse(e, no, T0, 3)  # below a burst: the welcome factor alone
+    assert e.welcome(no, T0 + 2) == pytest.approx(0.2, rel=1e-4)
+    assert (no.threshold, no.cooldown) == pytest.approx((3.0 * 6.25, 300 * 6.25), rel=1e-4)
+    assert not e.decide(no, C, T0 + 600).offer
+    e.refresh(no, T0 + 2 + 7 * 86400)  # a week later the three "no" weigh 1.5
+    assert no.threshold == pytest.approx(3.0 * (0.5 / (1 / 3.5)) ** 2, rel=1e-4)
+    off = Engine(Config(threshold=3.0, refusal_nudge=0, welcome=0))
+    st = off.new_user("u")
+    refuse(off, st, T0, 3)
+    assert st.threshold == 3.0
 
 
 def test_baseline_does_not_adapt() -> None:

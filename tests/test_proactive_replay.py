@@ -125,7 +125,7 @@ async def test_refusals_make_it_quieter_and_acceptances_restore(
     llm: ScriptedLLM, settings_for: Callable
 ) -> None:
     """Bob is the control: a fresh person getting one hour of the stimulus. Alice first
-    says "no thanks" five times within 30 minutes, then gets the very same hour; later
+    says "no thanks" to every offer for 35 minutes, then gets the very same hour; later
     she accepts offers for a while, then gets the same hour once more."""
     s = settings(llm, settings_for)
     hour = 3600
@@ -143,21 +143,24 @@ async def test_refusals_make_it_quieter_and_acceptances_restore(
         return len([o for o in suggestions(out, start, end) if o["conversation"] == user])
 
     refused = [o for o in out if "No thanks — noted." in o["text"] and o["t"] < 2160]
+    offered_first = len(suggestions(out, 0, 2160))
     accepted = [o for o in out if "Yes — working on it." in o["text"]]
     before = offers("bob", hour, 2 * hour)
     after = offers("alice", hour, 2 * hour)
     restored = offers("alice", 5 * hour, 6 * hour)
     print(
         f"\nsuggestions in one hour of the same stimulus: before (fresh) = {before}, "
-        f"after 5 refusals in 30 min = {after}, after {len(accepted)} acceptances = {restored}"
+        f"after {len(refused)} refusals = {after}, after {len(accepted)} acceptances = {restored}"
     )
     adapted, restored_status = statuses(out)
-    assert len(refused) == 5, [o["t"] for o in refused]
-    assert refused[-1]["t"] - refused[0]["t"] <= 1800
+    # Two refusals, and it left her alone for the rest of the 35 minutes.
+    assert len(refused) == 2 == offered_first, [o["t"] for o in refused]
     threshold, cooldown = threshold_and_cooldown(adapted)
-    # 3.5 × 1.1^5 (a 10 % nudge per refusal) × 1.5 (the burst); 5 min × 1.1^5 × 3.
-    assert threshold == pytest.approx(3.5 * 1.1**5 * 1.5, abs=0.01) and cooldown == "24 min"
-    assert before >= 6 and after <= before // 2, (before, after)
+    # 3.5 × 1.1² (a 10 % nudge per refusal) × (0.5 / welcome)², welcome = (0 + 1) / (2 + 2);
+    # 5 min × 1.1² × 4.
+    assert threshold == pytest.approx(3.5 * 1.1**2 * 4, abs=0.05) and cooldown == "24 min"
+    # Bob, who lets them expire, gets fewer as the hour goes on too (ignored: half a "no").
+    assert before >= 4 and after <= before // 2, (before, after)
     assert len(accepted) >= 3
     threshold2, _ = threshold_and_cooldown(restored_status)
     assert threshold2 < threshold / 1.5, (threshold, threshold2)
@@ -201,7 +204,7 @@ async def test_quiet_hours_hold(llm: ScriptedLLM, settings_for: Callable) -> Non
 async def test_state_survives_restart(llm: ScriptedLLM, settings_for: Callable) -> None:
     s = settings(llm, settings_for)
     lines: list[dict[str, Any]] = []
-    lines += stimulus(0, 2100, 60, press="no thanks")  # five refusals → adapted
+    lines += stimulus(0, 2100, 60, press="no thanks")  # two refusals → adapted
     lines += [{"t": 2200, "user": "alice", "text": "/proactive quiet 03:00-03:01"}]
     lines += [{"t": 2250, "user": "alice", "text": "/proactive status"}]
     lines += [{"t": 2300, "restart": True}]
@@ -216,7 +219,7 @@ async def test_state_survives_restart(llm: ScriptedLLM, settings_for: Callable) 
     assert threshold > 3.5 * 1.5 and cooldown == "24 min", alice_after
     assert threshold_and_cooldown(alice_before) == (threshold, cooldown)
     assert "Quiet hours: 03:00-03:01 UTC" in alice_after
-    assert "(0 accepted, 5 refused, 0 ignored)" in alice_after
+    assert "(0 accepted, 2 refused, 0 ignored)" in alice_after
     assert "Proactive help: off." in bob
     assert [o for o in suggestions(out) if o["conversation"] == "bob"] == []
     files = list((s.data_dir / "proactive").glob("*.md"))

@@ -206,7 +206,8 @@ async def test_tool_errors_go_back_to_model_and_are_recorded(
     assert "exit code 3" in told[3] and "boom" in told[3]
     assert "no tool named 'no_such_tool'" in told[4]
     [ep] = episodes(s)
-    assert ep["outcome"] == "success"  # the task ended with an answer; the calls failed
+    # The answer is honest, but no call succeeded: the work was not done.
+    assert ep["outcome"] == "failure" and ep["error"].startswith("the work was not done")
     assert [t["ok"] for t in ep["tools"]] == [False] * 5
     assert len(ep["error_signatures"]) == 5
 

@@ -164,3 +164,37 @@ async def test_an_approved_write_outside_the_workspace_is_undone(
     [told] = said(out)
     assert f"restored {outside}" in told, told
     assert outside.read_bytes() == b"[main]\nvalue = 1\n"
+
+
+async def test_an_approved_shell_write_into_a_folder_outside_is_undone(
+    llm: ScriptedLLM, settings_for: Callable[..., Settings], tmp_path: Path
+) -> None:
+    """A command approved to write into a folder outside the workspace: every file of
+    the folder is kept before it runs, so /undo puts back the one it overwrote and
+    removes the one it added (a folder grant was not undone at all before)."""
+    s = settings_for(llm)
+    (s.workspace / "notes").mkdir(parents=True)
+    (s.workspace / "notes" / "a.txt").write_bytes(b"new a\n")
+    (s.workspace / "notes" / "b.txt").write_bytes(b"new b\n")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "a.txt").write_bytes(b"old a\n")
+    (shared / "keep.txt").write_bytes(b"untouched\n")
+    llm.reply_tool("shell", {"command": f"cp notes/a.txt notes/b.txt {shared}/"})
+    llm.reply_text("Copied both notes into the shared folder.")
+    out = await replay(
+        s,
+        [
+            {"t": 0, "user": "dave", "text": "copy the notes to the shared folder"},
+            {"t": 2, "user": "dave", "press": "approve"},
+        ],
+    )
+    assert (shared / "b.txt").read_bytes() == b"new b\n", said(out)
+    answer = next(t for t in said(out) if "Copied both" in t)
+    assert "/undo to revert" in answer and str(shared / "b.txt") in answer
+    out = await replay(s, [{"t": 0, "user": "dave", "text": "/undo"}])
+    [told] = said(out)
+    assert f"restored {shared / 'a.txt'}" in told and f"removed {shared / 'b.txt'}" in told, told
+    assert sorted(p.name for p in shared.iterdir()) == ["a.txt", "keep.txt"]
+    assert (shared / "a.txt").read_bytes() == b"old a\n"
+    assert (shared / "keep.txt").read_bytes() == b"untouched\n"

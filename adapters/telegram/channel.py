@@ -15,6 +15,18 @@ with backoff; a refused token → ``down``. Webhook mode mounts ``POST
 (adapters/webhook.py), not PTB's ``run_webhook``, which would start a second,
 tornado server.
 
+One poller per bot: Telegram serves one getUpdates per token and ends the one held
+open with 409 "terminated by other getUpdates request" when another arrives, so two
+pollers knock each other out and an update one took but had not confirmed yet can be
+handed to the other too (both answer). On one machine the poll lease
+(memory/poll_lease.py, keyed by a hash of the API base and token, not by the data
+dir) settles it before any poll: the second Steward stands by (``down``, naming the
+holder's pid), tries the lease again with backoff and takes over when the first
+stops. Another machine only shows as Telegram's 409: the Steward that got it stands
+by too, polling again after a wait that a success does not shorten until the
+conflicts have stopped for a while, so two machines alternate every minute or so
+instead of several times a second.
+
 Liveness: Telegram never shows the bot its own messages, so the echo-based deaf
 check of Slack/Discord cannot apply. The equivalent here is the long-poll round
 trip: every ``getUpdates`` answers within ``poll_timeout`` seconds even when nobody
@@ -48,6 +60,7 @@ import time
 import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -69,6 +82,7 @@ from adapters.telegram.errors import (
     delivery_error,
     formatting_refused,
     guard,
+    lease_hint,
     refused_as_photo,
     retry_after_of,
     says,
@@ -104,6 +118,7 @@ from core.events import (
     Retracted,
 )
 from core.recent import Recent
+from memory import poll_lease
 from memory.channel_store import ChannelStore
 
 log = structlog.get_logger("adapters.telegram")
@@ -122,6 +137,9 @@ UPLOAD_WRITE_TIMEOUT = 120.0
 #: How long a send that failed half-way waits for the channel layer's retry to resume
 #: it (its retries, a flood wait included, end well within this).
 RESUME_WITHIN = 600.0
+#: Waits between tries of a poll lease another Steward holds (first, cap): the takeover
+#: comes at most this cap after the holder stops.
+LEASE_RETRY = (0.5, 5.0)
 ALLOWED_UPDATES = ["message", "edited_message", "callback_query"]
 COMMANDS = (
     ("rules", "The rules Steward has learned"),
@@ -183,11 +201,17 @@ class TelegramChannel(ChannelDefaults):
         ready_timeout: float = 10.0,
         answer_within: float = ANSWER_WITHIN,
         webhook_check_every: float = WEBHOOK_CHECK_EVERY,
+        lease_dir: Path | None = None,
+        lease_about: str = "",
+        lease_retry: tuple[float, float] = LEASE_RETRY,
     ) -> None:
         """``api_url``: the Bot API base exactly as PTB's ``base_url`` takes it (the token
         is appended unless it contains ``{token}``); empty: Telegram's own.
         ``webhook_url``: webhook mode (a URL without a path gets ``/webhooks/telegram``).
-        ``webhook_check_every``: seconds between getWebhookInfo checks in webhook mode."""
+        ``webhook_check_every``: seconds between getWebhookInfo checks in webhook mode.
+        ``lease_dir``: where the poll lease is taken (None: memory/poll_lease.py's
+        per-user folder); ``lease_about``: what the holder says about itself to a
+        Steward standing by (its data dir)."""
         self._token = token.strip()
         self._api_url = api_url.strip() or DEFAULT_API_URL
         self._webhook_url = _webhook_target(webhook_url.strip())
@@ -197,6 +221,12 @@ class TelegramChannel(ChannelDefaults):
         self._answer_within = answer_within
         self._webhook_check_every = webhook_check_every
         self._backoff = Backoff(backoff_first, backoff_cap)
+        self._lease_dir = lease_dir
+        self._lease_about = lease_about
+        self._lease_backoff = Backoff(*lease_retry)
+        self._lease: poll_lease.PollLease | None = None
+        #: When Telegram last answered 409 "terminated by other getUpdates request".
+        self._conflict_at: float | None = None
         self.health = Health(self.name)
         self._inflight = Inflight(self.name)
         self._bot: Bot | None = None
@@ -240,11 +270,13 @@ class TelegramChannel(ChannelDefaults):
     ) -> TelegramChannel:
         """The adapter from its registry settings (config/platforms.py). It keeps nothing
         between runs (handled updates are confirmed to Telegram), so `store` is unused."""
+        data_dir = getattr(settings, "data_dir", None)
         return cls(
             token=cfg["token"],
             api_url=cfg.get("api_url", ""),
             webhook_url=cfg.get("webhook_url", ""),
             webhook_secret=cfg.get("webhook_secret", ""),
+            lease_about=f"data dir {data_dir}" if data_dir else "",
         )
 
     def _new_bot(self) -> Bot:
@@ -326,6 +358,7 @@ class TelegramChannel(ChannelDefaults):
                     await asyncio.wait_for(bot.get_updates(offset=self._offset, timeout=0), 3)
             with contextlib.suppress(Exception):
                 await bot.shutdown()
+        self._release_lease()
         self._presses.clear()
         self.health.stopped()
 
@@ -344,6 +377,7 @@ class TelegramChannel(ChannelDefaults):
         if self.mode == "webhook":
             await self._set_webhook(bot)
             return
+        await self._take_lease()
         while True:
             try:
                 await bot.delete_webhook(drop_pending_updates=False)
@@ -378,12 +412,50 @@ class TelegramChannel(ChannelDefaults):
                 continue
             first = False
             self.last_poll_ok = time.monotonic()
-            self._backoff.reset()
+            if self._conflict_at is None or self.last_poll_ok - self._conflict_at > max(
+                2 * self._backoff.cap, 2 * self._poll_timeout
+            ):
+                # After a 409 the wait keeps growing while the conflicts go on: a poll
+                # that succeeded only knocked the other poller out for a moment.
+                self._conflict_at = None
+                self._backoff.reset()
             self.health.up("long polling")
             self._polled.set()
             for update in updates:
                 self._offset = max(self._offset, update.update_id + 1)
                 self._take(update)
+
+    async def _take_lease(self) -> None:
+        """The poll lease for this bot, waiting (standing by) while another Steward on
+        this machine holds it. A folder that cannot be used costs only the lease:
+        Telegram's 409 still tells."""
+        key = poll_lease.lease_key(self._token, self._api_url)
+        standing_by = False
+        while True:
+            try:
+                folder = self._lease_dir or poll_lease.default_dir()
+                got = poll_lease.try_acquire(folder, key, self._lease_about)
+            except OSError as exc:
+                log.warning("adapter.lease_unavailable", channel=self.name, error=str(exc))
+                return
+            if isinstance(got, poll_lease.PollLease):
+                self._lease = got
+                self._lease_backoff.reset()
+                if standing_by:
+                    log.info("adapter.lease_taken", channel=self.name)
+                    self.health.starting("the other Steward stopped: taking over")
+                return
+            if not standing_by:
+                standing_by = True
+                log.warning("adapter.standby", channel=self.name, holder_pid=got.pid)
+            self.health.down(lease_hint(got.pid, got.about))
+            self._polled.set()  # an outcome: `start` reports it instead of waiting
+            await self._lease_backoff.wait()
+
+    def _release_lease(self) -> None:
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            lease.release()
 
     async def _skip_unparsable(self, bot: Bot) -> bool:
         """The pending updates as raw JSON: each parsed alone, the bad ones logged and
@@ -419,8 +491,11 @@ class TelegramChannel(ChannelDefaults):
         A failure is an outcome too: `start` stops waiting and reports the state."""
         self._polled.set()
         if isinstance(exc, Conflict):
-            hint = WEBHOOK_ACTIVE_HINT if says(exc, "webhook") else CONFLICT_HINT
-            self.health.down(hint)
+            if says(exc, "webhook"):
+                self.health.down(WEBHOOK_ACTIVE_HINT)
+            else:
+                self._conflict_at = time.monotonic()
+                self.health.down(CONFLICT_HINT)
         elif isinstance(exc, InvalidToken):
             self.health.down(TOKEN_REFUSED)
         elif isinstance(exc, RetryAfter):

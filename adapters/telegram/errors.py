@@ -41,11 +41,30 @@ TOKEN_REFUSED = (
     "Telegram refused STEWARD_TELEGRAM_TOKEN (401/404): copy the token BotFather gave you "
     "(/mybots → your bot → API Token) into STEWARD_TELEGRAM_TOKEN"
 )
-CONFLICT_HINT = (
-    "409 Conflict on getUpdates: another instance is polling with this token (another "
-    "`steward run`, or another program using the same bot). Stop the other one, or give "
-    "this Steward its own bot from BotFather; retrying with backoff"
+#: What to do when two Stewards want one bot, the end of both hints below.
+_ONE_POLLER = (
+    "Stop the other one, or give each Steward its own bot from BotFather; where two copies "
+    "overlap on purpose (a platform that starts the new one before stopping the old), use "
+    "webhook mode (STEWARD_TELEGRAM_WEBHOOK_URL), where Telegram delivers each update to one URL"
 )
+CONFLICT_HINT = (
+    "Another Steward is polling this Telegram bot (somewhere else: Telegram answered 409 "
+    "Conflict, another instance is polling with this token; or another program uses the "
+    "same bot). Standing by: polling again after a growing wait, up to a minute. " + _ONE_POLLER
+)
+
+
+def lease_hint(pid: int | None, about: str = "") -> str:
+    """The second Steward on this machine: who polls, and that this one stands by."""
+    who = f"pid {pid} on this machine" if pid is not None else "a process on this machine"
+    if about:
+        who += f", {about}"
+    return (
+        f"Another Steward is polling this Telegram bot ({who}). Standing by: this one "
+        f"takes over when it stops. {_ONE_POLLER}"
+    )
+
+
 WEBHOOK_ACTIVE_HINT = (
     "409 Conflict on getUpdates: a webhook is set for this bot (by another program?) and "
     "Telegram refuses polling while it is; Steward deleted it at start, so something set it "

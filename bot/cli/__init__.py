@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         return _dispatch(args, settings, parser)
     except ConfigError as exc:
         print(f"steward: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
+        return exc.exit_code
     except KeyboardInterrupt:
         return 130
     except Exception as exc:

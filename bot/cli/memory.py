@@ -50,6 +50,12 @@ async def _run(settings: Settings, args: argparse.Namespace, action: str) -> int
                 f"steward: {exc} (`memory rebuild` needs the data dir to itself)", file=sys.stderr
             )
             return 2
+        from memory.quarantine import quarantine_for
+
+        # Files a person fixed where they lie in quarantine/ go back first, to be indexed.
+        back = quarantine_for(settings.data_dir).restore_fixed()
+        if back:
+            print(f"Put back {len(back)} fixed file(s) from quarantine/: {', '.join(back)}")
     index = await MemoryIndex.open(
         settings.data_dir, await configured_embedder(settings), rebuild=action == "rebuild"
     )

@@ -51,6 +51,7 @@ from bot.dashboard.goals import ACTIONS as GOAL_ACTIONS
 from bot.dashboard.goals import NOT_ENABLED, GoalsLike, goal_json
 from core import io_threads
 from core.approvals import ALWAYS, APPROVE, DENY, SESSION
+from core.goals.queue import ENDED as GOALS_ENDED
 
 log = structlog.get_logger("steward.dashboard")
 
@@ -171,6 +172,8 @@ class Dashboard:
                 "channels": self._channels(),
                 "mcp": self._mcp(),
                 "approvals_pending": len(app.approvals.pending()),
+                # Failed memory writes and damaged files set aside (quarantine/).
+                "memory": await asyncio.to_thread(data.memory, app.health),
             }
         )
 
@@ -367,8 +370,12 @@ class Dashboard:
         goals = self.goals
         if goals is None:
             return {"enabled": False, "text": NOT_ENABLED, "items": []}
-        views = await goals.views(include_ended=include_ended)
-        return {"enabled": True, "items": [goal_json(v) for v in views]}
+        views = await goals.views(include_ended=True)
+        shown = [v for v in views if include_ended or v.state not in GOALS_ENDED]
+        # How many ended, so a page with none running says "none running (N ended)"
+        # rather than "no goals yet".
+        ended = sum(1 for v in views if v.state in GOALS_ENDED)
+        return {"enabled": True, "items": [goal_json(v) for v in shown], "ended": ended}
 
     async def _goals(self, _request: web.Request) -> web.Response:
         return _json(await self._goal_list(include_ended=True))

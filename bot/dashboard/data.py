@@ -464,6 +464,15 @@ def artifact_type(path: Path) -> str:
 # ---------------------------------------------------------------------- helpers
 
 
+def memory(health: Any) -> dict[str, Any]:
+    """The Now page's memory box: failed writes and the damaged files set aside in
+    quarantine/ (each with its place, why and since when) and how to clear them, as
+    /healthz reports them (memory/quarantine.py). Stats a folder: run in a thread."""
+    from memory.quarantine import memory_health
+
+    return memory_health(health)
+
+
 def _int(value: Any) -> int:
     try:
         return int(value or 0)

@@ -13,6 +13,11 @@ Two gates:
 * **quality** — an answer that says nothing ("Done!") after work was asked for or
   done, or that reports success while the last relevant tool call failed.
 
+And one verdict that is not a gate: whether the work was done (`GateResult.outcome`).
+An answer honest about a failure ("I could not read b.txt: there is no such file")
+passes the gates as it is, but the task is a failure, not a success: the episode, the
+learner and `steward chat -m`'s exit code read that outcome.
+
 The agent sends `retry_instruction(result)` back to the model for one more step; if
 the answer is still unsupported it appends `honest_suffix(result)` so the person
 sees what could not be verified. What a tool call did is read from the effects the
@@ -22,6 +27,7 @@ The parts:
 - `claims.py`: which English words claim what, and the finder (`find_claims`);
 - `evidence.py`: a claim checked against the tool log's effects;
 - `quality.py`: content-free answers and success reported over a failure;
+- `outcome.py`: was the work done (`not_done`), whatever the answer's wording;
 - `check.py`: `check_answer`, `GateResult` and the retry and honest texts.
 
 The `BLIND SPOTS` comment below lists what the heuristics knowingly miss.
@@ -32,6 +38,7 @@ from __future__ import annotations
 from core.gates.check import GateResult, check_answer, honest_suffix, retry_instruction
 from core.gates.claims import Claim, find_claims
 from core.gates.evidence import ToolRecordLike
+from core.gates.outcome import NOT_DONE, none_succeeded, not_done
 from core.gates.quality import CONTENT_FREE
 
 # BLIND SPOTS (known and accepted; tests pin the behaviour either side of them):
@@ -56,11 +63,14 @@ from core.gates.quality import CONTENT_FREE
 
 __all__ = [
     "CONTENT_FREE",
+    "NOT_DONE",
     "Claim",
     "GateResult",
     "ToolRecordLike",
     "check_answer",
     "find_claims",
     "honest_suffix",
+    "none_succeeded",
+    "not_done",
     "retry_instruction",
 ]

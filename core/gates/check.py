@@ -1,7 +1,8 @@
 """The gates' verdict on one answer, and the texts it turns into.
 
 `check_answer` runs both gates (claims found in core/gates/claims.py, checked against
-the tool log in core/gates/evidence.py; core/gates/quality.py); `retry_instruction`
+the tool log in core/gates/evidence.py; core/gates/quality.py) and says whether the work
+was done (core/gates/outcome.py: `GateResult.outcome`); `retry_instruction`
 is what the model reads for its one more step, `honest_suffix` what the person reads
 when the answer is still unsupported after it.
 """
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 
 from core.gates.claims import TEST_MENTION_RE, Claim, claims_in, clean
 from core.gates.evidence import ToolRecordLike, unsupported_reason
+from core.gates.outcome import not_done
 from core.gates.quality import ACK_RE, CONTENT_FREE, quality_problems
 
 
@@ -27,9 +29,20 @@ class GateResult:
     gate: str | None
     problems: list[str] = field(default_factory=list)
     unsupported: list[Claim] = field(default_factory=list)
+    #: `NOT_DONE: why` when the requested work was not done though the answer may say so
+    #: honestly (core/gates/outcome.py); "" when it was done. Such an answer passes (no
+    #: retry, nothing appended: it is honest), but the task is a failure.
+    not_done: str = ""
 
     def ok(self) -> bool:
+        """The answer may go to the person as it is (no retry, no note appended)."""
         return self.gate is None
+
+    @property
+    def outcome(self) -> str:
+        """The task's outcome by this verdict: "success" only when the answer passed and
+        the work was done; else "failure" (a denied last call is the agent's to see)."""
+        return "success" if self.ok() and not self.not_done else "failure"
 
 
 def check_answer(answer: str, tools: Sequence[ToolRecordLike], *, request: str = "") -> GateResult:
@@ -47,7 +60,7 @@ def check_answer(answer: str, tools: Sequence[ToolRecordLike], *, request: str =
     quality = quality_problems(answer, cleaned, tools, request=request, ack=ack)
     problems += quality
     gate = "evidence" if unsupported else "quality" if quality else None
-    return GateResult(gate, problems, unsupported)
+    return GateResult(gate, problems, unsupported, not_done(cleaned, tools))
 
 
 def retry_instruction(result: GateResult) -> str:

@@ -56,7 +56,7 @@ def quality_problems(
     if last is not None and not last.ok and _SUCCESS_RE.search(clean) and not ack:
         problems.append(
             f"the answer reports success but the last {last.name} call failed: "
-            f"{_first_line(last.error)}"
+            f"{first_line(last.error)}"
         )
     return problems
 
@@ -77,7 +77,7 @@ def _asks_for_something(request: str) -> bool:
     return bool(words) and not all(w in _SMALLTALK_WORDS for w in words)
 
 
-def _first_line(error: str) -> str:
+def first_line(error: str) -> str:
     """The error's first line, without the "Error: " prefix; for a shell exit code, the
     first line of output too ("exit code 1 — FAILED tests/test_a.py::test_x")."""
     lines = [ln.strip() for ln in (error or "").strip().splitlines() if ln.strip()]

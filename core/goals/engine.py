@@ -94,6 +94,9 @@ from core.goals.terms import (
 )
 from core.task_set import TaskSet
 
+#: The tools whose `path` is a file the task produced (shown under "Produced").
+FILE_WRITERS = frozenset({"write_file", "edit_file"})
+
 log = structlog.get_logger("steward.goals")
 
 
@@ -534,13 +537,25 @@ class GoalEngine:
 
         watch = RunWatch(deps.monitor, channel.name, g.conversation, g.owner, task.title)
 
+        writing: dict[str, str] = {}  # a file tool's path, from its start to its end
+
         async def observe(event: Any) -> None:
             watch.see(event)
             if event.kind == "task_start":
                 self._agent_task[g.id] = event.task_id
             elif event.kind == "tool_start":  # before it runs: a restart knows
                 task.tools.append(f"{event.tool}: {event.text}"[:300])
+                path = (event.data.get("args") or {}).get("path")
+                if event.tool in FILE_WRITERS and isinstance(path, str) and path:
+                    writing[event.tool] = path
                 await self.queue.save_task(task)
+            elif event.kind == "tool_end" and event.ok and event.tool in writing:
+                # Known now, not when the task ends: a task stopped after this call
+                # (/stop, a budget) still lists the file it wrote.
+                path = writing.pop(event.tool)
+                if path not in task.produced:
+                    task.produced.append(path)
+                    await self.queue.save_task(task)
 
         request = TaskRequest(
             channel=channel,
@@ -619,7 +634,7 @@ class GoalEngine:
 
     def _produced(self, task: GoalTask, episode: Any, reply: str) -> None:
         for record in getattr(episode, "tools", []) or []:
-            if record.name in ("write_file", "edit_file") and record.ok:
+            if record.name in FILE_WRITERS and record.ok:
                 path = record.args.get("path")
                 if path and path not in task.produced:
                     task.produced.append(str(path))

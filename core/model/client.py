@@ -2,8 +2,20 @@
 
 Why our own retries (tenacity) instead of litellm's: backoff must follow the
 injected clock (replay), honour Retry-After, be bounded by settings, and end in a
-message a person can act on. litellm is imported lazily and with its network
-switches off, so `steward --help` stays fast and nothing phones home at start-up.
+message a person can act on.
+
+A model that does not answer: the person is told after `first_notice` seconds of
+silence (how long Steward will keep trying: `give_up_after`), each attempt ends after
+`timeout` seconds without a sign of an answer (in process the client's own deadline,
+whatever the HTTP library does with a server that trickles bytes; in a worker process
+litellm's, and the pool kills a worker that stays silent longer), and the call gives up
+after `retries + 1` attempts. Silence is measured in real time, as the call is I/O (in
+`steward replay` too); the backoff between attempts is on the injected clock. What a
+person reads never carries the server's address or the provider's raw error: the log
+(`llm.gave_up`) and `LLMError.detail` keep them.
+
+litellm is imported lazily and with its network switches off, so `steward --help` stays
+fast and nothing phones home at start-up.
 
 Size: one module because retries, the wording of failures and usage accounting wrap the
 one litellm call and must change together. How a failure is classified
@@ -30,7 +42,14 @@ from core.backoff import backoff_delay
 from core.clock import Clock
 from core.lazy_package import defer_tree
 from core.model import litellm_file_ids, litellm_tokenizer
-from core.model.errors import LLMError, error_kind, is_retryable, retry_after
+from core.model.errors import (
+    EmptyAnswer,
+    LLMError,
+    NoAnswer,
+    error_kind,
+    is_retryable,
+    retry_after,
+)
 from core.model.result import LLMResult, ToolCallRequest
 from core.model.workers import Unsendable, WorkerPool
 from memory.redact import redact_shown
@@ -123,8 +142,9 @@ _UNPRICED: set[str] = set()
 
 OnText = Callable[[str], Awaitable[None]]
 OnReset = Callable[[], Awaitable[None]]
-#: Told once, when an attempt timed out and another is coming: the person hears early
-#: that the model is slow instead of waiting out every attempt.
+#: Told once, with a sentence for the person, when the model has been silent for
+#: `first_notice` seconds (or an attempt timed out first): they hear early that it is slow,
+#: and for how long Steward will keep trying, instead of waiting out every attempt.
 OnSlow = Callable[[str], Awaitable[None]]
 
 #: Where providers state the context window (tokens) in their error text or body.
@@ -166,6 +186,7 @@ class LLMClient:
         temperature: float = -1.0,
         stream: bool = True,
         workers: WorkerPool | None = None,
+        first_notice: float = 20.0,
     ) -> None:
         self.model = model
         #: Worker processes for calls made while many run at once (core/model/workers.py).
@@ -180,6 +201,9 @@ class LLMClient:
         self.max_tokens = max_tokens
         self.temperature = temperature
         self.stream = stream
+        #: Seconds of silence after which `on_slow` is told; 0: only once an attempt
+        #: timed out.
+        self.first_notice = first_notice
         self._priced: bool | None = None
         #: Whether the model is shown the images tools return (core/model/images.py).
         #: None: asked of litellm's model table on first use; a model litellm does not
@@ -199,9 +223,44 @@ class LLMClient:
         return self._images
 
     def describe(self) -> str:
-        """The model and its server as shown to people (errors in chat, /healthz, the
-        dashboard, doctor): a password or key in the `api_base` URL is redacted."""
+        """The model and its server as shown to whoever runs Steward (/healthz, the
+        dashboard, doctor, the log): a password or key in the `api_base` URL is redacted.
+        Never in what a person reads in a chat (`shown_name`)."""
         return redact_shown(f"{self.model}" + (f" at {self.api_base}" if self.api_base else ""))
+
+    def shown_name(self) -> str:
+        """The model as a person in a chat reads it: its name, without the server's address
+        or a path (an OpenAI-compatible server may name a model by its file)."""
+        provider, slash, rest = self.model.partition("/")
+        leaf = re.split(r"[/\\]", self.model.rstrip("/\\"))[-1]
+        if "://" in self.model:
+            return leaf
+        if slash and rest and (rest[0] in "/~." or "\\" in rest):
+            return f"{provider}/{leaf}"
+        return self.model
+
+    def give_up_after(self) -> float:
+        """The longest a call to a model that never answers takes before it fails: every
+        attempt waits `timeout` seconds, and the backoffs between them at most double from
+        `backoff` up to `backoff_max` (jitter only shortens them)."""
+        waits = sum(
+            backoff_delay(n, self.backoff, self.backoff_max, jitter=False)
+            for n in range(1, self.retries + 1)
+        )
+        return (self.retries + 1) * self.timeout + waits
+
+    def slow_notice(self, silent: float) -> str:
+        """What the person reads when the model has been silent for `silent` seconds."""
+        attempts = self.retries + 1
+        each = (
+            f"{attempts} attempts of up to {_span(self.timeout)} each"
+            if attempts > 1
+            else f"1 attempt of up to {_span(self.timeout)}"
+        )
+        return (
+            f"The model has not answered for {_span(silent)}; I'll keep trying for up to "
+            f"{_span(self.give_up_after())} in all ({each}), then tell you…"
+        )
 
     def _kwargs(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
@@ -246,8 +305,8 @@ class LLMClient:
     ) -> LLMResult:
         """One model turn. Raises LLMError (with a person-readable message) when it gives up.
 
-        `on_slow`: called once, with a sentence for the person, when an attempt timed out
-        (after `timeout` seconds) and another is coming.
+        `on_slow`: called once, with a sentence for the person (`slow_notice`), when the
+        model has been silent for `first_notice` seconds, or an attempt timed out first.
 
         `extra`: more litellm arguments for this call (e.g. a `response_format` with a
         JSON schema, which litellm passes through to OpenAI-compatible servers)."""
@@ -258,10 +317,10 @@ class LLMClient:
         kwargs = {**self._kwargs(messages, tools or []), **(extra or {})}
         attempts = 0
         emitted = False
-        told_slow = False
+        slow = _Notice(on_slow, self.first_notice, self.slow_notice)
 
         async def before_sleep(state: RetryCallState) -> None:
-            nonlocal emitted, told_slow
+            nonlocal emitted
             exc = state.outcome.exception() if state.outcome else None
             log.warning(
                 "llm.retry",
@@ -273,18 +332,8 @@ class LLMClient:
             if emitted and on_reset:
                 await on_reset()
                 emitted = False
-            if (
-                on_slow is not None
-                and not told_slow
-                and exc is not None
-                and error_kind(exc) == "timeout"
-            ):
-                told_slow = True
-                total = self.retries + 1
-                await on_slow(
-                    f"The model is slow to answer (nothing in {self.timeout:g}s); still trying "
-                    f"(attempt {state.attempt_number + 1} of {total})…"
-                )
+            if exc is not None and error_kind(exc) == "timeout":
+                await slow.say(self.timeout)  # unless already said, at `first_notice`
 
         async def call() -> LLMResult:
             nonlocal attempts
@@ -295,7 +344,11 @@ class LLMClient:
                 return await here(streamed)
             if not streamed and (worker := pool.pick()) is not None:
                 with contextlib.suppress(Unsendable):  # else it runs here, as it would alone
-                    return await pool.call(worker, kwargs)
+                    # Bounded by litellm's timeout in the worker, and by the pool, which
+                    # kills a worker that does not answer `timeout` + a grace later.
+                    result = await pool.call(worker, kwargs)
+                    slow.cancel()
+                    return result
             pool.in_process += 1
             try:
                 return await here(streamed)
@@ -304,11 +357,27 @@ class LLMClient:
 
         async def here(streamed: bool) -> LLMResult:
             nonlocal emitted
-            if streamed:
-                result = await self._streamed(litellm, kwargs, on_text)
-                emitted = bool(result.text) and on_text is not None
-                return result
-            return self._parse(litellm, await litellm.acompletion(**kwargs))
+            try:
+                # Until the first sign of an answer (the whole answer, or a stream's first
+                # chunk): the bound a silent model is held to, whatever the HTTP library
+                # does with a server that sends nothing (or trickles bytes).
+                async with asyncio.timeout(self.timeout) as limit:
+
+                    def heard() -> None:
+                        limit.reschedule(None)
+                        slow.cancel()
+
+                    if streamed:
+                        result = await self._streamed(litellm, kwargs, on_text, heard)
+                        emitted = bool(result.text) and on_text is not None
+                        return result
+                    answer = await litellm.acompletion(**kwargs)
+                    heard()
+            except TimeoutError:
+                if limit.expired():
+                    raise NoAnswer(f"no answer in {self.timeout:g}s") from None
+                raise
+            return self._parse(litellm, answer)
 
         try:
             # The first attempt without tenacity's machinery (~85 us a call, before every
@@ -337,18 +406,30 @@ class LLMClient:
                             raise failed.pop()
                         result = await call()
         except Exception as exc:  # litellm raises many classes; all end here, worded
+            await slow.close()
             raise self._error(exc, attempts, messages, tools or []) from exc
+        except BaseException:  # cancelled: so is a notice on its way
+            slow.cancel(sending=True)
+            raise
+        await slow.close()
         result.attempts = attempts
         return result
 
     async def _streamed(
-        self, litellm: Any, kwargs: dict[str, Any], on_text: OnText | None
+        self,
+        litellm: Any,
+        kwargs: dict[str, Any],
+        on_text: OnText | None,
+        heard: Callable[[], None] | None = None,
     ) -> LLMResult:
+        """A streamed call; `heard` is told at its first chunk (the model is answering)."""
         stream = await litellm.acompletion(
             **kwargs, stream=True, stream_options={"include_usage": True}
         )
-        chunks = []
+        chunks: list[Any] = []
         async for chunk in stream:
+            if not chunks and heard is not None:
+                heard()
             chunks.append(chunk)
             if on_text is None or not chunk.choices:
                 continue
@@ -356,7 +437,7 @@ class LLMClient:
             if delta:
                 await on_text(delta)
         if not chunks:
-            raise LLMError("The model sent an empty stream.", kind="empty", retryable=True)
+            raise EmptyAnswer("the stream ended without a chunk")
         return self._parse(litellm, _assemble(litellm, chunks, kwargs["messages"]))
 
     def _parse(self, litellm: Any, resp: Any) -> LLMResult:
@@ -452,34 +533,82 @@ class LLMClient:
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]],
     ) -> LLMError:
+        """The failure as a person reads it (what happened, what to do: never the server's
+        address, a path or the provider's raw text), and as the log keeps it."""
         if isinstance(exc, LLMError):
             return exc
         kind = error_kind(exc)
+        raw = str(exc).strip()
+        detail = f"{type(exc).__name__}: {raw.splitlines()[0][:500]}" if raw else type(exc).__name__
+        log.warning(
+            "llm.gave_up",
+            kind=kind,
+            attempts=attempts,
+            model=self.describe(),
+            detail=detail,
+        )
+        retryable = is_retryable(exc)
         if kind == "context_window":
             # Not "the model failed: <provider text>": the person can act on this one
             # (a shorter message, a file), so say how long it may be.
-            return LLMError(self._too_long(exc, messages, tools), kind=kind, retryable=False)
-        where = self.describe()
-        tried = f" (tried {attempts} time{'s' if attempts != 1 else ''})"
-        detail = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
-        advice = {
-            "rate_limit": "The provider is rate limiting; wait a minute or use another model.",
-            "timeout": "It did not answer in time; check the server, or raise STEWARD_LLM_TIMEOUT.",
-            "auth": "Check the provider's key variable (e.g. OPENAI_API_KEY, ANTHROPIC_API_KEY).",
-            "not_found": "Check STEWARD_MODEL: the provider does not know this model.",
-            "connection": "Check that the server is running and STEWARD_API_BASE is right.",
-            "server_error": "The provider had an internal error; try again shortly.",
-            "bad_request": "The provider refused the request; check STEWARD_MODEL and its options.",
-            "malformed": (
-                "Its answer could not be read (not a valid response), so it was not retried; "
-                "check that STEWARD_API_BASE is an OpenAI-compatible endpoint, and the "
-                "server's log."
+            text = self._too_long(exc, messages, tools)
+            said = f"The model {self.describe()} refused a request too long: {detail}"
+            return LLMError(text, kind=kind, retryable=False, detail=said)
+        tried = f"tried {attempts} time{'s' if attempts != 1 else ''}"
+        wording = {
+            "timeout": (
+                f"did not answer ({tried}, waiting up to {_span(self.timeout)} each). It may "
+                "be overloaded or down: try again in a few minutes. If it keeps happening, "
+                "whoever runs Steward can check the model's server, or raise "
+                "STEWARD_LLM_TIMEOUT for a slow model."
             ),
-        }.get(kind, "See the log for details.")
+            "connection": (
+                f"could not be reached ({tried}): its server may be down or unreachable. Try "
+                "again in a few minutes; whoever runs Steward can check that the server is "
+                "running and that STEWARD_API_BASE is right (Steward's log has the details)."
+            ),
+            "rate_limit": (
+                f"is rate limited by its provider ({tried}): too many requests for now. Wait "
+                "a minute and try again; whoever runs Steward can also switch to another "
+                "model."
+            ),
+            "auth": (
+                f"refused Steward's credentials ({tried}). Whoever runs Steward should check "
+                "the provider's key (OPENAI_API_KEY, ANTHROPIC_API_KEY, … or "
+                "STEWARD_API_KEY); Steward's log has the provider's answer."
+            ),
+            "not_found": (
+                f"could not be used: its provider does not know this model ({tried}). "
+                "Whoever runs Steward should check STEWARD_MODEL; Steward's log has the "
+                "provider's answer."
+            ),
+            "server_error": (
+                f"had an error at its provider ({tried}). Try again in a few minutes; "
+                "Steward's log has the details."
+            ),
+            "bad_request": (
+                f"refused the request ({tried}). Whoever runs Steward should check "
+                "STEWARD_MODEL and its options; Steward's log has the provider's reason."
+            ),
+            "malformed": (
+                f"sent an answer that could not be read (not a valid response), so it was "
+                f"not retried ({tried}). Whoever runs Steward should check that "
+                "STEWARD_API_BASE is an OpenAI-compatible endpoint, and the server's log."
+            ),
+            "empty": (
+                f"sent an empty answer ({tried}). Try again; if it keeps happening, whoever "
+                "runs Steward can check the model server's log."
+            ),
+        }.get(
+            kind,
+            f"failed ({tried}) in a way Steward does not recognise. Try again; Steward's log "
+            "has the details.",
+        )
         return LLMError(
-            f"The model {where} failed{tried}: {detail}. {advice}",
+            f"The model {self.shown_name()} {wording}",
             kind=kind,
-            retryable=is_retryable(exc),
+            retryable=retryable,
+            detail=f"The model {self.describe()} failed ({tried}): {detail}",
         )
 
     def _window(self) -> int | None:
@@ -521,7 +650,7 @@ class LLMClient:
             message_chars=len(message),
             detail=str(exc).strip()[:300],
         )
-        where = self.describe()
+        where = self.shown_name()
         size = f"about {_about(message_tokens)} tokens ({_about(len(message))} characters)"
         instead = "or save the text as a file in the workspace and ask me to read it."
         if window is None:
@@ -561,6 +690,66 @@ class LLMClient:
             f"than the {window:,} it reads at once (its context window). Ask for a "
             "smaller step, or start a new conversation."
         )
+
+
+def _span(seconds: float) -> str:
+    """A duration for a person: "0.5 s", "20 s", "2 min", "8 min 7 s"."""
+    if seconds < 10:
+        return f"{round(seconds, 1):g} s"
+    if seconds < 120:
+        return f"{round(seconds)} s"
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min" + (f" {rest} s" if rest else "")
+
+
+class _Notice:
+    """`on_slow`, told at most once per call: `after` seconds (real time: the call is I/O)
+    after it began unless `cancel` came first (the model was heard), or at once by `say`
+    (an attempt timed out before)."""
+
+    def __init__(self, on_slow: OnSlow | None, after: float, text: Callable[[float], str]) -> None:
+        self._on_slow = on_slow
+        self._after = after
+        self._text = text
+        self._handle: asyncio.TimerHandle | None = None
+        self._sending: asyncio.Future[None] | None = None
+        self.told = False
+        if on_slow is not None and after > 0:
+            self._handle = asyncio.get_running_loop().call_later(after, self._fire)
+
+    def _fire(self) -> None:
+        self._handle = None
+        if self.told or self._on_slow is None:
+            return
+        self.told = True
+        log.info("llm.silent", silent_s=self._after)
+        self._sending = asyncio.ensure_future(self._on_slow(self._text(self._after)))
+
+    async def say(self, silent: float) -> None:
+        """Now, unless it was said already."""
+        self.cancel()
+        if self.told or self._on_slow is None:
+            return
+        self.told = True
+        await self._on_slow(self._text(silent))
+
+    def cancel(self, *, sending: bool = False) -> None:
+        """Nothing more to say (the model was heard); `sending`: not even what is on its
+        way (the call was cancelled)."""
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        if sending and self._sending is not None:
+            self._sending.cancel()
+
+    async def close(self) -> None:
+        """The call is over: a notice on its way arrives before the answer or the error."""
+        self.cancel()
+        if self._sending is not None:
+            try:
+                await self._sending
+            except Exception:  # a status that could not be shown never fails the call
+                log.warning("llm.notice_failed", exc_info=True)
 
 
 def _first_number(patterns: tuple[re.Pattern[str], ...], text: str) -> int | None:

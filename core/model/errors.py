@@ -14,12 +14,27 @@ from typing import Any
 
 
 class LLMError(Exception):
-    """The model could not be reached or answered with an error, after retries."""
+    """The model could not be reached or answered with an error, after retries.
 
-    def __init__(self, message: str, *, kind: str, retryable: bool) -> None:
+    Its text is for a person: what happened and what to do, never the server's address
+    or the provider's raw error, which `detail` says (for the log and `steward doctor`).
+    """
+
+    def __init__(self, message: str, *, kind: str, retryable: bool, detail: str = "") -> None:
         super().__init__(message)
         self.kind = kind
         self.retryable = retryable
+        self.detail = detail
+
+
+class NoAnswer(Exception):
+    """An attempt heard nothing from the model for `llm_timeout` seconds (the client's own
+    deadline, which holds whatever the HTTP library does with a silent server): retried
+    like a timeout."""
+
+
+class EmptyAnswer(Exception):
+    """The model's stream ended without a single chunk (not retried)."""
 
 
 class WorkerCallError(Exception):
@@ -29,6 +44,8 @@ class WorkerCallError(Exception):
     def __init__(self, text: str, info: dict[str, Any]) -> None:
         super().__init__(text)
         self.class_names: list[str] = list(info.get("names") or [])
+        #: The class names of the exceptions it was raised from (`error_kind` reads them).
+        self.cause_names: list[str] = list(info.get("causes") or [])
         self.status_code: int | None = info.get("status_code")
         self.malformed: bool = bool(info.get("malformed"))
         self.body: Any = info.get("body")
@@ -43,6 +60,7 @@ def failure_info(exc: BaseException) -> tuple[str, dict[str, Any]]:
     body = getattr(exc, "body", None)
     return str(exc), {
         "names": [cls.__name__ for cls in type(exc).__mro__],
+        "causes": [name for cause in _causes(exc) for name in _own_names(cause)],
         "status_code": status if isinstance(status, int) else None,
         "malformed": is_malformed(exc),
         "retry_after": retry_after(exc),
@@ -51,6 +69,7 @@ def failure_info(exc: BaseException) -> tuple[str, dict[str, Any]]:
 
 
 _RETRYABLE = (
+    "NoAnswer",
     "RateLimitError",
     "InternalServerError",
     "ServiceUnavailableError",
@@ -61,13 +80,15 @@ _RETRYABLE = (
 )
 
 
-#: A provider's answer that could not be parsed (cut-off or non-JSON body, no choices),
+#: A provider's answer that could not be parsed (cut-off or non-JSON body, no choices,
+#: bytes that are not UTF-8),
 #: in the wordings litellm and the json module use. litellm reports these as a 500
 #: (InternalServerError) or a mid-stream failure, but a retry gets the same answer.
 _MALFORMED = re.compile(
     r"Expecting (?:value|property name|',' delimiter|':' delimiter)"
     r"|Unterminated string|Extra data|Invalid control character|Invalid \\escape"
-    r"|JSONDecodeError|no 'choices'|Invalid response object|is not valid JSON",
+    r"|JSONDecodeError|no 'choices'|Invalid response object|is not valid JSON"
+    r"|codec can't decode byte|UnicodeDecodeError",
     re.IGNORECASE,
 )
 
@@ -81,7 +102,9 @@ def is_malformed(exc: BaseException) -> bool:
         seen.add(id(current))
         if getattr(current, "malformed", False) is True:  # said by a worker (WorkerCallError)
             return True
-        if isinstance(current, json.JSONDecodeError) or _MALFORMED.search(str(current)):
+        if isinstance(current, (json.JSONDecodeError, UnicodeDecodeError)):
+            return True
+        if _MALFORMED.search(str(current)):
             return True
         current = current.__cause__ or current.__context__
     return False
@@ -103,7 +126,35 @@ def _names(exc: BaseException) -> list[str]:
     told = getattr(exc, "class_names", None)
     if isinstance(exc, WorkerCallError) and told:
         return list(told)
+    return _own_names(exc)
+
+
+def _own_names(exc: BaseException) -> list[str]:
     return [cls.__name__ for cls in type(exc).__mro__]
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    """The exceptions `exc` was raised from or while handling, nearest first."""
+    seen = {id(exc)}
+    found: list[BaseException] = []
+    current = exc.__cause__ or exc.__context__
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        found.append(current)
+        current = current.__cause__ or current.__context__
+    return found
+
+
+#: A connection that could not be made, wherever in the chain (litellm reports a refused
+#: connection to an OpenAI-compatible server as an InternalServerError, "Connection
+#: error.", raised from openai's APIConnectionError).
+_UNREACHED = {"APIConnectionError", "ConnectError", "ConnectionRefusedError", "ConnectTimeout"}
+
+
+def _unreached(exc: BaseException) -> bool:
+    if isinstance(exc, WorkerCallError):
+        return bool(_UNREACHED.intersection(exc.cause_names))
+    return any(_UNREACHED.intersection(_own_names(cause)) for cause in _causes(exc))
 
 
 def retry_after(exc: BaseException) -> float | None:
@@ -144,7 +195,11 @@ def error_kind(exc: BaseException) -> str:
         return "malformed"
     if "BadRequestError" in names and _CONTEXT_WORDING.search(str(exc)):
         return "context_window"
+    if "InternalServerError" in names and _unreached(exc):
+        return "connection"
     for name, kind in (
+        ("NoAnswer", "timeout"),
+        ("EmptyAnswer", "empty"),
         ("RateLimitError", "rate_limit"),
         ("Timeout", "timeout"),
         ("APITimeoutError", "timeout"),

@@ -8,7 +8,8 @@ Two halves:
   user's threshold and cooldown to their answers. The benchmark runs it directly for
   1,000 simulated users.
 * `Proactive` is the thin async layer the dispatcher calls: it keeps per-user state in
-  `<data dir>/proactive/<user>.md` (front matter, redacted, atomic writes), runs the
+  `<data dir>/proactive/<user>.md` (front matter, redacted, atomic writes; conversations
+  idle past the signals' decay pruned, an unchanged state not rewritten), runs the
   silence and "ignored" timers on the injected clock (so `steward replay` drives them
   deterministically), writes the offer's text with the model (a template when the
   model can't be reached) and delivers it through `core.suggestions.Suggestions`.
@@ -30,13 +31,19 @@ quick_cancel    0.75     a task cancelled within `proactive_quick_cancel` s of s
                          (also a message edited/deleted right after sending, where the
                          platform reports it: `Proactive.on_quick_edit`)
 repeat          0.75     a request near-identical to a recent one (token Jaccard or
-                         difflib ratio >= `proactive_repeat_similarity`)
+                         difflib ratio >= `proactive_repeat_similarity`) whose answer
+                         did not satisfy: it failed or was cancelled, or was a success
+                         less than `proactive_reask` s ago. Not while it is pending, nor
+                         once the same request succeeded twice (on purpose).
 correction      0.75     a message starting with / containing a configured correction
                          ("no", "that's wrong", "again", "nein", "encore", "otra vez" …)
 silence         0.50     no message for `proactive_silence` s after a failed task
 ==============  =======  ==============================================================
 
-Adapting (per user): refusals weigh 1, ignored offers (unanswered for
+Adapting (per user): the welcome factor multiplies threshold and cooldown by
+(0.5 / w) ** `proactive_welcome` (never below half), w = (yes + 1) / (answers + 2) over
+the person's answers, each fading to half in `proactive_welcome_memory`. Under it,
+refusals weigh 1, ignored offers (unanswered for
 `proactive_ignore_after` s) `proactive_ignored_weight`. Each refusal raises threshold
 and cooldown by `proactive_refusal_nudge` × its weight (10 % for a "no"), so refusals
 spread over a day still teach it. When the refusal weight within

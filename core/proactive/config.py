@@ -30,9 +30,17 @@ class Config:
     cooldown_max: float = 14400.0
     restore: float = 0.5
     refusal_nudge: float = 0.1
+    #: Per person: threshold and cooldown x (0.5 / welcome) ** this, welcome being the
+    #: share of their answers that were "yes" (Laplace-smoothed); 0: off.
+    welcome: float = 2.0
+    #: Seconds after which an answer weighs half in that share.
+    welcome_memory: float = 604800.0
     quick_cancel: float = 10.0
     silence: float = 600.0
     repeat_similarity: float = 0.8
+    #: A near-identical request within this many seconds of a successful answer is a
+    #: quick re-ask (a repeat signal); later, or after two successes, it is on purpose.
+    reask: float = 120.0
     corrections: tuple[str, ...] = ("no", "wrong", "that's wrong", "again")
     help_words: tuple[str, ...] = ("help",)
     timezone: str = "UTC"
@@ -69,9 +77,12 @@ class Config:
             cooldown_max=s.proactive_cooldown_max,
             restore=s.proactive_restore,
             refusal_nudge=s.proactive_refusal_nudge,
+            welcome=s.proactive_welcome,
+            welcome_memory=s.proactive_welcome_memory,
             quick_cancel=s.proactive_quick_cancel,
             silence=s.proactive_silence,
             repeat_similarity=s.proactive_repeat_similarity,
+            reask=s.proactive_reask,
             corrections=words(s.proactive_corrections),
             help_words=words(s.proactive_help_words),
             timezone=s.proactive_timezone,

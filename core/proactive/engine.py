@@ -23,6 +23,8 @@ from core.proactive.text import _norm, is_correction, parse_quiet, similar
 log = structlog.get_logger("steward.proactive")
 
 MAX_ERRORS_PER_TASK = 4
+#: The welcome factor never takes threshold or cooldown below this share of the adapted ones.
+WELCOME_FLOOR = 0.5
 RECENT_REQUESTS = 5
 
 
@@ -40,7 +42,14 @@ class Engine:
             self.tz = UTC
 
     def new_user(self, user: str) -> UserState:
-        return UserState(user=user, threshold=self.config.threshold, cooldown=self.config.cooldown)
+        c = self.config
+        return UserState(
+            user=user,
+            threshold=c.threshold,
+            cooldown=c.cooldown,
+            base_threshold=c.threshold,
+            base_cooldown=c.cooldown,
+        )
 
     # -- signals ------------------------------------------------------------------------
 
@@ -80,14 +89,45 @@ class Engine:
         window = 2 * self.config.half_life
         recent = [r for r in conv.requests if now - r[0] <= window]
         limit = self.config.repeat_similarity
-        if any(similar(text, r[1], limit) >= limit for r in recent):
+        alike = [r for r in recent if similar(text, r[1], limit) >= limit]
+        if alike and self._unsatisfied(alike, now):
             added.append("repeat")
         for kind in added:
             self._add(conv, now, kind)
-        recent.append([now, text[:500]])
+        recent.append([now, text[:500], PENDING, None])
         conv.requests = recent[-RECENT_REQUESTS:]
         self._later_helpful(state, conv, text, now)
         return added
+
+    def _unsatisfied(self, alike: list[list[Any]], now: float) -> bool:
+        """Whether asking again for (nearly) the same thing says the answers did not
+        satisfy. `alike` are the recent near-identical requests, oldest first.
+
+        Yes after a failure or a cancel of the last of them (a retry), or when it was
+        answered successfully less than `reask` s ago (a quick re-ask) and was the first
+        success of that request. No when it is still queued or running (nothing was
+        answered yet), when it was answered long ago, or when the same request has been
+        answered successfully twice: a person running the same command on purpose."""
+        outcome, answered_at = _outcome(alike[-1])
+        if outcome in (FAILED, CANCELLED):
+            return True
+        if outcome != ANSWERED or answered_at is None:
+            return False
+        if sum(1 for r in alike if _outcome(r)[0] == ANSWERED) >= 2:
+            return False
+        return now - answered_at <= self.config.reask
+
+    @staticmethod
+    def _answered(conv: ConvState, request: str, outcome: str, now: float) -> None:
+        """Record how a request ended: the newest pending one with its text, else the
+        newest pending one."""
+        pending = [r for r in conv.requests if _outcome(r)[0] == PENDING]
+        if not pending:
+            return
+        text = request[:500]
+        entry = next((r for r in reversed(pending) if r[1] == text), pending[-1])
+        del entry[2:]
+        entry += [outcome, now]
 
     def _later_helpful(self, state: UserState, conv: ConvState, text: str, now: float) -> None:
         conv.ignored = [i for i in conv.ignored if now - i[0] <= self.config.refusal_window]
@@ -103,7 +143,9 @@ class Engine:
             if t == t_ignored and w == self.config.ignored_weight:
                 del state.refusals[i]
                 break
+        self._tally(state, now, no=-self.config.ignored_weight)
         self._restore(state, self.config.restore / 2)
+        self.refresh(state, now)
 
     def quick_edit(self, state: UserState, conversation: str, now: float) -> None:
         """A message edited or deleted right after sending (where the platform reports it)."""
@@ -125,6 +167,7 @@ class Engine:
         `recurring` times within `recurring_window` (for the rule learner)."""
         conv = state.conv(conversation)
         self.catch_up(state, conversation, now)
+        self._answered(conv, request, FAILED if failed else ANSWERED, now)
         if not failed:
             # A success ends the run of failures: they stop counting, errors stay (decaying).
             conv.events = [e for e in conv.events if e[1] != "failure"]
@@ -157,9 +200,17 @@ class Engine:
         return recurring
 
     def task_cancelled(
-        self, state: UserState, conversation: str, now: float, started_at: float
+        self,
+        state: UserState,
+        conversation: str,
+        now: float,
+        started_at: float,
+        *,
+        request: str = "",
     ) -> bool:
-        """Returns True when it was a quick cancellation (a signal)."""
+        """Returns True when it was a quick cancellation (a signal). Asking for the same
+        thing again after a cancel is a retry (a repeat signal), whenever it came."""
+        self._answered(state.conv(conversation), request, CANCELLED, now)
         if now - started_at <= self.config.quick_cancel:
             self._add(state.conv(conversation), now, "quick_cancel")
             return True
@@ -173,6 +224,31 @@ class Engine:
             parts[kind] = parts.get(kind, 0.0) + weight * self._decay(now - t)
             counts[kind] = counts.get(kind, 0) + 1
         return Score(sum(parts.values()), parts, counts)
+
+    # -- keeping the state bounded ------------------------------------------------------
+
+    def horizon(self) -> float:
+        """Seconds after which an idle conversation holds nothing that still counts: its
+        signals weigh < 0.1 % (10 half-lives), its requests are past the repeat window,
+        its errors past the recurring window, its ignored offers past the refusal window."""
+        c = self.config
+        return max(10 * c.half_life, c.recurring_window, c.refusal_window, c.reask)
+
+    def prune(self, state: UserState, now: float) -> list[str]:
+        """Forget the conversations idle past `horizon()` (a silence still due counts as
+        activity then) with no offer open: what is kept (and saved) grows with the
+        conversations active in the last hours, not with every conversation the person
+        ever had. The person's own numbers (threshold, cooldown, answers) are kept.
+        Returns the names dropped."""
+        horizon = now - self.horizon()
+        gone = [
+            name
+            for name, conv in state.conversations.items()
+            if conv.open is None and _last_seen(conv) < horizon
+        ]
+        for name in gone:
+            del state.conversations[name]
+        return gone
 
     # -- deciding -----------------------------------------------------------------------
 
@@ -202,6 +278,7 @@ class Engine:
             return OfferDecision(False, "a suggestion is already open here")
         if busy:
             return OfferDecision(False, "a task is running")
+        self.refresh(state, now)
         if state.last_offer_at is not None and now - state.last_offer_at < state.cooldown:
             return OfferDecision(False, "cooling down")
         score = self.score(state, conversation, now)
@@ -230,12 +307,14 @@ class Engine:
 
     def answered(self, state: UserState, sid: str, accepted: bool, now: float) -> None:
         self._close(state, sid)
+        self._tally(state, now, yes=1.0 if accepted else 0.0, no=0.0 if accepted else 1.0)
         if accepted:
             state.stats["accepted"] += 1
             self._restore(state, self.config.restore)
         else:
             state.stats["refused"] += 1
             self._refusal(state, now, 1.0)
+        self.refresh(state, now)
 
     def ignored(self, state: UserState, sid: str, now: float) -> bool:
         """An offer expired unanswered: a mild refusal. False when it was not open."""
@@ -244,8 +323,45 @@ class Engine:
             return False
         state.stats["ignored"] += 1
         state.conv(name).ignored.append([now, sid])
+        self._tally(state, now, no=self.config.ignored_weight)
         self._refusal(state, now, self.config.ignored_weight)
+        self.refresh(state, now)
         return True
+
+    # The welcome factor: per person, how their answers went so far.
+
+    def welcome(self, state: UserState, now: float) -> float:
+        """How welcome offers have been with this person, 0..1: (yes + 1) / (answers + 2),
+        over their answers (a "no" counts 1, an ignored offer `ignored_weight`), each
+        weighing half after `welcome_memory` s. 0.5 for someone never asked."""
+        yes, no = self._answers(state, now)
+        return (yes + 1) / (yes + no + 2)
+
+    def _answers(self, state: UserState, now: float) -> tuple[float, float]:
+        yes, no, at = state.answers
+        memory = self.config.welcome_memory
+        fade: float = 0.5 ** (max(0.0, now - at) / memory) if memory > 0 else 1.0
+        return yes * fade, no * fade
+
+    def _tally(self, state: UserState, now: float, *, yes: float = 0.0, no: float = 0.0) -> None:
+        y, n = self._answers(state, now)
+        state.answers = [y + yes, max(0.0, n + no), now]
+
+    def refresh(self, state: UserState, now: float) -> None:
+        """The threshold and cooldown that decide: the ones refusals and acceptances
+        adapted (`base_*`) times (0.5 / welcome) ** `welcome`, never below
+        `WELCOME_FLOOR` of them, within the caps. Someone who mostly says yes is offered
+        help sooner and more often; each "no" leaves someone who never says yes alone for
+        much longer (3 refusals: x6.25). The baseline (not adaptive) never changes."""
+        if not self.adaptive:
+            return
+        c = self.config
+        factor = 1.0
+        if c.welcome > 0:
+            ratio: float = (0.5 / self.welcome(state, now)) ** c.welcome
+            factor = max(WELCOME_FLOOR, ratio)
+        state.threshold = min(c.threshold_max, state.base_threshold * factor)
+        state.cooldown = min(c.cooldown_max, state.base_cooldown * factor)
 
     def refusal_weight(self, state: UserState, now: float) -> float:
         return sum(w for t, w in state.refusals if now - t <= self.config.refusal_window)
@@ -259,11 +375,11 @@ class Engine:
         c = self.config
         if c.refusal_nudge:  # every refusal counts a little, however far apart they come
             step = 1 + c.refusal_nudge * weight
-            state.threshold = min(c.threshold_max, state.threshold * step)
-            state.cooldown = min(c.cooldown_max, state.cooldown * step)
+            state.base_threshold = min(c.threshold_max, state.base_threshold * step)
+            state.base_cooldown = min(c.cooldown_max, state.base_cooldown * step)
         if self.refusal_weight(state, now) >= c.refusals - 1e-9:
-            state.threshold = min(c.threshold_max, state.threshold * c.threshold_step)
-            state.cooldown = min(c.cooldown_max, state.cooldown * c.cooldown_step)
+            state.base_threshold = min(c.threshold_max, state.base_threshold * c.threshold_step)
+            state.base_cooldown = min(c.cooldown_max, state.base_cooldown * c.cooldown_step)
             state.refusals.clear()  # spent: the next step needs as many again
             state.stats["adapted"] += 1
 
@@ -271,12 +387,12 @@ class Engine:
         if not self.adaptive:
             return
         c = self.config
-        state.threshold -= (state.threshold - c.threshold) * fraction
-        state.cooldown -= (state.cooldown - c.cooldown) * fraction
-        if abs(state.threshold - c.threshold) < 0.01:
-            state.threshold = c.threshold
-        if abs(state.cooldown - c.cooldown) < 1:
-            state.cooldown = c.cooldown
+        state.base_threshold -= (state.base_threshold - c.threshold) * fraction
+        state.base_cooldown -= (state.base_cooldown - c.cooldown) * fraction
+        if abs(state.base_threshold - c.threshold) < 0.01:
+            state.base_threshold = c.threshold
+        if abs(state.base_cooldown - c.cooldown) < 1:
+            state.base_cooldown = c.cooldown
 
     # -- what to say --------------------------------------------------------------------
 
@@ -328,6 +444,32 @@ class Engine:
             noticed.append("you stopped a task right away")
         seen = " and ".join(noticed) or "this is not going well"
         return f"I noticed {seen}. Want me to start over and ask what you need?"
+
+
+#: How a request ended, as kept in `ConvState.requests` ([t, text, outcome, answered at]).
+PENDING, ANSWERED, FAILED, CANCELLED = "", "ok", "failed", "cancelled"
+
+
+def _outcome(entry: list[Any]) -> tuple[str, float | None]:
+    """A request's outcome and when it came ("" and None while pending, and for entries
+    written before outcomes were kept)."""
+    if len(entry) < 4:
+        return PENDING, None
+    return str(entry[2] or PENDING), entry[3]
+
+
+def _last_seen(conv: ConvState) -> float:
+    """The newest time anything happened in a conversation (-inf: nothing recorded)."""
+    times: list[float] = [
+        t for t in (conv.last_message_at, conv.last_failure_at, conv.silence_due) if t is not None
+    ]
+    times += [e[0] for e in conv.events]
+    times += [r[0] for r in conv.requests] + [r[3] for r in conv.requests if _outcome(r)[1]]
+    times += [f.t for f in conv.failures]
+    times += [i[0] for i in conv.ignored]
+    times += [s[0] for seen in conv.signatures.values() for s in seen]
+    times += list(conv.reported.values())
+    return max((float(t) for t in times), default=float("-inf"))
 
 
 def _original(request: str) -> str:

@@ -108,6 +108,9 @@ class Proactive:
             self.llm.timeout = min(getattr(llm, "timeout", llm_timeout), llm_timeout)
         self.sink = sink
         self._states: dict[str, UserState] = {}
+        #: What was last written (or read) for each person: a save that would write the
+        #: same again writes nothing.
+        self._saved: dict[str, dict[str, Any]] = {}
         #: (channel, user, conversation) -> (channel, thread) last seen, for timer offers.
         self._where: dict[tuple[str, str, str], tuple[Channel, str | None]] = {}
         self._timers: dict[str, Callable[[], None]] = {}
@@ -140,9 +143,14 @@ class Proactive:
                 state = None
         if state is None:
             state = self.engine.new_user(user_key)
+        else:
+            self._saved[user_key] = state.to_dict()
         # Offers open when Steward stopped can no longer be answered: close them, no penalty.
         for conv in state.conversations.values():
             conv.open = None
+        # A file from before pruning (or after a long pause) may hold thousands of idle
+        # conversations: dropped here, and from the file at the next save.
+        self.engine.prune(state, self.clock.now())
         self._states[user_key] = state
         return state
 
@@ -152,10 +160,23 @@ class Proactive:
             "answers; events are the decayed frustration signals per conversation.\n"
         )
         path = self.path(state.user)
+        gone = self.engine.prune(state, self.clock.now())
+        if gone:
+            self._forget_where(state.user, set(gone))
+        data = state.to_dict()
+        if data == self._saved.get(state.user):
+            return  # nothing changed since the last write
         try:
             await self.store.save(path, state.to_dict(), body)
         except OSError:  # recorded in WriteHealth: /healthz, doctor and the person are told
             log.warning("proactive.save_failed", path=str(path), exc_info=True)
+            return
+        self._saved[state.user] = data
+
+    def _forget_where(self, user_key: str, conversations: set[str]) -> None:
+        for where in [w for w in self._where if w[2] in conversations]:
+            if self.user_key(where[0], where[1]) == user_key:
+                del self._where[where]
 
     # -- timers on the injected clock ---------------------------------------------------
 
@@ -285,7 +306,8 @@ class Proactive:
         key = self.user_key(channel.name, msg.user)
         state = self.state(key)
         self._remember(channel, msg.user, msg.conversation, msg.thread)
-        if self.engine.task_cancelled(state, msg.conversation, self.clock.now(), started_at):
+        now = self.clock.now()
+        if self.engine.task_cancelled(state, msg.conversation, now, started_at, request=msg.text):
             log.info("proactive.signal", kinds=["quick_cancel"], conversation=msg.conversation)
         await self.maybe_offer(channel, msg.user, msg.conversation, msg.thread, in_job=in_job)
         await self.save(state)
@@ -430,6 +452,7 @@ class Proactive:
         state = self.state(self.user_key(channel.name, user))
         now = self.clock.now()
         self.engine.catch_up(state, conversation, now)
+        self.engine.refresh(state, now)
         score = self.engine.score(state, conversation, now)
         in_quiet = bool(state.quiet) and self.engine.in_quiet(state, now)
         left = 0.0
@@ -490,7 +513,7 @@ def _redact_state(data: dict[str, Any], body: str) -> tuple[dict[str, Any], str]
     addresses and must read back exactly as written.
     """
     for conv in data["conversations"].values():
-        conv["requests"] = [[t, redact(x)] for t, x in conv["requests"]]
+        conv["requests"] = [[r[0], redact(r[1]), *r[2:]] for r in conv["requests"]]
         for f in conv["failures"]:
             f["request"], f["error"] = redact(f["request"]), redact(f["error"])
             f["signatures"] = [redact(x) for x in f["signatures"]]

@@ -53,8 +53,14 @@ class ConvState:
 @dataclass(slots=True)
 class UserState:
     user: str
+    #: What decides: the base ones times the welcome factor (Engine.refresh).
     threshold: float
     cooldown: float
+    #: Adapted by refusals (nudges, bursts) and acceptances (restore).
+    base_threshold: float = 0.0
+    base_cooldown: float = 0.0
+    #: [yes, no, at]: the person's answers to offers, weighted, as of time `at`.
+    answers: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
     off: bool = False
     quiet: str = ""
     last_offer_at: float | None = None
@@ -72,6 +78,12 @@ class UserState:
         }
     )
 
+    def __post_init__(self) -> None:
+        if self.base_threshold <= 0:
+            self.base_threshold = self.threshold
+        if self.base_cooldown <= 0:
+            self.base_cooldown = self.cooldown
+
     def conv(self, conversation: str) -> ConvState:
         return self.conversations.setdefault(conversation, ConvState())
 
@@ -87,10 +99,17 @@ class UserState:
             raw["open"] = OpenOffer(**raw["open"]) if raw.get("open") else None
             convs[str(name)] = ConvState(**raw)
         stats = {**UserState(user="", threshold=0, cooldown=0).stats, **(data.get("stats") or {})}
+        threshold = float(data.get("threshold", config.threshold))
+        cooldown = float(data.get("cooldown", config.cooldown))
+        answers = [float(x) for x in data.get("answers") or []]
         return cls(
             user=str(data["user"]),
-            threshold=float(data.get("threshold", config.threshold)),
-            cooldown=float(data.get("cooldown", config.cooldown)),
+            threshold=threshold,
+            cooldown=cooldown,
+            # Files written before the welcome factor: what they adapted is the base.
+            base_threshold=float(data.get("base_threshold") or threshold),
+            base_cooldown=float(data.get("base_cooldown") or cooldown),
+            answers=answers if len(answers) == 3 else [0.0, 0.0, 0.0],
             off=bool(data.get("off", False)),
             quiet=str(data.get("quiet") or ""),
             last_offer_at=data.get("last_offer_at"),

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 
@@ -43,6 +43,11 @@ log = structlog.get_logger("steward.undo")
 
 #: Largest outside-workspace file whose original is kept before an approved change.
 OUTSIDE_MAX_BYTES = 50_000_000
+#: An approved folder outside the workspace is kept whole (each file's original, and
+#: which files there were, so new ones are removed by /undo) up to this many files and
+#: bytes in all; a bigger one is not promised back (the approval's risk says so).
+OUTSIDE_DIR_FILES = 2_000
+OUTSIDE_DIR_BYTES = 100_000_000
 
 #: Seconds between two background prunes of old records and the objects only they use.
 PRUNE_EVERY = 600.0
@@ -198,12 +203,43 @@ class Undo:
         for path in outside:
             if path not in flight.outside_seen:
                 flight.outside_seen.add(path)
-                original = await io_threads.run(self._keep_outside, path, within=self._walk_limit)
-                if original is not False:
-                    flight.record["outside"][path] = [original, None]
-                    await io_threads.run(self._write, flight.record, within=None)
+                kept = await io_threads.run(self._keep_granted, path, within=self._walk_limit)
+                if kept is False:
+                    continue
+                originals, folder = kept
+                for file, original in originals.items():
+                    flight.record["outside"].setdefault(file, [original, None])
+                if folder:  # measured again at the end: files a command added there
+                    flight.record.setdefault("outside_dirs", []).append(path)
+                await io_threads.run(self._write, flight.record, within=None)
 
-    def _keep_outside(self, path: str) -> Entry | bool:
+    def _keep_granted(self, path: str) -> tuple[dict[str, Entry], bool] | Literal[False]:
+        """The originals of what an approval made writable, and whether it is a folder:
+        one file's, or every file's of a folder (walked without following links); False
+        when it cannot be promised back (not a file or folder, too big, too many files)."""
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return {path: None}, False
+        except OSError:
+            return False
+        if not stat_mod.S_ISDIR(st.st_mode):
+            original = self._keep_outside(path)
+            return False if original is False else ({path: original}, False)
+        files = _files_under(path)
+        if files is None:
+            log.info("snapshot.outside_folder_too_big", path=path)
+            return False
+        kept: dict[str, Entry] = {}
+        for file in files:
+            original = self._keep_outside(file)
+            if original is False:
+                log.info("snapshot.outside_file_not_kept", path=file)
+                return False
+            kept[file] = original
+        return kept, True
+
+    def _keep_outside(self, path: str) -> Entry | Literal[False]:
         """The original of an outside file (None: it did not exist); False: not a file we
         can keep (a folder, or too big), so it is not promised back."""
         try:
@@ -303,6 +339,9 @@ class Undo:
         changes = self.store.diff(record["before"], after)
         record["after"] = after
         record["files"] = {c.path: [_entry(c.before), _entry(c.after)] for c in changes}
+        for folder in record.get("outside_dirs", []):  # files a command added there
+            for file in _files_under(folder) or []:
+                record["outside"].setdefault(file, [None, None])
         for path, (orig, _none) in list(record["outside"].items()):
             now = self._current_outside(path)
             if now == orig:
@@ -573,3 +612,25 @@ class Undo:
         removed = self.store.prune(roots, grace=grace)
         log.info("snapshot.pruned", records=len(records) - len(kept), objects=removed)
         return removed
+
+
+def _files_under(folder: str) -> list[str] | None:
+    """The regular files below `folder`, links not followed; None when there are more
+    than OUTSIDE_DIR_FILES or OUTSIDE_DIR_BYTES of them."""
+    out: list[str] = []
+    total = 0
+    for root, dirs, names in os.walk(folder, followlinks=False):
+        dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(root, d))]
+        for name in names:
+            path = os.path.join(root, name)
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            if not stat_mod.S_ISREG(st.st_mode):
+                continue
+            out.append(path)
+            total += st.st_size
+            if len(out) > OUTSIDE_DIR_FILES or total > OUTSIDE_DIR_BYTES:
+                return None
+    return out

@@ -36,11 +36,16 @@ from memory.index.schema import META_COLUMNS
 #: Rows kept (a few hundred bytes each: ~1-2 MB at most).
 ROWS_MAX = 4096
 
-#: One hit's row: META_COLUMNS, then its signatures joined by newlines (or None); its
-#: key, docs.id, is column 0.
+#: Characters of an episode's answer a hit row carries (recall shows it to the model).
+ANSWER_CHARS = 300
+#: One hit's row: META_COLUMNS, then its signatures joined by newlines (or None), then
+#: the start of what follows "## Reply" in its text (an episode's answer; "" when it
+#: has none); its key, docs.id, is column 0.
 HIT_SELECT = (
     f"SELECT {META_COLUMNS}, (SELECT group_concat(sig, char(10)) FROM signatures"
-    " WHERE doc = docs.id) FROM docs WHERE id IN "
+    " WHERE doc = docs.id), (SELECT CASE WHEN instr(body, '## Reply') > 0 THEN"
+    f" substr(body, instr(body, '## Reply') + 8, {ANSWER_CHARS + 1}) ELSE '' END"
+    " FROM fts WHERE rowid = docs.id) FROM docs WHERE id IN "
 )
 #: One vector label's row as search.vector_ranks uses it; its key, the label, is column 1.
 VECTOR_SELECT = "SELECT id, vec, path FROM docs WHERE vec IN "

@@ -22,7 +22,7 @@ import numpy as np
 
 from memory.index import tuning
 from memory.index.filters import FilterCache, FilterRows
-from memory.index.kept_rows import LabelRows, RowCache
+from memory.index.kept_rows import ANSWER_CHARS, LabelRows, RowCache
 from memory.index.keywords import WEIGHTS, KeywordIndex, Tokenizer
 from memory.index.query import rrf
 from memory.index.schema import META_NAMES
@@ -298,9 +298,10 @@ def hits_of(
     word_rank = {d: i for i, d in enumerate(words, start=1)}
     near_rank = {d: i for i, d in enumerate(near, start=1)}
     hits = []
-    for *row, sig_text in rows:
+    for *row, sig_text, reply in rows:
         meta = dict(zip(META_NAMES, row, strict=True))
         key = meta.pop("id")
+        meta["answer"] = _answer(reply)
         meta["request"] = meta["title"] if meta["kind"] == "episode" else ""
         meta["signatures"] = sorted(sig_text.split("\n")) if sig_text else []
         meta["keyword_rank"] = word_rank.get(key)
@@ -309,6 +310,13 @@ def hits_of(
         hits.append(Hit(id=meta["doc_id"], kind=meta["kind"], score=fused[key], meta=meta))
     hits.sort(key=lambda h: (-round(h.score, 12), -h.meta["ts"], h.meta["path"]))
     return hits[:limit]
+
+
+def _answer(reply: str | None) -> str:
+    """An episode's answer as a hit carries it: one line, cut to ANSWER_CHARS (what a
+    past task found reaches a later prompt, not only that it succeeded)."""
+    text = " ".join(str(reply or "").split())
+    return text if len(text) <= ANSWER_CHARS else text[: ANSWER_CHARS - 1] + "…"
 
 
 def fail(out: Future[list[Hit]], exc: BaseException) -> None:

@@ -58,8 +58,9 @@ class Reply:
     error_headers: dict[str, str] = field(default_factory=dict)
     error_message: str = "scripted error"
     hang_seconds: float | None = None
-    #: Sent verbatim with HTTP 200 as the whole body (a provider answering garbage).
-    raw_body: str | None = None
+    #: Sent verbatim with HTTP 200 as the whole body (a provider answering garbage);
+    #: bytes are sent as they are (not even UTF-8).
+    raw_body: str | bytes | None = None
 
     @classmethod
     def text(cls, text: str) -> Reply:
@@ -90,7 +91,9 @@ class Reply:
         return cls(error_status=status, error_headers=dict(headers or {}), error_message=message)
 
     @classmethod
-    def malformed(cls, body: str = '{"id": "chatcmpl-1", "choices": [{"message": ') -> Reply:
+    def malformed(
+        cls, body: str | bytes = '{"id": "chatcmpl-1", "choices": [{"message": '
+    ) -> Reply:
         """HTTP 200 whose body is not a chat completion (cut-off or non-JSON text)."""
         return cls(raw_body=body)
 
@@ -378,6 +381,8 @@ class ScriptedLLM:
             return self._error(reply)
         if reply.raw_body is not None:
             ctype = "text/event-stream" if body.get("stream") else "application/json"
+            if isinstance(reply.raw_body, bytes):
+                return web.Response(body=reply.raw_body, content_type=ctype)
             return web.Response(text=reply.raw_body, content_type=ctype)
         calls = self._ids_for(reply)
         prompt = "".join(

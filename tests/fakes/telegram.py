@@ -16,8 +16,11 @@ its tags, every tag closed) / "BUTTON_DATA_INVALID" / "message is not modified" 
 "query is too old" / "message caption is too long" / "file must be non-empty" /
 "PHOTO_INVALID_DIMENSIONS" (width + height over 10,000, or a side ratio over 20) /
 "IMAGE_PROCESS_FAILED" (not a picture) / "PHOTO_SAVE_FILE_INVALID" (a photo over
-10 MB), 413 for an upload over 50 MB, 409 Conflict (another poller, or a webhook set),
-429 with ``parameters.retry_after``.
+10 MB), 413 for an upload over 50 MB, 409 Conflict (a webhook set, or another poller:
+as on Telegram, a getUpdates held open ends with "Conflict: terminated by other
+getUpdates request" when a newer one for the same token arrives, so two processes
+polling one bot knock each other's polls out; :attr:`conflict` forces it), 429 with
+``parameters.retry_after``.
 
 Uploads come as PTB sends them: ``multipart/form-data`` (``HTTPXRequest`` hands httpx
 the parameters as form fields and the file as a part named ``photo`` / ``document``
@@ -227,6 +230,8 @@ class _Bot:
     handed: dict[int, float] = field(default_factory=dict)
     #: Telegram cannot reach the webhook: updates wait here (see webhook_unreachable).
     undelivered: list[dict[str, Any]] = field(default_factory=list)
+    #: The getUpdates being held open: set when a newer one terminates it (409).
+    held: asyncio.Event | None = None
 
 
 def _ok(result: Any) -> web.Response:
@@ -664,6 +669,21 @@ class FakeTelegram:
             return _err(409, _WEBHOOK_ACTIVE)
         if self.conflict:
             return _err(409, _CONFLICT)
+        # Telegram serves one getUpdates per bot at a time: a newer one (another process
+        # polling the same token) ends the one being held with 409 "terminated by other
+        # getUpdates request". The newer one goes on as usual.
+        terminated = asyncio.Event()
+        if bot.held is not None:
+            bot.held.set()
+            await self._notify()
+        bot.held = terminated
+        try:
+            return await self._poll(bot, p, terminated)
+        finally:
+            if bot.held is terminated:
+                bot.held = None
+
+    async def _poll(self, bot: _Bot, p: dict[str, Any], terminated: asyncio.Event) -> web.Response:
         offset = int(p.get("offset") or 0)
         if offset:
             bot.updates = [u for u in bot.updates if u["update_id"] >= offset]
@@ -679,6 +699,8 @@ class FakeTelegram:
                     text="<html><head><title>502 Bad Gateway</title></head></html>",
                     content_type="text/html",
                 )
+            if terminated.is_set():
+                return _err(409, _CONFLICT)
             ready = [
                 u
                 for u in bot.updates

@@ -271,7 +271,8 @@
           el("p", { class: "actions" },
             ["pause", "resume", "stop"].map((a) => el("button", { type: "button", class: a === "stop" ? "danger" : "",
               onclick: () => goalAction(g.id, a) }, a[0].toUpperCase() + a.slice(1)))))))
-        : el("p", { class: "empty" }, "No goals yet."))
+        : el("p", { class: "empty" }, s.goals.ended
+          ? `No goal is running (${s.goals.ended} ended: /goal list shows them).` : "No goals yet."))
       : el("p", { class: "empty" }, s.goals.text || "Goals are not enabled");
     return [
       section("Running",
@@ -280,6 +281,7 @@
         el("p", { class: "actions" }, el("button", { type: "button", class: "danger", onclick: emergencyStop },
           "Emergency stop"), " ", el("span", { class: "small" }, "stops every goal and cancels every running task"))),
       section("Goals", goals),
+      ...memoryBox(s.memory),
       section("Channels", table("Channel health", ["channel", "state", "detail", "since"],
         s.channels.map((c) => [c.name, el("span", { class: "state " + c.state }, c.state), c.detail || "",
           c.since ? ago(c.since) : "—"]))),
@@ -294,6 +296,18 @@
         : el("p", { class: "empty" }, "No task since Steward started.")),
       el("p", { class: "small" }, "Model: ", s.model || "none configured"),
     ];
+  }
+
+  // Failed memory writes and damaged files set aside in quarantine/ (shown only when any).
+  function memoryBox(m) {
+    if (!m || m.ok) return [];
+    const held = m.quarantined || [];
+    return [section("Memory",
+      (m.failing || []).length ? el("p", { class: "bad" }, "Cannot save: ",
+        m.failing.map((f) => `${f.kind} files (${f.reason})`).join("; ")) : null,
+      held.length ? table("Damaged files set aside", ["file", "why", "kept at", "since"],
+        held.map((q) => [q.path, q.reason, q.held, q.since ? when(q.since) : "—"])) : null,
+      m.clear ? el("p", { class: "small" }, "To clear: ", m.clear) : null)];
   }
 
   async function pageApprovals() {
