@@ -325,9 +325,10 @@ async def test_a_queued_record_whose_task_began_is_never_asked_about_twice(
     journal, clock = TaskJournal(tmp_path), Clock()
     store = EpisodeStore(tmp_path)
     when = datetime(2026, 3, 4, 5, 6, 7, tzinfo=UTC)
-    common = {"channel": "replay", "user": "alice", "accepted": when}
     for rid, request in (("q1", "one"), ("q2", "two"), ("q3", "three")):
-        assert await journal.queue(rid, conversation=rid, request=request, **common)
+        assert await journal.queue(
+            rid, channel="replay", conversation=rid, user="alice", request=request, accepted=when
+        )
     # q1's task is in flight (its own record); q2's ended (its episode); q3's never wrote.
     await journal.open(
         "20260304-050608-aaaaaa",
