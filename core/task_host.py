@@ -275,17 +275,15 @@ class _ChildWatch:
 
 
 def _json_in(text: str) -> Any:
-    """The JSON value a model answered with, inside a ```json fence or not."""
+    """The JSON value a model answered with: the whole answer (inside a ```json fence or
+    not), else the first object in it (core/workflows/draft.py reads drafts the same way)."""
+    from core.workflows.draft import first_object
+
     fenced = re.search(r"```(?:json)?\s*(.*?)```", text, re.S)
-    body = (fenced.group(1) if fenced else text).strip()
     try:
-        return json.loads(body)
+        return json.loads((fenced.group(1) if fenced else text).strip())
     except ValueError:
-        start = body.find("{")
-        end = body.rfind("}")
-        if 0 <= start < end:
-            try:
-                return json.loads(body[start : end + 1])
-            except ValueError:
-                pass
-    raise StepFailed("the model did not answer with JSON")
+        found = first_object(text)
+    if found is None:
+        raise StepFailed("the model did not answer with JSON")
+    return found
