@@ -18,6 +18,7 @@ reads (`pin`), so it ends when one of them changes. For web_fetch a grant and an
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import secrets
 from collections.abc import Callable, Sequence
@@ -89,6 +90,27 @@ class _Pending:
     #: Only "Approve once" and "Deny" are offered (and accepted): a call that must be
     #: asked every time (one that runs as root to write outside the workspace).
     once_only: bool = False
+
+
+#: How long a stop waits for an approval message already being posted (see below).
+IN_FLIGHT_GRACE = 10.0
+
+
+async def _finish_in_flight(step: asyncio.Future[None]) -> None:
+    """Await `step`; when the caller is cancelled meanwhile (Steward stopping), let the
+    step finish first, for up to `IN_FLIGHT_GRACE` seconds, then stop as asked.
+
+    Why: a person who presses Ctrl-C just as an approval is posted has the message on
+    the platform before its id is stored; cut there, the next start finds a pending
+    record with no message to edit, and its buttons stay live forever. Under load that
+    window was wide enough to hit. (A kill -9 in the same instant still leaves it.)"""
+    try:
+        await asyncio.shield(step)
+    except asyncio.CancelledError:
+        if not step.done():
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(step), IN_FLIGHT_GRACE)
+        raise
 
 
 def fetch_host(tool: str, args: dict[str, Any]) -> str | None:
@@ -336,18 +358,15 @@ class Approvals:
         self._pending[rid] = pending
         await self.store.save(record)
         log.info("approval.requested", approval=rid, what=what, conversation=conversation)
+        delivery = asyncio.ensure_future(self._deliver(pending, thread))
         try:
-            pending.ref = await channel.send(
-                request.conversation, request.text(), thread=thread, buttons=request.buttons
-            )
+            await _finish_in_flight(delivery)
         except Exception:
             log.exception("approval.send_failed", approval=rid)
             await self._finish(
                 rid, ApprovalDecision(False, "nobody", "the request could not be delivered")
             )
             return ApprovalDecision(False, "nobody", "the approval request could not be delivered")
-        record["message_id"] = pending.ref.id
-        await self.store.save(record)
         try:
             return await waiter.wait()
         except TimeoutError:
@@ -356,6 +375,17 @@ class Approvals:
             )
             await self._finish(rid, decision)
             return decision
+
+    async def _deliver(self, pending: _Pending, thread: str | None) -> None:
+        """Post the request and store its message's id: one step, so that a stop in
+        between (see `_finish_in_flight`) cannot leave a posted message whose id no record
+        holds: a later start could not expire it, and its buttons would stay live."""
+        request = pending.request
+        pending.ref = await pending.channel.send(
+            request.conversation, request.text(), thread=thread, buttons=request.buttons
+        )
+        pending.record["message_id"] = pending.ref.id
+        await self.store.save(pending.record)
 
     async def _pin(self, tool: str, args: dict[str, Any]) -> str | None:
         """`pin` off the event loop (it hashes files); an error means no grant (None)."""

@@ -4,8 +4,11 @@ once). The end-to-end version, through `steward run`, is in tests/test_app_lifec
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from core.approvals import Approvals
 from core.clock import SimClock
@@ -66,3 +69,61 @@ async def test_each_channel_expires_only_its_own_requests_as_it_starts(tmp_path:
     assert [r["status"] for r in store.load_all()] == ["expired"]
     assert len(web.edits) == 1  # nothing edited twice
     assert await approvals.recover({"web": web, "slack": slack}) == 0
+
+
+class SlowPlatform(PlatformDouble):
+    """A platform whose send is slow to answer: the message is posted (`posted`) before
+    Steward learns its id, the window in which a stop used to lose that id."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.posted = asyncio.Event()
+        self.answer = asyncio.Event()
+
+    async def send(
+        self,
+        conversation: str,
+        text: str,
+        *,
+        thread: str | None = None,
+        buttons: list[Button] | None = None,
+    ) -> MessageRef:
+        self.posted.set()
+        await self.answer.wait()
+        return MessageRef(self.name, conversation, "m-posted")
+
+
+async def test_a_stop_while_the_request_is_posted_still_stores_its_message(
+    tmp_path: Path,
+) -> None:
+    """Cancelled mid-send (Ctrl-C as the approval goes out): the send is let finish and
+    its message id stored, so the next start edits that message to "Expired"."""
+    store = ApprovalStore(tmp_path)
+    approvals = Approvals(SimClock(0.0), store)
+    slow = SlowPlatform("telegram")
+    task = asyncio.create_task(
+        approvals.ask(
+            slow,  # type: ignore[arg-type]
+            tool="shell",
+            args={"command": "echo x > ../out.txt"},
+            what="shell: echo x > ../out.txt",
+            why="writes outside the workspace",
+            risk="creates a file",
+            asked_by="alice",
+            conversation="C1",
+        )
+    )
+    await slow.posted.wait()
+    task.cancel()
+    await asyncio.sleep(0.05)
+    assert not task.done()  # still finishing the send
+    slow.answer.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    [record] = store.load_all()
+    assert record["message_id"] == "m-posted" and record["status"] == "pending"
+
+    later = Approvals(SimClock(1.0), ApprovalStore(tmp_path))
+    assert await later.recover({"telegram": slow}) == 1  # type: ignore[dict-item]
+    [(ref, text, buttons)] = slow.edits
+    assert ref.id == "m-posted" and "Expired:" in text and buttons == []

@@ -34,9 +34,12 @@ def healthz(port: int) -> dict[str, Any]:
         return json.loads(resp.read())
 
 
-def drain(server: Any) -> None:
-    """Keep reading the JSON log lines, so the process never blocks on a full pipe."""
-    threading.Thread(target=lambda: [None for _ in server.stderr], daemon=True).start()
+def drain(server: Any) -> list[str]:
+    """Keep reading the JSON log lines, so the process never blocks on a full pipe; the
+    lines are kept, so a timeout can show what the process was doing."""
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(server.stderr), daemon=True).start()
+    return lines
 
 
 def test_two_platforms_and_a_pending_approval_across_a_restart(
@@ -71,8 +74,11 @@ def test_two_platforms_and_a_pending_approval_across_a_restart(
         # Second run, both platforms: the approval is expired on Telegram (its buttons
         # go), the cut-off task is offered again there, and Mattermost answers meanwhile.
         with steward_run(env, tmp_path) as (server, _ready):
-            drain(server)
-            wait_for(lambda: "Expired" in ask.raw_text and not ask.buttons, "the expiry edit")
+            log = drain(server)
+            try:
+                wait_for(lambda: "Expired" in ask.raw_text and not ask.buttons, "the expiry edit")
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}; its log:\n{''.join(log[-40:])}") from None
             offer = wait_for(
                 lambda: posted(telegram, lambda p: "restarted while working on" in p.raw_text),
                 "the re-run offer",
