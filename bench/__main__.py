@@ -28,6 +28,7 @@ BENCHES = {
     "code_index": "bench.code_index",
     "workflows": "bench.workflows",
     "rss": "bench.rss",
+    "ablations": "bench.ablations",
     "local_model": "bench.local_model",  # skips, saying why, without steward[local]
 }
 

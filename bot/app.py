@@ -55,7 +55,7 @@ from core.interrupted import Interrupted
 from core.learning import Learner, LearningConfig
 from core.mcp import McpHub, McpJudge
 from core.mcp import plan as mcp_plan
-from core.model.client import LLMClient
+from core.model.client import LLMClient, Target
 from core.model.local.client import LOCAL_TOOLS, LocalLLM
 from core.model.local.runtime import (
     ModelServer,
@@ -82,6 +82,7 @@ from core.tools.toolbox import Toolbox
 from core.workflows import WorkflowStore
 from core.workflows.learn import WorkflowLearner
 from core.workflows.tools import Workflows
+from memory.admin_rooms import AdminRooms
 from memory.approvals import ApprovalStore
 from memory.episodes import EpisodeStore
 from memory.health import DISK_ERRNOS, health_for, reason
@@ -281,9 +282,11 @@ class App:
             self.lock = acquire(self.data_dir, subcommand)
         except DataDirLocked as exc:
             raise ConfigError(in_use_message(exc, subcommand, settings)) from None
+        self._build_usage()
         self._build_history()
         self._build_proactive()
         self._build_dispatcher(subcommand)
+        self._build_budgets()
         self._build_schedules()
         self._build_goals()
         self._build_mcp()
@@ -399,6 +402,11 @@ class App:
                 temperature=settings.temperature,
                 stream=settings.stream,
                 workers=self.llm_workers,
+                fallbacks=[
+                    Target(f.model, f.api_base, f.key(env)) for f in settings.fallback_models
+                ],
+                cooldown=settings.fallback_cooldown,
+                prices=settings.model_prices,
             )
         elif embedded_wanted(settings, env):
             self.local = self._local_server(local_command)
@@ -490,6 +498,7 @@ class App:
             delegate_depth=settings.delegate_depth,
             delegate_max_steps=settings.delegate_max_steps,
             delegate_max_tokens=settings.delegate_max_tokens,
+            answer_gates=settings.answer_gates,
         )
 
     def _build_learning(self) -> None:
@@ -509,6 +518,24 @@ class App:
         )
         if agent is not None:
             agent.persist = self.persist
+
+    def _build_usage(self) -> None:
+        """The usage ledger (memory/usage.py) and the meter that records every model call
+        in it, for its payer (core/spend). Set before anything copies the client (the
+        proactive service does); with the embedded model, on its inner client only, so
+        each call is recorded once. With the data dir locked: one writer of its files."""
+        from core.spend.meter import SpendMeter
+        from memory.usage import UsageLedger
+
+        tz = getattr(self.settings, "budget_timezone", "UTC")
+        #: Every model call of this Steward: /usage, `steward usage`, the dashboard's Spend.
+        self.usage = UsageLedger(self.data_dir / "usage", self.clock.now, tz)
+        #: What the model client asks before each call (caps) and tells after it.
+        self.meter = SpendMeter(self.usage, self.clock.now)
+        if isinstance(self.llm, LLMClient):
+            self.llm.meter = self.meter
+        elif isinstance(self.llm, LocalLLM):  # its calls all go through this client
+            self.llm._inner.meter = self.meter
 
     def _build_history(self) -> None:
         """The data dir as a git repository, its batched commits, and each conversation's
@@ -570,11 +597,34 @@ class App:
             # Redeliveries are dropped across restarts; not in replay, whose message ids
             # are a scenario's line numbers, the same in every run on a data dir.
             seen=SeenEvents(self.data_dir) if subcommand != "replay" else None,
+            admin_rooms=AdminRooms(self.data_dir),
         )
         #: Running and recent tasks of every channel, from the same progress events the
         #: chat gets (the dashboard's Now page).
         self.activity = Activity()
         self.dispatcher.monitor = self.activity.observe
+        from bot.commands.usage import register as register_usage_commands
+
+        register_usage_commands(self.dispatcher.router, self.usage, self.meter)
+
+    def _build_budgets(self) -> None:
+        """The day caps (core/spend/budget.py), asked by the meter before every model
+        call, and /budget. Notices go to a person's conversation through the channels."""
+        from bot.commands.budget import register as register_budget_commands
+        from core.spend.budget import Budgets, Limits
+        from core.spend.notices import ChatNotices
+        from memory.budgets import BudgetOverrides
+
+        #: The caps; `/usage` lists what is left (`left(payer)`), /healthz what was reached.
+        self.budgets = Budgets(
+            Limits.from_settings(self.settings),
+            BudgetOverrides(self.data_dir),
+            self.usage,
+            self.clock,
+            ChatNotices(self._channel, self.dispatcher.admin_rooms),
+        )
+        self.meter.caps = self.budgets
+        register_budget_commands(self.dispatcher.router, self.budgets)
 
     def _channel(self, name: str) -> Outbox | None:
         """A started channel (its Outbox) by name; None while it is not running here."""
@@ -852,6 +902,10 @@ class App:
             if self.settings.recall_limit:
                 self.agent.recall = IndexRecall(self.index)
             self.agent.after_episode = self._index_episode
+        from memory.embedder import LiteLLMEmbedder
+
+        if isinstance(embedder, LiteLLMEmbedder):  # an embedding model's calls are usage too
+            embedder.on_usage = self.meter.record_embedding
         self.learner.embedder = embedder
         self.learner.counter = self.index
         self.learner.index = self.index
@@ -916,6 +970,7 @@ class App:
                 await _bounded("memory index", index.close(), STOP_STEP_TIMEOUT)
             await _bounded("memory history", self._last_batch(), STOP_STEP_TIMEOUT)
             await _bounded("code index", asyncio.to_thread(self.code.close), STOP_STEP_TIMEOUT)
+            await _bounded("usage ledger", self.usage.close(), STOP_STEP_TIMEOUT)
         finally:
             try:
                 self.datastore.close()

@@ -38,8 +38,11 @@ from core.events import (
 from core.history import History
 from core.interrupted import DROP, RERUN
 from core.recent import Recent
+from core.spend import payer as payers
+from core.spend.payer import paying
 from core.suggestions import Suggestions
 from core.task_set import TaskSet
+from memory.admin_rooms import AdminRooms
 from memory.seen import SeenEvents
 
 log = structlog.get_logger("steward.dispatcher")
@@ -91,6 +94,9 @@ class Dispatcher:
     #: memory/seen.SeenEvents: messages already taken, remembered across restarts, so a
     #: platform's redelivery runs nothing (None: only the adapters' in-memory filters).
     seen: SeenEvents | None = None
+    #: memory/admin_rooms.AdminRooms: each named admin's latest direct conversation,
+    #: where notices for admins go (a day cap reached); None: not kept.
+    admin_rooms: AdminRooms | None = None
     #: Called with (channel, message, result) after each task's reply, in the task's
     #: follow-up; a failure is logged, never the task's (skill offers: core/skills).
     after_task: list[Callable[[Channel, Message, TaskResult], Awaitable[None]]] = field(
@@ -148,6 +154,12 @@ class Dispatcher:
             if event.id and self.seen is not None and not await self._first_time(event, channel):
                 return
             self._arrived(event, channel)
+            if (
+                self.admin_rooms is not None
+                and event.direct
+                and self.access.named_admin(channel.name, event.user)
+            ):  # where a notice for admins reaches this one (memory/admin_rooms.py)
+                await self.admin_rooms.seen(channel.name, event.user, event.conversation)
             if text.startswith("/"):
                 await self._command(event, channel, text)
             else:
@@ -385,6 +397,16 @@ class Dispatcher:
                 self.interrupted.settle(rid)
 
     async def _run(
+        self, msg: Message, channel: Channel, text: str, key: str, record: list[str] | None = None
+    ) -> FollowUp | None:
+        """`_task_run`, paid by the person who sent the message, in this conversation:
+        the task, history compaction, and its follow-up (the learner, workflow drafts,
+        offers), which the conversation's worker runs after this returns."""
+        with paying(payers.of(channel.name, msg.user, msg.conversation)) as payer:
+            follow_up = await self._task_run(msg, channel, text, key, record)
+        return None if follow_up is None else payers.paid(payer, follow_up)
+
+    async def _task_run(
         self, msg: Message, channel: Channel, text: str, key: str, record: list[str] | None = None
     ) -> FollowUp | None:
         """Run the task and send its answer; return what is left to do after it.

@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from bot.app import ensure_dir, ensure_workspace
+from config.model_chain import FallbackModel
 from config.settings import ConfigError, Settings
 from core.clock import Clock
-from core.model.client import LLMClient, load_litellm
+from core.model.client import LLMClient, Target, litellm_knows_price, load_litellm
 from core.model.errors import LLMError
 from core.model.local.runtime import (
     INSTALL_HINT,
@@ -194,50 +195,94 @@ async def _model(settings: Settings) -> list[Check]:
             )
         ]
     litellm = load_litellm()
+    main = Target(settings.model.strip(), settings.api_base.strip(), settings.api_key)
+    chain = [main, *(_target(f) for f in settings.fallback_models)]
     checks = []
-    model = settings.model.strip()
-    if not settings.api_base:
+    for number, target in enumerate(chain):
+        checks += await _one_model(settings, litellm, target, number)
+    return checks
+
+
+def _target(entry: FallbackModel) -> Target:
+    return Target(entry.model, entry.api_base, entry.key(os.environ))
+
+
+async def _one_model(settings: Settings, litellm: Any, target: Target, number: int) -> list[Check]:
+    """One model of the chain: its provider key, a one-token ping, and its price. A
+    fallback's checks are named after it, so a broken one is found before an outage needs
+    it (docs/configuration.md#fallback-models)."""
+    model = target.model
+    name = "model" if number == 0 else f"fallback model {number} ({model})"
+    where = (
+        "STEWARD_MODEL"
+        if number == 0
+        else f"entry {number} of fallback_models (STEWARD_FALLBACK_MODELS)"
+    )
+    checks = []
+    if not target.api_base:
         try:
             env = litellm.validate_environment(model=model)
         except Exception as exc:  # unknown provider prefix and the like
             return [
                 Check(
-                    "model",
+                    name,
                     False,
                     f"litellm does not understand {model!r}: {exc}",
-                    "use a provider/model string, e.g. openai/gpt-4.1-mini",
+                    f"fix {where}: use a provider/model string, e.g. openai/gpt-4.1-mini",
                 )
             ]
-        missing = env.get("missing_keys") or []
+        missing = [] if target.api_key else env.get("missing_keys") or []
         if missing:
-            checks.append(
-                Check(
-                    "provider key",
-                    False,
-                    f"{', '.join(missing)} not set",
-                    f"export {missing[0]}=...",
-                )
-            )
-            return checks
-        checks.append(Check("provider key", True, "present"))
+            key_name = "provider key" if number == 0 else f"{name}: provider key"
+            return [
+                Check(key_name, False, f"{', '.join(missing)} not set", f"export {missing[0]}=...")
+            ]
+        if number == 0:
+            checks.append(Check("provider key", True, "present"))
     client = LLMClient(
         model=model,
         clock=Clock(),
-        api_base=settings.api_base.strip(),
-        api_key=settings.api_key,
+        api_base=target.api_base,
+        api_key=target.api_key,
         timeout=min(settings.llm_timeout, 30.0),
         retries=0,
         max_tokens=1,
         stream=False,
     )
+    price = _price(litellm, model, settings)
     try:
         await client.complete([{"role": "user", "content": "ping"}])
-        checks.append(Check("model", True, f"{client.describe()} answered"))
+        checks.append(Check(name, True, f"{client.describe()} answered; {price[0]}"))
     except LLMError as exc:
         # Whoever runs doctor runs Steward: the server and the provider's words too.
         said = f"{exc.detail}. {exc}" if exc.detail else str(exc)
-        checks.append(Check("model", False, said, "see the message above"))
+        fix = "see the message above" if number == 0 else f"fix or remove {where}"
+        checks.append(Check(name, False, said, fix))
+        return checks
+    if not price[1]:
+        checks.append(
+            Check(
+                f"price of {model}",
+                True,
+                "litellm has no price for it and model_prices does not name it: its cost is "
+                "unknown (spend and budgets count its tokens, not dollars)",
+                f'set [model_prices."{model}"] input = ... output = ... (USD per million '
+                "tokens) in steward.toml, or STEWARD_MODEL_PRICES; see "
+                "docs/configuration.md#model-prices",
+                warn=True,
+            )
+        )
     return checks
+
+
+def _price(litellm: Any, model: str, settings: Settings) -> tuple[str, bool]:
+    """Where the model's price comes from, said for doctor, and whether it has one."""
+    own = settings.model_prices.get(model)
+    if own is not None:
+        return f"priced by model_prices ({own.input:g}/{own.output:g} USD per M tokens)", True
+    if litellm_knows_price(model):
+        return "priced by litellm's table", True
+    return "no price known", False
 
 
 async def _local_model(settings: Settings, found: Availability) -> list[Check]:

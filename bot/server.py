@@ -97,6 +97,8 @@ def build_web_app(
                 "channels": channels,
                 "memory": memory,
                 "undelivered": UndeliveredStore(app.data_dir).count(),
+                # Day caps reached today: admins are told here and in the log (docs/spend.md).
+                "budgets": app.budgets.health(),
             },
             status=503 if starting else 200,
         )

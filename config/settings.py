@@ -30,6 +30,13 @@ from pydantic import (
 
 from config import mcp as mcp_tables
 from config import platforms
+from config.model_chain import (
+    ChainError,
+    FallbackModel,
+    ModelPrice,
+    parse_fallback_models,
+    parse_model_prices,
+)
 from config.platforms import PlatformConfig
 from config.providers import DEFAULT_CONFIG_NAME
 
@@ -62,6 +69,7 @@ class _CoreSettings(BaseModel):
     public_url: str
     max_steps: int = Field(ge=1, le=200)
     task_timeout: float = Field(gt=0)
+    answer_gates: bool
     resume_queued: bool
     llm_timeout: float = Field(gt=0)
     llm_retries: int = Field(ge=0, le=20)
@@ -70,6 +78,11 @@ class _CoreSettings(BaseModel):
     llm_first_notice: float = Field(ge=0)
     llm_workers: int = Field(ge=0, le=16)
     llm_worker_threshold: int = Field(ge=1)
+    #: Models to try, in order, when the main one does not answer (config/model_chain.py).
+    fallback_models: list[FallbackModel]
+    fallback_cooldown: float = Field(ge=0)
+    #: An operator's prices per model (USD per million tokens); they win over litellm's.
+    model_prices: dict[str, ModelPrice]
     max_tokens: int = Field(ge=0)
     temperature: float = Field(ge=-1, le=2)
     stream: bool
@@ -202,6 +215,15 @@ class _CoreSettings(BaseModel):
     goal_breaker_velocity_tokens: int = Field(ge=0)
     goal_breaker_velocity_window: float = Field(gt=0)
     goal_progress_every: float = Field(ge=0)
+
+    budget_day_usd: float = Field(ge=0)
+    budget_day_tokens: int = Field(ge=0)
+    budget_person_day_usd: float = Field(ge=0)
+    budget_person_day_tokens: int = Field(ge=0)
+    budget_conversation_day_usd: float = Field(ge=0)
+    budget_conversation_day_tokens: int = Field(ge=0)
+    budget_timezone: str
+    budget_warn_at: float = Field(ge=0, lt=1)
     snapshots: bool
     snapshot_keep_days: float = Field(gt=0)
     snapshot_keep_count: int = Field(ge=1)
@@ -223,7 +245,7 @@ class _CoreSettings(BaseModel):
     local_model_start_timeout: float = Field(gt=0)
     local_model_mode: Literal["constrained", "native"]
 
-    @field_validator("proactive_timezone", "schedule_timezone")
+    @field_validator("proactive_timezone", "schedule_timezone", "budget_timezone")
     @classmethod
     def _check_timezone(cls, value: str) -> str:
         from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -419,6 +441,13 @@ def load_settings(
 
     _platform_defaults(values, sources, env)
     _search_keys(values, sources, env)
+    try:
+        values["fallback_models"] = parse_fallback_models(
+            values["fallback_models"], sources["fallback_models"], env
+        )
+        values["model_prices"] = parse_model_prices(values["model_prices"], sources["model_prices"])
+    except ChainError as exc:
+        raise ConfigError(str(exc)) from None
 
     for key in ("data_dir", "workspace"):
         if isinstance(values.get(key), str) and values[key].strip() == "":

@@ -111,6 +111,13 @@ class Access:
         rules = self._rules(platform)
         return rules.open or user in rules.admins or EVERYONE in rules.admins
 
+    def named_admin(self, platform: str, user: str) -> bool:
+        """An admin listed by id (not everyone, not an open platform), or the owner's
+        terminal and web chat: whom a notice for admins may be sent to directly."""
+        if self.is_owner_channel(platform):
+            return True
+        return user in self._rules(platform).admins
+
     def allows(self, platform: str, user: str, space: str | None = None) -> bool:
         if self.is_owner_channel(platform):
             return True

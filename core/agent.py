@@ -32,16 +32,19 @@ from core.clock import Clock
 from core.delegate import NAME as DELEGATE
 from core.egress import urls_in
 from core.events import Attachment, Channel, Progress
-from core.gates import NOT_DONE, check_answer, honest_suffix, retry_instruction
+from core.gates import NOT_DONE, GateResult, check_answer, honest_suffix, retry_instruction
 from core.guardian import CallDecision, Guardian, Verdict
 from core.model.client import LLMClient
 from core.model.errors import LLMError
+from core.model.fallback_notice import FallbackNotice
 from core.model.images import images_message
 from core.model.result import LLMResult, ToolCallRequest
 from core.recall import Recall, Recalled, estimate_tokens, render
 from core.sandbox import NETWORK, UNSANDBOXED, Grant
 from core.sandbox.hosts import hosts_for
 from core.signatures import is_decision, is_environmental, signature
+from core.spend import payer as payers
+from core.spend.payer import paying
 from core.task_host import TaskHost
 from core.tools.base import Tool, ToolContext, ToolError, ToolOutput
 from core.tools.toolbox import Toolbox
@@ -165,6 +168,7 @@ class Agent:
         delegate_depth: int = 1,
         delegate_max_steps: int = 8,
         delegate_max_tokens: int = 60_000,
+        answer_gates: bool = True,
     ) -> None:
         """`ask_every_shell`: why shell commands cannot be sandboxed on this machine
         (core/sandbox.Setup.fallback); when set, every shell command needs approval.
@@ -182,6 +186,9 @@ class Agent:
         self.recall_limit = recall_limit
         self.recall_budget = recall_budget
         self.context_budget = context_budget
+        #: False: every final answer passes the gates unchecked (`answer_gates`), only to
+        #: measure what they buy; whether the work was done is still read.
+        self.answer_gates = answer_gates
         #: core/learning.Learner: picks the rules for a task's prompt (None: no rules).
         self.learner = learner
         self.after_episode = after_episode
@@ -206,6 +213,8 @@ class Agent:
         self.workflows: Any = None
         #: Each running task's TaskHost (core/task_host.py), by task id.
         self._hosts: dict[str, TaskHost] = {}
+        #: The line saying a fallback model answered, once per conversation.
+        self.fallback_notice = FallbackNotice()
 
     async def _messages(
         self,
@@ -278,8 +287,13 @@ class Agent:
     async def run(self, req: TaskRequest, observe: Observer | None = None) -> TaskResult:
         task_id = new_task_id(self.clock)
         # Every log line inside the task (tools, llm retries, approvals) carries these.
-        with structlog.contextvars.bound_contextvars(
-            task_id=task_id, conversation=req.conversation, channel=req.channel.name
+        # Its model calls are paid by its person (core/spend/payer.py), unless a payer
+        # with a person is set already (a child of `delegate` inherits its parent's).
+        with (
+            paying(payers.for_task(req.channel.name, req.user, req.conversation)),
+            structlog.contextvars.bound_contextvars(
+                task_id=task_id, conversation=req.conversation, channel=req.channel.name
+            ),
         ):
             # Recall first: its search runs in a worker thread while the task is set up
             # (its episode, the task_start progress; the journal record follows the
@@ -386,7 +400,9 @@ class Agent:
         except LLMError as exc:
             episode.outcome = "failure"
             episode.error = str(exc)
-            kind = "LLMError"
+            # A reached day cap (core/spend/budget.py) is a ceiling someone set, like a
+            # token budget: environmental either way, never a lesson to learn.
+            kind = "Budget" if exc.kind == "budget" else "LLMError"
             reply = f"I could not finish: {exc}"
         except Exception as exc:  # a bug: contained to this task, logged with traceback
             bound.exception("task.crashed")
@@ -411,6 +427,9 @@ class Agent:
         if self.undo is not None and self.undo.changing(task_id):
             # what the task changed, and "/undo to revert"
             reply += await asyncio.shield(self._undo_after(task_id, episode, bound))
+        if not req.depth:  # which model answered, when it was a fallback (once)
+            where = f"{req.channel.name}:{req.conversation}"
+            reply += self.fallback_notice.note(where, self.llm.model, episode.model)
         episode.reply = reply
         episode.duration_s = time.perf_counter() - t0
         if episode.outcome == "success" and episode.tools and episode.tools[-1].decision:
@@ -593,7 +612,7 @@ class Agent:
                 return f"I stopped: {after}."
             if not result.tool_calls:
                 text = result.text.strip() or EMPTY_ANSWER
-                verdict = check_answer(text, [*episode.tools, *host.evidence], request=req.text)
+                verdict = self._check(text, [*episode.tools, *host.evidence], req.text)
                 if verdict.ok():
                     # "failure" when the answer is honest that the work was not done.
                     episode.outcome = verdict.outcome
@@ -686,7 +705,7 @@ class Agent:
         result = await host.run_workflow(wf, inputs)
         if result.ok:
             text = result.output.strip() or EMPTY_ANSWER
-            verdict = check_answer(text, episode.tools, request=req.text)
+            verdict = self._check(text, episode.tools, req.text)
             if verdict.ok():
                 episode.outcome = verdict.outcome
                 episode.error = verdict.not_done[:1000]
@@ -712,6 +731,15 @@ class Agent:
             }
         )
         return None
+
+    def _check(self, text: str, tools: list[Any], request: str) -> GateResult:
+        """The gates' verdict on a final answer. With `answer_gates` off every answer
+        passes as a checked one does (no retry, nothing appended) and only whether the
+        work was done is kept: a false claim then counts as a success."""
+        verdict = check_answer(text, tools, request=request)
+        if self.answer_gates:
+            return verdict
+        return dataclasses.replace(verdict, gate=None, problems=[], unsupported=[])
 
     def steps_for(self, req: TaskRequest) -> int:
         """The model turns `req` may take."""
@@ -779,6 +807,8 @@ class Agent:
         episode.tokens_out += result.tokens_out
         if result.cost_usd is not None:
             episode.cost_usd = (episode.cost_usd or 0.0) + result.cost_usd
+        if result.fallback:  # the main model did not answer (core/model/client.py)
+            episode.model = result.model
 
     async def call_recorded(
         self,

@@ -24,6 +24,7 @@ from core.clock import Activity, Clock
 from core.model.client import LLMClient
 from core.model.errors import LLMError
 from core.recall import estimate_tokens
+from core.spend.payer import paying
 from memory.transcripts import Transcript, TranscriptStore
 
 log = structlog.get_logger("steward.history")
@@ -77,7 +78,8 @@ def model_summarizer(llm: LLMClient) -> Summarizer:
             },
         ]
         try:
-            result = await llm.complete(messages)
+            with paying(purpose="history"):  # the conversation's current person
+                result = await llm.complete(messages)
         except LLMError as exc:
             log.warning("history.summary_offline", error=str(exc))
             return extractive_summary(previous, turns, budget_tokens)

@@ -59,6 +59,7 @@ from core.gates.outcome import NOT_DONE
 from core.model.errors import LLMError
 from core.recall import estimate_tokens
 from core.signatures import decision_signature, environmental_signature
+from core.spend.payer import paying
 from memory.embedder import Embedder, embed_async, embed_query
 from memory.episodes import Episode
 from memory.rules import Rule, RuleStore
@@ -480,7 +481,8 @@ class Learner:
             {"role": "user", "content": _evidence_text(sig, evidence)},
         ]
         try:
-            result = await self.drafter.complete(messages)
+            with paying(purpose="learning"):  # the person whose task showed the failure
+                result = await self.drafter.complete(messages)
         except LLMError as exc:
             log.warning("learning.draft_deferred", signature=sig, error=str(exc))
             return await self._keep_pending(sig, evidence, str(exc))

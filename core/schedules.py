@@ -758,8 +758,11 @@ class Scheduler:
         async def observe(event: Any) -> None:
             watch.see(event)
 
-        try:
-            result = await deps.agent.run(request, observe if deps.monitor else None)
+        from core.spend import payer as payers
+
+        try:  # paid by the schedule's person, as a run of this schedule
+            with payers.paying(payers.of(s.channel, s.user, s.conversation, schedule=s.id)):
+                result = await deps.agent.run(request, observe if deps.monitor else None)
         finally:
             watch.close()
         episode = result.episode

@@ -41,8 +41,9 @@ def signature(tool: str, error_class: str, message: str) -> str:
     return f"{tool}:{error_class}:{normalize_message(message)}"
 
 
-#: Refusals by the guardian or a person: the policy working, not a lesson.
-_ENV_CLASSES = {"Refused", "Denied", "TimeoutError", "Timeout", "LLMError", "Cancelled"}
+#: Refusals by the guardian or a person: the policy working, not a lesson; so is a
+#: budget someone set (a task's token budget, a day cap: core/spend/budget.py).
+_ENV_CLASSES = {"Refused", "Denied", "TimeoutError", "Timeout", "LLMError", "Cancelled", "Budget"}
 _ENV_WORDS = re.compile(
     r"timed? ?out|timeout|rate.?limit|too many requests|\b429\b|\b50[0-4]\b|"
     r"service unavailable|bad gateway|overloaded|connection (refused|reset|aborted|error)|"

@@ -532,6 +532,21 @@ class LiteLLMEmbedder:
         self.kwargs = litellm_kwargs
         self._load = load or _import_litellm
         self._litellm: Any = None  # the module, once loaded
+        #: Told (model, input tokens, cost or None) after each call, as the server
+        #: reported it: the app records it in the usage ledger (memory may not import core).
+        self.on_usage: Callable[[str, int, float | None], None] | None = None
+
+    def _used(self, response: Any) -> None:
+        if self.on_usage is None:
+            return
+        usage = response.get("usage") if isinstance(response, dict) else response.usage
+        if isinstance(usage, dict):
+            tokens = usage.get("prompt_tokens") or usage.get("total_tokens") or 0
+        else:
+            tokens = getattr(usage, "prompt_tokens", 0) or getattr(usage, "total_tokens", 0) or 0
+        hidden = getattr(response, "_hidden_params", None) or {}
+        cost = hidden.get("response_cost") if isinstance(hidden, dict) else None
+        self.on_usage(self.model, int(tokens), float(cost) if cost is not None else None)
 
     def _loaded(self) -> Any:
         self._litellm = self._load()
@@ -552,10 +567,11 @@ class LiteLLMEmbedder:
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         litellm = self._litellm or self._loaded()
-        parts = [
-            self._rows(litellm.embedding(model=self.model, input=list(chunk), **self.kwargs))
-            for chunk in _chunks(texts, self.batch_size)
-        ]
+        parts = []
+        for chunk in _chunks(texts, self.batch_size):
+            response = litellm.embedding(model=self.model, input=list(chunk), **self.kwargs)
+            parts.append(self._rows(response))
+            self._used(response)
         return unit_rows(np.vstack(parts)) if parts else self._empty()
 
     async def aembed(self, texts: Sequence[str]) -> np.ndarray:
@@ -566,6 +582,7 @@ class LiteLLMEmbedder:
         for chunk in _chunks(texts, self.batch_size):
             response = await litellm.aembedding(model=self.model, input=list(chunk), **self.kwargs)
             parts.append(self._rows(response))
+            self._used(response)
         return unit_rows(np.vstack(parts)) if parts else self._empty()
 
 

@@ -95,6 +95,8 @@ GITIGNORE = (
     "attachments/",  # files `steward chat` saved for the person (memory/attachment_folder.py)
     "/*/files/",  # files a platform fetches by URL (memory/channel_store.py), kept a week
     "quarantine/",  # damaged files set aside until a person clears them (memory/quarantine.py)
+    "usage/",  # the model-call ledger (memory/usage.py): appended after every call, so each
+    # batch commit would store the whole day's file again; its totals are what matter
 )
 _FILE_MODE = 0o100644
 _CAS_ATTEMPTS = 5  # HEAD moved under us (a person committed): rebuild and retry

@@ -97,6 +97,10 @@ def _parser() -> argparse.ArgumentParser:
 
     add_workflows_parser(sub)
 
+    from bot.cli.usage import add_usage_parser  # light: argparse only
+
+    add_usage_parser(sub)
+
     login = sub.add_parser(
         "login",
         help="print the web chat's login URL (it holds this data dir's secret token)",
@@ -295,6 +299,10 @@ def _dispatch(args: argparse.Namespace, settings: Any, parser: argparse.Argument
         from bot.cli.workflows import workflows_command
 
         return workflows_command(settings, args)
+    if args.command == "usage":
+        from bot.cli.usage import usage_command
+
+        return usage_command(settings, args)
     parser.print_help()
     return EXIT_FAIL
 

@@ -15,7 +15,7 @@ chosen by the URL's #fragment) and a JSON API behind it; the page uses only the 
     GET  /api/rules                  rules with state and confidence over time
     POST /api/rules/{id}             {"action": "promote"|"demote"|"disable"} (as /rules)
     GET  /api/proactive?days=        offers per day by answer; thresholds per person
-    GET  /api/spend?days=            tokens and cost per day, model, channel, goal
+    GET  /api/spend?days=            tokens and cost per day, model, channel, person, purpose, goal
     GET  /api/artifacts              workspace files; /api/artifacts/raw?path= one of them
     GET  /api/goals                  goals (or {"enabled": false})
     POST /api/goals/{id}             {"action": "pause"|"resume"|"stop"}
@@ -307,7 +307,12 @@ class Dashboard:
     async def _spend(self, request: web.Request) -> web.Response:
         days = _clamp(request.query.get("days"), 14, 1, 365)
         result = await asyncio.to_thread(
-            data.spend, self._cache, self.app.data_dir, days=days, now=_utcnow(self.app)
+            data.spend,
+            self._cache,
+            self.app.data_dir,
+            days=days,
+            now=_utcnow(self.app),
+            usage=getattr(self.app, "usage", None),  # every model call (memory/usage.py)
         )
         goals = await self._goal_list(include_ended=True)
         result["goals"] = (

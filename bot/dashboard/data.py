@@ -25,6 +25,7 @@ from core import safe_fs
 from memory.atomic import atomic_write_text
 from memory.records import RecordStore
 from memory.store import MalformedFile
+from memory.usage import UsageLedger, day_of, day_start, period_end, read_rows, zone
 
 log = structlog.get_logger("steward.dashboard")
 
@@ -255,37 +256,89 @@ def _child(c: dict[str, Any]) -> dict[str, Any]:
 # ---------------------------------------------------------------------- spend
 
 
-def spend(cache: FrontMatterCache, data_dir: Path, *, days: int, now: datetime) -> dict[str, Any]:
-    """Tokens and cost per day, per model and per channel, summed from the episodes."""
+def spend(
+    cache: FrontMatterCache,
+    data_dir: Path,
+    *,
+    days: int,
+    now: datetime,
+    usage: UsageLedger | None = None,
+) -> dict[str, Any]:
+    """Tokens and cost per day, per model, per channel, per person and per purpose.
+
+    From the usage ledger (memory/usage.py: every model call, background ones
+    included, as the server reported it) for each day it has a file; a day before the
+    ledger existed falls back to its episodes' totals (tasks only). `tasks` is always
+    the episodes'. `usage`: the app's ledger (its queued lines are written first and
+    its time zone makes the days); None reads `<data dir>/usage/` by UTC days."""
+    tz = usage.tz if usage is not None else zone("UTC")
+    today = now.astimezone(tz).date()
+    first = today - timedelta(days=max(1, days) - 1)
+    since, until = day_start(first, tz), period_end(now.timestamp(), tz)
+    folder = data_dir / "usage"
+    rows = (
+        list(usage.rows(since, until)) if usage is not None else read_rows(folder, since, until)[0]
+    )
     by_day: dict[str, dict[str, float]] = {}
     by_model: dict[str, dict[str, float]] = defaultdict(_zero)
     by_channel: dict[str, dict[str, float]] = defaultdict(_zero)
+    by_person: dict[str, dict[str, float]] = defaultdict(_zero)
+    by_purpose: dict[str, dict[str, float]] = defaultdict(_zero)
     total = _zero()
     for back in range(days - 1, -1, -1):  # every day present, oldest first: a chart's x axis
-        by_day[f"{(now - timedelta(days=back)).date():%Y-%m-%d}"] = _zero()
-    for folder in episode_days(data_dir / "episodes", days, now):
-        for day, model, channel, tokens_in, tokens_out, cost in cache.day_rows(folder):
+        by_day[f"{today - timedelta(days=back):%Y-%m-%d}"] = _zero()
+    ledger_days = {d for d in by_day if (folder / f"{d}.jsonl").exists()}
+    ledger_days.update(f"{day_of(r.at, tz):%Y-%m-%d}" for r in rows)
+    for row in rows:
+        channel = row.conversation.partition(":")[0] if row.conversation else ""
+        for bucket in (
+            by_day.setdefault(f"{day_of(row.at, tz):%Y-%m-%d}", _zero()),
+            by_model[row.model or "unknown"],
+            by_channel[channel or "none"],
+            by_person[row.person or "steward"],
+            by_purpose[row.purpose or "other"],
+            total,
+        ):
+            _count(bucket, row.tokens_in, row.tokens_out, row.cost_usd)
+    for folder_ in episode_days(data_dir / "episodes", days, now):
+        for day, model, channel, tokens_in, tokens_out, cost in cache.day_rows(folder_):
+            counted = day in ledger_days  # its tokens are in the ledger's rows already
             for bucket in (
                 by_day.setdefault(day, _zero()),
                 by_model[model or "unknown"],
                 by_channel[channel or "unknown"],
                 total,
             ):
-                bucket["tokens_in"] += tokens_in
-                bucket["tokens_out"] += tokens_out
-                bucket["cost_usd"] += cost or 0.0
+                if not counted:
+                    _count(bucket, tokens_in, tokens_out, cost, calls=0)
                 bucket["tasks"] += 1
     cache.save_days()
     return {
         "days": [{"day": d, **v} for d, v in sorted(by_day.items())],
         "models": _ranked(by_model, "model"),
         "channels": _ranked(by_channel, "channel"),
+        "people": _ranked(by_person, "person"),
+        "purposes": _ranked(by_purpose, "purpose"),
         "total": total,
+        "source": "ledger" if rows or ledger_days else "episodes",
     }
 
 
+def _count(
+    bucket: dict[str, float], tokens_in: int, tokens_out: int, cost: float | None, calls: int = 1
+) -> None:
+    bucket["tokens_in"] += tokens_in
+    bucket["tokens_out"] += tokens_out
+    bucket["cost_usd"] += cost or 0.0
+    bucket["calls"] += calls
+    if cost is None and calls:
+        bucket["unpriced"] += calls
+
+
 def _zero() -> dict[str, float]:
-    return {"tokens_in": 0, "tokens_out": 0, "cost_usd": 0.0, "tasks": 0}
+    """A bucket: `calls` are model calls (the ledger's), `unpriced` those of them with no
+    known price (their cost is not in `cost_usd`: shown as unknown), `tasks` episodes."""
+    return {"tokens_in": 0, "tokens_out": 0, "cost_usd": 0.0, "tasks": 0, "calls": 0, "unpriced": 0}
 
 
 def _ranked(buckets: dict[str, dict[str, float]], key: str) -> list[dict[str, Any]]:

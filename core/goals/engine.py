@@ -92,6 +92,8 @@ from core.goals.terms import (
     GoalError,
     GoalView,
 )
+from core.spend import payer as payers
+from core.spend.payer import paying
 from core.task_set import TaskSet
 
 #: The tools whose `path` is a file the task produced (shown under "Produced").
@@ -567,8 +569,9 @@ class GoalEngine:
             journaled=False,
             spend=spend,
         )
-        try:
-            result = await deps.agent.run(request, observe)
+        try:  # paid by the goal's owner, as work for this goal
+            with paying(payers.of(g.channel, g.owner, g.conversation, goal=g.id)):
+                result = await deps.agent.run(request, observe)
         finally:
             watch.close()
         episode = result.episode
@@ -652,9 +655,10 @@ class GoalEngine:
             self.stats.refused_calls += 1
             raise
         self.stats.model_calls += 1
-        result = await deps.llm.complete(
-            [{"role": "system", "content": system}, {"role": "user", "content": user}]
-        )
+        with paying(payers.of(g.channel, g.owner, g.conversation, goal=g.id, purpose="goal-judge")):
+            result = await deps.llm.complete(
+                [{"role": "system", "content": system}, {"role": "user", "content": user}]
+            )
         tokens = int(result.tokens_in or 0) + int(result.tokens_out or 0)
         usd = float(result.cost_usd) if result.cost_usd is not None else self._price(tokens)
         self._charge(g, tokens, usd, calls=1)

@@ -1,8 +1,9 @@
 """The one door to the model: litellm, async, streamed, with retries we own.
 
-Why our own retries (tenacity) instead of litellm's: backoff must follow the
-injected clock (replay), honour Retry-After, be bounded by settings, and end in a
-message a person can act on.
+Why our own retries (a small loop in `complete`) instead of litellm's: backoff must
+follow the injected clock (replay), honour Retry-After, be bounded by settings, move on
+to a fallback model, and end in a message a person can act on. The loop costs nothing
+on a call that succeeds at once (most of them): no retry machinery is set up for it.
 
 A model that does not answer: the person is told after `first_notice` seconds of
 silence (how long Steward will keep trying: `give_up_after`), each attempt ends after
@@ -17,8 +18,28 @@ person reads never carries the server's address or the provider's raw error: the
 litellm is imported lazily and with its network switches off, so `steward --help` stays
 fast and nothing phones home at start-up.
 
-Size: one module because retries, the wording of failures and usage accounting wrap the
-one litellm call and must change together. How a failure is classified
+Fallback models: when the model does not answer (a rate limit, a 5xx, a timeout, a
+refused connection: what is retried) or refuses a request longer than its context
+window, the next attempt goes to the next model of the chain (`fallbacks`, in order after
+the main one), within the same `retries + 1` attempts in all. A switch to a model not
+yet tried in this call starts at once (another provider is not the one that asked us to
+slow down; the person is waiting); coming back to a model already tried waits the usual
+backoff. A refused request or key does not fall back (core/model/errors.py
+`falls_back`). A model with 2 such failures in a row (a too-long request does not count:
+it is the conversation, not the model) is skipped for `cooldown` seconds on the injected
+clock (replay stays deterministic); when every model is cooling down the main one is
+tried anyway, so a call is never refused for it. The chain is this module's own loop
+rather than litellm's Router: the Router keeps its own retries, cool-downs and clock
+(time.time), none of which would follow the injected clock, the bounded attempts, the
+silence notice or the worker processes, which take each attempt's model, server and key
+in its arguments (core/model/workers.py).
+
+Prices: `prices` (the `model_prices` setting) win over litellm's table for the models
+they name; each model of the chain is priced on its own, and one priced nowhere costs
+None (unknown), never 0.
+
+Size: one module because retries, the fallback chain, the wording of failures and usage
+accounting wrap the one litellm call and must change together. How a failure is classified
 (core/model/errors.py) and what a call returns (core/model/result.py) are apart: the
 worker processes (core/model/worker_main.py) use them too.
 """
@@ -32,12 +53,13 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
+from config.model_chain import ModelPrice
 from core.backoff import backoff_delay
 from core.clock import Clock
 from core.lazy_package import defer_tree
@@ -47,9 +69,11 @@ from core.model.errors import (
     LLMError,
     NoAnswer,
     error_kind,
+    falls_back,
     is_retryable,
     retry_after,
 )
+from core.model.meter import Meter
 from core.model.result import LLMResult, ToolCallRequest
 from core.model.workers import Unsendable, WorkerPool
 from memory.redact import redact_shown
@@ -168,8 +192,26 @@ _REQUEST_IN_ERROR = (
 )
 
 
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One model of the chain, with its own server and key ("" = the provider's usual)."""
+
+    model: str
+    api_base: str = ""
+    api_key: str = ""
+
+
+@dataclass(slots=True)
+class _Health:
+    """How a model of the chain has been doing: failures worth a fallback in a row, and
+    until when (`Clock.now`) it is skipped."""
+
+    failures: int = 0
+    until: float = float("-inf")
+
+
 class LLMClient:
-    """Calls the configured model; one instance per process."""
+    """Calls the configured model (and its fallbacks); one instance per process."""
 
     def __init__(
         self,
@@ -187,6 +229,9 @@ class LLMClient:
         stream: bool = True,
         workers: WorkerPool | None = None,
         first_notice: float = 20.0,
+        fallbacks: Sequence[Target] = (),
+        cooldown: float = 60.0,
+        prices: Mapping[str, ModelPrice] | None = None,
     ) -> None:
         self.model = model
         #: Worker processes for calls made while many run at once (core/model/workers.py).
@@ -204,11 +249,33 @@ class LLMClient:
         #: Seconds of silence after which `on_slow` is told; 0: only once an attempt
         #: timed out.
         self.first_notice = first_notice
-        self._priced: bool | None = None
+        #: The models asked, in order, when the main one does not answer.
+        self.fallbacks: list[Target] = [t for t in fallbacks if t.model != model]
+        #: Seconds a model is skipped after 2 failures in a row worth a fallback.
+        self.cooldown = cooldown
+        #: The operator's prices (USD per million tokens): they win over litellm's.
+        self.prices: Mapping[str, ModelPrice] = prices or {}
+        self._health: dict[str, _Health] = {}
+        #: Per model: whether litellm knows its price (decided once, `_price_once`).
+        self._priced: dict[str, bool] = {}
+        #: Asked before each call (a cap) and told after it (usage); None: neither.
+        self.meter: Meter | None = None
         #: Whether the model is shown the images tools return (core/model/images.py).
         #: None: asked of litellm's model table on first use; a model litellm does not
         #: know is assumed text-only.
         self._images: bool | None = None
+
+    @property
+    def chain(self) -> list[Target]:
+        """The main model first (as it is now: the local model's server sets its address
+        once started), then the fallbacks in order."""
+        return [Target(self.model, self.api_base, self.api_key), *self.fallbacks]
+
+    def _health_of(self, target: Target) -> _Health:
+        health = self._health.get(target.model)
+        if health is None:
+            health = self._health[target.model] = _Health()
+        return health
 
     @property
     def accepts_images(self) -> bool:
@@ -226,18 +293,11 @@ class LLMClient:
         """The model and its server as shown to whoever runs Steward (/healthz, the
         dashboard, doctor, the log): a password or key in the `api_base` URL is redacted.
         Never in what a person reads in a chat (`shown_name`)."""
-        return redact_shown(f"{self.model}" + (f" at {self.api_base}" if self.api_base else ""))
+        return _describe(Target(self.model, self.api_base))
 
     def shown_name(self) -> str:
-        """The model as a person in a chat reads it: its name, without the server's address
-        or a path (an OpenAI-compatible server may name a model by its file)."""
-        provider, slash, rest = self.model.partition("/")
-        leaf = re.split(r"[/\\]", self.model.rstrip("/\\"))[-1]
-        if "://" in self.model:
-            return leaf
-        if slash and rest and (rest[0] in "/~." or "\\" in rest):
-            return f"{provider}/{leaf}"
-        return self.model
+        """The model as a person in a chat reads it (`shown_name`)."""
+        return shown_name(self.model)
 
     def give_up_after(self) -> float:
         """The longest a call to a model that never answers takes before it fails: every
@@ -263,10 +323,10 @@ class LLMClient:
         )
 
     def _kwargs(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], target: Target
     ) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
-            "model": self.model,
+            "model": target.model,
             "messages": messages,
             "timeout": self.timeout,
             "num_retries": 0,  # we own retries (backoff on our clock, bounded, reported)
@@ -274,24 +334,72 @@ class LLMClient:
         if tools:
             kwargs["tools"] = tools
             kwargs["tool_choice"] = "auto"
-        if self.api_base:
-            kwargs["api_base"] = self.api_base
-            kwargs["api_key"] = self.api_key or "sk-none"
-        elif self.api_key:
-            kwargs["api_key"] = self.api_key
+        if target.api_base:
+            kwargs["api_base"] = target.api_base
+            kwargs["api_key"] = target.api_key or "sk-none"
+        elif target.api_key:
+            kwargs["api_key"] = target.api_key
         if self.max_tokens:
             kwargs["max_tokens"] = self.max_tokens
         if self.temperature >= 0:
             kwargs["temperature"] = self.temperature
         return kwargs
 
-    def _wait(self, state: RetryCallState) -> float:
-        exc = state.outcome.exception() if state.outcome else None
-        delay = backoff_delay(state.attempt_number, self.backoff, self.backoff_max)
-        hinted = retry_after(exc) if exc else None
+    def _wait(self, attempt: int, exc: BaseException) -> float:
+        """The backoff after failed attempt number `attempt`, at least the provider's
+        Retry-After (up to `backoff_max`)."""
+        delay = backoff_delay(attempt, self.backoff, self.backoff_max)
+        hinted = retry_after(exc)
         if hinted is not None:
             delay = max(delay, min(hinted, self.backoff_max))
         return delay
+
+    def _cooling(self, target: Target) -> bool:
+        return self.clock.now() < self._health_of(target).until
+
+    def _failed(self, target: Target, exc: BaseException) -> None:
+        """Count a failure of the model itself (retryable: not a too-long request, which
+        is the conversation's); the second in a row starts its cool-down."""
+        if not is_retryable(exc) or not self.fallbacks:
+            return
+        health = self._health_of(target)
+        health.failures += 1
+        if health.failures >= 2 and self.cooldown > 0:
+            health.failures = 0
+            health.until = self.clock.now() + self.cooldown
+            log.warning("llm.cooling_down", model=shown_name(target.model), for_s=self.cooldown)
+
+    def _first(self) -> Target:
+        """Who gets a call's first attempt: the first model not cooling down, else the main
+        one (never no model at all)."""
+        chain = self.chain
+        if not self.fallbacks:
+            return chain[0]
+        return next((t for t in chain if not self._cooling(t)), chain[0])
+
+    def _next(
+        self, target: Target, exc: BaseException, attempts: int, tried: list[Target]
+    ) -> tuple[Target, float] | None:
+        """Where the attempt after a failed one goes, and after how long; None: give up
+        (attempts spent, or a failure another attempt would only repeat)."""
+        chain = self.chain
+        worthy = bool(self.fallbacks) and falls_back(exc)
+        if worthy:
+            self._failed(target, exc)
+        if attempts > self.retries:
+            return None
+        if worthy:
+            fresh = [t for t in chain if t not in tried and not self._cooling(t)]
+            if fresh:  # another model, at once
+                return fresh[0], 0.0
+        if not is_retryable(exc):
+            return None
+        # Again, after the backoff: the model after this one among those not cooling down
+        # (the main one when all are), in the chain's order, round and round.
+        ready = [t for t in chain if not self._cooling(t)] or [chain[0]]
+        at = chain.index(target)
+        after = [t for t in chain[at + 1 :] + chain[: at + 1] if t in ready]
+        return after[0], self._wait(attempts, exc)
 
     async def complete(
         self,
@@ -309,39 +417,27 @@ class LLMClient:
         model has been silent for `first_notice` seconds, or an attempt timed out first.
 
         `extra`: more litellm arguments for this call (e.g. a `response_format` with a
-        JSON schema, which litellm passes through to OpenAI-compatible servers)."""
+        JSON schema, which litellm passes through to OpenAI-compatible servers).
+
+        The result's `model` says which model of the chain answered."""
+        if self.meter is not None:  # a reached cap stops the call before it starts
+            await self.meter.admit()
         # The first import takes seconds: never on the event loop.
         litellm = _litellm if _litellm is not None else await asyncio.to_thread(load_litellm)
-        if self._priced is None:
-            self._price_once(litellm)
-        kwargs = {**self._kwargs(messages, tools or []), **(extra or {})}
         attempts = 0
         emitted = False
         slow = _Notice(on_slow, self.first_notice, self.slow_notice)
 
-        async def before_sleep(state: RetryCallState) -> None:
-            nonlocal emitted
-            exc = state.outcome.exception() if state.outcome else None
-            log.warning(
-                "llm.retry",
-                attempt=state.attempt_number,
-                error=type(exc).__name__,
-                detail=str(exc)[:200],
-                wait_s=round(state.upcoming_sleep, 2),
-            )
-            if emitted and on_reset:
-                await on_reset()
-                emitted = False
-            if exc is not None and error_kind(exc) == "timeout":
-                await slow.say(self.timeout)  # unless already said, at `first_notice`
-
-        async def call() -> LLMResult:
+        async def call(target: Target) -> LLMResult:
             nonlocal attempts
             attempts += 1
+            if target.model not in self._priced:
+                self._price_once(litellm, target.model)
+            kwargs = {**self._kwargs(messages, tools or [], target), **(extra or {})}
             streamed = self.stream and on_text is not None
             pool = self.workers
             if pool is None:
-                return await here(streamed)
+                return await here(kwargs, streamed)
             if not streamed and (worker := pool.pick()) is not None:
                 with contextlib.suppress(Unsendable):  # else it runs here, as it would alone
                     # Bounded by litellm's timeout in the worker, and by the pool, which
@@ -351,11 +447,11 @@ class LLMClient:
                     return result
             pool.in_process += 1
             try:
-                return await here(streamed)
+                return await here(kwargs, streamed)
             finally:
                 pool.in_process -= 1
 
-        async def here(streamed: bool) -> LLMResult:
+        async def here(kwargs: dict[str, Any], streamed: bool) -> LLMResult:
             nonlocal emitted
             try:
                 # Until the first sign of an answer (the whole answer, or a stream's first
@@ -377,42 +473,65 @@ class LLMClient:
                 if limit.expired():
                     raise NoAnswer(f"no answer in {self.timeout:g}s") from None
                 raise
-            return self._parse(litellm, answer)
+            return self._parse(litellm, answer, kwargs["model"])
 
+        async def again(exc: Exception, last: Target, target: Target, wait: float) -> None:
+            """Between two attempts: say it, undo streamed text, tell a silent model."""
+            nonlocal emitted
+            log.warning(
+                "llm.retry",
+                attempt=attempts,
+                error=type(exc).__name__,
+                detail=str(exc)[:200],
+                wait_s=round(wait, 2),
+                failed=shown_name(last.model),
+                next=shown_name(target.model),
+                fallback=target != last,
+            )
+            if emitted and on_reset:
+                await on_reset()
+                emitted = False
+            if error_kind(exc) == "timeout":
+                await slow.say(self.timeout)  # unless already said, at `first_notice`
+            if wait > 0:
+                await self.clock.sleep(wait)
+
+        target = self._first()
+        tried = [target]
         try:
-            # The first attempt without tenacity's machinery (~85 us a call, before every
-            # reply): most calls succeed at once.
-            first: Exception | None = None
-            try:
-                result = await call()
-            except Exception as exc:
-                if self.retries <= 0 or not is_retryable(exc):
-                    raise
-                first = exc
-            if first is not None:
-                # The retries as before: attempt 1 is that failure, replayed, so the
-                # waits, the attempt numbers and the callbacks are tenacity's own.
-                failed = [first]
-                async for attempt in AsyncRetrying(
-                    stop=stop_after_attempt(self.retries + 1),
-                    wait=self._wait,
-                    retry=retry_if_exception(is_retryable),
-                    sleep=self.clock.sleep,
-                    before_sleep=before_sleep,
-                    reraise=True,
-                ):
-                    with attempt:
-                        if failed:
-                            raise failed.pop()
-                        result = await call()
+            while True:
+                try:
+                    result = await call(target)
+                    break
+                except Exception as exc:
+                    step = self._next(target, exc, attempts, tried)
+                    if step is None:
+                        raise
+                    last, (target, wait) = target, step
+                    await again(exc, last, target, wait)
+                    if target not in tried:
+                        tried.append(target)
         except Exception as exc:  # litellm raises many classes; all end here, worded
             await slow.close()
-            raise self._error(exc, attempts, messages, tools or []) from exc
+            raise self._error(exc, attempts, messages, tools or [], tried, target) from exc
         except BaseException:  # cancelled: so is a notice on its way
             slow.cancel(sending=True)
             raise
         await slow.close()
+        if self.fallbacks:
+            self._health_of(target).failures = 0
         result.attempts = attempts
+        result.model = target.model
+        price = self.prices.get(target.model)
+        if price is not None:  # the operator's own price: deliberate, so it wins
+            result.cost_usd = price.cost(result.tokens_in, result.tokens_out)
+        if target.model != self.model:
+            result.fallback = True
+            log.info("llm.answered_by_fallback", model=shown_name(target.model))
+        if self.meter is not None:
+            self.meter.record(
+                result.model or self.model, result.tokens_in, result.tokens_out, result.cost_usd
+            )
         return result
 
     async def _streamed(
@@ -438,9 +557,11 @@ class LLMClient:
                 await on_text(delta)
         if not chunks:
             raise EmptyAnswer("the stream ended without a chunk")
-        return self._parse(litellm, _assemble(litellm, chunks, kwargs["messages"]))
+        return self._parse(litellm, _assemble(litellm, chunks, kwargs["messages"]), kwargs["model"])
 
-    def _parse(self, litellm: Any, resp: Any) -> LLMResult:
+    def _parse(self, litellm: Any, resp: Any, model: str | None = None) -> LLMResult:
+        """A response as an LLMResult (also in the worker processes), priced as `model`
+        (default: the main model)."""
         choice = resp.choices[0]
         msg = choice.message
         calls = []
@@ -460,26 +581,29 @@ class LLMClient:
             tool_calls=calls,
             tokens_in=tokens_in,
             tokens_out=tokens_out,
-            cost_usd=self._cost(litellm, resp),
+            cost_usd=self._cost(litellm, resp, model or self.model),
         )
 
-    def _price_once(self, litellm: Any) -> None:
-        """Decide once whether litellm knows this model's price; when it does not, tell it
-        the model exists (priced 0, which `_cost` never reports: unknown stays None).
+    def _price_once(self, litellm: Any, model: str | None = None) -> None:
+        """Decide once whether litellm knows `model`'s price (default: the main model's);
+        when it does not, tell it the model exists (priced 0, which `_cost` never reports:
+        unknown stays None, unless the operator priced it: `prices`).
 
         Why: litellm prices every response itself, and for a model missing from its map
         each lookup fails, is not cached (an exception) and walks every generalisation of
         the name, ~7 times a call: ~1.8 ms of CPU per call here. Registered,
         the lookups hit litellm's own cache."""
-        if self.model in _UNPRICED:  # registered by an earlier client of this process
-            self._priced = False
+        model = model or self.model
+        if model in _UNPRICED:  # registered by an earlier client of this process
+            self._priced[model] = False
             return
         try:
-            litellm.get_model_info(self.model)
+            litellm.get_model_info(model)
         except Exception:
-            self._priced = False
-            _UNPRICED.add(self.model)
+            self._priced[model] = False
+            _UNPRICED.add(model)
         else:
+            self._priced[model] = True
             return  # priced (or at least mapped): litellm's figures are used as they are
         try:
             import logging
@@ -488,10 +612,10 @@ class LLMClient:
             level = quiet.level
             quiet.setLevel(logging.ERROR)
             try:
-                _, provider, _, _ = litellm.get_llm_provider(self.model)
+                _, provider, _, _ = litellm.get_llm_provider(model)
                 litellm.register_model(
                     {
-                        self.model: {
+                        model: {
                             "input_cost_per_token": 0.0,
                             "output_cost_per_token": 0.0,
                             "cache_creation_input_token_cost": 0.0,
@@ -504,26 +628,26 @@ class LLMClient:
             finally:
                 quiet.setLevel(level)
         except Exception:  # only a speed-up: without it every call is priced the slow way
-            log.debug("llm.register_failed", model=self.model, exc_info=True)
+            log.debug("llm.register_failed", model=model, exc_info=True)
 
-    def _cost(self, litellm: Any, resp: Any) -> float | None:
+    def _cost(self, litellm: Any, resp: Any, model: str) -> float | None:
         """Cost only where litellm knows the model's price; None means unknown, not free.
 
         Whether the price is known is decided once: asking litellm to price an unknown
         model costs milliseconds per call and always fails the same way.
         """
-        if self._priced is False:  # unknown to litellm (`_price_once`): unknown, not free
+        if self._priced.get(model) is False:  # unknown to litellm: unknown, not free
             return None
         hidden = getattr(resp, "_hidden_params", None) or {}
         cost = hidden.get("response_cost")
         if cost is not None:
             return float(cost)
         try:
-            value = float(litellm.completion_cost(completion_response=resp, model=self.model))
+            value = float(litellm.completion_cost(completion_response=resp, model=model))
         except Exception:
-            self._priced = False
+            self._priced[model] = False
             return None
-        self._priced = True
+        self._priced[model] = True
         return value
 
     def _error(
@@ -532,11 +656,31 @@ class LLMClient:
         attempts: int,
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]],
+        tried: Sequence[Target] = (),
+        last: Target | None = None,
     ) -> LLMError:
         """The failure as a person reads it (what happened, what to do: never the server's
-        address, a path or the provider's raw text), and as the log keeps it."""
+        address, a path or the provider's raw text), and as the log keeps it: said of the
+        model that failed `last`, with the other models of the chain `tried` too."""
         if isinstance(exc, LLMError):
             return exc
+        last = last or self.chain[0]
+        error = self._worded(exc, attempts, messages, tools, last)
+        others = [t for t in tried if t != last]
+        if others:
+            names = ", ".join(shown_name(t.model) for t in others)
+            error.args = (f"{error} Steward also tried {names}: no answer there either.",)
+            error.detail += f" (also tried: {', '.join(_describe(t) for t in others)})"
+        return error
+
+    def _worded(
+        self,
+        exc: BaseException,
+        attempts: int,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        last: Target,
+    ) -> LLMError:
         kind = error_kind(exc)
         raw = str(exc).strip()
         detail = f"{type(exc).__name__}: {raw.splitlines()[0][:500]}" if raw else type(exc).__name__
@@ -544,15 +688,15 @@ class LLMClient:
             "llm.gave_up",
             kind=kind,
             attempts=attempts,
-            model=self.describe(),
+            model=_describe(last),
             detail=detail,
         )
         retryable = is_retryable(exc)
         if kind == "context_window":
             # Not "the model failed: <provider text>": the person can act on this one
             # (a shorter message, a file), so say how long it may be.
-            text = self._too_long(exc, messages, tools)
-            said = f"The model {self.describe()} refused a request too long: {detail}"
+            text = self._too_long(exc, messages, tools, last)
+            said = f"The model {_describe(last)} refused a request too long: {detail}"
             return LLMError(text, kind=kind, retryable=False, detail=said)
         tried = f"tried {attempts} time{'s' if attempts != 1 else ''}"
         wording = {
@@ -605,26 +749,31 @@ class LLMClient:
             "has the details.",
         )
         return LLMError(
-            f"The model {self.shown_name()} {wording}",
+            f"The model {shown_name(last.model)} {wording}",
             kind=kind,
             retryable=retryable,
-            detail=f"The model {self.describe()} failed ({tried}): {detail}",
+            detail=f"The model {_describe(last)} failed ({tried}): {detail}",
         )
 
-    def _window(self) -> int | None:
-        """The model's context window in tokens where litellm's (offline) model map knows it."""
+    def _window(self, model: str | None = None) -> int | None:
+        """A model's context window in tokens (default: the main model's) where litellm's
+        (offline) model map knows it."""
         litellm = _litellm
         if litellm is None:
             return None
         try:
-            info = litellm.get_model_info(self.model)
+            info = litellm.get_model_info(model or self.model)
         except Exception:  # a model litellm does not map (any local server): unknown
             return None
         window = info.get("max_input_tokens") or info.get("max_tokens")
         return int(window) if window else None
 
     def _too_long(
-        self, exc: BaseException, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+        self,
+        exc: BaseException,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        last: Target,
     ) -> str:
         """Say whether the person's message or the task's context is too long, and by how
         much, from the window the provider reported (else litellm's model map).
@@ -633,7 +782,7 @@ class LLMClient:
         count of the refused request where it gave one, else the usual ~4.
         """
         said = f"{exc} {getattr(exc, 'body', None) or ''}"
-        window = _first_number(_WINDOW_IN_ERROR, said) or self._window()
+        window = _first_number(_WINDOW_IN_ERROR, said) or self._window(last.model)
         counted = _first_number(_REQUEST_IN_ERROR, said)
         message = next(
             (_text(m.get("content")) for m in reversed(messages) if m.get("role") == "user"), ""
@@ -650,7 +799,7 @@ class LLMClient:
             message_chars=len(message),
             detail=str(exc).strip()[:300],
         )
-        where = self.shown_name()
+        where = shown_name(last.model)
         size = f"about {_about(message_tokens)} tokens ({_about(len(message))} characters)"
         instead = "or save the text as a file in the workspace and ask me to read it."
         if window is None:
@@ -690,6 +839,24 @@ class LLMClient:
             f"than the {window:,} it reads at once (its context window). Ask for a "
             "smaller step, or start a new conversation."
         )
+
+
+def _describe(target: Target) -> str:
+    """`LLMClient.describe` for any model of the chain."""
+    where = f" at {target.api_base}" if target.api_base else ""
+    return redact_shown(f"{target.model}{where}")
+
+
+def shown_name(model: str) -> str:
+    """A model as a person in a chat reads it: its name, without the server's address or a
+    path (an OpenAI-compatible server may name a model by its file)."""
+    provider, slash, rest = model.partition("/")
+    leaf = re.split(r"[/\\]", model.rstrip("/\\"))[-1]
+    if "://" in model:
+        return leaf
+    if slash and rest and (rest[0] in "/~." or "\\" in rest):
+        return f"{provider}/{leaf}"
+    return model
 
 
 def _span(seconds: float) -> str:
@@ -778,3 +945,15 @@ def _about(n: int, *, down: bool = False) -> str:
         return str(max(0, n))
     unit = 10 ** (len(str(n)) - 2)
     return f"{(n // unit if down else round(n / unit)) * unit:,}"
+
+
+def litellm_knows_price(model: str) -> bool:
+    """Whether litellm's own (offline) table prices `model`: not one it was only told of,
+    at price 0, so that its lookups are cached (`LLMClient._price_once`)."""
+    if model in _UNPRICED:
+        return False
+    try:
+        info = load_litellm().get_model_info(model)
+    except Exception:  # a model litellm does not map (any local server)
+        return False
+    return info.get("input_cost_per_token") is not None

@@ -216,3 +216,14 @@ def error_kind(exc: BaseException) -> str:
         if name in names:
             return kind
     return "error"
+
+
+def falls_back(exc: BaseException) -> bool:
+    """Worth asking the next model of the fallback chain (core/model/client.py): what is
+    retried (rate limit, 5xx, timeout, connection), and a request longer than this model's
+    context window (another model may read more). Not a refused request (400: the request
+    itself, which the next model would most likely refuse too) nor a refused key (401,
+    403): a configuration mistake to fix, not an outage to ride out; falling back would
+    hide it behind a notice on every message, and spend on another model, until someone
+    read the log."""
+    return is_retryable(exc) or error_kind(exc) == "context_window"

@@ -25,6 +25,10 @@ class LLMResult:
     tokens_out: int = 0
     cost_usd: float | None = None
     attempts: int = 1
+    #: The model that answered: the main one, or a fallback (core/model/client.py).
+    model: str = ""
+    #: Whether `model` is a fallback: the main model did not answer.
+    fallback: bool = False
 
     def assistant_message(self) -> dict[str, Any]:
         """The message to append to the history. Content is "" (not None) on tool

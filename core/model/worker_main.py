@@ -27,7 +27,10 @@ async def _serve(fd: int) -> None:
     litellm = load_litellm()
     reader, writer = await asyncio.open_connection(sock=socket.socket(fileno=fd))
     writer.write(frame("ready"))
-    clients: dict[str, Any] = {}  # one per model: its pricing is decided once
+    # One per model (each attempt's model, server and key are in its arguments: a
+    # fallback's too): its pricing is decided once. An operator's price (`model_prices`)
+    # is applied by the caller, which knows the settings.
+    clients: dict[str, Any] = {}
     running: dict[int, asyncio.Task[None]] = {}
 
     async def one(rid: int, kwargs: dict[str, Any]) -> None:

@@ -26,6 +26,8 @@ from core.proactive.config import KINDS, Config
 from core.proactive.engine import Engine
 from core.proactive.state import OfferDecision, OpenOffer, Score, Status, UserState
 from core.proactive.text import _fmt_minutes, parse_quiet
+from core.spend import payer as payers
+from core.spend.payer import paying
 from core.task_set import TaskSet
 from memory.health import health_for
 from memory.records import RecordStore
@@ -388,7 +390,9 @@ class Proactive:
         task = self.engine.offered_task(state, conversation)
         # Claim the slot before awaiting the model, so no second offer can race this one.
         self.engine.offered(state, conversation, "pending", now)
-        text = await self._text(state, conversation, score)
+        # Wording the offer is paid by the person it is made to.
+        with paying(payers.of(channel.name, user, conversation, purpose="proactive")):
+            text = await self._text(state, conversation, score)
         try:
             sid = await self.suggestions.offer(
                 channel, user=user, conversation=conversation, text=text, task=task, thread=thread

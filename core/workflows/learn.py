@@ -43,6 +43,7 @@ from core.clock import Clock
 from core.events import Button, Channel, Message
 from core.offers import Offer, OfferBook
 from core.signatures import normalize_message
+from core.spend.payer import paying
 from core.workflows.document import Workflow, WorkflowError, match_request, parse, walk
 from core.workflows.draft import cleaned, first_object, messages_for
 from core.workflows.dryrun import Example, RecordedCall, dry_run
@@ -346,7 +347,8 @@ class WorkflowLearner:
             log.info("workflows.draft_skipped", reason="no model to draft with", runs=len(runs))
             return
         try:
-            answer = await self.drafter.complete(messages_for(runs), None)
+            with paying(purpose="workflow-draft"):  # the person whose run recurred
+                answer = await self.drafter.complete(messages_for(runs), None)
         except Exception as exc:  # the model's failure: tried again on the next success
             log.warning(
                 "workflows.draft_failed",

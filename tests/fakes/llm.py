@@ -157,6 +157,10 @@ class ScriptedLLM:
         #: False: a stream never carries usage, even when asked for it (`stream_options`
         #: `include_usage`), as some local OpenAI-compatible servers do.
         self.stream_usage = True
+        #: Tokens (prompt, completion) this server reported in the `usage` of the chat
+        #: answers it sent (`served_tokens`), and the tokens of its embeddings answers.
+        self._served = [0, 0]
+        self.served_embedding_tokens = 0
         self._queue: collections.deque[Reply] = collections.deque()
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
@@ -206,6 +210,17 @@ class ScriptedLLM:
         """How many queued replies are left."""
         with self._lock:
             return len(self._queue)
+
+    def served_tokens(self) -> tuple[int, int]:
+        """(prompt, completion) tokens summed over the `usage` of every chat answer sent,
+        streamed or not: what a client that counts usage must have counted."""
+        with self._lock:
+            return self._served[0], self._served[1]
+
+    def _serve(self, usage: dict[str, int]) -> None:
+        with self._lock:
+            self._served[0] += usage["prompt_tokens"]
+            self._served[1] += usage["completion_tokens"]
 
     def last_user_text(self) -> str | None:
         """The last role=user content of the last request, if any."""
@@ -359,6 +374,7 @@ class ScriptedLLM:
             vector = [(digest[j % 32] - 127.5) / 127.5 for j in range(self.embedding_dim)]
             data.append({"object": "embedding", "index": i, "embedding": vector})
         tokens = sum(len(t.split()) for t in texts)
+        self.served_embedding_tokens += tokens
         return self._json(
             {
                 "object": "list",
@@ -408,7 +424,7 @@ class ScriptedLLM:
                 }
                 for c in calls
             ]
-        return self._json(
+        answered = self._json(
             {
                 **meta,
                 "object": "chat.completion",
@@ -423,6 +439,8 @@ class ScriptedLLM:
                 "usage": usage,
             }
         )
+        self._serve(usage)
+        return answered
 
     def _error(self, reply: Reply) -> web.Response:
         status = reply.error_status or 500
@@ -472,6 +490,7 @@ class ScriptedLLM:
         await send(delta({}, "tool_calls" if calls else "stop"))
         if self.stream_usage and (body.get("stream_options") or {}).get("include_usage"):
             await send([], usage=usage)
+            self._serve(usage)
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp

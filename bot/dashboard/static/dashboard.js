@@ -409,16 +409,23 @@
   async function pageSpend() {
     const s = await api("/api/spend?days=14");
     const tok = (r) => r.tokens_in + r.tokens_out;
+    // A call whose model has no price is "unknown", never counted as $0.
+    const cost = (r) => (r.calls && r.unpriced === r.calls ? "cost unknown"
+      : usd(r.cost_usd) + (r.unpriced ? ` + unknown (${num(r.unpriced)} calls)` : ""));
     const t = s.total;
     return [
       section("Total (14 days)", el("p", { class: "big", id: "spend-total" },
-        `${num(tok(t))} tokens`, el("span", { class: "small" }, ` (${num(t.tokens_in)} in, ${num(t.tokens_out)} out) · ${usd(t.cost_usd)} · ${num(t.tasks)} tasks`))),
+        `${num(tok(t))} tokens`, el("span", { class: "small" }, ` (${num(t.tokens_in)} in, ${num(t.tokens_out)} out) · ${cost(t)} · ${num(t.tasks)} tasks · ${num(t.calls)} model calls`))),
       section("Tokens per day", columns("Tokens per day", s.days, [
         { key: "tokens_in", label: "in", cls: "s1" }, { key: "tokens_out", label: "out", cls: "s2" }])),
       section("Cost per day", columns("Cost per day (USD)", s.days.map((d) => ({ ...d, cents: d.cost_usd * 100 })),
         [{ key: "cents", label: "cents", cls: "s3" }])),
-      section("Per model", hbars("Tokens per model", s.models, (r) => r.model, tok, (r) => `${num(tok(r))} · ${usd(r.cost_usd)}`)),
-      section("Per channel", hbars("Tokens per channel", s.channels, (r) => r.channel, tok, (r) => `${num(tok(r))} · ${usd(r.cost_usd)}`)),
+      section("Per model", hbars("Tokens per model", s.models, (r) => r.model, tok, (r) => `${num(tok(r))} · ${cost(r)}`)),
+      section("Per channel", hbars("Tokens per channel", s.channels, (r) => r.channel, tok, (r) => `${num(tok(r))} · ${cost(r)}`)),
+      section("Per person", table("Tokens per person", ["person", "tokens in", "tokens out", "cost", "calls"],
+        (s.people || []).map((r) => [r.person, num(r.tokens_in), num(r.tokens_out), cost(r), num(r.calls)]))),
+      section("Per purpose", table("Tokens per purpose", ["purpose", "tokens in", "tokens out", "cost", "calls"],
+        (s.purposes || []).map((r) => [r.purpose, num(r.tokens_in), num(r.tokens_out), cost(r), num(r.calls)]))),
       section("Per goal", s.goals === null ? el("p", { class: "empty" }, "Goals are not enabled")
         : hbars("Tokens per goal", s.goals, (g) => g.text, (g) => g.tokens_spent, (g) => `${num(g.tokens_spent)} · ${usd(g.usd_spent)}`)),
     ];
