@@ -261,10 +261,12 @@ async def test_the_reply_waits_for_the_record_in_its_file_and_a_tool_for_its_fsy
 
     monkeypatch.setattr(os, "fsync", fsync)
     seen: list[tuple[str, list[str]]] = []  # each reply, and the records' text when sent
+    episodes: list[int] = []  # episode files on disk when each reply was sent
 
     def deliver(event: dict[str, Any]) -> None:
         texts = [p.read_text() for p in journal_files(settings)]
         seen.append((str(event.get("text")), texts))
+        episodes.append(len(list((settings.data_dir / "episodes").rglob("*.md"))))
 
     app = App(settings)
     app.access.rules["replay"] = Rules(open=True)
@@ -279,8 +281,11 @@ async def test_the_reply_waits_for_the_record_in_its_file_and_a_tool_for_its_fsy
         assert holding.is_set() and not held.is_set()  # its record is not durable yet
         [(reply, records)] = seen
         assert reply == "Noted."
-        [record] = records
-        assert json.loads(record.splitlines()[0])["request"] == "note this"
+        if records or not episodes[0]:
+            # What a process killed now keeps: its record (unless, on a busy machine, the
+            # background writer already wrote the episode and closed the record).
+            [record] = records
+            assert json.loads(record.splitlines()[0])["request"] == "note this"
 
         held.set()
         async with asyncio.timeout(10):
