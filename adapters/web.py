@@ -114,6 +114,12 @@ STATIC_TYPES: dict[str, str] = {
 }
 
 _ERROR_CONNECTION = (ConnectionError, RuntimeError)
+#: Streamed text goes out at most once per this many seconds per session, the pieces
+#: that came meanwhile joined in one frame (25 a second: smoother than a person reads).
+#: A piece after a quiet spell goes out at once, with what arrives in the same turn of
+#: the event loop: each frame is a JSON encode and a socket write, and a model's pieces
+#: often come several to a network read.
+TEXT_INTERVAL = 0.04
 
 
 class WebChannel(ChannelDefaults):
@@ -151,6 +157,11 @@ class WebChannel(ChannelDefaults):
         #: Per session, the tasks begun and not yet ended (see progress()).
         self._running: dict[str, set[str]] = {}
         self._inflight = Inflight(self.name)
+        #: Per session, streamed text not sent yet: (task id, pieces), oldest first.
+        self._text: dict[str, list[tuple[str, list[str]]]] = {}
+        #: Per session, the scheduled send of that text, and when text last went out.
+        self._text_due: dict[str, asyncio.TimerHandle] = {}
+        self._text_sent: dict[str, float] = {}
         self._ids = itertools.count(1)
         self._stopping = False
 
@@ -198,6 +209,11 @@ class WebChannel(ChannelDefaults):
         self._stopping = True
         await self._close_all()
         await self._inflight.cancel_all()
+        for due in self._text_due.values():
+            due.cancel()
+        self._text_due.clear()
+        self._text.clear()
+        self._text_sent.clear()
         self._dispatch = None
         self._running.clear()  # tasks cut off by the stop will never say they ended
         log.info("web.stopped", channel=self.name)
@@ -240,6 +256,9 @@ class WebChannel(ChannelDefaults):
     async def progress(self, conversation: str, event: Progress) -> None:
         """Stream a task's visible progress to open tabs; live only, so history stays clean."""
         session = self._session_of(conversation)
+        if event.kind == "text":
+            self._queue_text(session, event)
+            return
         if event.kind not in ("task_start", "task_end"):
             await self._broadcast(session, _progress_frame(event))
             return
@@ -254,6 +273,41 @@ class WebChannel(ChannelDefaults):
                 if not running:
                     del self._running[session]
             await self._broadcast(session, _progress_frame(event))
+            if event.kind == "task_end" and not running:
+                self._text_sent.pop(session, None)
+
+    def _queue_text(self, session: str, event: Progress) -> None:
+        """Keep a streamed piece for the session's next text frame (see TEXT_INTERVAL)."""
+        if session not in self._sockets:
+            return  # live only, and no tab is open
+        pending = self._text.setdefault(session, [])
+        if pending and pending[-1][0] == event.task_id:
+            pending[-1][1].append(event.text)
+        else:
+            pending.append((event.task_id, [event.text]))
+        if session in self._text_due:
+            return
+        loop = asyncio.get_running_loop()
+        wait = self._text_sent.get(session, -TEXT_INTERVAL) + TEXT_INTERVAL - loop.time()
+        self._text_due[session] = loop.call_later(max(0.0, wait), self._text_timer, session)
+
+    def _text_timer(self, session: str) -> None:
+        self._text_due.pop(session, None)
+        self._spawn(self._send_text(session))
+
+    async def _send_text(self, session: str) -> None:
+        """Send the session's pending streamed text: one frame per task, in order."""
+        due = self._text_due.pop(session, None)
+        if due is not None:
+            due.cancel()
+        pending = self._text.pop(session, None)
+        if not pending:
+            return
+        self._text_sent[session] = asyncio.get_running_loop().time()
+        for task_id, pieces in pending:
+            await self._broadcast(
+                session, _progress_frame(Progress("text", task_id, "".join(pieces)))
+            )
 
     # ------------------------------------------------------------------ HTTP handlers
 
@@ -444,7 +498,12 @@ class WebChannel(ChannelDefaults):
                 await _send_error(ws, too_big(size), code="too_big")
                 return
             echo = self._message_frame("user", text, [])
-            await self._record(session, echo)
+            # The task starts once the tabs show the message, while it is stored: the
+            # session's lock keeps every later stored frame (the task's start, its
+            # answer) behind the store.
+            shown = asyncio.get_running_loop().create_future()
+            self._spawn(self._record(session, echo, shown))
+            await shown
             event = Message(
                 channel=self.name,
                 conversation=conversation,
@@ -586,23 +645,44 @@ class WebChannel(ChannelDefaults):
     def _spawn(self, coro: Coroutine[Any, Any, object]) -> None:
         self._inflight.run(coro, "dispatch")
 
-    async def _record(self, session: str, frame: dict[str, Any]) -> None:
-        """Store a message/edit frame, then show it to every open tab of the session."""
-        async with self._lock(session):
-            try:
-                await self.history.append(session, frame)
-            except OSError as exc:
-                # A full disk must not hide the answer from the person looking at it: the
-                # open tabs still get it; with none open it counts as not delivered (the
-                # channel layer retries, then keeps it).
-                log.warning("web.history_write_failed", session=session, error=str(exc))
-                if not await self._broadcast(session, frame):
-                    raise DeliveryError(f"web chat history not written: {exc}") from exc
-                return
-            await self._broadcast(session, frame)
+    async def _record(
+        self,
+        session: str,
+        frame: dict[str, Any],
+        shown: asyncio.Future[None] | None = None,
+    ) -> None:
+        """Show a message/edit frame to every open tab of the session, then store it;
+        `shown` is resolved once the tabs have it (the store may still be writing).
+
+        Shown first: the person reads the answer a worker thread's round trip earlier,
+        and a tab that connects meanwhile is no different (it waits for the session's
+        lock, then loads the stored history). Returns once stored: stored means
+        delivered."""
+        try:
+            async with self._lock(session):
+                tabs = await self._broadcast(session, frame)
+                if shown is not None and not shown.done():
+                    shown.set_result(None)
+                try:
+                    await self.history.append(session, frame)
+                except OSError as exc:
+                    # A full disk must not hide the answer from the person looking at it:
+                    # the open tabs have it; with none open it counts as not delivered
+                    # (the channel layer retries, then keeps it).
+                    log.warning("web.history_write_failed", session=session, error=str(exc))
+                    if not tabs:
+                        raise DeliveryError(f"web chat history not written: {exc}") from exc
+        finally:
+            if shown is not None and not shown.done():
+                shown.set_result(None)  # cancelled or failed before the tabs had it
 
     async def _broadcast(self, session: str, frame: dict[str, Any]) -> int:
-        """Send a frame to every open tab of the session; how many got it."""
+        """Send a frame to every open tab of the session; how many got it. Streamed text
+        still pending goes first, so every frame comes after the text before it."""
+        if session in self._text and not (
+            frame.get("type") == "progress" and frame.get("kind") == "text"
+        ):
+            await self._send_text(session)
         tabs = self._sockets.get(session)
         if not tabs:
             return 0

@@ -13,6 +13,7 @@ BENCHES = {
     "cli_startup": "bench.cli_startup",
     "agent_overhead": "bench.agent_overhead",
     "concurrent": "bench.concurrent",
+    "cpu_per_message": "bench.cpu_per_message",
     "tokens": "bench.tokens",
     "guardian_corpus": "bench.guardian_corpus",
     "memory": "bench.memory",
@@ -28,6 +29,8 @@ BENCHES = {
     "code_index": "bench.code_index",
     "workflows": "bench.workflows",
     "rss": "bench.rss",
+    "soak": "bench.soak",
+    "webchat": "bench.webchat",
     "ablations": "bench.ablations",
     "local_model": "bench.local_model",  # skips, saying why, without steward[local]
 }

@@ -51,11 +51,13 @@ def _echo(body: dict[str, Any]) -> Reply:
     return Reply.text(f"re: {last}")
 
 
-async def _bare(litellm: Any, base_url: str) -> tuple[float, list[float]]:
+async def _bare(
+    litellm: Any, base_url: str, per: int = PER_CONVERSATION
+) -> tuple[float, list[float]]:
     latencies: list[float] = []
 
     async def worker(c: int) -> None:
-        for j in range(PER_CONVERSATION):
+        for j in range(per):
             t0 = time.perf_counter()
             await litellm.acompletion(
                 model="openai/scripted",
@@ -81,6 +83,8 @@ class _Run:
     cpu: float  # seconds of this process (the scripted server's share included)
     cpu_workers: float  # seconds of the worker processes
     workers: int  # the run's llm_workers
+    kept_busy: int  # calls kept in process, no worker up, no idle core to start one
+    cpu_workers_start: float  # seconds the workers took to start and warm up, before the run
 
 
 def _cpu_of(pid: int) -> float:
@@ -89,8 +93,12 @@ def _cpu_of(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def _steward(base_url: str, workers: int | None) -> _Run:
-    """One run; `workers` None: the default `llm_workers` (config/default.toml)."""
+async def _steward(
+    base_url: str, workers: int | None, *, per: int = PER_CONVERSATION, warm: bool = True
+) -> _Run:
+    """One run; `workers` None: the default `llm_workers` (config/default.toml).
+    `warm` False: the worker processes are not started beforehand, only as the pool
+    decides during the run, and their whole CPU (their start included) is counted."""
     tmp = bench_dir("steward-bench-")
     env = {
         "STEWARD_MODEL": "openai/scripted",
@@ -120,7 +128,7 @@ async def _steward(base_url: str, workers: int | None) -> _Run:
 
     async def person(c: int) -> None:
         conv = f"p{c}"
-        for j in range(PER_CONVERSATION):
+        for j in range(per):
             fut = loop.create_future()
             waiting[conv] = fut
             t0 = time.perf_counter()
@@ -139,35 +147,52 @@ async def _steward(base_url: str, workers: int | None) -> _Run:
         # processes started (core/model/workers.py; under a steady load they are up already).
         await asyncio.gather(*(warm_up(c) for c in range(CONVERSATIONS)))
         pool = app.llm_workers
-        if pool is not None:
+        if pool is not None and warm:
             assert await pool.wait_ready(), "the model worker processes did not start"
         await app.persist.drain()
-        pids = pool.pids() if pool is not None else []
-        before = (pool.answered if pool else 0, time.process_time(), sum(map(_cpu_of, pids)))
+        start_cpu = {pid: _cpu_of(pid) for pid in (pool.pids() if pool is not None else [])}
+        kept = pool.kept_busy if pool else 0
+        before = (pool.answered if pool else 0, time.process_time(), sum(start_cpu.values()))
         t0 = time.perf_counter()
         await asyncio.gather(*(person(c) for c in range(CONVERSATIONS)))
         elapsed = time.perf_counter() - t0
-        after = (pool.answered if pool else 0, time.process_time(), sum(map(_cpu_of, pids)))
+        # Workers started during the run count whole, their start included.
+        end_cpu = {pid: _cpu_of(pid) for pid in (pool.pids() if pool is not None else [])}
+        end_cpu.update({p: _cpu_of(p) for p in start_cpu if p not in end_cpu})
+        after = (pool.answered if pool else 0, time.process_time(), sum(end_cpu.values()))
         await app.persist.drain()
         await app.history.drain()
         drained = time.perf_counter() - t0
         episodes = len(list((tmp / "data" / "episodes").rglob("*.md"))) - CONVERSATIONS
+        kept = (pool.kept_busy if pool else 0) - kept
+        started = before[2]
     finally:
         await app.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     for c in range(CONVERSATIONS):
         got = answers.get(f"p{c}", [])
-        want = [f"re: c{c} m{j}" for j in range(PER_CONVERSATION)]
+        want = [f"re: c{c} m{j}" for j in range(per)]
         assert got == want, f"conversation p{c}: lost, doubled or crossed answers: {got}"
     used = [b - a for a, b in zip(before, after, strict=True)]
     return _Run(
-        elapsed, drained, latencies, episodes, int(used[0]), used[1], used[2], settings.llm_workers
+        elapsed,
+        drained,
+        latencies,
+        episodes,
+        int(used[0]),
+        used[1],
+        used[2],
+        settings.llm_workers,
+        kept,
+        started,
     )
 
 
-async def _timed_bare(litellm: Any, base_url: str) -> tuple[float, list[float], float]:
+async def _timed_bare(
+    litellm: Any, base_url: str, per: int = PER_CONVERSATION
+) -> tuple[float, list[float], float]:
     c0 = time.process_time()
-    took, latencies = await _bare(litellm, base_url)
+    took, latencies = await _bare(litellm, base_url, per)
     return took, latencies, time.process_time() - c0
 
 

@@ -12,19 +12,25 @@ separately through EpisodeStore.write, which fsyncs each file and its folder.
 
 Search runs in a fresh process that opens the existing index (as the bot would after
 a restart), so its RSS is that of a running bot, not the rebuild's peak. Baseline in
-the same run: brute force with numpy (``vectors @ q`` over every stored vector, then
-top-k), so the ratio survives a slower or busier machine; BLAS/OpenMP are pinned to
-one thread in that process. Recall@10 is reported for HNSW against exact vector
-search and for the hybrid search against an exact hybrid (SQLite's own bm25 over every
+the same run: brute force over every stored vector held as a numpy matrix, two ways
+(BLAS ``vectors @ q`` and ``np.einsum``), then top-k; each search's speed-up is
+counted against the faster of the two at each percentile, so the ratio survives a
+slower or busier machine; BLAS/OpenMP are pinned to one thread in that process, for
+both sides. Two query sets: the bench's own (filled request templates: the stored
+words) and free-text questions about stored episodes (bench/memory_questions.py:
+paraphrases, other words, typos), the way people ask. Recall@10 is reported for the
+vector search (VectorIndex.search, as the hybrid search calls it) against exact vector
+search, for the hybrid search against an exact hybrid (SQLite's own bm25 over every
 match and every query word, exact vectors, same fusion; see _hybrid_recall), with the
 share of queries whose keyword list from the in-memory bm25 (memory/index/keywords.py)
-is SQLite's exactly. The probe waits for that in-memory index to finish its background
-load before timing (a running bot has it) and reports how long the load took, then
-warms up on 100 other queries (threads started, caches filled, the load's garbage
-collected), as a running bot is warm. To
-iterate on search settings
-without regenerating 100k files: run once with --keep DIR, then
-`python -m bench.memory --probe DIR/data` prints the probe's JSON.
+is SQLite's exactly, and for the agent's own recall (core/recall.py IndexRecall: the
+task's scope) against the same call made exact. The probe waits for that in-memory
+index to finish its background load before timing (a running bot has it) and reports
+how long the load took, then warms up on 100 other queries (threads started, caches
+filled, the load's garbage collected), as a running bot is warm. To iterate on search
+settings without regenerating 100k files: run once with --keep DIR, then
+`python -m bench.memory --probe DIR/data` searches it again (a fresh process, the same
+report).
 """
 
 from __future__ import annotations
@@ -48,8 +54,16 @@ from typing import Any
 
 import yaml
 
+from bench.memory_questions import question
+
 TARGET_P99_MS = 20.0
+#: The hybrid search must be this many times faster than the faster brute force.
+TARGET_SPEEDUP = 10.0
 BASELINE = "brute force numpy dot (baseline)"
+EINSUM = "brute force numpy einsum"
+ASKED_HYBRID = "hybrid, free-text questions"
+#: Episodes the agent is shown per task (config/default.toml recall_limit).
+RECALL_LIMIT = 3
 #: Above this many seconds, the largest size is measured smaller and extrapolated.
 REBUILD_BUDGET_S = 180.0
 
@@ -97,27 +111,52 @@ ERRORS = [
 ]
 
 
+def _fields(rng: random.Random) -> dict[str, Any]:
+    """The fillers of one template, drawn in a fixed order (an episode's are drawn
+    again, the same, by `episode_fields`)."""
+    return {
+        "svc": rng.choice(SERVICES),
+        "env": rng.choice(ENVS),
+        "file": rng.choice(FILES),
+        "who": rng.choice(PEOPLE),
+        "topic": rng.choice(TOPICS),
+        "var": rng.choice(VARS),
+        "n": rng.randint(2, 900),
+    }
+
+
 def _fill(template: str, rng: random.Random) -> str:
-    return template.format(
-        svc=rng.choice(SERVICES),
-        env=rng.choice(ENVS),
-        file=rng.choice(FILES),
-        who=rng.choice(PEOPLE),
-        topic=rng.choice(TOPICS),
-        var=rng.choice(VARS),
-        n=rng.randint(2, 900),
-    )
+    return template.format(**_fields(rng))
+
+
+def _draw(rng: random.Random) -> tuple[int, dict[str, Any], str, int | None, dict[str, Any]]:
+    """What an episode is made of, drawn in a fixed order: its request template's index
+    and fillers, its outcome, and when it failed its error template's index and fillers."""
+    request_at = REQUESTS.index(rng.choice(REQUESTS))
+    fields = _fields(rng)
+    roll = rng.random()
+    outcome = "success" if roll < 0.7 else "failure" if roll < 0.95 else "cancelled"
+    if outcome != "failure":
+        return request_at, fields, outcome, None, {}
+    error_at = ERRORS.index(rng.choice(ERRORS))
+    return request_at, fields, outcome, error_at, _fields(rng)
+
+
+def episode_fields(i: int, seed: int = 1) -> tuple[int, dict[str, Any], int | None, dict[str, Any]]:
+    """Episode i's request template index and fillers, error template index (None: it
+    did not fail) and fillers, as lay_out made it (for questions about it)."""
+    request_at, fields, _, error_at, error_fields = _draw(random.Random(seed * 1_000_003 + i))
+    return request_at, fields, error_at, error_fields
 
 
 def make_episode(i: int, rng: random.Random) -> Any:
     from memory.episodes import Episode, ToolRecord
 
-    request = _fill(rng.choice(REQUESTS), rng)
-    roll = rng.random()
-    outcome = "success" if roll < 0.7 else "failure" if roll < 0.95 else "cancelled"
+    request_at, fields, outcome, error_at, error_fields = _draw(rng)
+    request = REQUESTS[request_at].format(**fields)
     tools, error = [], ""
-    if outcome == "failure":
-        error = _fill(rng.choice(ERRORS), rng)
+    if error_at is not None:
+        error = ERRORS[error_at].format(**error_fields)
         tool = rng.choice(["shell", "read_file", "fetch", "write_file"])
         signature = f"{tool}:{error.split(':')[0]}"
         tools.append(ToolRecord(name=tool, ok=False, error=error, signature=signature))
@@ -225,9 +264,10 @@ async def probe(data: Path, n_queries: int) -> dict[str, Any]:
     """In a fresh process: open the index, measure search latencies and RSS."""
     import numpy as np
 
+    from core.recall import IndexRecall
     from memory.embedder import embed_async
     from memory.index import MemoryIndex
-    from memory.vectors import EF_SEARCH
+    from memory.vectors import probes_for
 
     rss_start = _rss_mb()
     t0 = time.perf_counter()
@@ -241,11 +281,11 @@ async def probe(data: Path, n_queries: int) -> dict[str, Any]:
     rng = random.Random(99)
     queries = [_fill(rng.choice(REQUESTS + ERRORS), rng) for _ in range(n_queries)]
     vectors = [(await embed_async(index.embedder, [q]))[0] for q in queries]
-    scopes = [
-        f"conversation:{rng.choice(['slack', 'discord'])}:C{rng.randint(1, 150):03d}"
-        for _ in queries
-    ]
+    n_docs = (await index.stats())["counts"]["episode"]
+    asked, asked_scopes = free_text_questions(n_docs, n_queries)
+    asked_vectors = [(await embed_async(index.embedder, [q]))[0] for q in asked]
     vi = index._vectors
+    recall = IndexRecall(index)
     # Warm up as a running bot is warm (its threads started, its caches filled, the
     # load's garbage collected), on other queries than the timed ones: without it the
     # first series measured ran ~30% slower than the same series run later.
@@ -269,17 +309,28 @@ async def probe(data: Path, n_queries: int) -> dict[str, Any]:
     async def hybrid_full(i: int) -> Any:
         return await index.search(queries[i], limit=10)
 
+    async def hybrid_asked(i: int) -> Any:
+        return await index.search(asked[i], limit=10)
+
     async def recall_scoped(i: int) -> Any:
-        return await index.search(queries[i], limit=5, kinds="episode", scopes=[scopes[i]])
+        # As the agent asks (core/recall.py): the task's text, its scope, recall_limit.
+        return await recall.similar(asked[i], scope=asked_scopes[i], limit=RECALL_LIMIT)
 
     async def fts_only(i: int) -> Any:
         return await index.search(queries[i], limit=10, semantic=False)
 
-    async def hnsw_only(i: int) -> Any:
+    async def vector_only(i: int) -> Any:
         return await asyncio.to_thread(vi.search, vectors[i], 40)
 
+    async def vector_asked(i: int) -> Any:
+        return await asyncio.to_thread(vi.search, asked_vectors[i], 40)
+
+    # Brute force scans the vectors as a plain numpy matrix (what one would keep without
+    # an index), copied out of the index once, after the other series and their RSS.
+    plain: list[Any] = []
+
     def brute(i: int, blas: bool) -> Any:
-        matrix = vi._matrix()
+        matrix = plain[0]
         scores = matrix @ vectors[i] if blas else np.einsum("ij,j->i", matrix, vectors[i])
         top = np.argpartition(-scores, 40)[:40]
         return top[np.argsort(-scores[top])]
@@ -291,29 +342,36 @@ async def probe(data: Path, n_queries: int) -> dict[str, Any]:
         return brute(i, blas=False)
 
     results: dict[str, Any] = {}
+    rss_searching = 0.0
     for name, fn in [
         ("hybrid, query pre-embedded", hybrid_vec),
         ("hybrid, embedder included", hybrid_full),
-        ("recall: 1 scope, episodes", recall_scoped),
+        (ASKED_HYBRID, hybrid_asked),
+        ("recall as the agent asks", recall_scoped),
         ("keyword (bm25 in memory) only", fts_only),
-        ("vector (HNSW) only", hnsw_only),
+        ("vector search only", vector_only),
+        ("vector search only, questions", vector_asked),
         (BASELINE, brute_dot),
-        ("brute force numpy einsum", brute_einsum),
+        (EINSUM, brute_einsum),
     ]:
+        if fn is brute_dot:
+            rss_searching = _rss_mb()
+            plain.append(vi._matrix().copy())
         ms = await timed(fn)
         results[name] = {"p50": statistics.median(ms), "p99": _pct(ms, 0.99)}
-    # Recall@10 of the HNSW path against exact search, by score: templated requests
-    # repeat word for word, so hundreds of vectors can tie for 10th place and a
-    # comparison of ids would count an equally good neighbour as a miss.
-    hits = 0
-    for v in vectors:
-        _, approx = vi.search(v, 10)
-        _, exact = vi.exact_search(v, 10)
-        hits += min(10, int((approx >= exact[-1] - 1e-5).sum()))
+    plain.clear()
     hybrid_recall, hybrid_id_recall, keyword_same = await _hybrid_recall(index, queries, vectors)
+    asked_recall, asked_id_recall, asked_same = await _hybrid_recall(index, asked, asked_vectors)
+    scoped = await _scoped_recall(index, recall, asked, asked_scopes)
     stats = await index.stats()
     await index.close()
     return {
+        "asked_hybrid_recall_at_10": asked_recall,
+        "asked_hybrid_id_recall_at_10": asked_id_recall,
+        "asked_keyword_same": asked_same,
+        "asked_recall_at_10": _vector_recall(vi, asked_vectors),
+        "scoped_recall": scoped,
+        "examples": asked[:3],
         "hybrid_recall_at_10": hybrid_recall,
         "hybrid_id_recall_at_10": hybrid_id_recall,
         "keyword_same": keyword_same,
@@ -321,12 +379,89 @@ async def probe(data: Path, n_queries: int) -> dict[str, Any]:
         "keywords_s": keywords_s,
         "docs": stats["counts"]["episode"],
         "latency": results,
-        "recall_at_10": hits / (10 * len(vectors)),
-        "ef_search": EF_SEARCH,
-        "rss_mb": _rss_mb(),
+        "recall_at_10": _vector_recall(vi, vectors),
+        "lists": vi._inner.nlist if vi.is_lists else 0,
+        "probes": probes_for(vi._inner.nlist) if vi.is_lists else 0,
+        "rss_mb": rss_searching,
         "rss_before_open_mb": rss_start,
         "maxrss_mb": _rss_mb("VmHWM"),
     }
+
+
+def free_text_questions(n_docs: int, count: int, seed: int = 11) -> tuple[list[str], list[str]]:
+    """`count` free-text questions about stored episodes (bench/memory_questions.py),
+    and the scope of the episode each one asks about (the scope its recall searches)."""
+    rng = random.Random(seed)
+    asked, scopes = [], []
+    for _ in range(count):
+        i = rng.randrange(n_docs)
+        request_at, fields, error_at, error_fields = episode_fields(i)
+        asked.append(question(request_at, fields, error_at, error_fields or None, rng))
+        scopes.append(make_episode(i, random.Random(1_000_003 + i)).scope)
+    return asked, scopes
+
+
+def _vector_recall(vectors: Any, queries: list[Any]) -> float:
+    """Recall@10 of the vector search (VectorIndex.search, as the hybrid search calls
+    it) against exact search, by score: templated requests repeat word for word, so
+    hundreds of vectors can tie for 10th place and a comparison of ids would count an
+    equally good neighbour as a miss."""
+    hits = 0
+    for v in queries:
+        _, approx = vectors.search(v, 10)
+        _, exact = vectors.exact_search(v, 10)
+        hits += min(10, int((approx >= exact[-1] - 1e-5).sum()))
+    return hits / (10 * len(queries))
+
+
+class _Exact:
+    """Every search exact while inside: SQLite's own bm25 over every match and every
+    query word (no in-memory copy, no FTS_BUDGET), exact vectors (no graph)."""
+
+    def __enter__(self) -> None:
+        import memory.vectors as vectors_module
+        from memory.index import tuning
+
+        self.saved = tuning.KEYWORD_CACHE, tuning.FTS_BUDGET, vectors_module.EXACT_MAX
+        tuning.KEYWORD_CACHE, tuning.FTS_BUDGET, vectors_module.EXACT_MAX = False, 10**9, 10**9
+
+    def __exit__(self, *_: object) -> None:
+        import memory.vectors as vectors_module
+        from memory.index import tuning
+
+        tuning.KEYWORD_CACHE, tuning.FTS_BUDGET, vectors_module.EXACT_MAX = self.saved
+
+
+def _same_texts(got: list[tuple[str, str]], truth: list[tuple[str, str]]) -> int:
+    """How many of `got` are in `truth`, counted as a multiset of texts."""
+    keys: dict[tuple[str, str], int] = {}
+    for key in truth:
+        keys[key] = keys.get(key, 0) + 1
+    same = 0
+    for key in got:
+        if keys.get(key, 0) > 0:
+            keys[key] -= 1
+            same += 1
+    return same
+
+
+async def _scoped_recall(index: Any, recall: Any, asked: list[str], scopes: list[str]) -> float:
+    """Recall of the agent's own recall (core/recall.py IndexRecall: the task's scope,
+    RECALL_LIMIT episodes) against the same call with every search exact, by text."""
+    sample = range(min(len(asked), 100))
+
+    async def shown() -> list[list[tuple[str, str]]]:
+        out = []
+        for i in sample:
+            got = await recall.similar(asked[i], scope=scopes[i], limit=RECALL_LIMIT)
+            out.append([(r.request, r.note) for r in got])
+        return out
+
+    approx = await shown()
+    with _Exact():
+        exact = await shown()
+    same = sum(_same_texts(a, e) for a, e in zip(approx, exact, strict=True))
+    return same / max(1, sum(len(e) for e in exact))
 
 
 async def _hybrid_recall(
@@ -343,9 +478,6 @@ async def _hybrid_recall(
     the same embedded text (request and error) is in the exact top 10 (a multiset
     match), and the strict by-id recall is reported next to it.
     """
-    import memory.vectors as vectors_module
-    from memory.index import tuning
-
     sample = range(min(len(queries), 100))
 
     async def top10() -> list[list[Any]]:
@@ -360,27 +492,18 @@ async def _hybrid_recall(
 
     approx = await top10()
     approx_words = await keyword_lists()
-    saved = tuning.KEYWORD_CACHE, tuning.FTS_BUDGET, vectors_module.EXACT_MAX
-    tuning.KEYWORD_CACHE, tuning.FTS_BUDGET, vectors_module.EXACT_MAX = False, 10**9, 10**9
-    try:
+    with _Exact():
         exact = await top10()
         exact_words = await keyword_lists()
-    finally:
-        tuning.KEYWORD_CACHE, tuning.FTS_BUDGET, vectors_module.EXACT_MAX = saved
     same_words = sum(a == e for a, e in zip(approx_words, exact_words, strict=True))
     same_text = same_id = wanted = 0
     for got, truth in zip(approx, exact, strict=True):
         wanted += len(truth)
         same_id += len({h.id for h in got} & {h.id for h in truth})
-        keys: dict[tuple[str, str], int] = {}
-        for h in truth:
-            key = (h.meta["title"], h.meta["error"])
-            keys[key] = keys.get(key, 0) + 1
-        for h in got:
-            key = (h.meta["title"], h.meta["error"])
-            if keys.get(key, 0) > 0:
-                keys[key] -= 1
-                same_text += 1
+        same_text += _same_texts(
+            [(h.meta["title"], h.meta["error"]) for h in got],
+            [(h.meta["title"], h.meta["error"]) for h in truth],
+        )
     return same_text / max(1, wanted), same_id / max(1, wanted), same_words / len(sample)
 
 
@@ -395,7 +518,10 @@ ONE_THREAD = {
 
 def _probe_subprocess(data: Path, n_queries: int) -> dict[str, Any]:
     out = subprocess.run(
-        [sys.executable, "-m", "bench.memory", "--probe", str(data), "--queries", str(n_queries)],
+        [
+            sys.executable,
+            *("-m", "bench.memory", "--probe", str(data), "--queries", str(n_queries), "--json"),
+        ],
         capture_output=True,
         text=True,
         check=True,
@@ -416,12 +542,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sizes", help="comma-separated episode counts (default 10000,100000)")
     parser.add_argument("--queries", type=int, default=0, help="search queries per measure")
     parser.add_argument("--keep", metavar="DIR", help="keep the generated data dir here")
-    parser.add_argument("--probe", metavar="DIR", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--probe", metavar="DIR", help="search only, in a data dir kept with --keep (DIR/data)"
+    )
+    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     # bench/__main__ calls main() with no arguments: the defaults, not its own argv.
     args = parser.parse_args(argv or [])
     _quiet_logs()
-    if args.probe:
+    if args.probe and args.json:  # the fresh process of _probe_subprocess
         print(json.dumps(asyncio.run(probe(Path(args.probe), args.queries or 300))))
+        return
+    if args.probe:
+        n_queries = args.queries or 300
+        _report(_probe_subprocess(Path(args.probe), n_queries), n_queries)
         return
     sizes = [2_000, 10_000] if args.quick else [10_000, 100_000]
     if args.sizes:
@@ -477,41 +610,64 @@ def _run(root: Path, sizes: list[int], n_queries: int, *, quick: bool) -> None:
             f"rebuild {wanted:>7} episodes: ~{per_doc * wanted * 1.15:.0f} s EXTRAPOLATED "
             f"(linear from {largest}, +15% for HNSW's log-factor)"
         )
-    p = _probe_subprocess(data, n_queries)
+    _report(_probe_subprocess(data, n_queries), n_queries)
+    print(f"        peak RSS of the process that generated and rebuilt: {_rss_mb('VmHWM'):.0f} MB")
+
+
+def _report(p: dict[str, Any], n_queries: int) -> None:
+    """Print the probe's figures, each search's time against the faster brute force."""
     print(
         f"search  at {p['docs']} episodes, {n_queries} queries, fresh process "
         f"(open took {p['open_s']:.2f} s, then {p['keywords_s']:.2f} s for the in-memory "
         "keyword index to load in the background):"
     )
-    base = p["latency"][BASELINE]
-    for name, lat in p["latency"].items():
+    lat = p["latency"]
+    # The faster of the two brute forces at each percentile (same process, same
+    # one-thread pinning): the baseline a speed-up is counted against.
+    best = {q: min(lat[BASELINE][q], lat[EINSUM][q]) for q in ("p50", "p99")}
+    for name, ms in lat.items():
         flag = ""
-        if name.startswith("hybrid") or name.startswith("recall"):
-            flag = "  ok" if lat["p99"] < TARGET_P99_MS else f"  OVER {TARGET_P99_MS:.0f} ms"
-        ratio = f"p50 ×{lat['p50'] / base['p50']:.2f}, p99 ×{lat['p99'] / base['p99']:.2f}"
+        if name.startswith(("hybrid", "recall")):
+            # The speed-up is a target where there is an index (above EXACT_MAX).
+            fast = not p["lists"] or best["p50"] / ms["p50"] >= TARGET_SPEEDUP
+            flag = "  ok" if ms["p99"] < TARGET_P99_MS and fast else "  MISSED"
+        ratio = f"p50 {best['p50'] / ms['p50']:.1f}x, p99 {best['p99'] / ms['p99']:.1f}x"
         print(
-            f"        {name:<30} p50 {lat['p50']:7.2f} ms  p99 {lat['p99']:7.2f} ms"
-            f"  ({ratio} of brute force){flag}"
+            f"        {name:<31} p50 {ms['p50']:7.2f} ms  p99 {ms['p99']:7.2f} ms"
+            f"  ({ratio} faster than the best brute force){flag}"
         )
     print(
-        f"        HNSW recall@10 vs exact: {p['recall_at_10']:.3f} (efSearch {p['ef_search']}); "
-        "searches with ≤10k candidate vectors are exact"
+        f"        targets: hybrid p99 < {TARGET_P99_MS:.0f} ms, ≥ {TARGET_SPEEDUP:.0f}x the best "
+        "brute force at p50, recall@10 ≥ 0.95 on free-text questions"
+    )
+    how = (
+        f"{p['lists']} lists, {p['probes']} scanned a search"
+        if p["lists"]
+        else "no lists at this size: every search is exact"
     )
     print(
-        f"        hybrid recall@10 vs exact hybrid: {p['hybrid_recall_at_10']:.3f} "
-        f"(same request+error counts; by id {p['hybrid_id_recall_at_10']:.3f}; "
-        f"{min(n_queries, 100)} queries)"
+        f"        vector search recall@10 vs exact: bench queries {p['recall_at_10']:.3f}, "
+        f"free-text questions {p['asked_recall_at_10']:.3f} ({how}; ≤10k candidate "
+        "vectors are searched exactly)"
     )
+    for label, key in (("bench queries", ""), ("free-text questions", "asked_")):
+        print(
+            f"        hybrid recall@10 vs exact hybrid, {label}: "
+            f"{p[key + 'hybrid_recall_at_10']:.3f} (same request+error counts; by id "
+            f"{p[key + 'hybrid_id_recall_at_10']:.3f}; keyword list (top 40) identical to "
+            f"SQLite's bm25 over every match for {p[key + 'keyword_same']:.0%}; "
+            f"{min(n_queries, 100)} queries)"
+        )
     print(
-        f"        keyword list (top 40) identical to SQLite's bm25 over every match: "
-        f"{p['keyword_same']:.0%} of those queries"
+        f"        the agent's recall (its scope, {RECALL_LIMIT} episodes) vs the same "
+        f"exact: {p['scoped_recall']:.3f} on free-text questions"
     )
+    print("        e.g. " + " | ".join(p["examples"]))
     print(
         f"memory  RSS after open + searches: {p['rss_mb']:.0f} MB "
         f"(interpreter + imports before open: {p['rss_before_open_mb']:.0f} MB; "
-        f"peak {p['maxrss_mb']:.0f} MB)"
+        f"peak {p['maxrss_mb']:.0f} MB, with the brute force's copy of the vectors)"
     )
-    print(f"        peak RSS of the process that generated and rebuilt: {_rss_mb('VmHWM'):.0f} MB")
 
 
 if __name__ == "__main__":

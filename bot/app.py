@@ -56,6 +56,7 @@ from core.learning import Learner, LearningConfig
 from core.mcp import McpHub, McpJudge
 from core.mcp import plan as mcp_plan
 from core.model.client import LLMClient, Target
+from core.model.idle_cores import IdleCores
 from core.model.local.client import LOCAL_TOOLS, LocalLLM
 from core.model.local.runtime import (
     ModelServer,
@@ -381,6 +382,7 @@ class App:
                 settings.llm_workers,
                 settings.llm_worker_threshold,
                 others=lambda: self.conversations.running - 1,
+                idle_cores=IdleCores(),  # a worker starts only while a core is idle
             )
             if settings.llm_workers > 0 and settings.model_configured
             else None

@@ -50,6 +50,10 @@ log = structlog.get_logger("steward.dispatcher")
 #: Arrival times remembered for edits/deletions the platform reports without the
 #: original's send time (oldest forgotten first; only the last seconds matter).
 ARRIVALS_KEPT = 512
+#: Each conversation's latest task result (`steward chat` reads its own right after the
+#: task): the newest few hundred, as a dict over every conversation ever seen grew
+#: without end (a result holds its reply and tool records, ~2 kB).
+RESULTS_KEPT = 256
 
 #: The /help answer of the built-in commands (a dispatcher's own router may hold more).
 HELP = builtin_router().help_text()
@@ -104,7 +108,7 @@ class Dispatcher:
     )
     #: Commands and button presses (bot/commands); register more with `router.command`.
     router: CommandRouter[Dispatcher] = field(default_factory=builtin_router)
-    last_results: dict[str, TaskResult] = field(default_factory=dict)
+    last_results: Recent[str, TaskResult] = field(default_factory=lambda: Recent(RESULTS_KEPT))
     #: (channel, conversation, message id) -> arrival on the proactive clock, for
     #: `Retracted` events without `sent_at`.
     arrivals: Recent[tuple[str, str, str], float] = field(
@@ -500,7 +504,7 @@ class Dispatcher:
                         )
 
                 return after_cancel
-            self.last_results[key] = result
+            self.last_results.put(key, result)
             await self.say(channel, msg.conversation, result.reply, msg.thread)
         except BaseException:
             await asyncio.shield(ended())  # cancelled while the answer was being sent

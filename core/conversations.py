@@ -98,6 +98,11 @@ class Conversations:
                         log.exception("conversation.follow_up_crashed", conversation=key)
             finally:
                 self.clock.activity.dec()
+        # Idle: forget the conversation (its finished worker task and queue), or the map
+        # grows by one entry per conversation ever seen. The next message starts anew.
+        # No await since the queue was found empty, so nothing was queued meanwhile.
+        if self._convs.get(key) is conv:
+            del self._convs[key]
 
     async def _run(self, key: str, conv: _Conversation, job: Job) -> FollowUp | None:
         """Run a job as the conversation's current (cancellable) task; its follow-up, if any."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -28,6 +29,10 @@ from core.spend.payer import paying
 from memory.transcripts import Transcript, TranscriptStore
 
 log = structlog.get_logger("steward.history")
+
+#: Transcripts kept in memory, the conversations used last; another one is read from its
+#: file (~1 ms) when its next message comes. Each holds its archive, up to 200 kB.
+CACHED_TRANSCRIPTS = 128
 
 Turn = dict[str, str]
 #: (previous summary, turns to fold in, token budget) -> new summary
@@ -113,7 +118,9 @@ class History:
         #: Tokens the verbatim turns may take in the prompt.
         self.budget_tokens = budget_tokens
         self.summary_tokens = summary_tokens
-        self._cache: dict[str, Transcript] = {}
+        #: The transcripts of the conversations used last, newest last (at most
+        #: `CACHED_TRANSCRIPTS`, more while their saves run); another is read from disk.
+        self._cache: OrderedDict[str, Transcript] = OrderedDict()
         #: Background transcript saves (`record(wait=False)`), at most one per
         #: conversation; one asked for while it runs is made once more after it.
         self._saving: dict[str, asyncio.Task[None]] = {}
@@ -122,9 +129,29 @@ class History:
 
     async def _get(self, key: str) -> Transcript:
         t = self._cache.get(key)
+        if t is not None:
+            self._cache.move_to_end(key)
+            return t
+        await self._saved(key)  # a save of the copy let go lands before the file is read
+        t = self._cache.get(key)  # loaded meanwhile by another caller
         if t is None:
             t = self._cache[key] = await self.store.load(key)
+            self._let_go()
         return t
+
+    def _let_go(self) -> None:
+        """Forget the least recently used transcripts over `CACHED_TRANSCRIPTS`, except
+        those being saved: each holds its archive (up to `part_size`, 200 kB), and one
+        per conversation ever seen grew a long-running Steward without end."""
+        extra = len(self._cache) - CACHED_TRANSCRIPTS
+        for key in list(self._cache)[:-1]:  # never the one just read
+            if extra <= 0:
+                return
+            if key in self._saving:
+                continue
+            del self._cache[key]
+            self._updated.pop(key, None)
+            extra -= 1
 
     async def context(self, key: str) -> Context:
         t = await self._get(key)
@@ -184,6 +211,8 @@ class History:
     def _saved_one(self, key: str, task: asyncio.Task[None], activity: Activity) -> None:
         if self._saving.get(key) is task:
             del self._saving[key]
+            if key not in self._cache:  # let go while it was being saved
+                self._updated.pop(key, None)
         activity.dec()
         if not task.cancelled() and (exc := task.exception()) is not None:
             # Logged here as well as by whoever awaits it: nobody may (a stop).

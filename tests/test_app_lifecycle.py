@@ -162,6 +162,9 @@ async def test_text_is_streamed_to_the_web_chat_but_not_to_a_platform(
         assert not fake.updates
 
         llm.reply_text(answer)
+        # Pieces a moment apart, as a model generates them: each is shown as it comes
+        # (pieces of one instant are joined into one frame: adapters/web.py).
+        llm.stream_gap = 0.15
         seen: list[dict] = []
         async with http.ws_connect(f"{url}/ws?session={SESSION}", headers={"Origin": url}) as ws:
             await ws.send_json({"type": "message", "text": "explain"})

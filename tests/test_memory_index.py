@@ -695,7 +695,8 @@ def test_a_vector_index_grows_a_graph_past_exact_max_and_old_small_graphs_go_fla
     vi.save(tmp_path / "graph.faiss")
     assert VectorIndex.load(tmp_path / "graph.faiss", 16).has_graph
 
-    small = VectorIndex._new_graph(16)
+    # A graph file as written before the lists: HNSW in the id map.
+    small = faiss.IndexIDMap2(faiss.IndexHNSWFlat(16, 32, faiss.METRIC_INNER_PRODUCT))
     small.add_with_ids(data[:10], np.arange(1, 11, dtype=np.int64))
     faiss.write_index(small, str(tmp_path / "old.faiss"))
     loaded = VectorIndex.load(tmp_path / "old.faiss", 16)

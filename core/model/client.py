@@ -75,6 +75,7 @@ from core.model.errors import (
 )
 from core.model.meter import Meter
 from core.model.result import LLMResult, ToolCallRequest
+from core.model.stream_text import text_answer
 from core.model.workers import Unsendable, WorkerPool
 from memory.redact import redact_shown
 
@@ -557,6 +558,9 @@ class LLMClient:
                 await on_text(delta)
         if not chunks:
             raise EmptyAnswer("the stream ended without a chunk")
+        text = text_answer(chunks, self._priced.get(kwargs["model"]))  # core/model/stream_text.py
+        if text is not None:
+            return text
         return self._parse(litellm, _assemble(litellm, chunks, kwargs["messages"]), kwargs["model"])
 
     def _parse(self, litellm: Any, resp: Any, model: str | None = None) -> LLMResult:

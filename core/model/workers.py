@@ -9,7 +9,9 @@ answer's fields.
 
 When: a call goes to a worker only while at least `threshold` other tasks (or model
 calls) are running, so a lone message keeps the lowest latency (no hop between
-processes), and a worker is started the first time that happens, in the
+processes). A worker is started the first time that happens while the machine has a
+core idle for it (core/model/idle_cores.py: starting one costs seconds of CPU and its
+memory, paid on a busy machine from other programs' share), in the
 background (importing litellm takes seconds; calls keep running in process meanwhile).
 A quiet Steward never starts one, so its memory stays as it was; each worker holds its
 own litellm (~200 MB), and stops after `IDLE_STOP` seconds without a call.
@@ -42,6 +44,7 @@ from typing import Any
 import structlog
 
 from core.model.errors import WorkerCallError
+from core.model.idle_cores import IdleCores
 from core.model.result import LLMResult
 from core.task_set import TaskSet
 
@@ -91,10 +94,23 @@ class WorkerPool:
     """Up to `size` worker processes, started on demand, answering `LLMClient`'s calls."""
 
     def __init__(
-        self, size: int, threshold: int, *, others: Callable[[], int] | None = None
+        self,
+        size: int,
+        threshold: int,
+        *,
+        others: Callable[[], int] | None = None,
+        idle_cores: IdleCores | None = None,
     ) -> None:
         self.size = size
         self.threshold = max(1, threshold)
+        #: Whether the machine has a core to spare (core/model/idle_cores.py): a call
+        #: leaves this process only then. None: not asked (the load alone decides).
+        self.idle_cores = idle_cores
+        if idle_cores is not None:
+            idle_cores.ours = self.pids  # our workers' runnable tasks are not others'
+        #: Calls kept here under load, no worker up, because no core was idle to start
+        #: one (the benches).
+        self.kept_busy = 0
         #: Other tasks running besides the caller's (bot/app.py: the conversations'
         #: jobs). Calls in flight alone are a poor measure of load: a process busy with
         #: its own work has few calls in flight at any instant, so under load calls
@@ -120,12 +136,19 @@ class WorkerPool:
     def pick(self) -> _Worker | None:
         """A ready worker for the next call while at least `threshold` other model calls
         or tasks are running (`load`): one more here would wait for this process's CPU.
-        Starts a worker when fewer than `size` are up; None: make the call here."""
+        Starts a worker when fewer than `size` are up and a core sits idle for it
+        (`idle_cores`): a start costs ~3 s of CPU and ~200 MB, which a busy machine
+        pays for from other programs' share; once up, a worker's call costs about what
+        the same call costs here, even at a load of 3+ (bench cpu_per_message), and
+        leaves this process's CPU to the rest. None: make the call here."""
         if self.size <= 0 or self._closed or self.load() < self.threshold:
             return None
         ready = [w for w in self._slots if w is not None]
         if len(ready) < self.size:
-            self._start_one()
+            if self.idle_cores is None or self.idle_cores.available():
+                self._start_one()
+            elif not ready:
+                self.kept_busy += 1
         if not ready:
             return None
         return ready[next(self._turn) % len(ready)]

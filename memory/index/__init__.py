@@ -7,8 +7,8 @@ rebuilt from the files, and files added, changed or removed since (a person's ed
 an episode written just before a crash) are caught up incrementally. After a rebuild
 the same query returns the same documents in the same order: both rank lists are
 deterministic (bm25 over the same corpus; exact vector search below
-vectors.EXACT_MAX candidates; above it HNSW, whose multi-threaded build may order
-near-ties differently after a rebuild).
+vectors.EXACT_MAX candidates; above it inverted lists, whose k-means may place a
+near-tie in another list after a rebuild).
 
 Search is hybrid: an FTS5 bm25 list (words the person typed) and a vector list
 (similar meaning), fused by Reciprocal Rank Fusion (k=60): rank positions, not raw
@@ -22,7 +22,8 @@ so the keyword list is ranked by an in-memory copy of bm25 (`keywords`) derived 
 the FTS5 index, exact (SQLite's order over every match and every word) at ~1 ms;
 while that copy loads after an open or a rebuild (~2 s at 100k, in the background),
 SQLite's bm25 answers under FTS_BUDGET (see search.keyword_ranks). The vector half is
-HNSW (~0.5 ms), walked in a thread of its own while the keyword list is ranked. A
+faiss inverted lists (memory/vectors.py says why not HNSW), searched in a thread of
+its own while the keyword list is ranked. A
 search reads through one read-only connection.
 
 Reads and writes are serialized by one asyncio lock (the SQLite connections and the

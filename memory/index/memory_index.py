@@ -810,9 +810,10 @@ class MemoryIndex:
             keywords.upsert(upserts)
 
     async def _compact(self) -> None:
-        """Rebuild the HNSW graph without stale vectors, in the background.
+        """Rebuild the vector index without stale vectors (its lists clustered again,
+        or an older file's graph made lists), in the background.
 
-        The new graph is built from a snapshot without holding the lock (at 100k that
+        The new index is built from a snapshot without holding the lock (at 100k that
         takes tens of seconds, and searches must go on); vectors added or marked stale
         meanwhile are carried over when it is swapped in.
         """

@@ -6,7 +6,7 @@ starts it in a worker thread under the index lock (a rebuild swaps the connectio
 the vectors), which walks the vector graph while the keyword list is ranked in
 _KEYWORDS (see run). One hop there and one back instead of one per SQL statement and
 per list: at 100k episodes the hops and aiosqlite's queue cost more (~2 ms) than the
-two lists themselves (bm25 in memory ~0.6 ms, HNSW ~0.4 ms).
+two lists themselves (bm25 in memory ~0.6 ms, the vector lists ~0.5 ms).
 """
 
 from __future__ import annotations
@@ -188,12 +188,12 @@ def nearest(
     allowed: FilterRows | None,
     depth: int,
 ) -> tuple[np.ndarray, np.ndarray, bool]:
-    """The graph (or exact) search of the vector list: (labels, similarities, whether
+    """The faiss (or exact) search of the vector list: (labels, similarities, whether
     the filter is still to be applied in SQL). Touches faiss only, never SQLite, so it
     can run in a thread of its own while the keyword list is ranked.
 
     With a filter that leaves few candidates (`allowed`: their rows) the search is
-    exact over just those; a broad one asks the graph for more neighbours, to be
+    exact over just those; a broad one asks faiss for more neighbours, to be
     filtered after.
     """
     if not where:

@@ -157,6 +157,9 @@ class ScriptedLLM:
         #: False: a stream never carries usage, even when asked for it (`stream_options`
         #: `include_usage`), as some local OpenAI-compatible servers do.
         self.stream_usage = True
+        #: Seconds between the streamed pieces of a text answer (0: all at once), as a
+        #: model that generates as it goes sends them.
+        self.stream_gap = 0.0
         #: Tokens (prompt, completion) this server reported in the `usage` of the chat
         #: answers it sent (`served_tokens`), and the tokens of its embeddings answers.
         self._served = [0, 0]
@@ -475,7 +478,9 @@ class ScriptedLLM:
 
         await send(delta({"role": "assistant", "content": "" if not calls else None}))
         if reply.content:
-            for piece in _split(reply.content, 3):
+            for n, piece in enumerate(_split(reply.content, 3)):
+                if n and self.stream_gap:
+                    await asyncio.sleep(self.stream_gap)
                 await send(delta({"content": piece}))
         for i, c in enumerate(calls):
             head = {
