@@ -13,11 +13,13 @@ separately through EpisodeStore.write, which fsyncs each file and its folder.
 Search runs in a fresh process that opens the existing index (as the bot would after
 a restart), so its RSS is that of a running bot, not the rebuild's peak. Baseline in
 the same run: brute force over every stored vector held as a numpy matrix, two ways
-(BLAS ``vectors @ q`` and ``np.einsum``), then top-k; each search's speed-up is
-counted against the faster of the two at each percentile, so the ratio survives a
-slower or busier machine; BLAS/OpenMP are pinned to one thread in that process, for
-both sides. Two query sets: the bench's own (filled request templates: the stored
-words) and free-text questions about stored episodes (bench/memory_questions.py:
+(BLAS ``vectors @ q`` and ``np.einsum``), then top-k, timed in blocks of 25 queries
+between each search series' own blocks; each search's speed-up is counted against the
+faster of the two at each percentile in its own series' minutes, so the ratio
+survives a slower or busier machine, and a load that moves within the run;
+BLAS/OpenMP are pinned to one thread in that process, for both sides. Two query
+sets: the bench's own (filled request templates: the stored words) and free-text
+questions about stored episodes (bench/memory_questions.py:
 paraphrases, other words, typos), the way people ask. Recall@10 is reported for the
 vector search (VectorIndex.search, as the hybrid search calls it) against exact vector
 search, for the hybrid search against an exact hybrid (SQLite's own bm25 over every
@@ -64,6 +66,8 @@ EINSUM = "brute force numpy einsum"
 ASKED_HYBRID = "hybrid, free-text questions"
 #: Episodes the agent is shown per task (config/default.toml recall_limit).
 RECALL_LIMIT = 3
+#: Queries of a series timed between two blocks of the brute force (probe's `timed`).
+PAIRED_BLOCK = 25
 #: Above this many seconds, the largest size is measured smaller and extrapolated.
 REBUILD_BUDGET_S = 180.0
 
@@ -266,7 +270,7 @@ async def probe(data: Path, n_queries: int) -> dict[str, Any]:
 
     from core.recall import IndexRecall
     from memory.embedder import embed_async
-    from memory.index import MemoryIndex
+    from memory.index import MemoryIndex, tuning
     from memory.vectors import probes_for
 
     rss_start = _rss_mb()
@@ -294,14 +298,34 @@ async def probe(data: Path, n_queries: int) -> dict[str, Any]:
         await index.search(_fill(other.choice(REQUESTS + ERRORS), other), limit=10)
     gc.collect()
 
-    async def timed(make: Any) -> list[float]:
+    async def timed(make: Any, paired: bool) -> tuple[list[float], list[float], list[float]]:
+        """The series' times; when `paired`, the brute force's too (BLAS, einsum), run in
+        blocks of PAIRED_BLOCK queries between the series' own blocks: the same minutes
+        of a machine whose load moves (brute force's p50 went from 13 to 40-50 ms
+        between two series of one run at load 4-7)."""
         await make(0)  # warm-up
-        out = []
-        for i in range(len(queries)):
-            t = time.perf_counter()
-            await make(i)
-            out.append((time.perf_counter() - t) * 1000)
-        return out
+        out: list[float] = []
+        dot: list[float] = []
+        einsum: list[float] = []
+        for start in range(0, len(queries), PAIRED_BLOCK):
+            block = range(start, min(start + PAIRED_BLOCK, len(queries)))
+            for i in block:
+                t = time.perf_counter()
+                await make(i)
+                out.append((time.perf_counter() - t) * 1000)
+            if not paired:
+                continue
+            for i in block:
+                blas = i % 2 == 0
+                t = time.perf_counter()
+                brute(i, blas=blas)
+                (dot if blas else einsum).append((time.perf_counter() - t) * 1000)
+            # A brute force sweeps 200 MB through the caches: the series' next query
+            # would find none of its arrays there (with a block of 25, 4% of the queries,
+            # and so the p99, were such cold ones). One untimed query, a timed one again
+            # (its hit rows kept), warms them as the series' first warm-up does.
+            await make(block[0])
+        return out, dot, einsum
 
     async def hybrid_vec(i: int) -> Any:
         return await index.search(queries[i], limit=10, query_vector=vectors[i])
@@ -311,6 +335,15 @@ async def probe(data: Path, n_queries: int) -> dict[str, Any]:
 
     async def hybrid_asked(i: int) -> Any:
         return await index.search(asked[i], limit=10)
+
+    async def hybrid_asked_in_turn(i: int) -> Any:
+        # Both lists in the search's own thread, one after the other (no second thread
+        # woken for the keyword list): what the overlap buys, or costs on a busy machine.
+        saved, tuning.VECTOR_THREAD_MIN = tuning.VECTOR_THREAD_MIN, 2**62
+        try:
+            return await index.search(asked[i], limit=10)
+        finally:
+            tuning.VECTOR_THREAD_MIN = saved
 
     async def recall_scoped(i: int) -> Any:
         # As the agent asks (core/recall.py): the task's text, its scope, recall_limit.
@@ -342,11 +375,14 @@ async def probe(data: Path, n_queries: int) -> dict[str, Any]:
         return brute(i, blas=False)
 
     results: dict[str, Any] = {}
-    rss_searching = 0.0
+    # Resident memory once open and warm, before the brute force's copy of the vectors.
+    rss_searching = _rss_mb()
+    plain.append(vi._matrix().copy())
     for name, fn in [
         ("hybrid, query pre-embedded", hybrid_vec),
         ("hybrid, embedder included", hybrid_full),
         (ASKED_HYBRID, hybrid_asked),
+        ("hybrid, questions, lists in turn", hybrid_asked_in_turn),
         ("recall as the agent asks", recall_scoped),
         ("keyword (bm25 in memory) only", fts_only),
         ("vector search only", vector_only),
@@ -354,11 +390,14 @@ async def probe(data: Path, n_queries: int) -> dict[str, Any]:
         (BASELINE, brute_dot),
         (EINSUM, brute_einsum),
     ]:
-        if fn is brute_dot:
-            rss_searching = _rss_mb()
-            plain.append(vi._matrix().copy())
-        ms = await timed(fn)
+        paired = fn not in (brute_dot, brute_einsum)
+        ms, dot, einsum = await timed(fn, paired)
         results[name] = {"p50": statistics.median(ms), "p99": _pct(ms, 0.99)}
+        if paired:
+            # The faster brute force at each percentile, in this series' own minutes.
+            results[name]["baseline"] = {
+                q: min(_pct(dot, f), _pct(einsum, f)) for q, f in (("p50", 0.5), ("p99", 0.99))
+            }
     plain.clear()
     hybrid_recall, hybrid_id_recall, keyword_same = await _hybrid_recall(index, queries, vectors)
     asked_recall, asked_id_recall, asked_same = await _hybrid_recall(index, asked, asked_vectors)
@@ -623,22 +662,30 @@ def _report(p: dict[str, Any], n_queries: int) -> None:
     )
     lat = p["latency"]
     # The faster of the two brute forces at each percentile (same process, same
-    # one-thread pinning): the baseline a speed-up is counted against.
-    best = {q: min(lat[BASELINE][q], lat[EINSUM][q]) for q in ("p50", "p99")}
+    # one-thread pinning): the baseline a speed-up is counted against, measured in
+    # blocks between the series' own (timed) when it has one, else its two series.
+    whole = {q: min(lat[BASELINE][q], lat[EINSUM][q]) for q in ("p50", "p99")}
     for name, ms in lat.items():
+        best = ms.get("baseline", whole)
         flag = ""
-        if name.startswith(("hybrid", "recall")):
-            # The speed-up is a target where there is an index (above EXACT_MAX).
-            fast = not p["lists"] or best["p50"] / ms["p50"] >= TARGET_SPEEDUP
+        if name.startswith(("hybrid", "recall", "vector")):
+            # The speed-up is a target where there is an index (above EXACT_MAX), at
+            # p50 and at p99 alike.
+            fast = not p["lists"] or all(best[q] / ms[q] >= TARGET_SPEEDUP for q in ("p50", "p99"))
             flag = "  ok" if ms["p99"] < TARGET_P99_MS and fast else "  MISSED"
         ratio = f"p50 {best['p50'] / ms['p50']:.1f}x, p99 {best['p99'] / ms['p99']:.1f}x"
+        beside = (
+            f"; it {best['p50']:.1f} / {best['p99']:.1f} ms beside this series"
+            if "baseline" in ms
+            else ""
+        )
         print(
             f"        {name:<31} p50 {ms['p50']:7.2f} ms  p99 {ms['p99']:7.2f} ms"
-            f"  ({ratio} faster than the best brute force){flag}"
+            f"  ({ratio} faster than the best brute force{beside}){flag}"
         )
     print(
-        f"        targets: hybrid p99 < {TARGET_P99_MS:.0f} ms, ≥ {TARGET_SPEEDUP:.0f}x the best "
-        "brute force at p50, recall@10 ≥ 0.95 on free-text questions"
+        f"        targets: p99 < {TARGET_P99_MS:.0f} ms, ≥ {TARGET_SPEEDUP:.0f}x the best "
+        "brute force at p50 and at p99, recall@10 ≥ 0.95 on free-text questions"
     )
     how = (
         f"{p['lists']} lists, {p['probes']} scanned a search"
@@ -664,7 +711,7 @@ def _report(p: dict[str, Any], n_queries: int) -> None:
     )
     print("        e.g. " + " | ".join(p["examples"]))
     print(
-        f"memory  RSS after open + searches: {p['rss_mb']:.0f} MB "
+        f"memory  RSS after open and 100 warm-up searches: {p['rss_mb']:.0f} MB "
         f"(interpreter + imports before open: {p['rss_before_open_mb']:.0f} MB; "
         f"peak {p['maxrss_mb']:.0f} MB, with the brute force's copy of the vectors)"
     )

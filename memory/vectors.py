@@ -29,16 +29,16 @@ bench/memory_questions.py: paraphrases, other words, typos):
   not help (HNSWFlat's distances are exact already: the walk never reaches the
   neighbours it misses).
 * IVF-Flat: k-means lists, the query's nearest lists scanned exactly. 1,265 lists at
-  100k, 1/24 of them scanned (about 4% of the vectors): recall@10 1.000 on the bench's
-  queries, 0.989 on its free-text questions (a first sample: 0.999 / 0.997; 1/32 of
-  the lists: 0.996 / 0.989); 0.78 ms p50 (free-text 0.91 ms) where the faster brute
-  force took 11.4 ms, load 2-3 (14.6x; 9.4x at p99). Duplicates cost it nothing
-  (they share a list). Its costs: k-means at a rebuild or a compaction
-  (IVF_TRAIN_*; a 100k rebuild's vector stage took 15 s against HNSW's 45 s, both on
-  the loaded VM), lists that grow stale as the index grows (so it clusters again past
-  RECLUSTER_GROWTH, in the background), and like any index a filter that keeps few
-  vectors can starve it (the exact fallback below). index.faiss holds no graph: ~25
-  MB smaller at 100k.
+  100k, 28 of them scanned (about 2% of the vectors; probes_for): recall@10 0.992 on
+  the bench's queries, 0.978 on its free-text questions (52 lists, 1/24 of them: 1.000
+  / 0.989-0.992); free-text questions 0.61 ms p50, 1.09 ms p99, where the faster brute
+  force took 12.8 / 48 ms at load ~5 (20.8x / 44x; 52 lists: 0.78 ms, 14.6x at p50,
+  9.4x at p99, load 2-3). Duplicates cost it nothing (they share a list). Its costs:
+  k-means at a rebuild or a compaction (IVF_TRAIN_*; a 100k rebuild's vector stage
+  took 15 s against HNSW's 45 s, both on the loaded VM), lists that grow stale as the
+  index grows (so it clusters again past RECLUSTER_GROWTH, in the background), and
+  like any index a filter that keeps few vectors can starve it (the exact fallback
+  below). index.faiss holds no graph: ~25 MB smaller at 100k.
 
 So search picks the path by how many vectors may answer:
 
@@ -60,6 +60,8 @@ searches go on (MemoryIndex._compact).
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import math
 import os
 import struct
@@ -77,9 +79,14 @@ if TYPE_CHECKING:
 #: 10k). At 100k, 4 against 8 per root: the same recall at the same share scanned, and
 #: half the k-means (8: 2,529 lists, 85 s to train on the loaded VM against 41 s).
 IVF_LISTS_PER_ROOT = 4
-#: A search scans the 1/IVF_PROBE_SHARE of the lists nearest the query, at least
-#: IVF_PROBE_MIN (100k, free-text questions: 1/32 0.989, 1/24 0.997, 1/16 1.000).
-IVF_PROBE_SHARE = 24
+#: A search scans the IVF_PROBES_PER_ROOT × sqrt(lists) lists nearest the query, at
+#: least IVF_PROBE_MIN: 16 of 400 at 10k-40k, 28 of 1,265 at 100k (2.2%; a fixed 1/24
+#: scanned 52). A fixed share of the lists scans a fixed share of the vectors (4%,
+#: whatever their number); a share falling as 1/sqrt(lists) scans ~n^0.75 of them.
+#: Vector recall@10 at 100k on free-text questions (bench/memory.py), by lists
+#: scanned: 52 0.992, 39 0.984, 31 0.980, 26 0.977, 19 0.971; the time follows the
+#: lists scanned (0.81, 0.68, 0.57, 0.51, 0.42 ms p50; one thread, load ~4).
+IVF_PROBES_PER_ROOT = 0.8
 IVF_PROBE_MIN = 16
 #: k-means trains on at most this many vectors a list (faiss samples them, seeded),
 #: for IVF_TRAIN_ITERATIONS rounds: a rebuild trains once, a compaction again.
@@ -116,6 +123,47 @@ def _faiss() -> Any:
     import faiss
 
     return faiss
+
+
+def give_back_freed_memory() -> None:
+    """Ask glibc to return freed heap pages to the system (elsewhere than glibc: nothing).
+
+    Big temporary buffers (k-means' scratch, a flat buffer let go, a load's strings)
+    are kept by glibc once freed: its mmap threshold rises after the first big frees,
+    so later ones come from the heap, or from the arena of the worker thread that
+    made them, and stay resident after they are freed.
+    """
+    name = ctypes.util.find_library("c")
+    if not name:
+        return
+    try:
+        trim = ctypes.CDLL(name).malloc_trim
+    except (OSError, AttributeError):
+        return
+    trim(0)
+
+
+def _reserve_lists(index: faiss.IndexIDMap2, vectors: np.ndarray) -> None:
+    """Size each list of `index` for its share of `vectors` before they are added.
+
+    faiss appends to a list one vector at a time (a std::vector resized each time), so
+    a list filled that way ends with up to twice its size allocated, and the smaller
+    copies it outgrew stay behind as holes in the heap (30k vectors added in a
+    rebuild's slices: 90 MB resident for 61 MB of vectors; sized first, 69 MB). Grown
+    once to the size it will have, then cut back to what it holds, a list keeps that
+    capacity (std::vector does not give memory back when it shrinks), and the adds
+    that follow fill it without moving. Costs one assignment pass over the vectors
+    (the add makes it again): that 30k rebuild's vector stage took 7.4 s, not 5.9.
+    """
+    lib = _faiss()
+    ivf = lib.downcast_index(index.index)
+    _, assigned = ivf.quantizer.search(np.ascontiguousarray(vectors, dtype=np.float32), 1)
+    counts = np.bincount(assigned.ravel()[assigned.ravel() >= 0], minlength=ivf.nlist)
+    lists = ivf.invlists
+    for at in np.flatnonzero(counts).tolist():
+        size = lists.list_size(at)
+        lists.resize(at, size + int(counts[at]))
+        lists.resize(at, size)
 
 
 def _flat_bytes(labels: np.ndarray, matrix: np.ndarray) -> bytes:
@@ -171,7 +219,7 @@ def lists_for(count: int) -> int:
 
 def probes_for(lists: int) -> int:
     """How many of `lists` lists a search scans (module docstring)."""
-    return min(lists, max(IVF_PROBE_MIN, lists // IVF_PROBE_SHARE))
+    return min(lists, max(IVF_PROBE_MIN, int(IVF_PROBES_PER_ROOT * math.sqrt(lists) + 0.5)))
 
 
 class VectorIndexError(Exception):
@@ -338,28 +386,56 @@ class VectorIndex:
         if labels[0] <= self.max_label or np.any(np.diff(labels) <= 0):
             raise ValueError("vector labels must increase past the largest stored label")
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        switched = False
         with self._lock:
             n = len(self._labels)
             if self._index is None and n + len(labels) > EXACT_MAX:
-                # Past EXACT_MAX: lists clustered from every stored vector and the new
-                # ones (stale ones too, as the lists keep them), then filled.
-                stored = self._matrix()
-                index = self._new_lists(self.dim, np.concatenate([stored, vectors]))
-                if n:
-                    index.add_with_ids(stored, self._labels)
-                self._use_graph(index)
-            if self._index is not None:
-                self._index.add_with_ids(vectors, labels)
+                self._to_lists(labels, vectors)  # the labels too, read back from faiss
+                switched = True
             else:
-                if n + len(labels) > len(self._flat):
-                    rows = max(n + len(labels), 2 * len(self._flat), 64)
-                    grown = np.empty((rows, self.dim), dtype=np.float32)
-                    grown[:n] = self._flat[:n]
-                    self._flat = grown
-                self._flat[n : n + len(labels)] = vectors
-            self._labels = np.concatenate([self._labels, labels])
+                if self._index is not None:
+                    self._index.add_with_ids(vectors, labels)
+                else:
+                    self._append_flat(vectors)
+                self._labels = np.concatenate([self._labels, labels])
             self._stale = np.concatenate([self._stale, np.zeros(len(labels), dtype=bool)])
             self.dirty = True
+        if switched:
+            # The flat buffer and k-means' scratch memory are free now; glibc would keep
+            # them (in the arenas of the threads that used them), and a process that
+            # switched held ~20 MB more at 10k than one that opened the same file.
+            give_back_freed_memory()
+
+    def _append_flat(self, vectors: np.ndarray) -> None:
+        """Rows after the stored ones in the flat buffer, which grows by doubling."""
+        n, m = len(self._labels), len(vectors)
+        if n + m > len(self._flat):
+            rows = max(n + m, 2 * len(self._flat), 64)
+            grown = np.empty((rows, self.dim), dtype=np.float32)
+            grown[:n] = self._flat[:n]
+            self._flat = grown
+        self._flat[n : n + m] = vectors
+
+    def _to_lists(self, labels: np.ndarray, vectors: np.ndarray) -> None:
+        """Past EXACT_MAX: lists clustered from every stored vector and the new ones
+        (stale ones too, as the lists keep them), then filled, and the flat buffer let
+        go. Every vector is taken in place where it can be (the new ones written into
+        the buffer's spare rows first; a compaction's copy has no buffer at all): a
+        concatenation of them was one more copy of the whole memory, ~20 MB at 10k."""
+        n = len(self._labels)
+        if n == 0:
+            every, ids = vectors, labels
+        else:
+            if n + len(vectors) <= len(self._flat):
+                self._append_flat(vectors)
+                every = self._flat[: n + len(vectors)]
+            else:
+                every = np.concatenate([self._flat[:n], vectors])
+            ids = np.concatenate([self._labels, labels])
+        index = self._new_lists(self.dim, every)
+        _reserve_lists(index, every)
+        index.add_with_ids(every, ids)
+        self._use_graph(index)  # lets go of the flat buffer
 
     def cluster(self, vectors: np.ndarray) -> None:
         """Make the lists from `vectors`, every vector an empty index is about to be
@@ -367,7 +443,9 @@ class VectorIndex:
         when they are few enough to be searched exactly."""
         with self._lock:
             if self._index is None and self.ntotal == 0 and len(vectors) > EXACT_MAX:
-                self._use_graph(self._new_lists(self.dim, vectors))
+                index = self._new_lists(self.dim, vectors)
+                _reserve_lists(index, vectors)
+                self._use_graph(index)
 
     def _positions(self, labels: np.ndarray) -> np.ndarray:
         """Storage rows of the given labels (labels not stored are dropped)."""

@@ -136,3 +136,30 @@ def test_a_rebuild_clusters_every_vector_before_adding_them_in_slices(
     small = VectorIndex(x.shape[1])
     small.cluster(x[:50])  # few enough to be searched exactly: no lists
     assert not small.has_graph
+
+
+@pytest.mark.parametrize("room", [True, False])
+def test_the_switch_to_lists_keeps_every_vector_and_lets_the_flat_buffer_go(
+    monkeypatch: pytest.MonkeyPatch, room: bool
+) -> None:
+    """Past EXACT_MAX the vectors move to lists: the new ones written into the flat
+    buffer's spare rows first when it has them (no concatenated copy), or copied with
+    the stored ones when it has none; either way every vector is in the lists, by its
+    label, and the buffer is let go."""
+    monkeypatch.setattr(vectors_mod, "EXACT_MAX", 100)
+    x, queries = _repeated_texts(400)
+    vi = VectorIndex(x.shape[1])
+    vi.add(np.arange(1, 65, dtype=np.int64), x[:64])  # a full 64-row buffer
+    stored = 64
+    if room:  # 96 rows in a 128-row buffer
+        vi.add(np.arange(65, 97, dtype=np.int64), x[64:96])
+        stored = 96
+    assert not vi.has_graph and (len(vi._flat) > stored) == room
+    vi.add(np.arange(stored + 1, 201, dtype=np.int64), x[stored:200])
+    assert vi.is_lists and len(vi._flat) == 0
+    assert np.array_equal(vi.labels(), np.arange(1, 201))
+    assert np.allclose(vi._rows(np.arange(200)), x[:200])
+    lists = vi._inner.invlists
+    assert sum(lists.list_size(i) for i in range(lists.nlist)) == 200
+    for q in queries[:5]:
+        assert _misses(vi.search(q, 10)[1], vi.exact_search(q, 10)[1]) == 0

@@ -32,8 +32,6 @@ the next merge drops.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import math
 import sqlite3
 import threading
@@ -42,6 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from memory.vectors import give_back_freed_memory
 
 #: FTS5 columns of the `fts` table and their bm25 weights (search._BM25 is built from them).
 COLUMNS = ("title", "error", "body")
@@ -68,24 +68,6 @@ FEW_ROWS_MIN = 4096
 _WEIGHT_OF = np.array([*WEIGHTS, 1.0], dtype=np.float64)
 
 Phrase = tuple[str, ...]
-
-
-def _give_back_freed_memory() -> None:
-    """Ask glibc to return freed heap pages to the system.
-
-    The load's tokens arrive as strings of up to a few MB each; once freed, glibc keeps
-    them in its heap (its mmap threshold rises after the first big frees), and the
-    process stayed ~170 MB larger at 100k episodes than the index it holds (RSS 289 MB
-    instead of 123 MB in a bare process). Elsewhere than glibc this does nothing.
-    """
-    name = ctypes.util.find_library("c")
-    if not name:
-        return
-    try:
-        trim = ctypes.CDLL(name).malloc_trim
-    except (OSError, AttributeError):
-        return
-    trim(0)
 
 
 def _in_order(term_of: np.ndarray, slot: np.ndarray, pos: np.ndarray) -> bool:
@@ -281,7 +263,10 @@ class KeywordIndex:
         self._set_slots(rowids, np.zeros(len(rowids), dtype=np.int64))
         self._pack(terms, *_concatenate(parts))
         del parts
-        _give_back_freed_memory()
+        # The load's tokens arrived as strings of up to a few MB each: freed, glibc kept
+        # them, and the process stayed ~170 MB larger at 100k episodes than the index it
+        # holds (RSS 289 MB instead of 123 MB in a bare process).
+        give_back_freed_memory()
         return self
 
     def _set_slots(self, rowids: np.ndarray, lengths: np.ndarray) -> None:

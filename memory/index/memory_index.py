@@ -74,7 +74,7 @@ from memory.index.search import fail as search_fail
 from memory.index.search import run as search_run
 from memory.index.stats import stats as index_stats
 from memory.records import Written
-from memory.vectors import EXACT_MAX, VectorIndex, VectorIndexError
+from memory.vectors import EXACT_MAX, VectorIndex, VectorIndexError, give_back_freed_memory
 
 log = structlog.get_logger("steward.memory")
 
@@ -829,6 +829,9 @@ class MemoryIndex:
                 self._vectors = fresh
                 log.info("memory.index.compacted", before=old.ntotal, after=fresh.ntotal)
                 await self._save_vectors()
+            del old, fresh
+            # The old lists are freed now: give their pages back (memory/vectors.py).
+            await asyncio.to_thread(give_back_freed_memory)
 
     async def flush(self) -> None:
         """Save index.faiss now (it is also saved every AUTOSAVE_EVERY vectors and at close)."""
