@@ -129,7 +129,10 @@ class WebChannel(ChannelDefaults):
     capabilities = Capabilities(
         buttons=True,
         edit=True,
-        typing=True,
+        # Not asked for before a task: the task's `task_start` frame follows at once and
+        # shows "working" on the page itself (until `task_end`), so a typing frame would
+        # be one more JSON encode and socket write on the way to every answer.
+        typing=False,
         streams_text=True,
         shows_tool_status=True,
         interactive=True,
@@ -156,6 +159,9 @@ class WebChannel(ChannelDefaults):
         self._locks: dict[str, asyncio.Lock] = {}
         #: Per session, the tasks begun and not yet ended (see progress()).
         self._running: dict[str, set[str]] = {}
+        #: Per session, a task's start frame still waiting for the session's lock (see
+        #: progress()): done once it went out; every other frame of the session waits.
+        self._starting: dict[str, asyncio.Future[None]] = {}
         self._inflight = Inflight(self.name)
         #: Per session, streamed text not sent yet: (task id, pieces), oldest first.
         self._text: dict[str, list[tuple[str, list[str]]]] = {}
@@ -214,6 +220,10 @@ class WebChannel(ChannelDefaults):
         self._text_due.clear()
         self._text.clear()
         self._text_sent.clear()
+        for starting in self._starting.values():
+            if not starting.done():
+                starting.set_result(None)
+        self._starting.clear()
         self._dispatch = None
         self._running.clear()  # tasks cut off by the stop will never say they ended
         log.info("web.stopped", channel=self.name)
@@ -262,19 +272,51 @@ class WebChannel(ChannelDefaults):
         if event.kind not in ("task_start", "task_end"):
             await self._broadcast(session, _progress_frame(event))
             return
-        # Remembered, so a tab that connects mid-task shows Stop too; under the session
-        # lock, like a connect, so that tab gets a task's start once and before its end.
-        async with self._lock(session):
-            running = self._running.setdefault(session, set())
-            if event.kind == "task_start":
-                running.add(event.task_id)
-            else:
-                running.discard(event.task_id)
-                if not running:
-                    del self._running[session]
-            await self._broadcast(session, _progress_frame(event))
-            if event.kind == "task_end" and not running:
-                self._text_sent.pop(session, None)
+        if event.kind == "task_start" and self._lock(session).locked():
+            # The lock is held while the person's message is stored (or a tab connects):
+            # the task need not wait for that disk write before its model call. Its start
+            # goes out as soon as the lock is free; the lock is first come, first served,
+            # so the answer and `task_end` (stored or under the lock) still come after
+            # it, and every other frame of the session waits for it (`_broadcast`).
+            starting = asyncio.get_running_loop().create_future()
+            self._starting[session] = starting
+            self._spawn(self._bracket(session, event, starting))
+            return
+        await self._bracket(session, event)
+
+    async def _bracket(
+        self, session: str, event: Progress, starting: asyncio.Future[None] | None = None
+    ) -> None:
+        """A task's start or end, sent to the open tabs. Remembered, so a tab that connects
+        mid-task shows Stop too; under the session lock, like a connect, so that tab gets
+        a task's start once and before its end. `starting`: done once it went out (its
+        text, kept meanwhile by `_send_text`, follows)."""
+        try:
+            async with self._lock(session):
+                running = self._running.setdefault(session, set())
+                if event.kind == "task_start":
+                    running.add(event.task_id)
+                else:
+                    running.discard(event.task_id)
+                    if not running:
+                        del self._running[session]
+                # A start's own text comes after it (no flush of text queued meanwhile).
+                await self._send_frame(
+                    session, _progress_frame(event), flush=event.kind != "task_start"
+                )
+                if event.kind == "task_end" and not running:
+                    self._text_sent.pop(session, None)
+        finally:
+            if starting is not None:
+                if self._starting.get(session) is starting:
+                    del self._starting[session]
+                if not starting.done():
+                    starting.set_result(None)
+                if session in self._text and session not in self._text_due:
+                    # Text that came while the start waited (`_send_text` kept it).
+                    self._text_due[session] = asyncio.get_running_loop().call_later(
+                        0, self._text_timer, session
+                    )
 
     def _queue_text(self, session: str, event: Progress) -> None:
         """Keep a streamed piece for the session's next text frame (see TEXT_INTERVAL)."""
@@ -300,6 +342,8 @@ class WebChannel(ChannelDefaults):
         due = self._text_due.pop(session, None)
         if due is not None:
             due.cancel()
+        if (starting := self._starting.get(session)) is not None and not starting.done():
+            return  # kept: it goes out after its task's start (`_bracket`)
         pending = self._text.pop(session, None)
         if not pending:
             return
@@ -660,7 +704,8 @@ class WebChannel(ChannelDefaults):
         delivered."""
         try:
             async with self._lock(session):
-                tabs = await self._broadcast(session, frame)
+                # Not `_broadcast`: a start waiting for this lock (progress()) goes after.
+                tabs = await self._send_frame(session, frame)
                 if shown is not None and not shown.done():
                     shown.set_result(None)
                 try:
@@ -677,10 +722,20 @@ class WebChannel(ChannelDefaults):
                 shown.set_result(None)  # cancelled or failed before the tabs had it
 
     async def _broadcast(self, session: str, frame: dict[str, Any]) -> int:
-        """Send a frame to every open tab of the session; how many got it. Streamed text
-        still pending goes first, so every frame comes after the text before it."""
-        if session in self._text and not (
-            frame.get("type") == "progress" and frame.get("kind") == "text"
+        """Send a frame to every open tab of the session; how many got it. A task's start
+        still waiting for the session's lock goes first (progress()), then streamed text
+        still pending, so every frame comes after the text before it."""
+        starting = self._starting.get(session)
+        if starting is not None and not starting.done():
+            await asyncio.shield(starting)
+        return await self._send_frame(session, frame)
+
+    async def _send_frame(self, session: str, frame: dict[str, Any], *, flush: bool = True) -> int:
+        """`_broadcast` without waiting for a start; `flush`: pending text goes first."""
+        if (
+            flush
+            and session in self._text
+            and not (frame.get("type") == "progress" and frame.get("kind") == "text")
         ):
             await self._send_text(session)
         tabs = self._sockets.get(session)

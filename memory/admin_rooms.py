@@ -30,6 +30,9 @@ class AdminRooms:
     def __init__(self, data_dir: Path) -> None:
         self.path = data_dir / FILE_NAME
         self._rooms: dict[str, str] = self._load()
+        #: The background write of the file, and whether a change came after it began.
+        self._writing: asyncio.Task[None] | None = None
+        self._changed = False
 
     def _load(self) -> dict[str, str]:
         try:
@@ -45,16 +48,33 @@ class AdminRooms:
 
     async def seen(self, platform: str, user: str, conversation: str) -> None:
         """Remember `conversation` as where admin `user` of `platform` is reached; the
-        file is written (off the event loop) only when that changes."""
+        file is written only when that changes, in the background: the message does not
+        wait for it (an owner moving between web chat sessions changes it with every
+        message, and the write is a new file and two fsyncs before the task could start).
+        A notice reads the rooms in memory; the file is for the next start."""
         key = f"{platform}:{user}"
         if self._rooms.get(key) == conversation:
             return
         self._rooms[key] = conversation
-        text = json.dumps(self._rooms, indent=1, sort_keys=True)
-        try:
-            await asyncio.to_thread(atomic_write_text, self.path, text)
-        except OSError as exc:  # only a courtesy: kept in memory for this run
-            log.warning("admin_rooms.unwritable", path=str(self.path), error=str(exc)[:200])
+        self._changed = True
+        if self._writing is None or self._writing.done():
+            self._writing = asyncio.create_task(self._write(), name="admin_rooms:write")
+
+    async def _write(self) -> None:
+        """Write the rooms until no change is left unwritten (one write for a burst)."""
+        while self._changed:
+            self._changed = False
+            text = json.dumps(self._rooms, indent=1, sort_keys=True)
+            try:
+                await asyncio.to_thread(atomic_write_text, self.path, text)
+            except OSError as exc:  # only a courtesy: kept in memory for this run
+                log.warning("admin_rooms.unwritable", path=str(self.path), error=str(exc)[:200])
+                return
+
+    async def written(self) -> None:
+        """Wait until the last change is in the file (or failed to be written)."""
+        while self._writing is not None and not self._writing.done():
+            await asyncio.shield(self._writing)
 
     def rooms(self) -> list[tuple[str, str]]:
         """(platform, conversation) of every admin reached so far, one per conversation."""

@@ -14,6 +14,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from memory.atomic import folder_syncs_grouped
 from memory.documents import DocError, from_text
 from memory.effects import Effects
 from memory.health import health_for
@@ -295,11 +296,14 @@ class EpisodeStore:
     ) -> list[Written | OSError]:
         results: list[Written | OSError] = []
         try:
-            for path, episode in zip(paths, episodes, strict=True):
-                try:
-                    results.append(self._write_one(path, episode))
-                except OSError as exc:
-                    results.append(exc)
+            # One fsync per folder for the batch (memory/atomic.py), made before `then`
+            # closes the journal records: those go only once the episodes are durable.
+            with folder_syncs_grouped():
+                for path, episode in zip(paths, episodes, strict=True):
+                    try:
+                        results.append(self._write_one(path, episode))
+                    except OSError as exc:
+                        results.append(exc)
         finally:
             if then is not None:
                 then()

@@ -52,7 +52,7 @@ from typing import Any
 
 import structlog
 
-from memory.atomic import atomic_write_text
+from memory.atomic import atomic_write_text, fsync_folder_fd
 from memory.health import health_for
 from memory.hops import HopBatch
 from memory.redact import redact, redact_obj
@@ -449,9 +449,8 @@ def _sync_new(fd: int, folder: int) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-    # As memory/atomic.py: a file system that cannot sync a folder is no write failure.
-    with contextlib.suppress(OSError):
-        os.fsync(folder)
+    # Once for the records of one hop (memory/atomic.py `folder_syncs_grouped`).
+    fsync_folder_fd(folder)
 
 
 def _read(path: Path) -> dict[str, Any] | None:

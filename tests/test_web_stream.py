@@ -148,13 +148,44 @@ async def test_a_message_starts_its_task_once_shown_and_the_task_waits_for_its_s
     assert echo["role"] == "user" and echo["text"] == "deploy it"
     event = await asyncio.wait_for(server.dispatch.next(), 2)  # the write still held
     assert isinstance(event, Message) and event.id == echo["id"] and slow.writing == 1
-    # The task's start (a stored frame's order: under the session's lock) and its answer
-    # come after the message is stored, so a tab that connects sees them in order.
-    starting = asyncio.create_task(server.channel.progress(CONV, Progress("task_start", "t1")))
-    await asyncio.sleep(0.1)
-    assert not starting.done()
+    # The task itself does not wait for that disk write (its model call can begin), but
+    # its start frame (a stored frame's order: under the session's lock), its streamed
+    # text and its answer come after the message is stored, in that order, so a tab that
+    # connects sees them in order.
+    await asyncio.wait_for(server.channel.progress(CONV, Progress("task_start", "t1")), 2)
+    await server.channel.progress(CONV, Progress("text", "t1", "on it"))
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(recv(ws), 0.2)  # nothing before the store is done
     slow.release.set()
-    await asyncio.wait_for(starting, 2)
     assert (await recv(ws))["kind"] == "task_start"
+    assert (await recv(ws))["text"] == "on it"
     await server.channel.send(CONV, "done")
     assert [i["text"] for i in await slow.load(SESSION)] == ["deploy it", "done"]
+
+
+async def test_a_store_queued_before_a_waiting_start_neither_blocks_it_nor_reorders_the_task(
+    server: Server, tmp_path: Path
+) -> None:
+    """A message stored behind the person's (queued on the session's lock first) goes
+    out before the task's start, without waiting for it: the start waits for the lock,
+    so waiting for the start there would never end. The task's text still follows its
+    start."""
+    slow = SlowHistory(tmp_path / "slow")
+    server.channel.history = slow
+    ws, _ = await server.connect()
+    await ws.send_json({"type": "message", "text": "deploy it"})
+    assert (await recv(ws))["text"] == "deploy it"
+    await asyncio.wait_for(server.dispatch.next(), 2)  # its store still held
+    note = asyncio.create_task(server.channel.send(CONV, "a note"))  # queued on the lock
+    await asyncio.sleep(0.05)
+    await asyncio.wait_for(server.channel.progress(CONV, Progress("task_start", "t1")), 2)
+    await server.channel.progress(CONV, Progress("text", "t1", "on it"))
+    slow.release.set()
+    await asyncio.wait_for(note, 2)
+    frames = [await recv(ws) for _ in range(3)]
+    assert [f.get("text") if f["type"] == "message" else f["kind"] for f in frames] == [
+        "a note",
+        "task_start",
+        "text",
+    ]
+    assert frames[2]["text"] == "on it"
