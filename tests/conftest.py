@@ -15,6 +15,7 @@ import pytest
 
 from config.settings import Settings, load_settings
 from tests.fakes.llm import ScriptedLLM
+from tests.scratch import in_memory
 
 # Everything in the tests talks to 127.0.0.1; a proxy from the environment would
 # swallow that traffic (slack_sdk ignores NO_PROXY).
@@ -22,6 +23,8 @@ for _var in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_prox
     os.environ.pop(_var, None)
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("LITELLM_OFFLINE_MODE", "true")
+# Scratch files (tmp_path, tempfile, subprocesses' TMPDIR) in RAM: see tests/scratch.py.
+in_memory()
 
 
 @pytest.fixture

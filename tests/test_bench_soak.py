@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,6 +23,7 @@ def test_a_short_soak_samples_rss_and_prints_the_growth_and_the_index_share(
             "PATH": "/usr/bin:/bin",
             "HOME": str(tmp_path),
             "BENCH_DATA_ROOT": str(tmp_path),
+            "TMPDIR": tempfile.gettempdir(),  # the suite's scratch folder (tests/scratch.py)
             "BENCH_SOAK_MESSAGES": "100",
         },
         capture_output=True,

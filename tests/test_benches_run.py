@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,13 @@ def test_a_quick_bench_runs_and_prints_its_ratio(name: str, ratio: str, tmp_path
     done = subprocess.run(
         [sys.executable, "-m", "bench", name],
         cwd=ROOT,
-        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "BENCH_DATA_ROOT": str(tmp_path)},
+        env={
+            "PATH": "/usr/bin:/bin",
+            "HOME": str(tmp_path),
+            "BENCH_DATA_ROOT": str(tmp_path),
+            # the suite's scratch folder (tests/scratch.py), for the benches' own tempfiles
+            "TMPDIR": tempfile.gettempdir(),
+        },
         capture_output=True,
         text=True,
         timeout=120,

@@ -48,7 +48,7 @@ async def test_a_hanging_model_is_said_early_with_its_bound_then_given_up_cleanl
     is still waiting (before it times out), states the bound, and the answer that ends the
     task is clean."""
     llm.responder = lambda _body: Reply.hang(60)
-    s = settings_for(llm, port=free_port(), llm_timeout=3, llm_first_notice=0.2, llm_retries=1)
+    s = settings_for(llm, port=free_port(), llm_timeout=1.5, llm_first_notice=0.2, llm_retries=1)
     seen: list[dict[str, Any]] = []
     at_notice: dict[str, Any] = {}
     with capture_logs() as logs:
@@ -69,10 +69,10 @@ async def test_a_hanging_model_is_said_early_with_its_bound_then_given_up_cleanl
     statuses = [f["text"] for f in seen if f["type"] == "progress" and f["kind"] == "status"]
     # Told while the first attempt was still waiting, not after it timed out...
     assert at_notice["requests"] <= 1 and "llm.retry" not in at_notice["events"], statuses
-    # ...once, after 0.2 s of silence, with the bound: 2 attempts of 3 s + 0.01 s backoff.
+    # ...once, after 0.2 s of silence, with the bound: 2 attempts of 1.5 s + 0.01 s backoff.
     assert statuses == [
-        "The model has not answered for 0.2 s; I'll keep trying for up to 6 s in all "
-        "(2 attempts of up to 3 s each), then tell you…"
+        "The model has not answered for 0.2 s; I'll keep trying for up to 3 s in all "
+        "(2 attempts of up to 1.5 s each), then tell you…"
     ]
     # Given up after the stated attempts, and said so plainly.
     assert len(llm.requests) == 2

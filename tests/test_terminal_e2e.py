@@ -84,7 +84,8 @@ def test_interactive_chat_logs_to_a_file_not_the_terminal(
     llm_thread.reply_error(500, message="kaput")
     llm_thread.reply_text("All good after one retry.")
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEWARD_")}
-    env.update(make_env(tmp_path, llm_thread), TERM="xterm", COLUMNS="100")
+    # Wide enough that the banner's log path (under pytest's temp folder) is one line.
+    env.update(make_env(tmp_path, llm_thread), TERM="xterm", COLUMNS="200")
     log_file = tmp_path / "data" / "steward-chat.log"
     term = Terminal([STEWARD, "chat"], env, tmp_path)
     try:

@@ -241,10 +241,15 @@ class FakeSlack:
         return [r for r in self.requests if r.method == method]
 
     async def wait_for(self, predicate: Any, within: float = 3.0) -> None:
-        """Wait until ``predicate()`` is true; state changes wake the waiter."""
-        async with asyncio.timeout(within):
-            async with self._changed:
-                await self._changed.wait_for(predicate)
+        """Wait until ``predicate()`` is true; the fake's own state changes wake the
+        waiter at once. It also looks again every 50 ms: a predicate on something the fake
+        does not see (the scripted model's requests) would otherwise wait for the next
+        Slack event, seconds later or never."""
+        async with asyncio.timeout(within), self._changed:
+            while not predicate():
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(0.05):
+                        await self._changed.wait()
 
     async def wait_connected(self, connections: int = 1, within: float = 3.0) -> None:
         """Wait until ``connections`` sockets have been accepted and one is open."""
