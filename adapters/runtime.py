@@ -12,6 +12,7 @@ of what it handled) and, where it runs its own connection loop, a `Backoff`.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import ssl
 import time
@@ -86,6 +87,14 @@ class Health(ChannelHealth):
         self.set("stopped")
 
 
+#: While a webhook request is being parsed (adapters/webhook.py), the dispatches its
+#: events started: an SDK's listener (Slack's Bolt) hands them over itself, and the
+#: intake may have to wait for them before it answers.
+SPAWNED: contextvars.ContextVar[list[asyncio.Task[None]] | None] = contextvars.ContextVar(
+    "spawned", default=None
+)
+
+
 class Inflight(TaskSet):
     """The adapter's background dispatches: started without waiting (a webhook answers
     and an SDK callback returns at once), logged when they fail, cancelled on stop."""
@@ -96,11 +105,15 @@ class Inflight(TaskSet):
 
     def spawn(self, dispatch: Dispatch, event: Inbound) -> asyncio.Task[None]:
         """Hand `event` to Steward in the background."""
-        return self.keep(
+        task = self.keep(
             asyncio.get_running_loop().create_task(
                 self._dispatch(dispatch, event), name=f"{self.channel}:dispatch"
             )
         )
+        spawned = SPAWNED.get()
+        if spawned is not None:
+            spawned.append(task)
+        return task
 
     async def _dispatch(self, dispatch: Dispatch, event: Inbound) -> None:
         try:

@@ -24,6 +24,7 @@ address) and a JSON body `{"error": …}` (or the platform's own shape).
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -33,7 +34,7 @@ from typing import Any
 import structlog
 from aiohttp import web
 
-from adapters.runtime import Health, Inflight
+from adapters.runtime import SPAWNED, Health, Inflight
 from core.events import Dispatch, Inbound
 from core.recent import Recent
 
@@ -164,15 +165,32 @@ class Webhook:
             dispatch = self._ready()
             if dispatch is None:
                 raise Refused(503, "not_ready", "Steward is not ready")
+            spawned: list[asyncio.Task[None]] = []
+            collecting = SPAWNED.set(spawned)  # dispatches an SDK's listener starts itself
             try:
                 delivery = await _maybe(self._parse(headers, body))
             except (ValueError, TypeError, KeyError, AttributeError) as exc:
                 raise malformed(f"{type(exc).__name__}: {exc}"[:200]) from exc
+            finally:
+                SPAWNED.reset(collecting)
         except Refused as refused:
             self._log_refusal(refused, request)
             return json_response(self._error_body(refused.message), refused.status)
         self._health.heard()
         tasks = [self._start(item, dispatch) for item in delivery.items]
+        # How long to wait for the events to be handed over before answering: 0 (one
+        # process) answers at once and the work runs after. A cluster gateway's dispatch
+        # stores the event in JetStream and says how long to wait for that (its
+        # `settle`): a platform told 200 before the event is stored would never send it
+        # again if the gateway died. Not stored by then: 503, and the platform sends it
+        # again (a copy JetStream drops by its key if the first hand-over ends after all).
+        settle = float(getattr(dispatch, "settle", 0.0) or 0.0)
+        started = [t for t in tasks if t is not None] + spawned
+        if settle > 0 and started:
+            _done, waiting = await asyncio.wait(started, timeout=settle)
+            if waiting:
+                log.warning("webhook.not_stored", channel=self.channel, waiting=len(waiting))
+                return json_response(self._error_body("event not stored yet; send it again"), 503)
         answer = delivery.answer
         if answer is None:
             return json_response({})

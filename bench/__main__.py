@@ -33,6 +33,8 @@ BENCHES = {
     "webchat": "bench.webchat",
     "ablations": "bench.ablations",
     "local_model": "bench.local_model",  # skips, saying why, without steward[local]
+    "cluster": "bench.cluster",  # needs NATS (JetStream) and PostgreSQL on 127.0.0.1
+    "cluster_store": "bench.cluster_store",  # needs PostgreSQL on 127.0.0.1
 }
 
 

@@ -296,6 +296,10 @@ class App:
         #: Whether `start` arms the schedules' timers. Off for `steward chat -m` and piped
         #: chat: a one-shot exchange must not run (or print) a schedule's work.
         self.fire_schedules = True
+        #: Whether a channel's start asks about the tasks a previous run of this data dir
+        #: left unfinished (core/interrupted.py). Off for a cluster worker: there the
+        #: event's redelivery to another worker asks (bot/cluster/worker.py).
+        self.recover_interrupted = True
 
     def _build_sandbox(self) -> SandboxSetup:
         """Decided once, before anything runs: sandboxed, opted out, or fail-closed."""
@@ -859,7 +863,7 @@ class App:
         async with self._recovering:  # one channel's recovery at a time: they share records
             await self.approvals.recover(mine)
             await self.proactive.recover(await self.suggestions.recover(mine))
-            if self.dispatcher.interrupted is not None:  # always wired here; typed optional
+            if self.dispatcher.interrupted is not None and self.recover_interrupted:
                 await self.dispatcher.interrupted.recover(mine)
         try:  # what a previous run could not deliver on this channel goes out now
             await outbox.redeliver()

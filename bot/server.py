@@ -162,26 +162,8 @@ async def serve(
     web_channel = WebChannel(WebHistory(app.data_dir, scrub=redact), notice=app.notice)
     platforms = build_platforms(settings)
     runner = web.AppRunner(build_web_app(app, web_channel, platforms, login=login), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, settings.host, settings.port)
-    # Before the port opens: a SIGTERM as soon as the health check answers (a supervisor, a
-    # test) must stop the run cleanly, not kill it with the default action while channels
-    # still start (seen in CI: exit -15 between "web.started" and the handlers).
     stop = stop_event or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            loop.add_signal_handler(sig, stop.set)
-    try:
-        await site.start()
-    except OSError as exc:
-        await runner.cleanup()
-        if exc.errno == errno.EADDRINUSE:
-            raise ConfigError(
-                f"Port {settings.port} on {settings.host} is already in use (another Steward?). "
-                f"Stop it or set STEWARD_PORT to a free port."
-            ) from exc
-        raise ConfigError(f"Cannot listen on {settings.host}:{settings.port}: {exc}") from exc
+    site = await listen(runner, settings, stop)
     # Whatever ends the run (a signal, a failure, stderr gone), the App is stopped after
     # it: an App left running keeps its index's aiosqlite thread (not a daemon), and the
     # process never exits.
@@ -226,6 +208,31 @@ async def serve(
         finally:
             await runner.cleanup()
     return 0
+
+
+async def listen(runner: web.AppRunner, settings: Settings, stop: asyncio.Event) -> web.TCPSite:
+    """Open the port (`steward run` and a cluster gateway), SIGINT/SIGTERM setting `stop`.
+    A port in use is a ConfigError that says what to do."""
+    await runner.setup()
+    site = web.TCPSite(runner, settings.host, settings.port)
+    # Before the port opens: a SIGTERM as soon as the health check answers (a supervisor, a
+    # test) must stop the run cleanly, not kill it with the default action while channels
+    # still start (seen in CI: exit -15 between "web.started" and the handlers).
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        if exc.errno == errno.EADDRINUSE:
+            raise ConfigError(
+                f"Port {settings.port} on {settings.host} is already in use (another Steward?). "
+                f"Stop it or set STEWARD_PORT to a free port."
+            ) from exc
+        raise ConfigError(f"Cannot listen on {settings.host}:{settings.port}: {exc}") from exc
+    return site
 
 
 def _say(text: str) -> None:

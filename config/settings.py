@@ -121,6 +121,12 @@ class _CoreSettings(BaseModel):
     pairing_code_ttl: float = Field(gt=0)
     approvers: dict[str, list[str]]
     web_password: str = Field(repr=False)
+    #: The cluster (docs/cluster.md): NATS JetStream and PostgreSQL; both empty: one process.
+    cluster_url: str = Field(repr=False)
+    database_url: str = Field(repr=False)
+    worker_id: str
+    cluster_name: str
+    worker_tasks: int = Field(ge=1, le=1000)
     embedding_model: str
     recall_limit: int = Field(ge=0, le=50)
     recall_budget: int = Field(ge=0)

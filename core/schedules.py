@@ -450,6 +450,10 @@ class Deps:
     #: Sees each run's progress, like the dispatcher's monitor (core/activity.Activity's
     #: `observe`: the dashboard's Now page): (channel, conversation, user, request, event).
     monitor: Callable[..., None] | None = None
+    #: In a cluster, asked before a due time runs: True for exactly one process of the
+    #: cluster per (kind, schedule id, due time) (memory/cluster's `claim_run`). None in
+    #: one process, where the data-dir lock already makes this process the only one.
+    claim: Callable[[str, str, str], Awaitable[bool]] | None = None
 
 
 @dataclass(slots=True)
@@ -496,6 +500,35 @@ class Scheduler:
 
     def now(self) -> datetime:
         return self.clock.utcnow()
+
+    async def refresh(self) -> int:
+        """Bring the schedules in memory up to their files, which another process changed:
+        in a cluster, a worker that is not running the timers added, paused or deleted one
+        and the data-dir mirror wrote its file here. A schedule running here keeps its
+        copy (its run writes the file when it ends). Arms what changed when started.
+        Returns how many schedules changed."""
+        found, problems = await asyncio.to_thread(self.store.load)
+        on_disk = {s.id: s for s in found}
+        changed = 0
+        for sid in list(self.schedules):
+            if sid not in on_disk and self.schedules[sid].running is None:
+                cancel = self._timers.pop(sid, None)
+                if cancel is not None:
+                    cancel()
+                del self.schedules[sid]
+                changed += 1
+        for sid, s in on_disk.items():
+            mine = self.schedules.get(sid)
+            if mine is not None and (mine.running is not None or mine == s):
+                continue
+            self.schedules[sid] = s
+            changed += 1
+            if s.running is None:
+                self._arm(s)  # disarms the old timer; arms only once started
+        self.problems = problems
+        if changed:
+            log.info("schedule.refreshed", changed=changed)
+        return changed
 
     async def start(self) -> None:
         """Read the files, settle what was missed or cut off while Steward was down (one
@@ -621,6 +654,14 @@ class Scheduler:
             if s.running is not None:  # the last run is still going: this one coalesces
                 s.next_run = iso(self.next_after(s, now))
                 await self.store.save(s)
+                self._arm(s)
+                return
+            claim = self.deps.claim
+            due_at = s.next_run or iso(now) or ""
+            if claim is not None and not await claim("schedule", sid, due_at):
+                # Another process of the cluster runs this due time: only move on here.
+                log.info("schedule.claimed_elsewhere", schedule=sid, due=s.next_run)
+                s.next_run = iso(self.next_after(s, now))
                 self._arm(s)
                 return
             self._roll_day(s, now)

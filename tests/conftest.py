@@ -17,6 +17,9 @@ from config.settings import Settings, load_settings
 from tests.fakes.llm import ScriptedLLM
 from tests.scratch import in_memory
 
+# postgres_url, nats_url, cluster_prefix: the cluster's real services (tests/services.py).
+pytest_plugins = ["tests.services"]
+
 # Everything in the tests talks to 127.0.0.1; a proxy from the environment would
 # swallow that traffic (slack_sdk ignores NO_PROXY).
 for _var in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):

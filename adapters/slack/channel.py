@@ -206,6 +206,10 @@ class SlackChannel(ChannelDefaults):
             # Our own messages must reach _on_event (which ignores them) so that their
             # echo proves inbound events still arrive (the channel layer's deaf check).
             ignoring_self_events_enabled=False,
+            # The listeners (ack, parse, hand over) run before Bolt answers: they are quick,
+            # and the webhook intake then knows the dispatches a request started (a cluster
+            # gateway answers only once they have stored their events).
+            process_before_response=True,
             logger=logging.getLogger("adapters.slack.bolt"),
         )
         self._register()

@@ -26,7 +26,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
-    sub.add_parser("run", help="start every configured channel and the local web chat")
+    run = sub.add_parser("run", help="start every configured channel and the local web chat")
+    run.add_argument(
+        "--role",
+        choices=["all", "gateway", "worker"],
+        default="all",
+        help="all: one process (the default); in a cluster (docs/cluster.md), gateway: the "
+        "platform connections and the web chat, worker: the agent and its tools "
+        "(both need STEWARD_CLUSTER_URL and STEWARD_DATABASE_URL)",
+    )
 
     chat = sub.add_parser(
         "chat",
@@ -100,6 +108,10 @@ def _parser() -> argparse.ArgumentParser:
     from bot.cli.usage import add_usage_parser  # light: argparse only
 
     add_usage_parser(sub)
+
+    from bot.cli.export import add_export_parser  # light: argparse only
+
+    add_export_parser(sub)
 
     login = sub.add_parser(
         "login",
@@ -227,10 +239,23 @@ def _dispatch(args: argparse.Namespace, settings: Any, parser: argparse.Argument
     import asyncio
 
     if args.command == "run":
-        from bot.server import serve
         from bot.startup.malloc import single_arena
 
         single_arena()  # before any thread starts (bot/startup/malloc.py)
+        if args.role == "gateway":
+            from bot.cluster.gateway import serve_gateway
+            from bot.cluster.nats import check_role_settings
+
+            check_role_settings(settings, "gateway")
+            return asyncio.run(serve_gateway(settings))
+        if args.role == "worker":
+            from bot.cluster.nats import check_role_settings
+            from bot.cluster.worker import serve_worker
+
+            check_role_settings(settings, "worker")
+            return asyncio.run(serve_worker(settings))
+        from bot.server import serve
+
         return asyncio.run(serve(settings))
     if args.command == "chat":
         mode = _chat_mode(args)
@@ -303,6 +328,10 @@ def _dispatch(args: argparse.Namespace, settings: Any, parser: argparse.Argument
         from bot.cli.usage import usage_command
 
         return usage_command(settings, args)
+    if args.command in ("export", "import"):
+        from bot.cli.export import transfer_command
+
+        return transfer_command(settings, args)
     parser.print_help()
     return EXIT_FAIL
 

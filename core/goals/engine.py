@@ -342,6 +342,32 @@ class GoalEngine:
                 self._kick(g.id)
         self._arm_progress()
 
+    async def refresh(self) -> int:
+        """Bring goals in memory up to their files, which another process changed: in a
+        cluster, a worker not running the timers added a goal, or paused, resumed or
+        stopped one, and the data-dir mirror wrote the files here. A goal whose step is
+        running or queued here keeps its copy. Goes on with what became active, once
+        started. Returns how many goals changed."""
+        goals, tasks, _problems = await asyncio.to_thread(self.queue.read)
+        busy = set(self._running) | self._submitted
+        changed = 0
+        for gid, g in goals.items():
+            mine = self.queue.goals.get(gid)
+            if gid in busy or (mine is not None and mine == g):
+                continue
+            self.queue.goals[gid] = g
+            for tid, t in tasks.items():
+                if t.goal == gid:
+                    self.queue.tasks[tid] = t
+            changed += 1
+            self._changed(g)
+            if g.state == ACTIVE:
+                self._kick(gid)
+        if changed:
+            log.info("goal.refreshed", changed=changed)
+            self._arm_progress()
+        return changed
+
     async def _settle(self) -> None:
         for t in list(self.queue.tasks.values()):
             if t.state not in (RUNNING, WAITING):

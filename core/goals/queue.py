@@ -266,7 +266,15 @@ class GoalQueue:
 
     # ── reading ──
     def load(self) -> None:
-        self.goals, self.tasks, self.problems = {}, {}, []
+        self.goals, self.tasks, self.problems = self.read()
+        self.spend = self._read_spend()
+
+    def read(self) -> tuple[dict[str, Goal], dict[str, GoalTask], list[str]]:
+        """Every readable goal and task as the files are now, and a line per broken file
+        (`load` keeps them; a cluster's timers compare them with memory: `refresh`)."""
+        goals: dict[str, Goal] = {}
+        tasks: dict[str, GoalTask] = {}
+        problems: list[str] = []
         gdir, tdir = self.data_dir / GOALS, self.data_dir / TASKS
         for path in sorted(gdir.glob("g*.md"), key=lambda p: _goal_order(p.stem)):
             if not _GOAL_ID.match(path.stem):
@@ -274,19 +282,19 @@ class GoalQueue:
             try:
                 meta, body = parse(path.read_text(encoding="utf-8"), path)
                 g = goal_from(meta, body)
-                self.goals[g.id] = g
+                goals[g.id] = g
             except (OSError, ValueError, TypeError) as exc:
                 log.warning("goals.malformed", path=str(path), error=str(exc))
-                self.problems.append(f"{path}: {exc}")
+                problems.append(f"{path}: {exc}")
         for path in sorted(tdir.glob("g*-t*.md"), key=lambda p: _task_order(p.stem)):
             try:
                 meta, body = parse(path.read_text(encoding="utf-8"), path)
                 t = task_from(meta, body)
-                self.tasks[t.id] = t
+                tasks[t.id] = t
             except (OSError, ValueError, TypeError) as exc:
                 log.warning("goals.task_malformed", path=str(path), error=str(exc))
-                self.problems.append(f"{path}: {exc}")
-        self.spend = self._read_spend()
+                problems.append(f"{path}: {exc}")
+        return goals, tasks, problems
 
     def reread_goal(self, gid: str) -> Goal | None:
         """The goal's file as it is now (a person may have edited the text)."""
