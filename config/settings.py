@@ -127,6 +127,7 @@ class _CoreSettings(BaseModel):
     worker_id: str
     cluster_name: str
     worker_tasks: int = Field(ge=1, le=1000)
+    cluster_ack_wait: float = Field(ge=3, le=3600)
     embedding_model: str
     recall_limit: int = Field(ge=0, le=50)
     recall_budget: int = Field(ge=0)

@@ -339,7 +339,11 @@ async def test_a_worker_killed_mid_task_is_asked_about_on_another(cluster: Clust
     another worker, which finds it begun and asks "Run it again?" (never re-runs it)."""
     import signal
 
-    first = Proc(worker_env(cluster, "wa"), cluster.tmp / "wa")
+    # A short ack_wait (the first worker sets it on the consumer): the question comes
+    # that long after the kill, and the heartbeats (every third of it) keep the event
+    # with the first worker while it lives.
+    fast = {"STEWARD_CLUSTER_ACK_WAIT": "4"}
+    first = Proc({**worker_env(cluster, "wa"), **fast}, cluster.tmp / "wa")
     second: Proc | None = None
     try:
         await eventually(lambda: first.logged("cluster.worker_ready"), "worker a", within=60)
@@ -348,9 +352,9 @@ async def test_a_worker_killed_mid_task_is_asked_about_on_another(cluster: Clust
         await eventually(lambda: cluster.llm.requests, "the task to reach the model", within=30)
         first.proc.send_signal(signal.SIGKILL)
         first.proc.wait(10)
-        second = Proc(worker_env(cluster, "wb"), cluster.tmp / "wb")
+        second = Proc({**worker_env(cluster, "wb"), **fast}, cluster.tmp / "wb")
         await eventually(lambda: second.logged("cluster.worker_ready"), "worker b", within=60)
-        # ack_wait (30 s) after the last heartbeat of the killed worker
+        # ack_wait after the last heartbeat of the killed worker
         [asked] = await eventually(
             lambda: cluster.said("Run it again?"), "the question on worker b", within=90
         )

@@ -35,7 +35,7 @@ from bot.cluster.nats import Names, check_role_settings, connect, ensure_streams
 from bot.cluster.owners import OwnerLease, exclusive
 from config.settings import ConfigError, Settings
 from core.backoff import backoff_delay
-from core.events import Channel, ChannelHealth, DeliveryError, Inbound, MessageRef
+from core.events import Channel, ChannelHealth, DeliveryError, Inbound, Message, MessageRef
 
 log = structlog.get_logger("steward.cluster")
 
@@ -52,6 +52,11 @@ PUBLISH_FOR = 300.0
 #: A webhook waits this long for its event to be stored before it answers (Slack gives up
 #: on a request after 3 s, and retries).
 STORE_BEFORE_ANSWER = 2.5
+#: What a person hears when their message cannot be handed to the workers yet.
+WAITING_NOTE = (
+    "Steward's task queue can't be reached right now, so your message waits. It will be "
+    "answered once the queue is back; no need to send it again."
+)
 
 
 def process_id() -> str:
@@ -71,15 +76,38 @@ class Gateway:
         self._subs: dict[str, Any] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self.published = 0
+        #: Conversations told that their message waits for NATS, since the last event
+        #: stored (each is told once an outage).
+        self._told: set[str] = set()
 
     async def open(self) -> None:
         self.sent = await self.js.key_value(self.names.sent_bucket)
 
     # ── inbound ─────────────────────────────────────────────────────────────
     def dispatcher_for(self, adapter: Channel) -> Any:
-        return _Publish(self)
+        return _Publish(self, adapter)
 
-    async def publish(self, event: Inbound) -> None:
+    def _tell_waiting(self, event: Inbound, adapter: Channel | None) -> None:
+        """A message that cannot be stored yet: its person hears so once an outage (the
+        adapter's own send, in the background), not silence until NATS is back."""
+        if adapter is None or not isinstance(event, Message):
+            return
+        where = f"{event.channel}:{event.conversation}"
+        if where in self._told:
+            return
+        self._told.add(where)
+
+        async def tell() -> None:
+            try:
+                await adapter.send(event.conversation, WAITING_NOTE, thread=event.thread)
+            except Exception as exc:  # the platform unreachable too: the message still waits
+                log.warning("cluster.waiting_note_failed", channel=event.channel, error=str(exc))
+
+        task = asyncio.create_task(tell(), name="cluster:waiting-note")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def publish(self, event: Inbound, adapter: Channel | None = None) -> None:
         """Store the event in JetStream, retrying while NATS is unreachable; JetStream
         drops a copy whose key it saw in the last 10 minutes."""
         from nats.errors import Error as NatsError
@@ -100,8 +128,10 @@ class Gateway:
                     raise
                 delay = backoff_delay(attempt, 0.2, 5.0)
                 log.warning("cluster.publish_retry", key=key, attempt=attempt, wait_s=delay)
+                self._tell_waiting(event, adapter)
                 await asyncio.sleep(delay)
         self.published += 1
+        self._told.clear()
         log.info(
             "cluster.event_published",
             key=key,
@@ -249,11 +279,12 @@ class _Publish:
 
     settle = STORE_BEFORE_ANSWER
 
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: Gateway, adapter: Channel) -> None:
         self.gateway = gateway
+        self.adapter = adapter
 
     async def __call__(self, event: Inbound) -> None:
-        await self.gateway.publish(event)
+        await self.gateway.publish(event, self.adapter)
 
 
 async def serve_gateway(

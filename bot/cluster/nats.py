@@ -175,9 +175,13 @@ def _shown(url: str) -> str:
     return redact_shown(url)
 
 
-async def ensure_streams(nc: Any, names: Names, *, ack_wait: float = ACK_WAIT) -> Any:
+async def ensure_streams(
+    nc: Any, names: Names, *, ack_wait: float = ACK_WAIT, update: bool = False
+) -> Any:
     """Declare the events stream, the workers' consumer and the two KV buckets (each
-    only if missing); returns the JetStream context. JetStream off is said plainly."""
+    only if missing); returns the JetStream context. JetStream off is said plainly.
+    `update` (a worker, whose `cluster_ack_wait` decides): an existing consumer with
+    another ack_wait gets this one (JetStream edits it in place)."""
     from nats.js import api
     from nats.js.errors import APIError, BadRequestError, NotFoundError, ServiceUnavailableError
 
@@ -194,20 +198,21 @@ async def ensure_streams(nc: Any, names: Names, *, ack_wait: float = ACK_WAIT) -
             await js.stream_info(names.stream)
         except NotFoundError:
             await js.add_stream(stream)
+        consumer = api.ConsumerConfig(
+            durable_name=names.consumer,
+            ack_policy=api.AckPolicy.EXPLICIT,
+            ack_wait=ack_wait,
+            max_deliver=-1,
+            deliver_policy=api.DeliverPolicy.ALL,
+            filter_subject=names.events,
+        )
         try:
-            await js.consumer_info(names.stream, names.consumer)
+            info = await js.consumer_info(names.stream, names.consumer)
         except NotFoundError:
-            await js.add_consumer(
-                names.stream,
-                api.ConsumerConfig(
-                    durable_name=names.consumer,
-                    ack_policy=api.AckPolicy.EXPLICIT,
-                    ack_wait=ack_wait,
-                    max_deliver=-1,
-                    deliver_policy=api.DeliverPolicy.ALL,
-                    filter_subject=names.events,
-                ),
-            )
+            await js.add_consumer(names.stream, consumer)
+        else:
+            if update and info.config.ack_wait != ack_wait:
+                await js.add_consumer(names.stream, consumer)
         for bucket, ttl in ((names.sent_bucket, SENT_TTL), (names.owners_bucket, OWNER_TTL)):
             try:
                 await js.key_value(bucket)

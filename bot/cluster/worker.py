@@ -614,8 +614,8 @@ async def serve_worker(
     *,
     stop_event: asyncio.Event | None = None,
     clock: Clock | None = None,
-    ack_wait: float = ACK_WAIT,
-    heartbeat: float = HEARTBEAT_EVERY,
+    ack_wait: float | None = None,
+    heartbeat: float | None = None,
     max_in_flight: int | None = None,
     on_ready: Callable[[Worker], None] | None = None,
 ) -> int:
@@ -634,7 +634,11 @@ async def serve_worker(
     mirror: Any = None
     try:
         nc = await connect(settings.cluster_url, name=f"steward-worker-{worker_id}")
-        js = await ensure_streams(nc, names, ack_wait=ack_wait)
+        # `cluster_ack_wait`: how long a silent worker keeps its events; it says it is
+        # alive every third of that (HEARTBEAT_EVERY of ACK_WAIT by default).
+        wait = settings.cluster_ack_wait if ack_wait is None else ack_wait
+        beat = wait * HEARTBEAT_EVERY / ACK_WAIT if heartbeat is None else heartbeat
+        js = await ensure_streams(nc, names, ack_wait=wait, update=True)
         mirror = await start_mirror(store, settings, lambda: app)
         app = App(settings, clock=clock, subcommand="worker")
         # The journal's "run it again?" is the cluster's (claim_event), asked by the
@@ -664,7 +668,7 @@ async def serve_worker(
             worker_id,
             {o.name: o for o in outboxes},
             {r.name: r for r in remotes},
-            heartbeat=heartbeat,
+            heartbeat=beat,
             max_in_flight=settings.worker_tasks if max_in_flight is None else max_in_flight,
         )
         await worker.start()
