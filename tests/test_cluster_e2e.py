@@ -308,8 +308,14 @@ def check_postgres_away_for_a_while(run: Run) -> None:
         run.chats.slack.run(run.postgres.restore())
     _wait_settled(run, convs, "every conversation answered once PostgreSQL was back", 90)
     said = _said(run)
-    wrong = [(c.text, _posts(run, c, said)) for c in convs if len(_posts(run, c, said)) != 1]
+    posts = {c.text: _posts(run, c, said) for c in convs}
+    wrong = [(c.text, posts[c.text]) for c in convs if _answers(posts[c.text], c) != 1]
     assert not wrong, f"not answered exactly once: {wrong[:5]}"
+    # While it waited, its person heard so: once, whichever workers got the event meanwhile.
+    notes = [sum("store can't be reached" in p for p in posts[c.text]) for c in convs]
+    assert max(notes) == 1 and sum(notes) >= 1, notes
+    extra = [p for c, n in zip(convs, notes, strict=True) if len(p := posts[c.text]) != 1 + n]
+    assert not extra, f"posted more than the answer and the note: {extra[:5]}"
 
 
 CHECKS: list[Callable[[Run], None]] = [

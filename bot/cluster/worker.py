@@ -64,6 +64,11 @@ PRESS_ASK = 0.5
 LEASE_RETRY = 1.0
 #: PostgreSQL unreachable: the event comes back after this long.
 STORE_RETRY = 2.0
+#: What a person hears when their message waits for PostgreSQL.
+STORE_NOTE = (
+    "Steward's shared store can't be reached right now, so your message waits. It will be "
+    "answered once the store is back; no need to send it again."
+)
 #: Events one worker handles at once when the caller does not say (`worker_tasks`
 #: decides for `steward run --role worker`).
 MAX_IN_FLIGHT = 64
@@ -277,8 +282,7 @@ class Worker:
         try:
             leased = not task or await self._lease(conversation)
         except Exception as exc:  # PostgreSQL unreachable: the event comes back later
-            log.warning("cluster.store_unavailable", key=key, error=str(exc)[:200])
-            await _nak(msg, STORE_RETRY)
+            await self._store_down(event, key, channel, msg, exc)
             return
         if not leased:
             if msg is None:
@@ -302,8 +306,7 @@ class Worker:
             try:
                 state, stored = await self.store.claim_event(key, record)
             except Exception as exc:
-                log.warning("cluster.store_unavailable", key=key, error=str(exc)[:200])
-                await _nak(msg, STORE_RETRY)
+                await self._store_down(event, key, channel, msg, exc)
                 return
             if state == "done":
                 log.info("cluster.duplicate", key=key, state=state)
@@ -363,6 +366,24 @@ class Worker:
 
     def _cut_off(self) -> bool:
         return self.stopping or bool(getattr(self.app.journal, "stopping", False))
+
+    async def _store_down(
+        self, event: Message, key: str, channel: Channel, msg: Any, exc: BaseException
+    ) -> None:
+        """PostgreSQL unreachable: the event goes back to JetStream and comes again, and
+        its person hears once that it waits. The note's outbound key is the event's, so
+        whichever workers get the event meanwhile, the gateways post it once."""
+        log.warning("cluster.store_unavailable", key=key, error=str(exc)[:200])
+        await _nak(msg, STORE_RETRY)
+        if msg is None or not event.text.strip() or event.text.strip().startswith("/"):
+            return
+        token = CURRENT.set(OutboundKeys(key + ":waits"))
+        try:
+            await channel.send(event.conversation, STORE_NOTE, thread=event.thread)
+        except Exception as note_exc:  # kept by the Outbox, or the platform is away too
+            log.warning("cluster.store_note_failed", key=key, error=str(note_exc)[:200])
+        finally:
+            CURRENT.reset(token)
 
     async def _lease(self, conversation: str) -> bool:
         async with self._lease_lock:
