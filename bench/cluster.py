@@ -114,18 +114,10 @@ def _services_cpu() -> float:
 @contextlib.contextmanager
 def _database() -> Iterator[str]:
     """A database of the bench's own, dropped after (its sessions cut off)."""
-    import psycopg
+    from tests.services import new_database
 
-    from tests.services import with_database
-
-    name = f"steward_bench_cluster_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield with_database(ADMIN_URL, name)
-    finally:
-        with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with new_database("steward_bench_cluster", ADMIN_URL) as url:
+        yield url
 
 
 async def _drop_streams(prefix: str) -> None:

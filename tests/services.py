@@ -109,12 +109,13 @@ def require_postgres() -> str:
 
 
 @contextlib.contextmanager
-def new_database(prefix: str = "steward_test") -> Iterator[str]:
+def new_database(prefix: str = "steward_test", admin: str = "") -> Iterator[str]:
     """A fresh, empty database for the duration of the block; its URL. Dropped after,
-    with any sessions still connected (a killed subprocess's) cut off."""
+    with any sessions still connected (a killed subprocess's) cut off. `admin`: the
+    server's admin URL (a bench's); default the tests' own, checked first."""
     import psycopg
 
-    admin = require_postgres()
+    admin = admin or require_postgres()
     name = f"{prefix}_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
