@@ -51,3 +51,22 @@ async def test_a_schedule_fires_once_per_due_time_and_survives_its_leader(
     before = len(cluster.said("tick number"))
     await eventually(lambda: other.timers.leading, "the other worker to take over", 30)
     await eventually(lambda: len(cluster.said("tick number")) > before, "a run after", 30)
+
+
+async def test_a_goal_made_through_any_worker_runs_once_on_the_leader(cluster: Cluster) -> None:
+    from tests.fakes.goal_model import GoalModel
+
+    model = GoalModel(sections=3)
+    cluster.llm.responder = model
+    w1 = await cluster.start_worker("w1")
+    w2 = await cluster.start_worker("w2")
+    await eventually(lambda: w1.timers.leading or w2.timers.leading, "a timers leader")
+    await cluster.post(cluster.fake.dm(DM, ALICE, "/goal write a three-section guide"))
+    reports = await eventually(lambda: cluster.said("Goal g1 ended"), "the goal's end", 60)
+    assert len(reports) == 1, [r["text"] for r in reports]
+    assert "done" in reports[0]["text"], reports[0]["text"]
+    # Each section written once: one worker ran the goal's steps, never two.
+    assert model.effects == {1: 1, 2: 1, 3: 1}
+    await asyncio.sleep(1.0)  # a few refresh rounds: nothing runs it again
+    assert len(cluster.said("Goal g1 ended")) == 1
+    assert model.effects == {1: 1, 2: 1, 3: 1}
