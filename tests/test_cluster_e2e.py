@@ -223,8 +223,13 @@ def check_worker_killed_mid_load(run: Run) -> None:
         if _answers(posts, conv) > 1 or _asked(posts) > 1:
             bad.append((conv.text, posts))
     assert not bad, f"answered or asked more than once: {bad[:5]}"
-    asked = [r for _n, r in run.cluster.events("cluster.task_interrupted") if r.get("by")]
-    assert asked, "the dead worker's tasks were never asked about again"
+
+    def asked_logged() -> list[dict[str, Any]]:
+        return [r for _n, r in run.cluster.events("cluster.task_interrupted") if r.get("by")]
+
+    # A question's log line trails its post (each process's stderr is read by a thread).
+    wait_until(asked_logged, "the dead worker's tasks asked about again (log)", 15)
+    asked = asked_logged()
     assert {r["by"] for r in asked} == {victim.name}, asked
     n_asked = sum(1 for c in convs if _asked(_posts(run, c, said)))
     assert n_asked <= started, f"{n_asked} questions for {started} tasks the dead worker had"
