@@ -8,6 +8,7 @@ import errno
 import ipaddress
 import signal
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import structlog
@@ -62,20 +63,6 @@ def build_web_app(
             f"beyond this machine with only the login URL's token. Set STEWARD_WEB_PASSWORD "
             f"too, or keep STEWARD_HOST=127.0.0.1."
         )
-    public: set[web.AbstractResource] = set()
-
-    def is_public(request: web.Request) -> bool:
-        return request.match_info.route.resource in public
-
-    server = web.Application(client_max_size=1024 * 1024, middlewares=[login.middleware(is_public)])
-    web_channel.add_routes(server)
-    Dashboard(app).add_routes(server)  # behind the same login as the web chat
-    private = set(server.router.resources())
-    for adapter in platforms or []:
-        add_routes = getattr(adapter, "add_routes", None)
-        if add_routes is not None:  # webhook platforms (Slack HTTP mode, …)
-            add_routes(server)
-    public.update(r for r in server.router.resources() if r not in private)
 
     async def healthz(_request: web.Request) -> web.Response:
         # No login here: nothing shown may carry a secret (a URL's password or token).
@@ -103,6 +90,36 @@ def build_web_app(
             status=503 if starting else 200,
         )
 
+    # The dashboard sits behind the same login as the web chat.
+    return mount(web_channel, platforms or [], login, healthz, behind_login=[Dashboard(app)])
+
+
+def mount(
+    web_channel: Channel,
+    platforms: list[Channel],
+    login: WebLogin,
+    healthz: Any,
+    *,
+    behind_login: Sequence[Any] = (),
+) -> web.Application:
+    """The one HTTP server of `steward run` and of a cluster gateway: the web chat and
+    `behind_login` (each has `add_routes`) behind the login; the platforms' webhooks
+    (each verifies its own signature) and `/healthz` outside it."""
+    public: set[web.AbstractResource] = set()
+
+    def is_public(request: web.Request) -> bool:
+        return request.match_info.route.resource in public
+
+    server = web.Application(client_max_size=1024 * 1024, middlewares=[login.middleware(is_public)])
+    web_channel.add_routes(server)  # type: ignore[attr-defined]
+    for part in behind_login:
+        part.add_routes(server)
+    private = set(server.router.resources())
+    for adapter in platforms:
+        add_routes = getattr(adapter, "add_routes", None)
+        if add_routes is not None:  # webhook platforms (Slack HTTP mode, …)
+            add_routes(server)
+    public.update(r for r in server.router.resources() if r not in private)
     public.add(server.router.add_get("/healthz", healthz).resource)  # type: ignore[arg-type]
     return server
 

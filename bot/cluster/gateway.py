@@ -251,27 +251,6 @@ class Gateway:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
-def _gateway_web_app(
-    web_channel: Channel, platforms: list[Channel], health: Any, login: Any
-) -> web.Application:
-    """The web chat behind the login; the webhooks and /healthz outside it."""
-    public: set[web.AbstractResource] = set()
-
-    def is_public(request: web.Request) -> bool:
-        return request.match_info.route.resource in public
-
-    server = web.Application(client_max_size=1024 * 1024, middlewares=[login.middleware(is_public)])
-    web_channel.add_routes(server)  # type: ignore[attr-defined]
-    private = set(server.router.resources())
-    for adapter in platforms:
-        add_routes = getattr(adapter, "add_routes", None)
-        if add_routes is not None:
-            add_routes(server)
-    public.update(r for r in server.router.resources() if r not in private)
-    public.add(server.router.add_get("/healthz", health).resource)  # type: ignore[arg-type]
-    return server
-
-
 class _Publish:
     """A gateway adapter's dispatch: stores each event in JetStream. Its `settle` tells
     the shared webhook intake (adapters/webhook.py) to answer the platform only once the
@@ -298,7 +277,7 @@ async def serve_gateway(
     from adapters.web import WebChannel
     from adapters.web_login import WebLogin
     from bot.app import ensure_dir
-    from bot.server import build_platforms, is_loopback, listen
+    from bot.server import build_platforms, is_loopback, listen, mount
     from memory.login_token import TokenError, load_or_create_token
     from memory.redact import redact, redact_shown
     from memory.web_history import WebHistory
@@ -355,9 +334,7 @@ async def serve_gateway(
                 status=200 if state["ready"] else 503,
             )
 
-        runner = web.AppRunner(
-            _gateway_web_app(web_channel, platforms, healthz, login), access_log=None
-        )
+        runner = web.AppRunner(mount(web_channel, platforms, login, healthz), access_log=None)
         stop = stop_event or asyncio.Event()
         site = await listen(runner, settings, stop)
         gw = gateway
