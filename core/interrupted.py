@@ -313,7 +313,7 @@ class Interrupted:
                 await self.after_episode(path)
             except Exception:  # the file is the truth; the index can be rebuilt
                 log.warning("episode.index_failed", episode=tid, exc_info=True)
-        self._open[tid] = (record, channel, ref)
+        self.keep_open(tid, record, channel, ref)
         log.info(
             "task.interrupted",
             task_id=tid,
@@ -322,6 +322,18 @@ class Interrupted:
             tools=len(record.get("tools") or []),
         )
         return True
+
+    def is_open(self, ident: str) -> bool:
+        """Whether the question `ident` waits for an answer in this process (in a
+        cluster, a press of its buttons goes to the worker where this is true)."""
+        return ident in self._open
+
+    def keep_open(
+        self, tid: str, record: dict[str, Any], channel: Channel, ref: MessageRef | None
+    ) -> None:
+        """A "run it again?" question asked elsewhere (a cluster worker asking about a task
+        another worker began) is answered here like one this process asked."""
+        self._open[tid] = (record, channel, ref)
 
     async def answer(self, value: str, user: str) -> Answer:
         """A press of [Run it again] or [Drop it]; only the person who asked decides."""

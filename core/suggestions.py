@@ -51,6 +51,11 @@ class Suggestions:
         #: Offers a previous run left open whose channel has not started yet (None: unread).
         self._left_open: list[dict[str, Any]] | None = None
 
+    def is_open(self, ident: str) -> bool:
+        """Whether the question `ident` waits for an answer in this process (in a
+        cluster, a press of its buttons goes to the worker where this is true)."""
+        return ident in self._open
+
     def _path(self, sid: str) -> Path:
         return self.store.path(sid)
 

@@ -436,7 +436,7 @@ class Worker:
             CURRENT.reset(token)
         if interrupted is not None:
             # The same open question Interrupted.recover keeps, so its `answer` decides it.
-            interrupted._open[tid] = (record, channel, ref)
+            interrupted.keep_open(tid, record, channel, ref)
         log.info(
             "cluster.task_interrupted",
             key=key,
@@ -454,7 +454,7 @@ class Worker:
         # "Run it again?" questions and offers of help: open in the memory of the worker
         # that asked (core/interrupted.py, core/suggestions.py keep them by id).
         for keeper in (self.dispatcher.interrupted, self.app.suggestions):
-            if keeper is not None and ident in getattr(keeper, "_open", {}):
+            if keeper is not None and keeper.is_open(ident):
                 return True
         return False
 
