@@ -74,8 +74,10 @@ class Cluster:
     def names(self) -> Names:
         return Names(self.prefix)
 
-    def settings(self, name: str) -> Settings:
-        env = make_env(
+    def env(self, name: str) -> dict[str, str]:
+        """The environment of process `name` (its own data dir and workspace)."""
+        (self.tmp / name).mkdir(parents=True, exist_ok=True)
+        return make_env(
             self.tmp / name,
             self.llm,
             slack_bot_token=self.fake.bot_token,
@@ -89,8 +91,9 @@ class Cluster:
             delivery_backoff="0.05",
             **self.extra,
         )
-        (self.tmp / name).mkdir(parents=True, exist_ok=True)
-        return load_settings(env=env, cwd=self.tmp / name)
+
+    def settings(self, name: str) -> Settings:
+        return load_settings(env=self.env(name), cwd=self.tmp / name)
 
     async def _run(self, work: Callable[[asyncio.Event], Any], ready: asyncio.Event) -> None:
         stop = asyncio.Event()
@@ -316,21 +319,8 @@ class Proc:
 
 
 def worker_env(cluster: Cluster, name: str) -> dict[str, str]:
-    env = make_env(
-        cluster.tmp / name,
-        cluster.llm,
-        slack_bot_token=cluster.fake.bot_token,
-        slack_signing_secret=cluster.fake.signing_secret,
-        slack_api_url=cluster.fake.base_url,
-        slack_allowed_users=ALICE,
-        cluster_url=cluster.nats_url,
-        database_url=cluster.postgres_url,
-        cluster_name=cluster.prefix,
-        worker_id=name,
-    )
-    env["STEWARD_LOG_FORMAT"] = "json"
-    (cluster.tmp / name).mkdir(parents=True, exist_ok=True)
-    return env
+    """A worker subprocess's environment: the in-process ones' with JSON logs."""
+    return {**cluster.env(name), "STEWARD_LOG_FORMAT": "json"}
 
 
 @pytest.mark.timeout(180)
