@@ -14,8 +14,9 @@ system call and a disk write; under load most writes of a batch land in one fold
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
-import tempfile
+import random
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,23 +25,63 @@ from pathlib import Path
 _grouped = threading.local()
 
 
+#: Permissions of a new file (the temp file's, as `tempfile.mkstemp` makes them).
+_NEW_MODE = 0o600
+_NEW_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+#: Temp file names (as `tempfile`'s: O_EXCL, not the name, keeps a file from being taken).
+_names = random.Random()
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    """Write `data` to `path` atomically and durably (see the module docstring).
+
+    In plain system calls, about half as many as through `tempfile` and a file object
+    (~0.1-0.15 ms of CPU a write on this project's test VM, every episode and
+    conversation save): the folder is made only when the temp file cannot be created
+    for want of it; a replaced file's permissions are copied only when they are not
+    the temp file's own 0600."""
+    folder = path.parent
+    tmp, fd = _temp_file(folder, path.name)
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        if path.exists():
+        try:
+            view = memoryview(data)
+            while view:
+                count = os.write(fd, view)
+                if count <= 0:  # never for a file that has room; no endless loop if it were
+                    raise OSError(errno.ENOSPC, "short write", tmp)
+                view = view[count:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            mode = os.stat(path).st_mode & 0o7777
+        except OSError:  # a new file (or unreadable: keep the temp file's own mode)
+            mode = _NEW_MODE
+        if mode != _NEW_MODE:
             with contextlib.suppress(OSError):
-                os.chmod(tmp, path.stat().st_mode & 0o7777)
+                os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    fsync_dir(path.parent)
+    fsync_dir(folder)
+
+
+def _temp_file(folder: Path, name: str) -> tuple[str, int]:
+    """A new temp file beside `name` in `folder` (`.<name>.<random>.tmp`, the names
+    stale-temp clean-ups look for), open for writing; the folder made if missing."""
+    base = f"{os.fspath(folder)}/.{name}."
+    for _ in range(100):  # a name taken: another one (as `tempfile` does)
+        tmp = f"{base}{_names.getrandbits(32):08x}.tmp"
+        try:
+            return tmp, os.open(tmp, _NEW_FLAGS, _NEW_MODE)
+        except FileExistsError:
+            continue
+        except FileNotFoundError:
+            folder.mkdir(parents=True, exist_ok=True)
+            return tmp, os.open(tmp, _NEW_FLAGS, _NEW_MODE)
+    raise FileExistsError(f"no free temp file name in {folder}")
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -11,6 +11,7 @@ and redacted, like everything else in the data dir.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import os
 import re
@@ -46,8 +47,12 @@ class Transcript:
     parts: int = 0
 
 
+@functools.lru_cache(maxsize=4096)
 def slug(key: str) -> str:
-    """A file name that is readable, safe on every filesystem and unique per key."""
+    """A file name that is readable, safe on every filesystem and unique per key.
+
+    Cached: a regex and a SHA-1 each time, asked for twice or more per message (the
+    transcript's load and save), always of the few conversations that are active."""
     readable = re.sub(r"[^A-Za-z0-9_.-]+", "-", key).strip("-.")[:60] or "conversation"
     return f"{readable}-{hashlib.sha1(key.encode()).hexdigest()[:8]}"
 

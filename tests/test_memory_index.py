@@ -578,9 +578,34 @@ async def test_an_error_in_either_search_thread_reaches_the_caller(
     with pytest.raises(RuntimeError, match=f"{broken} failed"):
         await index.search(QUERIES[0])
     in_keywords = threads[0].startswith("steward-keywords") if threads else None
-    assert in_keywords is (broken == "cached_keyword_ranks")
+    # The ranking runs in _KEYWORDS, or in the search's own thread when that thread had
+    # not started it by the end of the walk; the walk never runs in _KEYWORDS.
+    assert threads and (broken == "cached_keyword_ranks" or not in_keywords)
     monkeypatch.setattr(search_mod, broken, real)
     assert await _full(index, QUERIES[0]) == expected
+    assert expected
+
+
+async def test_a_search_ranks_the_keywords_itself_when_their_thread_is_busy(
+    index: MemoryIndex, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the _KEYWORDS thread has not started the ranking by the end of the walk
+    (here: held by other work), the search's own thread ranks the keywords and answers
+    at once, with the same hits, instead of waiting for that thread."""
+    import memory.index.tuning as tuning_mod
+    from memory.index import search as search_mod
+
+    monkeypatch.setattr(tuning_mod, "VECTOR_THREAD_MIN", 0)
+    expected = await _full(index, QUERIES[0])
+    release = threading.Event()
+    busy = search_mod._KEYWORDS.submit(release.wait, 30)
+    try:
+        got = await asyncio.wait_for(_full(index, QUERIES[0]), 10)
+        assert not busy.done()  # answered while the ranking thread was still held
+    finally:
+        release.set()
+    busy.result(timeout=10)
+    assert got == expected
     assert expected
 
 

@@ -94,6 +94,42 @@ def test_loaded_index_ranks_like_sqlite_bm25(tmp_path: Path) -> None:
     assert _mine(kw, tok, "nothing matches zzz", 10) == []
 
 
+def test_a_word_in_most_rows_is_scored_last_with_the_same_ranking(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A word in (nearly) every row ("ok": every episode's outcome) weighs next to
+    nothing, so rank scores it only for the rows that can still make the list: the
+    ranking must stay SQLite's, ties and all, and with too few other matches it falls
+    back to scoring everything."""
+    monkeypatch.setattr(keywords_mod, "DEFER_MIN", 0)
+    db = _table(tmp_path / "i.sqlite")
+    rng = random.Random(5)
+    rows = [
+        (t, e, b + (" ok" if i % 10 else "")) for i, (t, e, b) in enumerate(_random_rows(rng, 300))
+    ]
+    db.executemany("INSERT INTO fts (title, error, body) VALUES (?, ?, ?)", rows)
+    db.commit()
+    kw, tok = KeywordIndex.load(tmp_path / "i.sqlite"), Tokenizer(TOKENIZE)
+    deferring = 0
+    real = KeywordIndex._rank_deferring
+
+    def counted(self: KeywordIndex, *args: Any) -> list[int] | None:
+        nonlocal deferring
+        got = real(self, *args)
+        deferring += got is not None
+        return got
+
+    monkeypatch.setattr(KeywordIndex, "_rank_deferring", counted)
+    for query in ["ok certificate", "deploy ok api", "ok café report", "ok zzz", "ok"]:
+        for depth in (1, 7, 40, 1000):
+            assert _mine(kw, tok, query, depth) == _truth(db, query, depth), (query, depth)
+        allowed = list(range(1, 300, 4))
+        truth = [r for r in _truth(db, query, 1000) if r in set(allowed)][:5]
+        phrases = tok.phrases([t.strip('"') for t in fts_terms(query)])
+        assert kw.rank(phrases, 5, allowed) == truth, query
+    assert deferring  # the deferring path answered, not only the full one
+
+
 def test_phrases_are_tokenized_like_fts5() -> None:
     tok = Tokenizer(TOKENIZE)
     assert tok.phrases(["DEPLOY_TOKEN", "deploying", "café", "_"]) == [

@@ -40,12 +40,15 @@ ROWS_MAX = 4096
 ANSWER_CHARS = 300
 #: One hit's row: META_COLUMNS, then its signatures joined by newlines (or None), then
 #: the start of what follows "## Reply" in its text (an episode's answer; "" when it
-#: has none); its key, docs.id, is column 0.
+#: has none); its key, docs.id, is column 0. The text is read from FTS5's own content
+#: table (`fts_content`, columns c0-c2 for title, error, body), not through the `fts`
+#: virtual table: the same bytes without a full-text cursor per row (10 rows: 80
+#: instead of 100 us).
 HIT_SELECT = (
     f"SELECT {META_COLUMNS}, (SELECT group_concat(sig, char(10)) FROM signatures"
-    " WHERE doc = docs.id), (SELECT CASE WHEN instr(body, '## Reply') > 0 THEN"
-    f" substr(body, instr(body, '## Reply') + 8, {ANSWER_CHARS + 1}) ELSE '' END"
-    " FROM fts WHERE rowid = docs.id) FROM docs WHERE id IN "
+    " WHERE doc = docs.id), (SELECT CASE WHEN instr(c2, '## Reply') > 0 THEN"
+    f" substr(c2, instr(c2, '## Reply') + 8, {ANSWER_CHARS + 1}) ELSE '' END"
+    " FROM fts_content WHERE id = docs.id) FROM docs WHERE id IN "
 )
 #: One vector label's row as search.vector_ranks uses it; its key, the label, is column 1.
 VECTOR_SELECT = "SELECT id, vec, path FROM docs WHERE vec IN "

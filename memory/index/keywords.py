@@ -65,6 +65,15 @@ FEW_ROWS_FACTOR = 16
 #: ...and only from this many postings plus rows: below, its numpy calls per phrase
 #: cost more than the whole ranking (a 300-row index, 10 allowed: 148 against 130 us).
 FEW_ROWS_MIN = 4096
+#: `rank` leaves a phrase out of the first pass (and scores it only for the rows that
+#: can still make the list) when it holds at least DEFER_SHARE of the query's postings,
+#: at least DEFER_MIN of them, and its IDF is at most 1/DEFER_IDF_FACTOR of the rarest
+#: phrase's: a word in most rows ("ok" in every episode's outcome, at 100k 100k
+#: postings) weighs next to nothing in bm25 but was most of the work (1.2-1.6 ms of a
+#: query, against ~0.35 without it).
+DEFER_SHARE = 0.25
+DEFER_MIN = 8192
+DEFER_IDF_FACTOR = 4.0
 _WEIGHT_OF = np.array([*WEIGHTS, 1.0], dtype=np.float64)
 
 Phrase = tuple[str, ...]
@@ -411,9 +420,27 @@ class KeywordIndex:
         if len(phrase) == 1:
             slots, freqs, _, _ = self._token(phrase[0], positions=False)
             return slots, freqs
+        tokens = [self._token(term, positions=True) for term in phrase]
+        # The rows holding every token, from the postings (one a row): only their
+        # occurrences are matched by position. DATABASE_URL at 100k (31k and 8k
+        # occurrences, 11k and 2.6k rows): 0.81 ms with every occurrence keyed, 0.52
+        # restricted first. The sets of rows are flags over every slot (~0.1 MB): a
+        # binary search per posting (np.searchsorted) cost more than the keying saved.
+        common = tokens[0][0]
+        for slots, _, _, _ in tokens[1:]:
+            flags = np.zeros(self._slots, dtype=bool)
+            flags[slots] = True
+            common = common[flags[common]]
+        if not len(common):
+            return np.zeros(0, dtype=np.int32), np.zeros(0)
+        in_common = np.zeros(self._slots, dtype=bool)
+        in_common[common] = True
         keys: np.ndarray | None = None
-        for j, term in enumerate(phrase):
-            slots, _, counts, pos = self._token(term, positions=True)
+        for j, (slots, _, counts, pos) in enumerate(tokens):
+            if len(common) < len(slots):
+                held = in_common[slots]
+                pos = pos[np.repeat(held, counts)]
+                slots, counts = slots[held], counts[held]
             start = (pos & _OFFSET_MAX) >= j
             # Occurrence of token j at offset o → key of the phrase starting at o - j.
             k = (np.repeat(slots.astype(np.int64), counts) << 32) | (pos.astype(np.int64) - j)
@@ -471,10 +498,43 @@ class KeywordIndex:
             work = total + self._slots
             if work >= FEW_ROWS_MIN and len(allowed) * FEW_ROWS_FACTOR < work:
                 return self._rank_among(found, norm, depth, allowed)
-        # fts5Bm25Function's expression, operation for operation (same rounding):
-        # idf * ((freq * (k1 + 1)) / (freq + norm)), each phrase's scores computed in
-        # place in its slice of one buffer (~30k postings a query at 100k: two fewer
-        # temporaries a phrase and no concatenation of them, ~6% of a hybrid search).
+        deferred = _deferred(found)
+        if deferred:
+            ranked = self._rank_deferring(found, deferred, norm, depth, allowed)
+            if ranked is not None:
+                return ranked
+        return self._rank_all(found, norm, depth, allowed)
+
+    def _rank_all(
+        self,
+        found: list[tuple[np.ndarray, np.ndarray, float]],
+        norm: np.ndarray,
+        depth: int,
+        allowed: Sequence[int] | np.ndarray | None,
+    ) -> list[int]:
+        """`rank` by scoring every posting of every phrase."""
+        scores = self._scores(found, norm)
+        matched = self._allowed_only(np.flatnonzero(scores > 0.0), allowed)
+        if len(matched) > depth:
+            values = scores[matched]
+            kth = np.partition(values, len(values) - depth)[len(values) - depth]
+            above = matched[values > kth]
+            tied = matched[values == kth]
+            tied = tied[np.argsort(self._rowid[tied], kind="stable")][: depth - len(above)]
+            matched = np.concatenate([above, tied])
+        order = np.lexsort((self._rowid[matched], -scores[matched]))
+        ranked: list[int] = self._rowid[matched[order]].tolist()
+        return ranked
+
+    def _scores(
+        self, found: Sequence[tuple[np.ndarray, np.ndarray, float]], norm: np.ndarray
+    ) -> np.ndarray:
+        """Every slot's bm25 score over the phrases of `found` (0.0 where none matches).
+
+        fts5Bm25Function's expression, operation for operation (same rounding):
+        idf * ((freq * (k1 + 1)) / (freq + norm)), each phrase's scores computed in
+        place in its slice of one buffer (~30k postings a query at 100k: two fewer
+        temporaries a phrase and no concatenation of them, ~6% of a hybrid search)."""
         all_slots = np.concatenate([slots for slots, _, _ in found])
         weights = np.empty(len(all_slots), dtype=np.float64)
         at = 0
@@ -486,8 +546,13 @@ class KeywordIndex:
             part *= idf
             at += len(slots)
         # bincount adds each row's contributions in phrase order, from 0.0, as bm25 does.
-        scores = np.bincount(all_slots, weights=weights, minlength=self._slots)
-        matched = np.flatnonzero(scores > 0.0)
+        scores: np.ndarray = np.bincount(all_slots, weights=weights, minlength=self._slots)
+        return scores
+
+    def _allowed_only(
+        self, matched: np.ndarray, allowed: Sequence[int] | np.ndarray | None
+    ) -> np.ndarray:
+        """The slots of `matched` whose rows are in `allowed` (all when it is None)."""
         if allowed is not None:
             # Only the matches are looked up in `allowed`, not `allowed` in a map of
             # every row: a scope's few thousand rows cost ~1 us each that way.
@@ -497,21 +562,73 @@ class KeywordIndex:
             if len(keys) > 1 and not bool((keys[1:] > keys[:-1]).all()):
                 keys = np.unique(keys)
             if not len(keys):
-                return []
+                return matched[:0]
             rowids = self._rowid[matched]
             where = np.searchsorted(keys, rowids)
             where[where == len(keys)] = 0
             matched = matched[keys[where] == rowids]
-        if len(matched) > depth:
-            values = scores[matched]
-            kth = np.partition(values, len(values) - depth)[len(values) - depth]
-            above = matched[values > kth]
-            tied = matched[values == kth]
-            tied = tied[np.argsort(self._rowid[tied], kind="stable")][: depth - len(above)]
-            matched = np.concatenate([above, tied])
-        order = np.lexsort((self._rowid[matched], -scores[matched]))
-        ranked: list[int] = self._rowid[matched[order]].tolist()
+        return matched
+
+    def _rank_deferring(
+        self,
+        found: list[tuple[np.ndarray, np.ndarray, float]],
+        deferred: set[int],
+        norm: np.ndarray,
+        depth: int,
+        allowed: Sequence[int] | np.ndarray | None,
+    ) -> list[int] | None:
+        """`rank` with the `deferred` phrases (indexes into `found`) scored only for the
+        rows that can still make the list; None when that cannot be told (then every
+        posting is scored, `_rank_all`).
+
+        The bound: a phrase adds at most idf * (k1 + 1) to a row (freq / (freq + norm)
+        < 1). The other phrases' scores alone give the depth-th best score `theta`, a
+        floor for the real depth-th best (adding never lowers a score); a row whose
+        partial score is below theta minus the deferred phrases' bounds, or which holds
+        none of the other phrases while the bounds are below theta, cannot reach it.
+        The rows left are scored over every phrase in phrase order by `_among_scores`,
+        the same bits as `_rank_all`, so the order (ties by rowid) is exactly its own.
+        """
+        bound = sum(found[i][2] for i in deferred) * (K1 + 1.0)
+        partial = self._scores([f for i, f in enumerate(found) if i not in deferred], norm)
+        matched = self._allowed_only(np.flatnonzero(partial > 0.0), allowed)
+        if len(matched) < depth:
+            return None
+        values = partial[matched]
+        theta = float(np.partition(values, len(values) - depth)[len(values) - depth])
+        # A margin for the rounding of sums taken in another order (~1e-16 relative).
+        slack = bound + 1e-9 * (theta + bound)
+        if slack >= theta:
+            return None
+        among = matched[values >= theta - slack].astype(np.int32)
+        scores = self._among_scores(found, norm, among)
+        rowids = self._rowid[among]
+        order = np.lexsort((rowids, -scores))[:depth]
+        ranked: list[int] = rowids[order].tolist()
         return ranked
+
+    def _among_scores(
+        self,
+        found: list[tuple[np.ndarray, np.ndarray, float]],
+        norm: np.ndarray,
+        among: np.ndarray,
+    ) -> np.ndarray:
+        """The bm25 scores of the slots `among` (sorted, int32) over every phrase of
+        `found`: each phrase's postings looked up at those slots by binary search, the
+        arithmetic `_rank_all`'s, operation for operation and in phrase order from 0.0,
+        so a score is the same bits."""
+        scores = np.zeros(len(among), dtype=np.float64)
+        for slots, freq, idf in found:
+            at = np.searchsorted(slots, among)
+            at[at == len(slots)] = 0
+            hit = slots[at] == among
+            f = freq[at[hit]]
+            part = norm[among[hit]]
+            part += f
+            weights = np.divide(f * (K1 + 1.0), part)
+            weights *= idf
+            scores[hit] += weights  # each slot once per phrase: no repeated index
+        return scores
 
     def _rank_among(
         self,
@@ -539,20 +656,25 @@ class KeywordIndex:
         )
         if not len(among):
             return []
-        scores = np.zeros(len(among), dtype=np.float64)
-        for slots, freq, idf in found:
-            at = np.searchsorted(slots, among)
-            at[at == len(slots)] = 0
-            hit = slots[at] == among
-            f = freq[at[hit]]
-            part = norm[among[hit]]
-            part += f
-            weights = np.divide(f * (K1 + 1.0), part)
-            weights *= idf
-            scores[hit] += weights  # each slot once per phrase: no repeated index
+        scores = self._among_scores(found, norm, among)
         keep = scores > 0.0
         matched, values = among[keep], scores[keep]
         rowids = self._rowid[matched]
         order = np.lexsort((rowids, -values))[:depth]
         ranked: list[int] = rowids[order].tolist()
         return ranked
+
+
+def _deferred(found: Sequence[tuple[np.ndarray, np.ndarray, float]]) -> set[int]:
+    """The phrases (indexes into `found`) worth leaving out of `rank`'s first pass:
+    many postings, little weight (DEFER_SHARE, DEFER_MIN, DEFER_IDF_FACTOR)."""
+    if len(found) < 2:
+        return set()
+    total = sum(len(slots) for slots, _, _ in found)
+    top = max(idf for _, _, idf in found)
+    deferred = {
+        i
+        for i, (slots, _, idf) in enumerate(found)
+        if len(slots) >= max(DEFER_MIN, DEFER_SHARE * total) and idf * DEFER_IDF_FACTOR <= top
+    }
+    return deferred if len(deferred) < len(found) else set()
