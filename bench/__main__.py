@@ -35,6 +35,8 @@ BENCHES = {
     "local_model": "bench.local_model",  # skips, saying why, without steward[local]
     "cluster": "bench.cluster",  # needs NATS (JetStream) and PostgreSQL on 127.0.0.1
     "cluster_store": "bench.cluster_store",  # needs PostgreSQL on 127.0.0.1
+    "dashboard_copy": "bench.dashboard_copy",  # needs PostgreSQL on 127.0.0.1
+    "cluster_vectors": "bench.cluster_vectors",  # PostgreSQL; pgvector half skips without it
 }
 
 

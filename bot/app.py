@@ -75,7 +75,7 @@ from core.schedules import Deps, ScheduleConfig, Scheduler
 from core.search import from_settings as search_from_settings
 from core.skills import Proposals, SkillJudge, SkillSource, skills_for
 from core.snapshots import from_settings as undo_from_settings
-from core.snapshots import undoable_deletes
+from core.snapshots import store_root, undoable_deletes
 from core.suggestions import Suggestions
 from core.tools import ALL_TOOLS
 from core.tools.base import ToolContext
@@ -301,6 +301,16 @@ class App:
         #: event's redelivery to another worker asks (bot/cluster/worker.py).
         self.recover_interrupted = True
 
+    def _own_files(self) -> list[Path]:
+        """What no command may see and no approval may open: the data dir, the config
+        files and the snapshot store (beside the workspace in a cluster, outside the data
+        dir: a command that could write it could rewrite what /undo restores)."""
+        own = [self.data_dir, *config_files(self.settings)]
+        store = store_root(self.settings, self.workspace, self.data_dir)
+        if not store.resolve().is_relative_to(self.data_dir.resolve()):
+            own.append(store)
+        return own
+
     def _build_sandbox(self) -> SandboxSetup:
         """Decided once, before anything runs: sandboxed, opted out, or fail-closed."""
         settings = self.settings
@@ -308,7 +318,7 @@ class App:
             sandbox = sandbox_setup(
                 settings.sandbox,
                 self.workspace,
-                [self.data_dir, *config_files(settings)],
+                self._own_files(),
                 user=parse_user(settings.sandbox_user),
                 limits=Limits(
                     processes=settings.sandbox_max_processes,
@@ -358,7 +368,7 @@ class App:
                 else None
             ),
             egress=self.egress,
-            own_paths=[*config_files(settings), *own_paths()],
+            own_paths=[*self._own_files()[1:], *own_paths()],
         )
         self.access = Access.from_settings(settings, data_dir=self.data_dir, clock=self.clock)
         self.suggestions = Suggestions(self.clock, self.data_dir)
@@ -769,7 +779,7 @@ class App:
                 mcp_plan,
                 setup=self.sandbox,
                 data_dir=self.data_dir,
-                hidden=[self.data_dir, *config_files(settings)],
+                hidden=self._own_files(),
             ),
             egress=self.egress,
         )

@@ -480,7 +480,7 @@ def _snapshots(settings: Settings) -> Check:
     return Check(
         "snapshots",
         True,
-        f"{store_report(settings.data_dir)}; kept {settings.snapshot_keep_days:g} days, "
+        f"{store_report(settings.data_dir, settings)}; kept {settings.snapshot_keep_days:g} days, "
         f"at most {settings.snapshot_keep_count} tasks",
     )
 

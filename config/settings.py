@@ -128,6 +128,8 @@ class _CoreSettings(BaseModel):
     cluster_name: str
     worker_tasks: int = Field(ge=1, le=1000)
     cluster_ack_wait: float = Field(ge=3, le=3600)
+    #: Where a cluster's workers search memory's vectors (docs/cluster.md#vectors).
+    cluster_vectors: Literal["auto", "pgvector", "faiss"]
     embedding_model: str
     recall_limit: int = Field(ge=0, le=50)
     recall_budget: int = Field(ge=0)
@@ -236,6 +238,9 @@ class _CoreSettings(BaseModel):
     snapshot_keep_count: int = Field(ge=1)
     snapshot_skip: str
     snapshot_max_file_bytes: int = Field(ge=0)
+    #: Where the snapshot store lives; empty: the data dir, or beside the workspace in a
+    #: cluster (core/snapshots.store_root).
+    snapshot_dir: str
     undoable_deletes: Literal["auto", "on", "off"]
     code_skip: str
     code_max_files: int = Field(ge=1)

@@ -99,6 +99,14 @@ class Activity:
         #: Bumped on every change: a cheap "did anything happen" for pollers.
         self.version = 0
         self._watchers: list[Callable[[], None]] = []
+        #: Who also gets each event as it came (a cluster worker publishing them to its
+        #: gateways' dashboards, bot/cluster/activity.py); empty in one process.
+        self._taps: list[Callable[[str, str, str, str, Progress], None]] = []
+
+    def tap(self, callback: Callable[[str, str, str, str, Progress], None]) -> None:
+        """Also hand every event `observe` keeps (its arguments as given) to `callback`,
+        called on the event loop before the board changes; it must not raise or block."""
+        self._taps.append(callback)
 
     def subscribe(self, callback: Callable[[], None]) -> Callable[[], None]:
         """Call `callback` (no arguments, from the event loop) after each change."""
@@ -116,6 +124,11 @@ class Activity:
         """One progress event of a task; streamed text is not kept (the chat shows it)."""
         if event.kind in ("text", "reset"):
             return
+        for tap in self._taps:
+            try:
+                tap(channel, conversation, user, request, event)
+            except Exception:  # a broken tap must never break a task
+                log.warning("activity.tap_failed", exc_info=True)
         now = self._now()
         task = self.running.get(event.task_id) or self._children.get(event.task_id)
         if task is None and event.data.get("parent") and event.kind != "task_end":

@@ -29,6 +29,9 @@ import structlog
 
 from core.clock import Clock, Waiter
 from core.events import ApprovalRequest, Button, Channel, MessageRef
+from core.open_questions import APPROVAL, UNREACHABLE, SharedQuestions
+from core.open_questions import claim as claim_question
+from core.open_questions import share as share_question
 from core.policy import HOST_PREFIX, url_host
 from memory.approvals import ApprovalStore
 
@@ -48,6 +51,12 @@ DAMAGED_REASON = (
     "Steward restarted and could not read this request's record (the file was damaged; "
     "it is kept in the data dir's quarantine/ folder), so it can no longer be approved; "
     "the task stopped. Ask again."
+)
+
+#: Why a request whose worker died (in a cluster) was expired when someone pressed it.
+ORPHANED_REASON = (
+    "the worker running this task stopped before this was answered, so nothing was run; "
+    'the task is asked about again ("Run it again?")'
 )
 
 AlwaysAllow = Callable[[str, dict[str, Any], str], str]
@@ -186,6 +195,9 @@ class Approvals:
         #: Requests a previous run left pending whose channel has not started yet
         #: (None: the stored records are not read yet).
         self._left_open: list[dict[str, Any]] | None = None
+        #: A cluster worker's shared store of open questions (core/open_questions.py):
+        #: a request whose worker died is then expired by whichever worker a press reaches.
+        self.shared: SharedQuestions | None = None
 
     @staticmethod
     def new_id() -> str:
@@ -379,12 +391,14 @@ class Approvals:
                 rid, ApprovalDecision(False, "nobody", "the request could not be delivered")
             )
             return ApprovalDecision(False, "nobody", "the approval request could not be delivered")
+        await share_question(self.shared, APPROVAL, rid, record)
         try:
             return await waiter.wait()
         except TimeoutError:
             decision = ApprovalDecision(
                 False, "expiry", f"nobody answered within {self.timeout:g}s"
             )
+            await claim_question(self.shared, APPROVAL, rid)  # its row goes: nobody answers now
             await self._finish(rid, decision)
             return decision
 
@@ -465,8 +479,50 @@ class Approvals:
             )
         else:
             decision = ApprovalDecision(True, user, "approved once")
+        won = await claim_question(self.shared, APPROVAL, rid)
+        if won is None:  # the cluster's store is away: still pending, decided on a later press
+            return PressAnswer(UNREACHABLE, private=True)
+        if not won:  # expired by a worker that took it for this one's death: the task stops
+            decision = ApprovalDecision(False, "restart", ORPHANED_REASON)
         await self._finish(rid, decision)
+        if not won:
+            return PressAnswer(f"Expired: {ORPHANED_REASON}.", private=True)
         return PressAnswer(f"{'Approved' if decision.approved else 'Denied'}.", decided=True)
+
+    def may_decide(self, record: dict[str, Any], user: str) -> bool:
+        """Whether `user` may decide the stored request `record` (its approvers, else
+        whoever asked): a request taken over from a worker that died."""
+        approvers = record.get("approvers") or [record.get("asked_by")]
+        return user in {str(a) for a in approvers}
+
+    async def orphaned(self, record: dict[str, Any], channel: Channel) -> PressAnswer:
+        """A press of a request whose worker died with its task (in a cluster, taken over
+        through the shared store): nothing can run it any more, so it is expired, its
+        record and message say why, and so does the answer to the presser."""
+        rid = str(record["id"])
+        self._decided[rid] = ApprovalDecision(False, "restart", ORPHANED_REASON)
+        record.update(
+            status="expired",
+            decided_by="restart",
+            reason=ORPHANED_REASON,
+            decided_at=self.clock.now(),
+        )
+        try:
+            await self.store.save(record)
+        except OSError:
+            log.exception("approval.store_failed", approval=rid)
+        if record.get("message_id"):
+            ref = MessageRef(
+                channel.name, str(record.get("conversation") or ""), str(record["message_id"])
+            )
+            text = str(record.get("text") or "").strip()
+            note = f"Expired: {ORPHANED_REASON}."
+            try:
+                await channel.edit(ref, f"{text}\n\n{note}" if text else note, buttons=[])
+            except Exception:
+                log.warning("approval.orphan_edit_failed", approval=rid, exc_info=True)
+        log.info("approval.orphaned", approval=rid, channel=channel.name)
+        return PressAnswer(f"Expired: {ORPHANED_REASON}.", private=True, decided=True)
 
     def _grant_session(self, pending: _Pending, user: str) -> str:
         """Keep the session grant a press of "Approve for this session" gives `user` (the
@@ -509,7 +565,7 @@ class Approvals:
         status = (
             "approved"
             if decision.approved
-            else ("expired" if decision.by == "expiry" else "denied")
+            else ("expired" if decision.by in ("expiry", "restart") else "denied")
         )
         pending.record.update(
             status=status,
@@ -530,7 +586,7 @@ class Approvals:
         )
         if pending.ref is None:
             return
-        if decision.by == "expiry":
+        if decision.by in ("expiry", "restart"):
             outcome = f"Expired: denied ({decision.reason})"
         elif decision.approved:
             outcome = f"✓ Approved by {decision.by} ({decision.reason})"

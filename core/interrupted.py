@@ -18,6 +18,10 @@ cut off, so asking is the default. Its record is closed when its job ends; once 
 task has begun it names that task (`taken`), whose own record (or episode) then speaks
 for it, so it is never asked about twice.
 
+In a cluster a question is also recorded in the shared store while it is open
+(core/open_questions.py): a press reaching another worker after the asking one died is
+taken there (`adopt`) and answered as here, once, whichever worker wins the claim.
+
 Recovery follows `core/suggestions.Suggestions.recover`: the folder is read once,
 off the event loop, and each record is answered as its channel starts; a channel that
 is not running yet (or cannot show buttons to a person, like `steward chat -m`)
@@ -38,6 +42,9 @@ import structlog
 
 from core.clock import Clock
 from core.events import Channel, Message, MessageRef
+from core.open_questions import ANSWERED_ELSEWHERE, INTERRUPTED, UNREACHABLE, SharedQuestions
+from core.open_questions import claim as claim_question
+from core.open_questions import share as share_question
 from core.suggestions import answer_button
 from memory.episodes import Episode, EpisodeStore, ToolRecord
 from memory.journal import ASKED, OPEN, QUEUED, TaskJournal
@@ -151,6 +158,10 @@ class Interrupted:
         self._loaded: set[str] = set()
         #: How a queued message is run at start-up (the dispatcher's, via `bind`).
         self._resume: Resume | None = None
+        #: A cluster worker's shared store of open questions (core/open_questions.py):
+        #: a question asked here is answered here or, once this worker is gone, by
+        #: whichever worker a press reaches. None in one process.
+        self.shared: SharedQuestions | None = None
 
     # -- messages queued behind a running task (bot/dispatcher.py) ------------------
 
@@ -266,7 +277,7 @@ class Interrupted:
         if ref is not None:
             record.update(message_id=ref.id, message_thread=ref.thread)
         await self.journal.update(record)
-        self._open[rid] = (record, channel, ref)
+        await self.hold(rid, record, channel, ref)
         log.info("queued.offered", record=rid, conversation=conversation, channel=channel.name)
         return 1
 
@@ -313,7 +324,7 @@ class Interrupted:
                 await self.after_episode(path)
             except Exception:  # the file is the truth; the index can be rebuilt
                 log.warning("episode.index_failed", episode=tid, exc_info=True)
-        self.keep_open(tid, record, channel, ref)
+        await self.hold(tid, record, channel, ref)
         log.info(
             "task.interrupted",
             task_id=tid,
@@ -335,6 +346,22 @@ class Interrupted:
         another worker began) is answered here like one this process asked."""
         self._open[tid] = (record, channel, ref)
 
+    async def hold(
+        self, tid: str, record: dict[str, Any], channel: Channel, ref: MessageRef | None
+    ) -> None:
+        """Keep the question open here (`keep_open`) and, in a cluster, in the shared
+        store with its message, so a live worker can answer it if this one dies."""
+        self.keep_open(tid, record, channel, ref)
+        shared = dict(record)
+        if ref is not None:
+            shared.update(message_id=ref.id, message_thread=ref.thread)
+        await share_question(self.shared, INTERRUPTED, tid, shared)
+
+    def adopt(self, record: dict[str, Any], channel: Channel) -> None:
+        """A question another worker asked and left behind when it died (taken over
+        through the shared store): answered here exactly as that worker would have."""
+        self.keep_open(str(record["id"]), record, channel, _ref(channel, record))
+
     async def answer(self, value: str, user: str) -> Answer:
         """A press of [Run it again] or [Drop it]; only the person who asked decides."""
         action, _, tid = value.partition(":")
@@ -345,7 +372,12 @@ class Interrupted:
         if user != record.get("user"):
             return Answer("Only the person who asked for this task can run it again or drop it.")
         rerun = action == RERUN
+        won = await claim_question(self.shared, INTERRUPTED, tid)
+        if won is None:  # the cluster's store is away: still open, decided on a later press
+            return Answer(UNREACHABLE)
         del self._open[tid]
+        if not won:  # another worker took it over (this one looked gone) and answered it
+            return Answer(ANSWERED_ELSEWHERE)
         await self.journal.remove(tid)
         log.info("interrupted.answered", task_id=tid, rerun=rerun)
         if ref is not None:

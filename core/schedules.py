@@ -64,6 +64,7 @@ from apscheduler.triggers.interval import IntervalTrigger
 from core.activity import RunWatch
 from core.backoff import backoff_delay
 from core.clock import Clock
+from core.open_questions import IdAllocator, next_id
 from core.task_set import TaskSet
 from memory.schedules import Schedule, ScheduleStore
 
@@ -492,6 +493,9 @@ class Scheduler:
         #: Every run's outcome, in order (tests and the bench read it).
         self.outcomes: list[tuple[str, Outcome]] = []
         self.on_outcome: Callable[[str, Outcome], None] | None = None
+        #: A cluster worker's id numbering (memory/cluster/store.py `allocate_id`): two
+        #: schedules made at once on two workers never share an id. None: the files'.
+        self.ids: IdAllocator | None = None
 
     # ── loading and arming ──
     def load(self) -> None:
@@ -901,6 +905,15 @@ class Scheduler:
         except ToolError as exc:  # a non-zero exit is data ("exit code 1 …"), not a failure
             return str(exc)
 
+    async def _new_id(self) -> str:
+        """The new schedule's id, numbered across the cluster in one
+        (core/open_questions.py)."""
+        try:
+            return await next_id(self.ids, "schedule", "s-", self.store.next_id())
+        except ConnectionError as exc:
+            log.warning("schedule.id_unavailable", error=str(exc.__cause__)[:200])
+            raise ScheduleError(str(exc)) from exc
+
     # ── commands (chat and CLI) ──
     async def add(
         self,
@@ -916,7 +929,7 @@ class Scheduler:
     ) -> Schedule:
         now = self.now().replace(microsecond=0)  # whole seconds: the file shows them so
         s = Schedule(
-            id=self.store.next_id(),
+            id=await self._new_id(),
             kind=draft.kind,
             spec=draft.spec,
             text=draft.text,

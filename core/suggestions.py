@@ -18,6 +18,9 @@ import structlog
 
 from core.clock import Clock
 from core.events import Button, Channel, MessageRef
+from core.open_questions import ANSWERED_ELSEWHERE, SUGGESTION, UNREACHABLE, SharedQuestions
+from core.open_questions import claim as claim_question
+from core.open_questions import share as share_question
 from memory.records import RecordStore
 
 log = structlog.get_logger("steward.suggestions")
@@ -50,6 +53,9 @@ class Suggestions:
         self._open: dict[str, tuple[dict[str, Any], Channel, MessageRef | None]] = {}
         #: Offers a previous run left open whose channel has not started yet (None: unread).
         self._left_open: list[dict[str, Any]] | None = None
+        #: A cluster worker's shared store of open questions (core/open_questions.py):
+        #: an offer made here is answered by any worker once this one is gone.
+        self.shared: SharedQuestions | None = None
 
     def is_open(self, ident: str) -> bool:
         """Whether the question `ident` waits for an answer in this process (in a
@@ -106,6 +112,7 @@ class Suggestions:
         if ref is not None:  # so a press after a restart can still be answered and edited
             record.update(message_id=ref.id, thread=ref.thread)
             await self._save(record)
+        await share_question(self.shared, SUGGESTION, sid, record)
         log.info("suggestion.offered", suggestion=sid, user=user, conversation=conversation)
         return sid
 
@@ -123,8 +130,13 @@ class Suggestions:
         if user != record["user"]:
             return Answer("This suggestion was for someone else.")
         accepted = action == YES
-        record.update(status="accepted" if accepted else "refused", answered_at=self.clock.now())
+        won = await claim_question(self.shared, SUGGESTION, sid)
+        if won is None:  # the cluster's store is away: still open, decided on a later press
+            return Answer(UNREACHABLE)
         del self._open[sid]
+        if not won:  # another worker took it over (this one looked gone) and answered it
+            return Answer(ANSWERED_ELSEWHERE)
+        record.update(status="accepted" if accepted else "refused", answered_at=self.clock.now())
         await self._save(record)
         log.info("suggestion.answered", suggestion=sid, accepted=accepted)
         if ref is not None:
@@ -140,6 +152,8 @@ class Suggestions:
         entry = self._open.pop(sid, None)
         if entry is None:
             return False
+        if await claim_question(self.shared, SUGGESTION, sid) is False:
+            return False  # answered on another worker that took it over
         record, channel, ref = entry
         record.update(status="ignored", answered_at=self.clock.now())
         await self._save(record)
@@ -150,6 +164,18 @@ class Suggestions:
             except Exception:
                 log.warning("suggestion.edit_failed", suggestion=sid, exc_info=True)
         return True
+
+    def skip_recovery(self) -> None:
+        """Hold none of the stored open offers at start (`recover`): in a cluster the
+        `suggestions/` folder is every worker's, and an offer still open there may be
+        waiting on a live worker, whose own timer answers or ignores it. One whose
+        worker is gone is taken over when it is pressed (bot/cluster/handover.py)."""
+        self._left_open = []
+
+    def adopt(self, record: dict[str, Any], channel: Channel) -> None:
+        """An offer another worker made and left open when it died (taken over through
+        the shared store): answered here as that worker would have."""
+        self._open[str(record["id"])] = (record, channel, _ref(channel, record))
 
     async def recover(self, channels: dict[str, Channel]) -> list[dict[str, Any]]:
         """At start-up: offers left open by a previous run stay answerable ("Yes" still
@@ -166,15 +192,7 @@ class Suggestions:
             if channel is None:
                 waiting.append(record)
                 continue
-            ref = None
-            if record.get("message_id"):
-                ref = MessageRef(
-                    channel.name,
-                    str(record["conversation"]),
-                    str(record["message_id"]),
-                    record.get("thread"),
-                )
-            self._open[sid] = (record, channel, ref)
+            self._open[sid] = (record, channel, _ref(channel, record))
             recovered.append(record)
             log.info("suggestion.recovered", suggestion=record["id"])
         self._left_open = waiting
@@ -189,3 +207,12 @@ class Suggestions:
                 if record is not None:
                     out.append(record)
         return out
+
+
+def _ref(channel: Channel, record: dict[str, Any]) -> MessageRef | None:
+    """The offer's message, for the edit that shows its answer (None: not known)."""
+    if not record.get("message_id"):
+        return None
+    return MessageRef(
+        channel.name, str(record["conversation"]), str(record["message_id"]), record.get("thread")
+    )

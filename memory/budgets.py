@@ -19,6 +19,7 @@ settings' caps apply meanwhile and `/budget` says so.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import structlog
@@ -48,7 +49,35 @@ class BudgetOverrides:
         self.caps: dict[str, float] = {}
         #: Why the file could not be read ("" when it was, or is not there).
         self.broken = ""
+        self._seen: tuple[int, int] | None = self._stamp()
+        self._checked = time.monotonic()
         self._load()
+
+    def _stamp(self) -> tuple[int, int] | None:
+        try:
+            st = self.path.stat()
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_size)
+
+    def reload_if_changed(self, every: float = 1.0) -> bool:
+        """Re-read the file when another writer changed it: in a cluster a cap set with
+        `/budget` on one worker reaches the others through the shared memory files
+        (memory/cluster/mirror.py), and a person may edit the file by hand. One stat
+        at most every `every` seconds, so a model call pays nothing measurable."""
+        now = time.monotonic()
+        if now - self._checked < every:
+            return False
+        self._checked = now
+        stamp = self._stamp()
+        if stamp == self._seen:
+            return False
+        self._seen = stamp
+        self.caps = {}
+        self.broken = ""
+        self._load()
+        log.info("budget.overrides_reloaded", path=str(self.path), caps=len(self.caps))
+        return True
 
     def _load(self) -> None:
         if not self.path.is_file():
@@ -89,6 +118,7 @@ class BudgetOverrides:
             raise OSError(self.broken)
         body = {"caps": {k: _plain(v) for k, v in sorted(self.caps.items())}}
         atomic_write_text(self.path, json.dumps(body, indent=2) + "\n")
+        self._seen = self._stamp()  # our own write is not news to reload
 
 
 def _plain(value: float) -> float | int:

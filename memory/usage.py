@@ -21,6 +21,10 @@ file. A damaged line (a crash mid-write, a hand edit) is skipped and counted in
 (memory/store.py GITIGNORE): it is appended to after every call, and a batch commit
 would copy the whole day's file again each time.
 
+In a cluster, a worker's ledger is wrapped by the cluster's (memory/cluster/usage.py),
+which keeps writing these files and also stores every call in PostgreSQL, so the caps
+and `/usage` count every worker's; `refresh` and `calls` are where the two differ.
+
 Memory layer: imports nothing of core/ or bot/.
 """
 
@@ -46,6 +50,11 @@ log = structlog.get_logger("steward.usage")
 SYNC_EVERY = 1.0
 #: The periods `/usage` and `steward usage` report.
 PERIODS = ("today", "week", "month")
+
+
+class LedgerUnavailable(RuntimeError):
+    """The ledger's calls cannot be read now (a cluster's PostgreSQL out of reach); the
+    message says so in words a person reads."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +137,18 @@ class Totals:
         else:
             self.cost_usd += row.cost_usd
 
+    def plus(self, other: Totals | None) -> Totals:
+        """A new Totals: these and `other` summed (None adds nothing)."""
+        if other is None:
+            return Totals(*_fields(self))
+        return Totals(
+            self.tokens_in + other.tokens_in,
+            self.tokens_out + other.tokens_out,
+            self.cost_usd + other.cost_usd,
+            self.calls + other.calls,
+            self.unpriced + other.unpriced,
+        )
+
     def json(self) -> dict[str, Any]:
         """As JSON: `cost_usd` is null when no call was priced (unknown, not zero)."""
         priced = self.calls - self.unpriced
@@ -178,7 +199,7 @@ def period_end(now: float, tz: ZoneInfo) -> float:
 
 
 @dataclass(slots=True)
-class _Day:
+class DayTotals:
     """Today's counters: everything, per person, per conversation."""
 
     day: date
@@ -216,9 +237,9 @@ class UsageLedger:
 
     # -- today --------------------------------------------------------------------
 
-    def _new_day(self, at: float) -> _Day:
+    def _new_day(self, at: float) -> DayTotals:
         day = day_of(at, self.tz)
-        return _Day(day, day_start(day, self.tz), day_start(day + timedelta(days=1), self.tz))
+        return DayTotals(day, day_start(day, self.tz), day_start(day + timedelta(days=1), self.tz))
 
     def _rebuild(self) -> None:
         """Today's counters from today's file (a restart keeps what today used)."""
@@ -226,7 +247,7 @@ class UsageLedger:
             if self._day.day == day_of(row.at, self.tz):
                 self._day.add(row)
 
-    def _current(self) -> _Day:
+    def _current(self) -> DayTotals:
         """Today's counters; a new day's (empty) once midnight in `tz` has passed. Lock held."""
         if self.now() >= self._day.ends:
             self._day = self._new_day(self.now())
@@ -262,6 +283,18 @@ class UsageLedger:
         """Epoch seconds when "today" ends (midnight in `tz`)."""
         with self._lock:
             return self._current().ends
+
+    async def refresh(self) -> None:
+        """Before a budget check: nothing to fetch, this process's counters are the whole
+        ledger. (A cluster's ledger, memory/cluster/usage.py, reads the other workers'
+        spend here.)"""
+
+    async def calls(self, since: float, until: float) -> list[UsageRow]:
+        """`rows(since, until)` off the event loop: what `/usage` reports. A cluster's
+        ledger answers with every worker's calls."""
+        import asyncio
+
+        return await asyncio.to_thread(lambda: list(self.rows(since, until)))
 
     # -- reading ----------------------------------------------------------------------
 

@@ -71,3 +71,29 @@ def settings_for(tmp_path: Path) -> Callable[..., Settings]:
         return load_settings(env=make_env(tmp_path, llm, **overrides), cwd=tmp_path)
 
     return build
+
+
+@pytest.fixture
+async def in_process(
+    tmp_path: Path,
+    llm: ScriptedLLM,
+    nats_url: str,
+    postgres_url: str,
+    cluster_prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> AsyncIterator[Any]:
+    """A cluster gateway (its dashboard included) in this process, on the real NATS and
+    PostgreSQL and the Slack fake; the test starts its workers
+    (tests/test_cluster_transport.py `Cluster`)."""
+    from tests.fakes.slack import FakeSlack
+    from tests.test_cluster_transport import Cluster
+
+    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"):
+        monkeypatch.delenv(name, raising=False)  # slack_sdk would proxy 127.0.0.1
+    async with FakeSlack() as fake:
+        cluster = Cluster(tmp_path, fake, llm, nats_url, postgres_url, cluster_prefix)
+        try:
+            await cluster.start_gateway()
+            yield cluster
+        finally:
+            await cluster.stop()

@@ -365,3 +365,22 @@ async def test_an_admin_who_wrote_directly_is_told_there_once(
         assert not [t for t in run.posts("alice") if t.startswith("Budget:")]
     rooms = json.loads((s.data_dir / "admin_rooms.json").read_text())
     assert rooms == {"replay:root": "root"}  # alice is no admin: never a room
+
+
+def test_a_cap_written_by_another_process_is_read_without_a_restart(tmp_path: Path) -> None:
+    """In a cluster `budgets.json` reaches every worker through the shared files; each
+    worker's overrides must pick the change up, and its own writes are not reloaded."""
+    from memory.budgets import BudgetOverrides
+    from memory.cluster.mirror import is_shared
+
+    assert is_shared("budgets.json")
+    here = BudgetOverrides(tmp_path)
+    there = BudgetOverrides(tmp_path)  # another worker's view of the same file
+    there.set("day", "tokens", 1000)
+    there.save()
+    assert here.reload_if_changed(every=0.0)
+    assert here.get("day", "tokens") == 1000
+    assert not there.reload_if_changed(every=0.0)  # its own write is not news
+    (tmp_path / "budgets.json").write_text('{"caps": {}}')
+    assert not here.reload_if_changed(every=3600.0)  # throttled: at most one stat a period
+    assert here.reload_if_changed(every=0.0) and here.get("day", "tokens") is None

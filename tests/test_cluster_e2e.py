@@ -41,6 +41,7 @@ import pytest
 import yaml
 
 from config.settings import load_settings
+from core.snapshots import store_root
 from tests.cluster_harness import (
     NEEDS_APPROVAL,
     Chats,
@@ -424,8 +425,12 @@ def test_the_compose_file_runs_each_role_with_real_settings(tmp_path: Path) -> N
         assert others <= {"ANTHROPIC_API_KEY"}, others
         volumes = services[name].get("volumes", [])
         if role == "worker":
-            assert "workspace:/srv/workspace" in volumes and settings.workspace == Path(
-                "/srv/workspace"
+            assert "workspace:/srv/steward" in volumes
+            assert settings.workspace == Path("/srv/steward/workspace")
+            # The undo store every worker must share lands on that same volume.
+            store = store_root(settings, settings.workspace, settings.data_dir)
+            assert store.is_relative_to("/srv/steward") and not store.is_relative_to(
+                settings.workspace
             )
             assert settings.model and settings.sandbox == "required"
         else:

@@ -206,7 +206,13 @@ async def test_undo_records_conflicts_redo_and_retention(tmp_path: Path, ws: Pat
     assert len(undo.load()) == 2
     assert store_report(tmp_path / "data").endswith(f"2 task records ({undo.store.root})")
     settings = SimpleNamespace(
-        snapshots=True, data_dir=tmp_path / "data", snapshot_keep_days=14, snapshot_keep_count=2
+        snapshots=True,
+        data_dir=tmp_path / "data",
+        workspace=ws,
+        database_url="",
+        snapshot_dir="",
+        snapshot_keep_days=14,
+        snapshot_keep_count=2,
     )
     check = doctor_snapshots(settings)  # type: ignore[arg-type]
     assert check.ok and "2 task records" in check.detail and "at most 2 tasks" in check.detail

@@ -1,9 +1,12 @@
 """`steward undo [TASK_ID|list]`: `/undo` for the owner at a terminal (core/snapshots).
 
 Without --conversation it works across every conversation: `steward undo` puts back
-the last task that changed the workspace, whoever asked for it. It takes the data dir's
-lock like `steward schedule`, so it never restores files under a running Steward's
-feet; while Steward runs, use /undo in a chat instead. `list` only reads.
+the last task that changed the workspace, whoever asked for it. With the store in the
+data dir (one process) it takes the data dir's lock like `steward schedule`, so it never
+restores files under a running Steward's feet; while Steward runs, use /undo in a chat
+instead. With a shared store (a cluster, core/snapshots.store_root) it runs beside the
+workers: the store's own lock across processes keeps it and them apart, and a task still
+running on a worker is not undone. `list` only reads.
 
 Kept light at import: argparse only; the store loads when the command runs.
 """
@@ -37,23 +40,28 @@ def undo_command(settings: Any, args: argparse.Namespace) -> int:
 
     from bot.commands.undo import listing as list_records
     from bot.commands.undo import told
-    from core.snapshots import from_settings
+    from core.snapshots import from_settings, store_root
     from memory.lock import DataDirLocked, acquire
 
     if not settings.snapshots:
         print("steward: snapshots are off (snapshots = false), so there is nothing to undo.")
         return EXIT_FAIL
     listing = args.target.strip().lower() == "list"
+    workspace = settings.workspace.resolve()
+    in_data_dir = (
+        store_root(settings, workspace, settings.data_dir).resolve()
+        == (settings.data_dir / "snapshots").resolve()
+    )
     lock = None
-    if not listing:
+    if not listing and in_data_dir:
         try:
             lock = acquire(settings.data_dir, "undo")
         except DataDirLocked as exc:
             print(f"steward: {exc}\nWhile it runs, use /undo in a chat.")
             return EXIT_FAIL
+    opened = None
     try:
-        workspace = settings.workspace.resolve()
-        undo = from_settings(settings, workspace, settings.data_dir)
+        opened = undo = from_settings(settings, workspace, settings.data_dir)
         assert undo is not None
 
         async def run() -> str:
@@ -64,5 +72,7 @@ def undo_command(settings: Any, args: argparse.Namespace) -> int:
         print(asyncio.run(run()))
         return EXIT_OK
     finally:
+        if opened is not None:
+            opened.close()
         if lock is not None:
             lock.release()

@@ -301,6 +301,7 @@ async def serve_gateway(
     nc = await connect(settings.cluster_url, name=f"steward-gateway-{gateway_id}")
     leases: list[OwnerLease] = []
     gateway: Gateway | None = None
+    dash: Any = None
     runner: web.AppRunner | None = None
     started: dict[str, Channel] = {}
     state = {"ready": False}
@@ -334,7 +335,25 @@ async def serve_gateway(
                 status=200 if state["ready"] else 503,
             )
 
-        runner = web.AppRunner(mount(web_channel, platforms, login, healthz), access_log=None)
+        def channel_health() -> list[tuple[str, ChannelHealth]]:
+            return [
+                (
+                    adapter.name,
+                    getattr(adapter, "health", None) or ChannelHealth("connected")
+                    if adapter.name in started
+                    else ChannelHealth("stopped", "held by another gateway"),
+                )
+                for adapter in [web_channel, *platforms]
+            ]
+
+        # The dashboard over the whole cluster (bot/cluster/dashboard.py), behind the login.
+        from bot.cluster.dashboard import GatewayDashboard
+
+        dash = GatewayDashboard(settings, nc, names, gateway_id, data_dir, channel_health)
+        runner = web.AppRunner(
+            mount(web_channel, platforms, login, healthz, behind_login=[dash.dashboard]),
+            access_log=None,
+        )
         stop = stop_event or asyncio.Event()
         site = await listen(runner, settings, stop)
         gw = gateway
@@ -371,6 +390,7 @@ async def serve_gateway(
                 )
                 leases.append(lease)
                 await lease.start()
+        await dash.start()
         state["ready"] = True
         port = site._server.sockets[0].getsockname()[1] if site._server else settings.port  # type: ignore[attr-defined]
         url = f"http://{settings.host}:{port}"
@@ -403,6 +423,8 @@ async def serve_gateway(
                     await asyncio.wait_for(adapter.stop(), 5)
         if gateway is not None:
             await gateway.close()
+        if dash is not None:
+            await dash.close()
         if runner is not None:
             await runner.cleanup()
         with contextlib.suppress(Exception):

@@ -22,7 +22,10 @@ the dispatcher exactly as an adapter would. What the cluster adds around that:
 - **Presses and cancels reach the worker that waits.** An approval waits in the
   memory of the worker running its task; a worker receiving a press it has no waiter
   for asks the others (`<cluster>.press`), and handles it itself when no one answers
-  "mine" within PRESS_ASK seconds. Cancel likewise (`<cluster>.cancel`).
+  "mine" within PRESS_ASK seconds: a question whose worker is gone is first taken over
+  from the shared store (bot/cluster/handover.py). `/suggestion VALUE`, the press
+  typed where a platform has no buttons, goes the same way. Cancel likewise
+  (`<cluster>.cancel`).
 """
 
 from __future__ import annotations
@@ -37,7 +40,9 @@ from typing import Any
 import structlog
 
 from bot.cluster import codec
+from bot.cluster.activity import feed_dashboards
 from bot.cluster.gateway import process_id
+from bot.cluster.handover import Handover, Taken, typed_value
 from bot.cluster.nats import (
     ACK_WAIT,
     HEARTBEAT_EVERY,
@@ -48,6 +53,7 @@ from bot.cluster.nats import (
     names_for,
 )
 from bot.cluster.remote import CURRENT, OutboundKeys, RemoteChannel
+from bot.cluster.spend import share_usage
 from bot.cluster.timers import TimersLeader
 from config.settings import ConfigError, Settings
 from core.approvals import ACTIONS
@@ -151,6 +157,8 @@ class Worker:
         self.handled = 0
         #: Who runs the schedules and goals (bot/cluster/timers.py), set by serve_worker.
         self.timers: Any = None
+        #: Takes over the questions of dead workers (bot/cluster/handover.py).
+        self.handover: Handover | None = None
 
     @property
     def dispatcher(self) -> Any:
@@ -237,7 +245,9 @@ class Worker:
         beat = asyncio.create_task(self._beat(msg), name="cluster:heartbeat")
         try:
             if isinstance(event, Message):
-                if await self._typed_cancel(event, key, origin, channel):
+                if await self._typed_cancel(event, key, origin, channel) or (
+                    await self._typed_press(event, key, origin, channel)
+                ):
                     await _quietly(msg.ack())
                 else:
                     await self._message(event, key, channel, msg, origin)
@@ -435,8 +445,9 @@ class Worker:
         finally:
             CURRENT.reset(token)
         if interrupted is not None:
-            # The same open question Interrupted.recover keeps, so its `answer` decides it.
-            interrupted.keep_open(tid, record, channel, ref)
+            # The same open question Interrupted.recover keeps, so its `answer` decides it;
+            # also in the shared store, so it outlives this worker (bot/cluster/handover.py).
+            await interrupted.hold(tid, record, channel, ref)
         log.info(
             "cluster.task_interrupted",
             key=key,
@@ -459,9 +470,17 @@ class Worker:
         return False
 
     async def _press(self, event: ButtonPress, key: str, origin: str, channel: Channel) -> None:
-        if not self.holds(event.value) and await self._ask(self.names.press, event, key, origin):
-            log.info("cluster.press_routed", key=key)
-            return
+        if not self.holds(event.value):
+            if await self._ask(self.names.press, event, key, origin):
+                log.info("cluster.press_routed", key=key)
+                return
+            # No live worker waits for it: its worker may be gone (bot/cluster/handover.py).
+            taken = await self._take_question(event, channel)
+            if taken is Taken.ANSWERED:
+                return
+            if taken is Taken.LIVE and await self._ask(self.names.press, event, key, origin):
+                log.info("cluster.press_routed", key=key)
+                return
         conversation = f"{channel.name}:{event.conversation}"
         busy = self.app.conversations.is_busy(conversation)
         await self.dispatcher.handle(event, channel)
@@ -469,6 +488,35 @@ class Worker:
             # The press started a task here ("Run it again", an accepted offer): its
             # event stays unacked until that task ends, like a message's.
             await self.app.conversations.wait_idle(conversation)
+
+    async def _take_question(self, event: ButtonPress, channel: Channel) -> Taken:
+        if self.handover is None:
+            return Taken.NONE
+        try:
+            return await self.handover.take(event, channel)
+        except Exception as exc:  # the store away: answered here as before ("no longer open")
+            log.warning("cluster.question_takeover_failed", error=str(exc)[:200])
+            return Taken.NONE
+
+    async def _typed_press(self, event: Message, key: str, origin: str, channel: Channel) -> bool:
+        """`/suggestion VALUE` (a press typed where a platform has no buttons) for a
+        question this worker does not hold: routed as the press is (`_press`), the
+        message itself going to the worker that holds it. True when it was answered
+        there, or here by taking over a dead worker's question; False: run it here."""
+        value = typed_value(event.text)
+        if value is None or self.holds(value):
+            return False
+        if not await self._ask(self.names.press, event, key, origin):
+            press = ButtonPress(event.channel, event.conversation, event.user, value)
+            taken = await self._take_question(press, channel)
+            if taken is not Taken.ANSWERED and (
+                taken is not Taken.LIVE or not await self._ask(self.names.press, event, key, origin)
+            ):
+                return False  # held here now, or open nowhere: answered as usual
+        log.info("cluster.typed_press_handled", key=key)
+        with contextlib.suppress(Exception):  # the journal's row is only for the record
+            await self.store.finish_event(key, "done")
+        return True
 
     async def _typed_cancel(self, event: Message, key: str, origin: str, channel: Channel) -> bool:
         """`/cancel` typed while the conversation's task runs on another worker: that
@@ -506,7 +554,11 @@ class Worker:
 
     async def _on_press_ask(self, msg: Any) -> None:
         event, key, origin = _decoded(msg)
-        if not isinstance(event, ButtonPress) or not self.holds(event.value):
+        if isinstance(event, ButtonPress):
+            value: str | None = event.value
+        else:  # `/suggestion VALUE` typed (`_typed_press`)
+            value = typed_value(event.text) if isinstance(event, Message) else None
+        if value is None or not self.holds(value):
             return
         await self._take_over(msg, event, key, origin)
 
@@ -608,6 +660,53 @@ async def open_store(settings: Settings, worker_id: str) -> Any:
         raise ConfigError(f"Cluster store: {exc}") from exc
 
 
+async def open_vectors(settings: Settings, store: Any, worker_id: str) -> Any:
+    """The episodes' vectors shared through PostgreSQL (memory/cluster/vectors*.py):
+    embedded once in the cluster, searched there with pgvector where the server has it
+    and `cluster_vectors` allows."""
+    from bot.model_check import configured_embedder
+    from memory.cluster.vectors import PgVectorUnavailable
+    from memory.cluster.vectors_shared import SharedVectors
+
+    embedder = await configured_embedder(settings)
+    try:
+        return await SharedVectors.open(
+            store,
+            embedder,
+            settings.data_dir,
+            mode=settings.cluster_vectors,
+            worker_id=worker_id,
+        )
+    except PgVectorUnavailable as exc:
+        raise ConfigError(
+            f"cluster_vectors is 'pgvector' but the database cannot use it ({exc}): install "
+            "the server's pgvector package (postgresql-15-pgvector) and let the role CREATE "
+            "EXTENSION vector, or set STEWARD_CLUSTER_VECTORS=auto"
+        ) from exc
+
+
+async def open_questions(settings: Settings, worker_id: str) -> Any:
+    """This worker's handle on the shared open questions (memory/cluster/questions.py)."""
+    from memory.cluster.questions import QuestionStore
+
+    try:
+        return await QuestionStore.open(settings.database_url, worker_id=worker_id)
+    except Exception as exc:
+        raise ConfigError(f"Cluster store: cannot open the questions' session ({exc})") from exc
+
+
+def share_questions(app: Any, store: Any, questions: Any) -> None:
+    """What a cluster shares beyond one process: every open question is recorded in the
+    store (answered once, by any worker once its own is gone), and new schedules' and
+    goals' ids are numbered across the cluster."""
+    for keeper in (app.dispatcher.interrupted, app.suggestions, app.approvals):
+        if keeper is not None:
+            keeper.shared = questions
+    for engine in (getattr(app, "schedules", None), getattr(app, "goals", None)):
+        if engine is not None:
+            engine.ids = store.allocate_id
+
+
 async def start_mirror(store: Any, settings: Settings, app: Callable[[], Any]) -> Any:
     """Keep this worker's data dir and the cluster's shared documents in step
     (memory/cluster/mirror.py), started before the App so it reads the shared memory
@@ -653,6 +752,9 @@ async def serve_worker(
     worker: Worker | None = None
     timers: TimersLeader | None = None
     mirror: Any = None
+    vectors: Any = None
+    publisher: Any = None
+    questions: Any = None
     try:
         nc = await connect(settings.cluster_url, name=f"steward-worker-{worker_id}")
         # `cluster_ack_wait`: how long a silent worker keeps its events; it says it is
@@ -660,15 +762,24 @@ async def serve_worker(
         wait = settings.cluster_ack_wait if ack_wait is None else ack_wait
         beat = wait * HEARTBEAT_EVERY / ACK_WAIT if heartbeat is None else heartbeat
         js = await ensure_streams(nc, names, ack_wait=wait, update=True)
-        mirror = await start_mirror(store, settings, lambda: app)
+        vectors = await open_vectors(settings, store, worker_id)
+        mirror = await start_mirror(vectors.documents(store), settings, lambda: app)
+        # The local index rebuilt or caught up from the table's vectors, before the App
+        # opens it: a new worker embeds only what no worker embedded before.
+        await vectors.prepare()
         app = App(settings, clock=clock, subcommand="worker")
         # The journal's "run it again?" is the cluster's (claim_event), asked by the
         # worker that gets the event again: not also by this one from its own folder.
         app.recover_interrupted = False
         app.approvals.skip_recovery()  # the shared approvals/ holds the others' too
+        app.suggestions.skip_recovery()  # and suggestions/ the offers others hold open
         # Schedules and goals run on one worker at a time: the one holding the timers
         # lease (bot/cluster/timers.py), not every worker as its channels come up.
         app.fire_schedules = False
+        # Spend is one ledger for the cluster: the day caps and /usage see every worker's.
+        await share_usage(app, store)
+        questions = await open_questions(settings, worker_id)
+        share_questions(app, store, questions)
         remotes = build_remotes(settings, nc, names)
         stop = stop_event or asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -677,6 +788,8 @@ async def serve_worker(
                 loop.add_signal_handler(sig, stop.set)
         failures: dict[str, BaseException] = {}
         outboxes = await app.start(remotes, failures=failures)
+        if app.index is not None:
+            vectors.attach(app.index)
         for name, failure in failures.items():
             log.error("channel.start_failed", channel=name, error=str(failure)[:300])
         app.warm_up()
@@ -692,7 +805,10 @@ async def serve_worker(
             heartbeat=beat,
             max_in_flight=settings.worker_tasks if max_in_flight is None else max_in_flight,
         )
+        worker.handover = Handover(questions, app)
         await worker.start()
+        # Its tasks, live, and the controls, for the gateways' dashboards.
+        publisher = await feed_dashboards(nc, names, worker_id, app, worker.handover)
         timers = TimersLeader(app, store, worker_id)
         timers.start()
         worker.timers = timers
@@ -714,6 +830,8 @@ async def serve_worker(
             await worker.stop()
         if app is not None:
             await app.stop()
+        if publisher is not None:  # after the App: its last tasks' ends are published
+            await publisher.stop()
         if worker is not None:
             await worker.drain()
         if mirror is not None:  # what the last tasks wrote is pushed before the end
@@ -722,5 +840,9 @@ async def serve_worker(
         if nc is not None:
             with contextlib.suppress(Exception):  # its subscriptions are gone: nothing to drain
                 await asyncio.wait_for(nc.close(), 5)
+        if questions is not None:  # after the App: its last answers claimed their rows
+            await questions.close()
+        if vectors is not None:
+            vectors.close()
         await store.close()
     return 0

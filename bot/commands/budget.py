@@ -93,6 +93,10 @@ def register(router: Any, budgets: Budgets) -> None:
 
     async def show(ctx: Any) -> str:
         payer = payer_of(ctx)
+        # In a cluster the other workers' spend is read now, not a second late (one
+        # process: nothing to do); caps set on another worker are read the same way.
+        budgets.overrides.reload_if_changed(every=0.0)
+        await budgets.ledger.refresh()
         if ctx.access.is_admin(ctx.channel.name, ctx.user):
             lines = budgets.overview(payer)
             lines.append(f"Change one: {SET_USAGE}")

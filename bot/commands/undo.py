@@ -27,6 +27,11 @@ def told(outcome: UndoOutcome) -> str:
             f"Task {rec['id']} was already undone by {rec['undone_by']}; "
             f"/undo {rec['undone_by']} brings its changes back."
         )
+    if outcome.status == "running":
+        return (
+            f"Task {rec['id']} is still running (on another worker); wait for it to end, "
+            "then /undo."
+        )
     if outcome.status == "nothing":
         return "Nothing to undo: no task in this conversation changed files."
     if outcome.status == "blocked":

@@ -1,9 +1,10 @@
 """`/usage [today|week|month]`: the tokens and cost of a person's and a conversation's
 model calls, the top spenders, and the budgets left.
 
-Read from the usage ledger (memory/usage.py), which records every model call with who
-it was for, background calls included (the learner, offers of help, goal judges,
-history compaction, embeddings, workflow drafts), as the server reported it. An admin
+Read from the usage ledger (memory/usage.py; in a cluster, every worker's calls from
+PostgreSQL, memory/cluster/usage.py), which records every model call with who it was
+for, background calls included (the learner, offers of help, goal judges, history
+compaction, embeddings, workflow drafts), as the server reported it. An admin
 (`Access.is_admin`) also sees everyone's total and the top spenders; anyone else sees
 only themselves and this conversation. A cost is "unknown" when a call's model has no
 price (never a false $0). `steward usage` prints the same figures at a terminal
@@ -12,15 +13,14 @@ price (never a false $0). `steward usage` prints the same figures at a terminal
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
 from memory.usage import (
     PERIODS,
+    LedgerUnavailable,
     Totals,
-    UsageLedger,
     UsageRow,
     group,
     period_end,
@@ -124,28 +124,35 @@ def budgets_left(caps: Any, payer: Any) -> list[str]:
     return list(left(payer)) if left is not None else []
 
 
-def register(router: Any, ledger: UsageLedger, meter: Any) -> None:
+def register(router: Any, ledger: Any, meter: Any) -> None:
     """Add /usage to a dispatcher's router (bot/router.py). `meter`: the app's
-    SpendMeter (core/spend/meter.py), whose `caps` are the budgets when set."""
+    SpendMeter (core/spend/meter.py), whose `caps` are the budgets when set. The ledger
+    read is the meter's at the time of the command (a cluster worker puts the
+    cluster's, memory/cluster/usage.py, in its place after start), else `ledger`."""
     from core.spend import payer as payers
 
     async def usage(ctx: Any) -> str:
         period = ctx.arg.strip().lower() or "today"
         if period not in PERIODS:
             return f"Unknown period {period!r}. {USAGE}"
+        book = getattr(meter, "ledger", None) or ledger
         platform = ctx.channel.name
         payer = payers.of(platform, ctx.user, ctx.conversation)
-        now = ledger.now()
-        since = period_start(period, now, ledger.tz)
-        until = period_end(now, ledger.tz)
-        rows = await asyncio.to_thread(lambda: list(ledger.rows(since, until)))
+        now = book.now()
+        since = period_start(period, now, book.tz)
+        until = period_end(now, book.tz)
+        try:
+            rows = await book.calls(since, until)
+        except LedgerUnavailable as exc:
+            return str(exc)
+        await book.refresh()  # the budgets' lines below: the cluster's latest sums
         figures = summary(
             rows,
             person=payer.person,
             conversation=payer.conversation,
             everyone=ctx.access.is_admin(platform, ctx.user),
         )
-        return render(period, since, ledger.tz, figures, budgets_left(meter.caps, payer))
+        return render(period, since, book.tz, figures, budgets_left(meter.caps, payer))
 
     router.command("usage", usage, usage="/usage [today|week|month]", help=HELP)
 

@@ -22,6 +22,11 @@ chosen by the URL's #fragment) and a JSON API behind it; the page uses only the 
     POST /api/stop                   emergency stop: every goal stopped, every task cancelled
     GET  /api/events                 server-sent events: {"topics": [...]} on each change
 
+On a cluster gateway the same routes serve a `ClusterView` (bot/dashboard/cluster.py)
+in place of the App: the shared memory files and the workers' published activity, each
+task with its worker (`cluster` in /api/status); the controls are carried out by the
+workers (`app.control`, `app.emergency_stop`), and what it cannot show carries a `note`.
+
 Why no state of its own: every answer is read from the stores and events the chat
 uses (the approvals state machine, episode files and the memory index, the rule files
 via the `/rules` implementation, proactive and suggestion files, the scheduler, each
@@ -162,20 +167,36 @@ class Dashboard:
         asking = {r.task_id for r in app.approvals.pending() if r.task_id}
         for task in board["running"]:
             task["waiting_approval"] = task["task_id"] in asking
-        return _json(
-            {
-                "now": time.time(),
-                "model": app.llm.describe() if getattr(app, "llm", None) else None,
-                **board,
-                "goals": await self._goal_list(),
-                "schedules": self._schedules(),
-                "channels": self._channels(),
-                "mcp": self._mcp(),
-                "approvals_pending": len(app.approvals.pending()),
-                # Failed memory writes and damaged files set aside (quarantine/).
-                "memory": await asyncio.to_thread(data.memory, app.health),
-            }
-        )
+        body = {
+            "now": time.time(),
+            "model": app.llm.describe() if getattr(app, "llm", None) else None,
+            **board,
+            "goals": await self._goal_list(),
+            "schedules": self._schedules(),
+            "channels": self._channels(),
+            "mcp": self._mcp(),
+            "approvals_pending": len(app.approvals.pending()),
+        }
+        cluster = getattr(app, "cluster_status", None)
+        if cluster is not None:  # a gateway: the workers, their models and memory health
+            body.update(cluster())
+        else:
+            # Failed memory writes and damaged files set aside (quarantine/).
+            body["memory"] = await asyncio.to_thread(data.memory, app.health)
+        return _json(body)
+
+    async def _remote(self, remote: Any, op: str, ident: str, action: str) -> web.Response:
+        """A control carried out by a cluster's workers (bot/cluster/controls.py)."""
+        status, answer = await remote(op, ident, action)
+        log.info("dashboard.control", op=op, id=ident, action=action, status=status)
+        if op == "goal":
+            self._goals_version += 1
+        self._wake()
+        return _json(answer, status=status)
+
+    def _note(self, page: str) -> str:
+        """What a page cannot show here (a cluster gateway), else ""."""
+        return str(getattr(self.app, "notes", {}).get(page, ""))
 
     def _mcp(self) -> list[dict[str, Any]]:
         """Each MCP server's state and tools (core/mcp), as /mcp lists them."""
@@ -219,12 +240,13 @@ class Dashboard:
         stored = await asyncio.to_thread(self.app.approvals.store.load_all)
         decided = [r for r in stored if r.get("status") != "pending" and r.get("id") not in ids]
         decided.sort(key=lambda r: float(r.get("decided_at") or 0), reverse=True)
-        return _json(
-            {
-                "pending": [_approval_json(r) for r in pending],
-                "decided": [_approval_json(r) for r in decided[:DECIDED_SHOWN]],
-            }
-        )
+        answer: dict[str, Any] = {
+            "pending": [_approval_json(r) for r in pending],
+            "decided": [_approval_json(r) for r in decided[:DECIDED_SHOWN]],
+        }
+        if note := self._note("approvals"):
+            answer["note"] = note
+        return _json(answer)
 
     async def _decide(self, request: web.Request) -> web.Response:
         body = await _body(request)
@@ -232,6 +254,8 @@ class Dashboard:
         if action is None:
             return _error(400, "action must be one of: " + ", ".join(APPROVAL_ACTIONS))
         rid = request.match_info["id"]
+        if (remote := getattr(self.app, "control", None)) is not None:
+            return await self._remote(remote, "approval", rid, action)
         answer = await self.app.approvals.press(f"{action}:{rid}", OWNER, owner=True)
         log.info("dashboard.approval", approval=rid, action=action, decided=answer.decided)
         self._wake()
@@ -262,7 +286,10 @@ class Dashboard:
             if query:  # no index (yet): a plain text match over the recent ones
                 q = query.lower()
                 items = [e for e in items if q in e["request"].lower()][:limit]
-        return _json({"query": query, "items": items})
+        answer: dict[str, Any] = {"query": query, "items": items}
+        if note := self._note("history"):
+            answer["note"] = note
+        return _json(answer)
 
     async def _episode(self, request: web.Request) -> web.Response:
         detail = await asyncio.to_thread(
@@ -278,13 +305,18 @@ class Dashboard:
         rules, problems = await asyncio.to_thread(self.app.rules.load)
         order = {"active": 0, "candidate": 1, "retired": 2}
         rules.sort(key=lambda r: (order.get(r.status, 3), -r.confidence, r.id))
-        return _json({"rules": [data.rule_json(r) for r in rules], "problems": problems})
+        answer: dict[str, Any] = {"rules": [data.rule_json(r) for r in rules], "problems": problems}
+        if note := self._note("rules"):
+            answer["note"] = note
+        return _json(answer)
 
     async def _rule_action(self, request: web.Request) -> web.Response:
         body = await _body(request)
         action = str(body.get("action", ""))
         if action not in RULE_ACTIONS:
             return _error(400, "action must be one of: " + ", ".join(RULE_ACTIONS))
+        if (remote := getattr(self.app, "control", None)) is not None:
+            return await self._remote(remote, "rule", request.match_info["id"], action)
         commands = self.app.dispatcher.rules_commands
         if commands is None:
             return _error(409, "Rules are not available in this Steward.")
@@ -306,13 +338,14 @@ class Dashboard:
 
     async def _spend(self, request: web.Request) -> web.Response:
         days = _clamp(request.query.get("days"), 14, 1, 365)
+        now = _utcnow(self.app)
+        usage = getattr(self.app, "usage", None)  # every model call (memory/usage.py)
+        note = ""
+        if (cluster_usage := getattr(self.app, "cluster_usage", None)) is not None:
+            usage = await cluster_usage(days, now)  # a gateway: every worker's calls
+            note = "" if usage is not None else self._note("spend")
         result = await asyncio.to_thread(
-            data.spend,
-            self._cache,
-            self.app.data_dir,
-            days=days,
-            now=_utcnow(self.app),
-            usage=getattr(self.app, "usage", None),  # every model call (memory/usage.py)
+            data.spend, self._cache, self.app.data_dir, days=days, now=now, usage=usage
         )
         goals = await self._goal_list(include_ended=True)
         result["goals"] = (
@@ -331,11 +364,15 @@ class Dashboard:
             if goals["enabled"]
             else None
         )
+        if note:
+            result["note"] = note
         return _json(result)
 
     # ------------------------------------------------------------------ artifacts
 
     async def _artifacts(self, _request: web.Request) -> web.Response:
+        if self.app.workspace is None:  # a gateway without the shared volume
+            return _json({"workspace": None, "items": [], "note": self._note("artifacts")})
         try:
             items = await io_threads.run(
                 data.artifacts, self.app.workspace, within=ARTIFACT_SECONDS
@@ -346,6 +383,8 @@ class Dashboard:
 
     async def _artifact_raw(self, request: web.Request) -> web.StreamResponse:
         rel = request.query.get("path", "")
+        if self.app.workspace is None:
+            return _error(409, self._note("artifacts"))
         try:
             found = await io_threads.run(
                 data.read_artifact, self.app.workspace, rel, within=ARTIFACT_SECONDS
@@ -396,6 +435,8 @@ class Dashboard:
         gid = request.match_info["id"]
         if await goals.view(gid) is None:
             return _error(404, f"No goal {gid[:80]!r}.")
+        if (remote := getattr(self.app, "control", None)) is not None:
+            return await self._remote(remote, "goal", gid, action)
         view = await getattr(goals, action)(gid, OWNER)
         self._goals_version += 1
         self._wake()
@@ -404,6 +445,12 @@ class Dashboard:
     async def _emergency_stop(self, request: web.Request) -> web.Response:
         """Every goal stopped (no new task starts from them) and every running task cancelled."""
         await _body(request)
+        if (remote := getattr(self.app, "emergency_stop", None)) is not None:
+            status, answer = await remote()  # a gateway: the workers do it
+            log.warning("dashboard.emergency_stop", cluster=True, status=status)
+            self._goals_version += 1
+            self._wake()
+            return _json(answer, status=status)
         stopped = []
         goals = self.goals
         if goals is not None:

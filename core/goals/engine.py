@@ -92,6 +92,7 @@ from core.goals.terms import (
     GoalError,
     GoalView,
 )
+from core.open_questions import IdAllocator, next_id
 from core.spend import payer as payers
 from core.spend.payer import paying
 from core.task_set import TaskSet
@@ -156,6 +157,9 @@ class GoalEngine:
         self.stats = Stats()
         self._started = False
         self._stopping = False
+        #: A cluster worker's id numbering (memory/cluster/store.py `allocate_id`): two
+        #: goals made at once on two workers never share an id. None: the files'.
+        self.ids: IdAllocator | None = None
         #: Goals with a step job submitted and not yet ended.
         self._submitted: set[str] = set()
         #: Goals whose step is running now -> the task it runs (None: planning/judging).
@@ -249,6 +253,14 @@ class GoalEngine:
             raise GoalError(f"No goal {goal_id.strip()!r} (goals: {known}).")
         return g
 
+    async def _new_id(self) -> str:
+        """The new goal's id, numbered across the cluster in one (core/open_questions.py)."""
+        try:
+            return await next_id(self.ids, "goal", "g", self.queue.next_goal_id())
+        except ConnectionError as exc:
+            log.warning("goal.id_unavailable", error=str(exc.__cause__)[:200])
+            raise GoalError(str(exc)) from exc
+
     async def add(
         self,
         draft: Draft,
@@ -262,7 +274,7 @@ class GoalEngine:
         via: str = "/goal",
     ) -> Goal:
         g = Goal(
-            id=self.queue.next_goal_id(),
+            id=await self._new_id(),
             text=draft.text,
             owner=owner,
             channel=channel,

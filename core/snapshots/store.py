@@ -29,6 +29,15 @@ rename to a fixed temp name beside it; `recover` re-runs an unfinished restore f
 intent (applying it twice gives the same result), so a kill leaves neither half-written
 files nor a half-restored workspace once Steward starts again.
 
+Shared (a cluster, `shared=True`): the store lies on the volume beside the workspace
+and every worker uses it. Then `lock` is also a lock across processes (flock on
+`<store>/lock`, core/snapshots/locking.py) and every object write, restore and prune
+holds it, so two workers snapshotting at once write whole objects and never delete one
+the other is about to name. A prune bumps `<store>/generation`; a snapshot that sees it
+moved forgets the trees and stat entries it cached (their objects may be gone). Each
+process notes its latest snapshot in `owners/` so another's prune keeps it until a
+record names it. A single process (`shared=False`) keeps its thread lock alone.
+
 Size: the object store, the stat cache, the walk and the crash-safe restore share one
 lock and one cache; split, each half would need the other's internals.
 """
@@ -53,7 +62,9 @@ from dulwich.ignore import IgnoreFilter, read_ignore_patterns
 from dulwich.object_store import DiskObjectStore
 from dulwich.objects import Blob, ObjectID, Tree
 
+from config.settings import ConfigError
 from core import safe_fs
+from core.snapshots.locking import Owners, SharedLock
 from memory.atomic import atomic_write_bytes, atomic_write_text
 
 #: Folders never snapshotted, whatever the settings: version control, dependencies and
@@ -87,6 +98,12 @@ _Cached = tuple[tuple[int, int, int, int, int], bytes, int, bytes]
 
 #: path -> (mode, blob id) or None (absent): what a restore makes true.
 Target = dict[str, tuple[int, str] | None]
+
+
+class StoreMismatch(ConfigError):
+    """A shared store already holds another workspace's snapshots (its `workspace` file
+    names another folder): two workspaces must not share one store. A ConfigError, so
+    the start stops with its one line, naming the setting that fixes it."""
 
 
 class SnapshotTimeout(Exception):
@@ -125,7 +142,8 @@ class Restored:
 
 
 class SnapshotStore:
-    """Snapshots of one workspace under `root` (`<data dir>/snapshots`). Thread-safe;
+    """Snapshots of one workspace under `root` (`<data dir>/snapshots`, or beside the
+    workspace when `shared`). Thread-safe, and with `shared` safe across processes;
     every method is blocking (callers use asyncio.to_thread)."""
 
     def __init__(
@@ -137,25 +155,40 @@ class SnapshotStore:
         max_file_bytes: int = 50_000_000,
         exclude: Iterable[Path] = (),
         max_seconds: float = SNAPSHOT_SECONDS,
+        shared: bool = False,
     ) -> None:
         self.root = Path(root)
         self.workspace = Path(workspace).resolve()
+        self.shared = shared
         self.skip = frozenset(DEFAULT_SKIP) | {s.strip().strip("/") for s in skip if s.strip()}
         self.max_file_bytes = max_file_bytes
         self.max_seconds = max_seconds
         #: Absolute folders inside the workspace never snapshotted (Steward's data dir).
-        self.exclude = frozenset(os.path.realpath(p) for p in exclude)
+        self.exclude = frozenset(os.path.realpath(p) for p in [*exclude, self.root])
         #: The same, relative to the workspace (what the walk compares).
         self._exclude_rel = frozenset(
             os.path.relpath(x, self.workspace)
             for x in self.exclude
             if x.startswith(str(self.workspace) + os.sep)
         )
-        self.lock = threading.RLock()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.lock: Any = SharedLock(self.root / "lock") if shared else threading.RLock()
+        #: The users of a shared store, alive or not (None: one process's store).
+        self.owners: Owners | None = None
+        #: The store's prune generation this process's caches are good for.
+        self._gen = 0
+        self._noted = ""
         objects = self.root / "objects"
-        if not (objects / "pack").is_dir():
-            objects.mkdir(parents=True, exist_ok=True)
-            DiskObjectStore.init(str(objects))
+        with self.lock:
+            if shared:
+                self._claim_workspace()
+                self.owners = Owners(self.root)
+        # The object store's folders, made as dulwich's init makes them but each only if
+        # missing: its init fails on a folder that exists, which is what a second worker
+        # starting at the same moment, or a start after a crash between two of its
+        # mkdirs, would meet.
+        for folder in ("info", "pack"):
+            (objects / folder).mkdir(parents=True, exist_ok=True)
         self.objects = DiskObjectStore(str(objects))
         #: relpath -> ((size, mtime_ns, ctime_ns, ino, st_mode), blob id, git mode, name)
         self._stat: dict[str, _Cached] = {}
@@ -169,6 +202,51 @@ class SnapshotStore:
         self.too_big: dict[str, int] = {}
         self._flat: dict[str, dict[str, tuple[int, str]]] = {}
         self._load_stat_cache()
+
+    def _claim_workspace(self) -> None:
+        """Write which workspace a shared store is for, or refuse another's store."""
+        mark = self.root / "workspace"
+        try:
+            named = mark.read_text(encoding="utf-8").strip()
+        except FileNotFoundError:
+            atomic_write_text(mark, str(self.workspace) + "\n")
+            return
+        if named and named != str(self.workspace):
+            raise StoreMismatch(
+                f"the snapshot store {self.root} holds the snapshots of {named}, not of "
+                f"{self.workspace}: give each workspace its own (snapshot_dir)"
+            )
+
+    def close(self) -> None:
+        """Let go of the shared store's locks (a process that ends lets go anyway)."""
+        if isinstance(self.lock, SharedLock):
+            self.lock.close()
+        if self.owners is not None:
+            self.owners.close()
+
+    # ── a shared store's generation ───────────────────────────────────────────────
+    @property
+    def _gen_path(self) -> Path:
+        return self.root / "generation"
+
+    def _read_gen(self) -> int:
+        try:
+            return int(self._gen_path.read_text(encoding="ascii").strip() or 0)
+        except (OSError, ValueError):
+            return 0
+
+    def _catch_up(self) -> None:
+        """Under the lock, in a shared store: if another process pruned since this one
+        last looked, forget cached trees and the stat entries whose blobs are gone."""
+        gen = self._read_gen()
+        if gen == self._gen:
+            return
+        self._trees.clear()
+        self._flat.clear()
+        live = {k: v for k, v in self._stat.items() if ObjectID(v[1]) in self.objects}
+        if len(live) != len(self._stat):
+            self._stat, self._stat_dirty = live, True
+        self._gen = gen
 
     # ── the stat cache ──────────────────────────────────────────────────────────
     @property
@@ -184,6 +262,9 @@ class SnapshotStore:
                 and (data.get("version") == 2)
             ):
                 self._stat = data["files"]
+                # Entries cached before another worker's prune are checked at the next
+                # snapshot (a missing generation counts as none of the store's).
+                self._gen = int(data.get("generation", -1))
         except (OSError, pickle.UnpicklingError, EOFError, KeyError, TypeError, ValueError):
             self._stat = {}  # a cache: losing it costs one full re-hash, nothing else
 
@@ -191,7 +272,12 @@ class SnapshotStore:
         with self.lock:
             if not self._stat_dirty:
                 return
-            data = {"workspace": str(self.workspace), "version": 2, "files": self._stat}
+            data = {
+                "workspace": str(self.workspace),
+                "version": 2,
+                "files": self._stat,
+                "generation": self._gen,
+            }
             atomic_write_bytes(self._stat_path, pickle.dumps(data, pickle.HIGHEST_PROTOCOL))
             self._stat_dirty = False
 
@@ -220,6 +306,8 @@ class SnapshotStore:
         SnapshotTimeout after `max_seconds`, keeping what it hashed for the next one."""
         deadline = time.monotonic() + self.max_seconds
         with self._locked(self.max_seconds):
+            if self.shared:
+                self._catch_up()
             seen: dict[str, _Cached] = {}
             self.too_big = {}
             self._ignores_seen = {}
@@ -251,7 +339,10 @@ class SnapshotStore:
             if tree is None:
                 empty = Tree()
                 self.objects.add_object(empty)
-                return empty.id.decode()
+                tree = empty.id
+            if self.owners is not None and tree.decode() != self._noted:
+                self.owners.note_tree(tree.decode())  # before another's prune can run
+                self._noted = tree.decode()
             return tree.decode()
 
     @staticmethod
@@ -799,9 +890,9 @@ class SnapshotStore:
 
     # ── size and pruning ────────────────────────────────────────────────────────
     def clean_locks(self) -> int:
-        """Lock files a killed write left in the object store (only one Steward uses a data
-        dir, and its writes hold `self.lock`). Left there, they would block writing that
-        same object again."""
+        """Lock files a killed write left in the object store (every object write holds
+        `self.lock`, across processes in a shared store, so none is being written now).
+        Left there, they would block writing that same object again."""
         removed = 0
         with self.lock:  # every object write of this process holds it
             for path in (self.root / "objects").glob("*/*.lock"):
@@ -860,6 +951,9 @@ class SnapshotStore:
             live = {k: v for k, v in self._stat.items() if v[1] in keep}
             if len(live) != len(self._stat):
                 self._stat, self._stat_dirty = live, True
+            if self.shared and removed:  # the others' caches may name what went
+                self._gen = self._read_gen() + 1
+                atomic_write_text(self._gen_path, f"{self._gen}\n")
             return removed
 
     def _loose(self) -> Iterator[bytes]:

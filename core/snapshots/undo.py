@@ -13,6 +13,14 @@ is a record too (kind "undo"), so undoing it brings the task's changes back.
 
 A record is written when the task's first snapshot is taken (with no "after" yet), so
 a task cut off by a crash can still be undone: the next start settles it.
+
+In a cluster the store is shared (core/snapshots/store.py): every worker reads the same
+records, so `/undo` on any worker finds the tasks all of them ran. Each record then names
+its `owner` (the process running the task, core/snapshots/locking.py): an open record
+whose owner is alive is another worker's running task, never settled from here; one
+whose owner died is settled by whichever worker looks next. An undo, a recovery and a
+prune each hold the store's lock across processes from start to end, so no other
+worker's undo or prune comes between their reading the records and writing them.
 """
 
 from __future__ import annotations
@@ -63,6 +71,10 @@ class _InFlight:
     measuring: asyncio.Task[dict[str, Any] | None] | None = None
 
 
+def _nothing() -> contextlib.nullcontext[None]:
+    return contextlib.nullcontext()
+
+
 @dataclass(frozen=True, slots=True)
 class Blocker:
     """A file an undo would overwrite although it changed since the task: `by` is the
@@ -79,7 +91,8 @@ class UndoOutcome:
 
     `status`: "done" (`restored` says what), "blocked" (nothing touched; `blockers`),
     "unknown" (no such record here; `recent` ids), "already" (the record was undone by
-    `record["undone_by"]`) or "nothing" (no task here changed files)."""
+    `record["undone_by"]`), "running" (the task still runs, on another worker of a
+    cluster) or "nothing" (no task here changed files)."""
 
     status: str
     record: dict[str, Any] = field(default_factory=dict)
@@ -125,6 +138,22 @@ class Undo:
         #: How long a walk of the workspace may keep a caller waiting: the store's own
         #: limit, plus a little for a walk that ends just then.
         self._walk_limit = store.max_seconds + 5.0
+        #: This process's name in the records of a shared store ("": one process's store).
+        self.owner = store.owners.me if store.owners is not None else ""
+        #: Held across an undo, a recovery and a prune: the store's own lock in a shared
+        #: store (other workers), nothing more in one process (as before sharing existed).
+        self._exclusive: Any = (lambda: store.lock) if store.shared else _nothing
+
+    def close(self) -> None:
+        """Let go of the store's locks (tests; a process that ends lets go anyway)."""
+        self.store.close()
+
+    def _running_elsewhere(self, rec: dict[str, Any]) -> bool:
+        """An open record of a task another live process of a shared store runs."""
+        owners = self.store.owners
+        if owners is None or rec.get("after") is not None or rec["id"] in self._inflight:
+            return False
+        return rec.get("owner") != self.owner and owners.alive(rec.get("owner"))
 
     # ── records ─────────────────────────────────────────────────────────────────
     def _path(self, record_id: str) -> Path:
@@ -148,6 +177,8 @@ class Undo:
         for path in self.records.glob("*.json"):
             try:
                 rec = json.loads(path.read_text(encoding="utf-8"))
+            except FileNotFoundError:
+                continue  # pruned since the listing (by another worker of a shared store)
             except (OSError, ValueError):
                 log.warning("undo.record_unreadable", path=str(path))
                 continue
@@ -197,6 +228,8 @@ class Undo:
                 "undone_by": None,
                 "undoes": None,
             }
+            if self.owner:
+                record["owner"] = self.owner
             await io_threads.run(partial(self._write, record, durable=False), within=None)
             flight = self._inflight[task_id] = _InFlight(record)
             log.info("snapshot.taken", tree=before, ms=round((time.perf_counter() - t0) * 1e3, 1))
@@ -440,6 +473,10 @@ class Undo:
             log.warning("snapshot.warm_failed", exc_info=True)
 
     def _recover(self) -> list[str]:
+        with self._exclusive():
+            return self._recover_locked()
+
+    def _recover_locked(self) -> list[str]:
         done: list[str] = []
         if self.store.clean_locks():
             done.append("removed stale object locks")
@@ -450,9 +487,15 @@ class Undo:
             self.store.finish_restore()
             done.append(f"finished undo {intent.get('note', {}).get('undo_id', '?')}")
         for rec in self.load():
-            if rec.get("after") is None and rec["id"] not in self._inflight:
+            if (
+                rec.get("after") is None
+                and rec["id"] not in self._inflight
+                and not self._running_elsewhere(rec)
+            ):
                 self._close(rec)
                 done.append(f"closed task {rec['id']}")
+        if self.store.owners is not None:
+            self.store.owners.sweep()  # their open records are closed just above
         if done:
             log.info("undo.recovered", done=done)
         return done
@@ -471,6 +514,10 @@ class Undo:
             return await io_threads.run(self._undo, conversation, record_id.strip(), within=None)
 
     def _undo(self, conversation: str, record_id: str) -> UndoOutcome:
+        with self._exclusive():
+            return self._undo_locked(conversation, record_id)
+
+    def _undo_locked(self, conversation: str, record_id: str) -> UndoOutcome:
         self._recover_quietly()
         mine = self._mine(conversation)
         if record_id:
@@ -486,6 +533,8 @@ class Undo:
             if not open_tasks:
                 return UndoOutcome("nothing")
             rec = open_tasks[-1]
+        if self._running_elsewhere(rec):
+            return UndoOutcome("running", rec)
         now = self.store.snapshot()
         flat = self.store.flatten(now)
         order = (rec.get("started", ""), rec["id"])
@@ -596,10 +645,17 @@ class Undo:
                 return 0
 
     def _prune(self, grace: float) -> int:
+        with self._exclusive():
+            return self._prune_locked(grace)
+
+    def _prune_locked(self, grace: float) -> int:
         records = self.load()
         cutoff = (self._now() - timedelta(days=self.keep_days)).isoformat()
         keep = records[-self.keep_count :] if self.keep_count else []
         keep = [r for r in keep if r.get("started", "") >= cutoff or r["id"] in self._inflight]
+        if self.store.owners is not None:  # other workers' running tasks, however old
+            ids = {r["id"] for r in keep}
+            keep += [r for r in records if r["id"] not in ids and self._running_elsewhere(r)]
         kept = {r["id"] for r in keep}
         for r in records:
             if r["id"] not in kept and r["id"] not in self._inflight:
@@ -609,6 +665,8 @@ class Undo:
             roots += [r.get("before") or "", r.get("after") or ""]
             for pair in r.get("outside", {}).values():
                 roots += [e[1] for e in pair if e]
+        if self.store.owners is not None:  # the snapshot each live worker took last
+            roots += self.store.owners.live_trees()
         removed = self.store.prune(roots, grace=grace)
         log.info("snapshot.pruned", records=len(records) - len(kept), objects=removed)
         return removed

@@ -11,7 +11,9 @@ the work already done, and the failure is environmental, never a lesson to learn
 Three scopes, each with a US$ and a token cap per day (0: none): the deployment, each
 person, each conversation. A cap is the `budget_*` setting unless `/budget set` changed
 it (memory/budgets.py). "Today" is the usage ledger's day (memory/usage.py), which
-starts at midnight in `budget_timezone`.
+starts at midnight in `budget_timezone`. In a cluster the ledger is the cluster's
+(memory/cluster/usage.py): what is spent is every worker's sum, read before the check, so
+a cap reached through one worker stops the calls of all of them.
 
 Told once per cap and day: admins when a cap is reached (and for the deployment cap's
 warning), the person at `budget_warn_at` of their person or conversation cap. The
@@ -49,11 +51,14 @@ class Spent(Protocol):
 
 
 class Ledger(Protocol):
-    """The part of memory/usage.py's `UsageLedger` the caps read."""
+    """The part of memory/usage.py's `UsageLedger` the caps read (or of a cluster's
+    ledger, memory/cluster/usage.py, whose `today` is every worker's sum)."""
 
     def today(self, *, person: str | None = None, conversation: str | None = None) -> Any: ...
 
     def next_reset(self) -> float: ...
+
+    async def refresh(self) -> None: ...
 
 
 class Notices(Protocol):
@@ -292,8 +297,12 @@ class Budgets:
     async def admit(self, payer: Payer) -> None:
         """Raise `LLMError(kind="budget")` when a cap covering `payer` is reached; give
         the day's one-time warnings on the way."""
+        self.overrides.reload_if_changed()
         if not self.overrides.caps and not self._set_caps:
             return  # no cap anywhere: nothing to read (the default)
+        # One process: nothing to do. A cluster: the other workers' spend is read now
+        # (bounded wait; while PostgreSQL is away, the last sums read plus this worker's).
+        await self.ledger.refresh()
         caps = self.caps_for(payer)
         if not caps:
             return

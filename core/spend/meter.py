@@ -10,10 +10,17 @@ callback by the app.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from core.spend import payer as payers
-from memory.usage import UsageLedger, UsageRow
+from memory.usage import UsageRow
+
+
+class Sink(Protocol):
+    """Where rows go: memory/usage.py's `UsageLedger` (one process) or a cluster's
+    (memory/cluster/usage.py); `add` does no I/O on the event loop."""
+
+    def add(self, row: UsageRow) -> None: ...
 
 
 class SpendMeter:
@@ -22,7 +29,7 @@ class SpendMeter:
 
     __slots__ = ("caps", "ledger", "now")
 
-    def __init__(self, ledger: UsageLedger, now: Callable[[], float], caps: Any = None) -> None:
+    def __init__(self, ledger: Sink, now: Callable[[], float], caps: Any = None) -> None:
         self.ledger = ledger
         self.now = now
         #: The budgets' object (its `admit(payer)` raises LLMError kind "budget"); None: no caps.

@@ -59,7 +59,9 @@ SHARED_FOLDERS = frozenset(
     }
 )
 #: Top-level files that are shared.
-SHARED_FILES = frozenset({"access.json", "admin_rooms.json", "skills.md", "policy.toml"})
+SHARED_FILES = frozenset(
+    {"access.json", "admin_rooms.json", "budgets.json", "skills.md", "policy.toml"}
+)
 #: Every this many seconds the scan stats every file, not only those in folders whose
 #: entries changed: an editor that writes in place changes no folder's mtime.
 FULL_SCAN_EVERY = 30.0

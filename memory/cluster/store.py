@@ -1,7 +1,7 @@
 """The cluster's shared state in PostgreSQL: what one process keeps in its data dir and
 its memory, made safe for several workers at once.
 
-Why PostgreSQL and these four things (docs/cluster.md#cluster-store):
+Why PostgreSQL and these things (docs/cluster.md#cluster-store):
 
 * **Task journal of inbound events** (`claim_event`/`finish_event`): JetStream redelivers
   an event whose worker died; the row keyed by the event's idempotency key tells the
@@ -12,6 +12,8 @@ Why PostgreSQL and these four things (docs/cluster.md#cluster-store):
   that worker's connection ends, whether it stopped, crashed or was killed -9.
 * **Exactly-once runs** (`claim_run`): a schedule or goal step due at a time is claimed
   by inserting (kind, ident, due); every other worker's insert finds the row.
+* **Cluster-wide ids** (`allocate_id`): one counter row per kind of id (schedules,
+  goals), raised in one statement, so two workers never hand out the same number.
 * **Documents**: the data dir's shared files (Markdown and a few JSON/TOML files) by
   path, each write numbered by `seq`; `documents_since(cursor)` returns what changed
   after a cursor. Writers take a transaction advisory lock so seq order is commit order
@@ -32,7 +34,7 @@ import hashlib
 import json
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -283,6 +285,11 @@ class ClusterStore:
         async with self._pool.connection() as conn:
             await conn.execute("SELECT 1")
 
+    def connection(self) -> contextlib.AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]:
+        """A pooled (autocommit) connection, for the tables a module of its own keeps
+        (memory/cluster/usage_store.py: the cluster's usage ledger)."""
+        return self._pool.connection()
+
     async def _prune(self) -> None:
         async with self._pool.connection() as conn:
             await conn.execute(
@@ -386,6 +393,23 @@ class ClusterStore:
             )
             return await cur.fetchone() is not None
 
+    # ---- ids numbered across the cluster -------------------------------------------
+
+    async def allocate_id(self, kind: str, at_least: int) -> int:
+        """A number for a new `kind` id (a schedule's, a goal's), never handed out before
+        in this cluster and at least `at_least` (one past what this worker's files show):
+        two workers making one at the same moment get two numbers (the row lock orders
+        them)."""
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(
+                "INSERT INTO ids (kind, last) VALUES (%s, %s) ON CONFLICT (kind) DO UPDATE "
+                "SET last = GREATEST(ids.last + 1, EXCLUDED.last) RETURNING last",
+                (kind, at_least),
+            )
+            row = await cur.fetchone()
+        assert row is not None
+        return int(row[0])
+
     # ---- documents -----------------------------------------------------------------
 
     async def put_document(self, path: str, text: str | None) -> None:
@@ -415,17 +439,37 @@ class ClusterStore:
                     last = int(row[0]) if row else last
             await conn.execute("SELECT pg_notify(%s, %s)", (DOCUMENTS_CHANNEL, str(last)))
 
-    async def documents_since(self, cursor: int) -> tuple[int, list[tuple[str, str | None]]]:
+    async def documents_since(
+        self, cursor: int, prefixes: Sequence[str] | None = None
+    ) -> tuple[int, list[tuple[str, str | None]]]:
         """(new cursor, [(path, text or None if deleted)]) of every write after `cursor`,
-        the latest text per path, in write order. Cursor 0 = everything."""
+        the latest text per path, in write order. Cursor 0 = everything.
+
+        `prefixes`: only the paths starting with one of them (a gateway's dashboard
+        copies episodes, not conversations), filtered in the query so the others' text
+        never leaves the server. The cursor still moves past every write, theirs too
+        (one statement, so one snapshot: no write between the two parts is skipped), and
+        may move while the list is empty."""
+        if prefixes is None:
+            async with self._pool.connection() as conn:
+                cur = await conn.execute(
+                    "SELECT seq, path, text FROM documents WHERE seq > %s ORDER BY seq", (cursor,)
+                )
+                rows = await cur.fetchall()
+            if not rows:
+                return cursor, []
+            return int(rows[-1][0]), [(str(path), text) for _seq, path, text in rows]
         async with self._pool.connection() as conn:
             cur = await conn.execute(
-                "SELECT seq, path, text FROM documents WHERE seq > %s ORDER BY seq", (cursor,)
+                "SELECT seq, path, text FROM documents "
+                "WHERE seq > %(cursor)s AND path ^@ ANY(%(prefixes)s::text[]) "
+                "UNION ALL SELECT max(seq), NULL, NULL FROM documents WHERE seq > %(cursor)s",
+                {"cursor": cursor, "prefixes": list(prefixes)},
             )
             rows = await cur.fetchall()
-        if not rows:
-            return cursor, []
-        return int(rows[-1][0]), [(str(path), text) for _seq, path, text in rows]
+        top = max((int(seq) for seq, path, _ in rows if path is None and seq), default=0)
+        found = sorted((int(seq), str(path), text) for seq, path, text in rows if path is not None)
+        return max(cursor, top), [(path, text) for _seq, path, text in found]
 
     @contextlib.asynccontextmanager
     async def document_notifications(self) -> AsyncIterator[asyncio.Event]:

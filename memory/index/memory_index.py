@@ -149,6 +149,9 @@ class MemoryIndex:
         #: Incremental writes go through this one (_apply, in the write thread `_WRITES`).
         self._writer: sqlite3.Connection | None = None
         self._vectors = VectorIndex(embedder.dim or 1)
+        #: Where searches take the vector list from instead of `_vectors`, when set: a
+        #: cluster's vectors in PostgreSQL (memory/cluster/vectors_search.py).
+        self.vector_backend: VectorIndex | None = None
         self._lock = asyncio.Lock()
         self._rebuild_lock = asyncio.Lock()
         self._generation = 0
@@ -926,7 +929,7 @@ class MemoryIndex:
         async with self._lock:
             reader = self._require_reader()  # inside the lock: a rebuild swaps it
             keywords = self._keywords if tuning.KEYWORD_CACHE else None
-            vectors = self._vectors
+            vectors = self._vectors if self.vector_backend is None else self.vector_backend
             filters = self._filters
 
             found: Future[list[Hit]] = Future()

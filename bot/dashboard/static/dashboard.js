@@ -54,6 +54,11 @@
     messageEl.className = bad ? "bad" : "";
   }
 
+  // What this server cannot show or do (a cluster gateway), said on the page.
+  function note(text) {
+    return text ? el("p", { class: "note" }, text) : null;
+  }
+
   const fmt = new Intl.NumberFormat();
   const num = (n) => fmt.format(Math.round(n || 0));
   const usd = (n) => (n === null || n === undefined ? "—" : "$" + Number(n).toFixed(n < 1 ? 4 : 2));
@@ -236,6 +241,7 @@
     return el("li", { class: "task" + (running ? " running" : "") },
       el("p", { class: "where" }, `${t.channel} · ${t.conversation} · ${t.user}`,
         running ? el("span", { class: "tag live" }, "running") : el("span", { class: "tag" }, ago(t.ended)),
+        t.worker ? el("span", { class: "tag worker", title: "the worker that ran it" }, t.worker) : null,
         t.waiting_approval ? el("a", { class: "tag wait", href: "#approvals" }, "waiting for approval") : null),
       el("p", { class: "req" }, t.request),
       cur ? el("p", { class: "tool now" }, "⚙ ", el("code", {}, cur.tool), " ", cur.text) : null,
@@ -274,7 +280,14 @@
         : el("p", { class: "empty" }, s.goals.ended
           ? `No goal is running (${s.goals.ended} ended: /goal list shows them).` : "No goals yet."))
       : el("p", { class: "empty" }, s.goals.text || "Goals are not enabled");
+    const c = s.cluster;
+    const notes = (c && c.notes) || {};
     return [
+      c ? section("Cluster", el("p", { class: "small" }, `Served by gateway ${c.gateway}.`),
+        c.workers.length ? table("Workers", ["worker", "state", "running", "model", "last heard"],
+          c.workers.map((w) => [w.id, el("span", { class: "state " + (w.state === "up" ? "connected" : "down") }, w.state),
+            String(w.running), w.model || "—", ago(w.last_seen)]))
+          : el("p", { class: "empty", id: "workers" }, "No worker has reported yet.")) : null,
       section("Running",
         s.running.length ? el("ul", { class: "cards", id: "running" }, s.running.map((t) => taskCard(t, true)))
           : el("p", { class: "empty", id: "running" }, "Nothing is running."),
@@ -293,7 +306,8 @@
           x.paused ? "paused" : x.done ? "done" : when(x.next_run)]))),
       section("Recently finished", s.recent.length
         ? el("ul", { class: "cards", id: "recent" }, s.recent.map((t) => taskCard(t, false)))
-        : el("p", { class: "empty" }, "No task since Steward started.")),
+        : el("p", { class: "empty" }, "No task since Steward started."),
+        s.recent.some((t) => t.source === "journal") ? note(notes.recent) : null),
       el("p", { class: "small" }, "Model: ", s.model || "none configured"),
     ];
   }
@@ -321,12 +335,12 @@
           el("p", {}, "Risk: ", r.risk),
           r.tool ? el("p", { class: "small" }, el("code", {}, r.tool), " ", el("code", {}, r.args || "")) : null,
           el("p", { class: "small" }, "expires ", r.expires_at ? new Date(r.expires_at * 1000).toLocaleTimeString() : "—"),
-          el("p", { class: "actions" },
+          a.note ? null : el("p", { class: "actions" },
             el("button", { type: "button", class: "primary", onclick: () => decide(r.id, "approve") }, "Approve"),
             el("button", { type: "button", onclick: () => decide(r.id, "session") }, "Approve for this session"),
             el("button", { type: "button", onclick: () => decide(r.id, "always") }, "Always allow"),
             el("button", { type: "button", class: "danger", onclick: () => decide(r.id, "deny") }, "Deny")))))
-        : el("p", { class: "empty", id: "pending" }, "No approval is waiting.")),
+        : el("p", { class: "empty", id: "pending" }, "No approval is waiting."), note(a.note)),
       section("Decided", table("Recent decisions", ["what", "outcome", "by", "when", "where"],
         a.decided.map((r) => [r.what, r.status, r.decided_by || "", r.decided_at ? ago(r.decided_at) : "",
           `${r.channel}:${r.conversation}`]))),
@@ -344,7 +358,7 @@
       el("input", { id: "q", name: "q", type: "search", value: state.search, placeholder: "words from a request or an error" }),
       el("button", { type: "submit" }, "Search"));
     const list = await api("/api/episodes?limit=50&q=" + encodeURIComponent(state.search));
-    const out = [section("Episodes", form, table("Episodes", ["started", "request", "outcome", "tools", "tokens", "cost"],
+    const out = [section("Episodes", form, note(list.note), table("Episodes", ["started", "request", "outcome", "tools", "tokens", "cost"],
       list.items.map((e) => [when(e.started),
         el("a", { href: "#history", onclick: (ev) => { ev.preventDefault(); state.episode = e.id; refresh(); } }, e.request || e.id),
         el("span", { class: "state " + e.outcome }, e.outcome), e.tools.join(", "),
@@ -381,11 +395,12 @@
         el("p", {}, x.text),
         x.trigger ? el("p", { class: "small" }, "Trigger: ", el("code", {}, x.trigger)) : null,
         sparkline(x.series, x.id),
-        el("p", { class: "actions" }, ["promote", "demote", "disable"].map((a) =>
+        r.note ? null : el("p", { class: "actions" }, ["promote", "demote", "disable"].map((a) =>
           el("button", { type: "button", class: a === "disable" ? "danger" : "", onclick: () => ruleAction(x.id, a) },
             a[0].toUpperCase() + a.slice(1)))))))
       : el("p", { class: "empty" }, "No rules yet. Steward drafts rules from repeated failures."),
-      r.problems.length ? el("p", { class: "bad" }, "Skipped (malformed): ", r.problems.join("; ")) : null)];
+      r.problems.length ? el("p", { class: "bad" }, "Skipped (malformed): ", r.problems.join("; ")) : null,
+      note(r.note))];
   }
 
   async function pageProactive() {
@@ -414,6 +429,7 @@
       : usd(r.cost_usd) + (r.unpriced ? ` + unknown (${num(r.unpriced)} calls)` : ""));
     const t = s.total;
     return [
+      note(s.note),
       section("Total (14 days)", el("p", { class: "big", id: "spend-total" },
         `${num(tok(t))} tokens`, el("span", { class: "small" }, ` (${num(t.tokens_in)} in, ${num(t.tokens_out)} out) · ${cost(t)} · ${num(t.tasks)} tasks · ${num(t.calls)} model calls`))),
       section("Tokens per day", columns("Tokens per day", s.days, [
@@ -433,6 +449,7 @@
 
   async function pageArtifacts() {
     const a = await api("/api/artifacts");
+    if (a.workspace === null) return [section("Workspace files", note(a.note))];
     const out = [section("Workspace files", el("p", { class: "small" }, a.workspace),
       table("Files", ["file", "kind", "size", "changed"], a.items.map((f) => [
         el("a", { href: "#artifacts", onclick: (ev) => { ev.preventDefault(); state.artifact = f; refresh(); } }, f.path),

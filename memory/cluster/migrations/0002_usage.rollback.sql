@@ -1,0 +1,3 @@
+DROP TABLE usage_totals;
+DROP SEQUENCE usage_rev;
+DROP TABLE usage_calls;

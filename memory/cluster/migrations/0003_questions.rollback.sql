@@ -1,0 +1,2 @@
+DROP TABLE ids;
+DROP TABLE questions;
