@@ -20,8 +20,6 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-import bashlex
-
 from core.guardian.decision import CallDecision, Verdict
 from core.guardian.knowledge import (
     _ARITH,
@@ -207,6 +205,10 @@ class _Analysis(_Runs, _PathChecks):
         prepared = _QUOTED_HEREDOC_RE.sub(
             lambda m: f"<<{m.group(1)}{m.group(2) or m.group(3) or m.group(4)}", prepared
         )
+        # Imported here, not at the top: its parser tables are ~1.7 MB resident, and
+        # `steward run` only needs them once a shell command is judged (bench rss).
+        import bashlex
+
         try:
             trees = bashlex.parse(prepared)
         except Exception as exc:  # bashlex raises several types; all mean "cannot check"
