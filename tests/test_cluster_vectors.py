@@ -5,6 +5,7 @@ server cannot CREATE EXTENSION vector)."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -267,3 +268,26 @@ async def test_another_worker_writes_new_texts_for_pgvector(postgres_url: str) -
             assert conn.execute("SELECT count(*) FROM vector_texts").fetchone() == (0,)
     finally:
         await second.close()
+
+
+async def test_workers_starting_together_enable_pgvector_once(postgres_url: str) -> None:
+    """Four workers enabling pgvector on a fresh database at the same moment: each
+    succeeds (concurrent CREATE ... IF NOT EXISTS fail on the catalog's unique index
+    unless they take turns) and one table and one HNSW index result."""
+    pgvector_or_skip(postgres_url)
+    stores = await asyncio.gather(
+        *(ClusterStore.open(postgres_url, worker_id=f"w{i}") for i in range(4))
+    )
+    try:
+        tables = [VectorTable(s, "m", 4, f"w{i}") for i, s in enumerate(stores)]
+        await asyncio.gather(*(t.enable_pgvector() for t in tables))
+        assert all(t.pgvector for t in tables)
+    finally:
+        for s in stores:
+            await s.close()
+    with psycopg.connect(postgres_url) as conn:
+        indexes = conn.execute(
+            "SELECT count(*) FROM pg_indexes WHERE tablename = 'vector_texts' "
+            "AND indexdef LIKE '%hnsw%'"
+        ).fetchone()
+    assert indexes == (1,)

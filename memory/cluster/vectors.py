@@ -56,6 +56,13 @@ HNSW_BUILD_MEMORY = "512MB"
 EF_SEARCH_MAX = 1000
 
 
+#: The advisory lock workers take in turn to create pgvector's extension, table and
+#: index (a transaction-scoped lock: freed at commit or when the session dies).
+DDL_LOCK = int.from_bytes(
+    hashlib.blake2b(b"steward:cluster:pgvector-ddl", digest_size=8).digest(), "big", signed=True
+)
+
+
 class PgVectorUnavailable(RuntimeError):
     """The server has no `vector` extension, or this role may not create it."""
 
@@ -161,21 +168,27 @@ class VectorTable:
         documents (`vectors_text` index)."""
         async with self.store.connection() as conn:
             try:
-                await conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+                async with conn.transaction():
+                    # Workers starting together: "IF NOT EXISTS" does not make two
+                    # concurrent CREATEs safe (the second fails on the catalog's unique
+                    # index), so they take turns, the lock freed with the transaction.
+                    await conn.execute("SELECT pg_advisory_xact_lock(%s)", (DDL_LOCK,))
+                    await conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+                    await conn.execute(
+                        "CREATE TABLE IF NOT EXISTS vector_texts (model TEXT NOT NULL, "
+                        "text_hash TEXT NOT NULL, embedding vector NOT NULL, "
+                        "PRIMARY KEY (model, text_hash))"
+                    )
             except psycopg.Error as exc:
                 raise PgVectorUnavailable(str(exc).strip().splitlines()[0]) from exc
             info = await TypeInfo.fetch(conn, "vector")
             if info is None:
                 raise PgVectorUnavailable("the vector type is missing after CREATE EXTENSION")
             self._oid = info.oid
-            await conn.execute(
-                "CREATE TABLE IF NOT EXISTS vector_texts (model TEXT NOT NULL, "
-                "text_hash TEXT NOT NULL, embedding vector NOT NULL, "
-                "PRIMARY KEY (model, text_hash))"
-            )
         self.texts = True
         await self._fill_texts()
         async with self.store.connection() as conn, conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (DDL_LOCK,))
             # The graph built in memory is several times faster than one spilled to disk
             # (~2.3 KB a 512-dim row); only this statement gets the allowance.
             await conn.execute(
