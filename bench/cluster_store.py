@@ -12,15 +12,14 @@ costs on this server.
 from __future__ import annotations
 
 import asyncio
-import os
 import statistics
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
+from bench.postgres import bench_database, unreachable
+
 RUNS = 1000
-ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -97,22 +96,13 @@ async def _bench(url: str) -> None:
 def main() -> None:
     import logging
 
-    import psycopg
     import structlog
 
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
 
-    admin = os.environ.get("STEWARD_TEST_DATABASE_URL", ADMIN)
-    name = f"steward_bench_{uuid.uuid4().hex[:10]}"
-    try:
-        with psycopg.connect(admin, autocommit=True, connect_timeout=5) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
-    except psycopg.OperationalError as exc:
-        print(f"skipped: PostgreSQL not reachable at {admin} ({exc})")
+    reason = unreachable()
+    if reason:
+        print(f"skipped: {reason}")
         return
-    url = admin.rsplit("/", 1)[0] + "/" + name
-    try:
+    with bench_database() as url:
         asyncio.run(_bench(url))
-    finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -31,13 +31,13 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
+from bench.postgres import bench_database
+
 QUERIES = 300
 SIZES = (10_000, 100_000)
 
@@ -287,21 +287,9 @@ async def _size(url: str, n: int, scratch: Path) -> None:
 
 
 async def _bench(sizes: list[int]) -> None:
-    import psycopg
-
-    from memory.cluster.store import _with_database as with_database
-
-    admin = os.environ.get("STEWARD_TEST_DATABASE_URL", ADMIN)
     for n in sizes:
-        name = f"steward_bench_vectors_{uuid.uuid4().hex[:8]}"
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
-        try:
-            with tempfile.TemporaryDirectory() as scratch:
-                await _size(with_database(admin, name), n, Path(scratch))
-        finally:
-            with psycopg.connect(admin, autocommit=True) as conn:
-                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        with bench_database("steward_bench_vectors") as url, tempfile.TemporaryDirectory() as s:
+            await _size(url, n, Path(s))
 
 
 def main(argv: list[str] | None = None) -> None:

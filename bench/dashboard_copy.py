@@ -16,16 +16,15 @@ the filter.
 from __future__ import annotations
 
 import asyncio
-import os
 import statistics
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
-ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
+from bench.postgres import bench_database, unreachable
+
 #: Each conversation's file: a long chat, as the conversations folder holds them.
 CONVERSATION_BYTES = 16_000
 EPISODES = 1_000
@@ -129,26 +128,17 @@ async def _bench(url: str, conversations: int) -> None:
 def main(argv: list[str] | None = None) -> None:
     import logging
 
-    import psycopg
     import structlog
 
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     args = sys.argv[1:] if argv is None else argv
     conversations = int(args[0]) if args else 2_000
-    admin = os.environ.get("STEWARD_TEST_DATABASE_URL", ADMIN)
-    name = f"steward_bench_{uuid.uuid4().hex[:10]}"
-    try:
-        with psycopg.connect(admin, autocommit=True, connect_timeout=5) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
-    except psycopg.OperationalError as exc:
-        print(f"skipped: PostgreSQL not reachable at {admin} ({exc})")
+    reason = unreachable()
+    if reason:
+        print(f"skipped: {reason}")
         return
-    url = admin.rsplit("/", 1)[0] + "/" + name
-    try:
+    with bench_database() as url:
         asyncio.run(_bench(url, conversations))
-    finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 if __name__ == "__main__":
