@@ -296,10 +296,14 @@ class App:
         #: Whether `start` arms the schedules' timers. Off for `steward chat -m` and piped
         #: chat: a one-shot exchange must not run (or print) a schedule's work.
         self.fire_schedules = True
-        #: Whether a channel's start asks about the tasks a previous run of this data dir
-        #: left unfinished (core/interrupted.py). Off for a cluster worker: there the
-        #: event's redelivery to another worker asks (bot/cluster/worker.py).
-        self.recover_interrupted = True
+        #: Whether a channel's start takes up what a previous run of this data dir left
+        #: open: its pending approvals (expired visibly), its open offers of help (still
+        #: answerable) and its unfinished tasks ("run it again?", core/interrupted.py).
+        #: Off for a cluster worker: those folders are every worker's, and one still open
+        #: may be waiting on a live worker; a dead one's is taken over when pressed
+        #: (bot/cluster/handover.py) and its task asked about by the worker that gets
+        #: the event again (bot/cluster/worker.py).
+        self.recover_left_open = True
 
     def _own_files(self) -> list[Path]:
         """What no command may see and no approval may open: the data dir, the config
@@ -870,11 +874,12 @@ class App:
         await outbox.start(self.dispatcher.bind(outbox))
         self.channels.append(outbox)
         mine: dict[str, Channel] = {outbox.name: outbox}
-        async with self._recovering:  # one channel's recovery at a time: they share records
-            await self.approvals.recover(mine)
-            await self.proactive.recover(await self.suggestions.recover(mine))
-            if self.dispatcher.interrupted is not None and self.recover_interrupted:
-                await self.dispatcher.interrupted.recover(mine)
+        if self.recover_left_open:
+            async with self._recovering:  # one channel's recovery at a time: shared records
+                await self.approvals.recover(mine)
+                await self.proactive.recover(await self.suggestions.recover(mine))
+                if self.dispatcher.interrupted is not None:
+                    await self.dispatcher.interrupted.recover(mine)
         try:  # what a previous run could not deliver on this channel goes out now
             await outbox.redeliver()
         except Exception:  # never worth failing a start for: kept, tried again later

@@ -210,13 +210,6 @@ class Approvals:
                 return frozenset(self.approvers[scope])
         return frozenset({asked_by})
 
-    def skip_recovery(self) -> None:
-        """Neither expire nor answer for the stored requests at start (`recover`): in a
-        cluster they are every worker's, and one still pending may be waiting on another
-        worker right now. A press of one whose worker is gone is then "no pending
-        approval", and its task is asked about again (bot/cluster/worker.py)."""
-        self._left_open = []
-
     def is_pending(self, rid: str) -> bool:
         """Whether request `rid` waits for a decision in this process: in a cluster, a
         press goes to the worker where this is true (bot/cluster/worker.py)."""

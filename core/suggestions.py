@@ -165,13 +165,6 @@ class Suggestions:
                 log.warning("suggestion.edit_failed", suggestion=sid, exc_info=True)
         return True
 
-    def skip_recovery(self) -> None:
-        """Hold none of the stored open offers at start (`recover`): in a cluster the
-        `suggestions/` folder is every worker's, and an offer still open there may be
-        waiting on a live worker, whose own timer answers or ignores it. One whose
-        worker is gone is taken over when it is pressed (bot/cluster/handover.py)."""
-        self._left_open = []
-
     def adopt(self, record: dict[str, Any], channel: Channel) -> None:
         """An offer another worker made and left open when it died (taken over through
         the shared store): answered here as that worker would have."""

@@ -770,9 +770,9 @@ async def serve_worker(
         app = App(settings, clock=clock, subcommand="worker")
         # The journal's "run it again?" is the cluster's (claim_event), asked by the
         # worker that gets the event again: not also by this one from its own folder.
-        app.recover_interrupted = False
-        app.approvals.skip_recovery()  # the shared approvals/ holds the others' too
-        app.suggestions.skip_recovery()  # and suggestions/ the offers others hold open
+        # Likewise the approvals and offers left open in the shared folders: every
+        # worker's, taken over one by one when pressed (bot/cluster/handover.py).
+        app.recover_left_open = False
         # Schedules and goals run on one worker at a time: the one holding the timers
         # lease (bot/cluster/timers.py), not every worker as its channels come up.
         app.fire_schedules = False
