@@ -436,3 +436,45 @@ async def test_a_timer_job_cancelled_by_stop_before_it_ran_is_closed(tmp_path: P
     await pro.stop()  # before the spawned job had its first step
     assert ran == []
     assert coro.cr_frame is None  # closed: no "never awaited" warning when it is freed
+
+
+class _ClosedElsewhere:
+    """An offer sink whose offers were all closed by someone else before their timer
+    fired (in a cluster: the worker that took a silent worker's offer over)."""
+
+    def __init__(self) -> None:
+        self.expired: list[str] = []
+
+    def open_in(self, conversation: str) -> bool:
+        return False
+
+    async def offer(self, channel: Any, **kw: Any) -> str:
+        return "s1"
+
+    async def expire(self, sid: str) -> bool:
+        self.expired.append(sid)
+        return False
+
+
+async def test_an_offer_closed_elsewhere_is_not_counted_as_ignored_here(tmp_path: Path) -> None:
+    from core.events import Capabilities
+
+    clock = SimClock(start=T0)
+    sink = _ClosedElsewhere()
+    pro = Proactive(
+        Config(threshold=1.0), clock=clock, data_dir=tmp_path, suggestions=sink,
+        conversations=_Convs(),
+    )  # fmt: skip
+    channel: Any = type(
+        "Ch", (), {"name": "slack", "capabilities": Capabilities(interactive=True)}
+    )()
+    st = pro.state("slack:alice")
+    pro.engine.message(st, C, "deploy", T0)
+    fail(pro.engine, st, T0)
+    assert await pro.maybe_offer(channel, "alice", C, None, in_job=True) == "s1"
+    assert st.conv(C).open is not None
+    await pro._ignored("slack:alice", "s1")  # its timer fires
+    assert sink.expired == ["s1"]
+    assert st.stats["ignored"] == 0 and st.conv(C).ignored == []
+    assert st.conv(C).open is None  # no longer waiting on it: a later offer may go out
+    await pro.stop()

@@ -1,11 +1,13 @@
 """The dashboard's controls on a cluster gateway, carried out by the workers.
 
 Why over NATS: a gateway has no App. An approval waits in the memory of the worker
-running its task, so the press goes to every worker (`<cluster>.dashboard.holder`) and
-the one holding it answers; the others stay silent. When none answers (its worker died
-with the task), one worker (`approval_unheld` on the `any` subject) looks it up in the
-shared store and expires it as a chat press would (bot/cluster/handover.py): its record
-and chat message say so, and so does the page. A goal or rule action changes
+running its task, so the press goes to one worker (`approval_unheld` on the `any`
+subject), which decides it if its task waits there, else asks the shared store
+(the `questions` table) whether the worker holding it lives: if that worker is gone
+(it died with the task), the approval is expired at once as a chat press would expire
+it (bot/cluster/handover.py): its record and chat message say so, and so does the
+page; if it lives, the press goes on to every worker (`<cluster>.dashboard.holder`),
+the one holding it answers and the others stay silent. A goal or rule action changes
 shared files that any worker can write (its change reaches the others through the
 shared memory), so it goes to one worker (`<cluster>.dashboard.any`, queue group
 `workers`). Each is done as the dashboard of one process does it, as the owner, and its
@@ -35,7 +37,8 @@ log = structlog.get_logger("steward.cluster.controls")
 OWNER = "owner"
 #: How long the gateway waits for a worker's answer (seconds).
 ANSWER_WITHIN = 10.0
-#: How long it waits for the worker holding an approval (the others never answer).
+#: How long a worker waits for the worker holding an approval (the others never
+#: answer): only for a holder the shared store says is alive, or does not know.
 HOLDER_WITHIN = 3.0
 #: How long the emergency stop gathers the workers' answers at most.
 GATHER_WITHIN = 3.0
@@ -92,13 +95,14 @@ class WorkerControls:
         return reply
 
     async def _unheld(self, rid: str, action: str) -> tuple[int, dict[str, Any]]:
-        """An approval pressed on the page that no worker answered for: expired if its
-        worker is gone (as a chat press does: bot/cluster/handover.py), else what is
-        known of it."""
-        if self.app.approvals.is_pending(rid):  # its task waits here after all
+        """An approval pressed on the page: decided here if its task waits here; expired
+        at once if the shared store says its worker is gone (as a chat press does:
+        bot/cluster/handover.py); passed on to its worker if that one lives; else what
+        is known of it."""
+        if self.app.approvals.is_pending(rid):  # its task waits here
             return await self._decide(rid, action)
         if self.handover is None:
-            return 409, _text(_unheld_text(rid))
+            return await self._holder_or_stored(rid, action)
         try:
             pressed = await self.handover.owner_press(rid)
         except Exception as exc:  # the store away: nothing decided
@@ -107,7 +111,7 @@ class WorkerControls:
         if pressed.taken is Taken.ANSWERED:
             log.info("dashboard.approval", approval=rid, action=action, status="expired")
             return 200, {"ok": False, "decided": True, "status": "expired", "text": pressed.text}
-        if pressed.taken is Taken.LIVE:  # its worker lives: ask it once more
+        if pressed.taken is Taken.LIVE:  # its worker lives: the press goes to it
             reply = await self._ask_holder(rid, action)
             if reply is not None:
                 return reply
@@ -117,7 +121,19 @@ class WorkerControls:
             )
         if pressed.text:
             return 409, _text(pressed.text)
-        return 409, _text(await self._stored(rid))
+        return await self._holder_or_stored(rid, action)
+
+    async def _holder_or_stored(self, rid: str, action: str) -> tuple[int, dict[str, Any]]:
+        """An approval the shared store has no open question for: decided, unknown, or
+        (its record still pending) asked while the store was away, so only its worker's
+        memory holds it: that worker is asked, the only case left that waits for a
+        holder that may not answer."""
+        pending, text = await self._stored(rid)
+        if pending:
+            reply = await self._ask_holder(rid, action)
+            if reply is not None:
+                return reply
+        return 409, _text(text)
 
     async def _ask_holder(self, rid: str, action: str) -> tuple[int, dict[str, Any]] | None:
         from nats.errors import Error as NatsError
@@ -132,9 +148,10 @@ class WorkerControls:
         except (NatsError, TimeoutError, ValueError, TypeError):
             return None
 
-    async def _stored(self, rid: str) -> str:
-        """What the shared approval records say of `rid`, no worker holding it: decided
-        (by whom), or not known (as one process answers a press of an unknown id)."""
+    async def _stored(self, rid: str) -> tuple[bool, str]:
+        """What the shared approval records say of `rid`, no worker holding it: whether
+        it is still pending, and the text for the page: decided (by whom), or not known
+        (as one process answers a press of an unknown id)."""
         store = self.app.approvals.store
 
         def read() -> dict[str, Any] | None:
@@ -149,14 +166,14 @@ class WorkerControls:
         except (OSError, ValueError):
             record = None
         if record is None:
-            return f"No pending approval with id {rid[:80]!r}."
+            return False, f"No pending approval with id {rid[:80]!r}."
         status = str(record.get("status") or "")
         if status == "pending":
-            return _unheld_text(rid)
+            return True, _unheld_text(rid)
         by = str(record.get("decided_by") or "")
         if status == "expired" or by in ("expiry", "restart"):
-            return "Already expired."
-        return f"Already {status}" + (f" by {by}." if by else ".")
+            return False, "Already expired."
+        return False, f"Already {status}" + (f" by {by}." if by else ".")
 
     def _cancel_all(self) -> int:
         """Cancel every task running here (the emergency stop's part on each worker)."""
@@ -216,16 +233,15 @@ class GatewayControls:
         from nats.errors import Error as NatsError
         from nats.errors import NoRespondersError
 
-        scope = "holder" if op == "approval" else "any"
+        if op == "approval":
+            # One worker decides it: its own, else after asking the shared store whether
+            # the worker holding it lives (expired at once if not, no wait for an
+            # answer that cannot come; passed on to the holder if so).
+            op = "approval_unheld"
         data = json.dumps({"op": op, "id": ident, "action": action}).encode()
         try:
-            within = min(self.within, HOLDER_WITHIN) if op == "approval" else self.within
-            reply = await self.nc.request(subject(self.names, scope), data, timeout=within)
+            reply = await self.nc.request(subject(self.names, "any"), data, timeout=self.within)
         except (NoRespondersError, TimeoutError, NatsError) as exc:
-            if op == "approval":
-                # No worker's task waits for it: one worker looks it up in the shared
-                # store, and expires it if its worker died (bot/cluster/handover.py).
-                return await self("approval_unheld", ident, action)
             return 503, {"ok": False, "error": f"No worker answered ({type(exc).__name__})."}
         try:
             status, body = json.loads(reply.data)

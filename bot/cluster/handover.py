@@ -17,6 +17,10 @@ asker would have:
   event to. The owner's press on a gateway's dashboard (`owner_press`, through
   bot/cluster/controls.py) expires it the same way.
 
+A dead worker's offer or approval that nobody presses is settled the same way by a
+live worker's sweep (`settle`, bot/cluster/sweep.py): the offer adopted with its timer
+(expired at once when its time has run out), the approval expired.
+
 Two workers racing for one question: the store's single-statement claim lets one win;
 the other finds a live owner and routes the press to it like any other.
 """
@@ -25,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -34,6 +38,9 @@ from core.events import ButtonPress, Channel
 from core.interrupted import DROP, RERUN
 from core.open_questions import APPROVAL, INTERRUPTED, SUGGESTION
 from core.suggestions import NO, YES
+
+if TYPE_CHECKING:
+    from memory.cluster.questions import Question
 
 log = structlog.get_logger("steward.cluster")
 
@@ -122,6 +129,40 @@ class Handover:
             return Taken.ANSWERED
         return Taken.ADOPTED
 
+    async def settle(self, found: Question) -> bool:
+        """A question of a dead worker that nobody pressed, found by the sweep: handled
+        as its worker would have handled it by now. An offer is adopted and its "ignored"
+        timer armed from when it was offered (so one past its time is closed at once: its
+        record says ignored, its buttons go, the proactive engine counts the ignore); an
+        approval, whose task died with its worker, is expired as a press would expire it.
+        True when this worker took it (False: another worker did, or this one cannot
+        answer it: no such channel, or offers never expire here)."""
+        channel = self._channel(str(found.record.get("channel") or ""))
+        if channel is None:
+            return False
+        if found.kind == APPROVAL:
+            return await self._expire(found.ident, channel) is not None
+        if found.kind != SUGGESTION or self.app.suggestions is None or not self._times_offers():
+            return False
+        record = await self.questions.adopt(SUGGESTION, found.ident)
+        if record is None:
+            return False
+        self.app.suggestions.adopt(record, channel)
+        log.info(
+            "cluster.question_adopted", kind=SUGGESTION, question=found.ident, channel=channel.name
+        )
+        await self._restart_ignored(record)
+        return True
+
+    def _times_offers(self) -> bool:
+        """Whether offers expire unanswered here (else a dead worker's offer is left for
+        a press: taking it would change nothing)."""
+        proactive = getattr(self.app, "proactive", None)
+        return proactive is not None and float(getattr(proactive.config, "ignore_after", 0)) > 0
+
+    def _channel(self, name: str) -> Channel | None:
+        return next((c for c in self.app.channels if c.name == name), None)
+
     async def _restart_ignored(self, record: dict[str, Any]) -> bool:
         """The "ignored" timer of an offer taken over, armed as the asking worker armed it
         (from when it was offered: core/proactive/service.py `recover`), so an offer that
@@ -164,7 +205,7 @@ class Handover:
         if found.alive:
             return Pressed(Taken.LIVE, owner=found.owner)
         name = str(found.record.get("channel") or "")
-        channel = next((c for c in self.app.channels if c.name == name), None)
+        channel = self._channel(name)
         if channel is None:
             return Pressed(Taken.NONE, text=f"This worker has no {name!r} channel to answer on.")
         text = await self._expire(ident, channel)

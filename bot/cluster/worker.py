@@ -25,7 +25,8 @@ the dispatcher exactly as an adapter would. What the cluster adds around that:
   "mine" within PRESS_ASK seconds: a question whose worker is gone is first taken over
   from the shared store (bot/cluster/handover.py). `/suggestion VALUE`, the press
   typed where a platform has no buttons, goes the same way. Cancel likewise
-  (`<cluster>.cancel`).
+  (`<cluster>.cancel`). What a dead worker left open that nobody presses is closed by
+  every worker's sweep, once (bot/cluster/sweep.py).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from bot.cluster.nats import (
 )
 from bot.cluster.remote import CURRENT, OutboundKeys, RemoteChannel
 from bot.cluster.spend import share_usage
+from bot.cluster.sweep import QuestionSweep
 from bot.cluster.timers import TimersLeader
 from config.settings import ConfigError, Settings
 from core.approvals import ACTIONS
@@ -159,6 +161,8 @@ class Worker:
         self.timers: Any = None
         #: Takes over the questions of dead workers (bot/cluster/handover.py).
         self.handover: Handover | None = None
+        #: Closes the questions dead workers left that nobody presses (bot/cluster/sweep.py).
+        self.sweep: QuestionSweep | None = None
 
     @property
     def dispatcher(self) -> Any:
@@ -751,6 +755,7 @@ async def serve_worker(
     app: Any = None
     worker: Worker | None = None
     timers: TimersLeader | None = None
+    sweep: QuestionSweep | None = None
     mirror: Any = None
     vectors: Any = None
     publisher: Any = None
@@ -812,6 +817,9 @@ async def serve_worker(
         timers = TimersLeader(app, store, worker_id)
         timers.start()
         worker.timers = timers
+        sweep = QuestionSweep(worker.handover)
+        sweep.start()
+        worker.sweep = sweep
         if on_ready is not None:
             on_ready(worker)
         log.info(
@@ -826,6 +834,8 @@ async def serve_worker(
         log.info("cluster.worker_stopping", id=worker_id)
         if timers is not None:
             await timers.stop()
+        if sweep is not None:
+            await sweep.stop()
         if worker is not None:
             await worker.stop()
         if app is not None:

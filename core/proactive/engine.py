@@ -305,6 +305,11 @@ class Engine:
                 return name
         return None
 
+    def forget(self, state: UserState, sid: str) -> bool:
+        """An offer closed and counted elsewhere (in a cluster, by the worker that took it
+        over): no longer open here, and no answer tallied. False when it was not open."""
+        return self._close(state, sid) is not None
+
     def answered(self, state: UserState, sid: str, accepted: bool, now: float) -> None:
         self._close(state, sid)
         self._tally(state, now, yes=1.0 if accepted else 0.0, no=0.0 if accepted else 1.0)

@@ -350,8 +350,12 @@ class Proactive:
     async def _ignored(self, user_key: str, sid: str) -> None:
         state = self.state(user_key)
         expire = getattr(self.suggestions, "expire", None)
-        if expire is not None:
-            await expire(sid)
+        # False: the offer was closed elsewhere first (in a cluster, answered or closed
+        # by the worker that took it over), which counted it there: not a second time.
+        if expire is not None and await expire(sid) is False:
+            if self.engine.forget(state, sid):
+                await self.save(state)
+            return
         if self.engine.ignored(state, sid, self.clock.now()):
             log.info("proactive.ignored", suggestion=sid, threshold=round(state.threshold, 2))
             await self.save(state)

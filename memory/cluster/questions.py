@@ -15,6 +15,11 @@ worker holds takes it over (`adopt`, or `take` for an approval whose task died),
 one statement that re-checks the owner's lock under the row's lock: of two workers
 racing, one wins and the other finds a live owner (or no row).
 
+A question of a dead worker that nobody presses is found by a live worker's sweep
+(`orphans`, bot/cluster/sweep.py) and taken the same way. Because a live worker whose
+session was cut looks dead until it reconnects, each worker touches its session every
+few seconds (`touch`), which reconnects it with the same lock.
+
 Exactly once: the owner answers by deleting its own row (`claim` is False when the row
 is gone or another worker owns it now). A question whose row could not be written
 (the database was away when it was asked) is only ever in its worker's memory: its
@@ -70,6 +75,8 @@ class Question:
     owner: str
     alive: bool
     record: dict[str, Any]
+    #: The owner's liveness lock number (the same number while the owner lives).
+    lock: int = 0
 
 
 class QuestionStore:
@@ -226,6 +233,32 @@ class QuestionStore:
             return None
         owner, alive, record = rows[0]
         return Question(kind, ident, str(owner), bool(alive), _record(record))
+
+    async def orphans(self, kinds: tuple[str, ...]) -> list[Question]:
+        """The open questions of these kinds whose owner is gone (oldest first): what a
+        sweep settles. Read without locking; `adopt` and `take` decide who gets each."""
+        rows = await self._execute(
+            f"SELECT kind, key, owner, owner_lock, record FROM questions "
+            f"WHERE kind = ANY(%(kinds)s) AND owner_lock <> %(me)s AND NOT {_ALIVE} "
+            f"ORDER BY asked_at",
+            {"kinds": list(kinds)},
+        )
+        return [
+            Question(
+                str(kind),
+                str(key).partition(":")[2],
+                str(owner),
+                False,
+                _record(record),
+                int(lock),
+            )
+            for kind, key, owner, lock, record in rows
+        ]
+
+    async def touch(self) -> None:
+        """Reopen this process's session (with its lock) if it was lost: until then its
+        questions look ownerless to the other workers' sweeps."""
+        await self._execute("SELECT 1", {})
 
     async def adopt(self, kind: str, ident: str) -> dict[str, Any] | None:
         """Make this process the owner of `kind:ident` if its owner is gone; its record,
