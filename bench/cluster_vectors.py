@@ -5,8 +5,9 @@ own, dropped after) with the `vector` extension; without it the pgvector half is
 saying so.
 
 Per size (10k and 100k episodes by default; `python -m bench.cluster_vectors 10000` or
-STEWARD_BENCH_VECTORS_SIZES=10000,100000), the bench's own episodes (bench/memory.py),
-embedded with the built-in 512-dim embedder:
+STEWARD_BENCH_VECTORS_SIZES=10000,100000; `queries` or `workers` among the arguments
+runs only the first four parts or only the last), the bench's own episodes
+(bench/memory.py), embedded with the built-in 512-dim embedder:
 
 * a worker's start: its faiss index from the table (one bulk read, then the lists
   built) against the baseline, embedding every episode again and building the same;
@@ -14,10 +15,16 @@ embedded with the built-in 512-dim embedder:
   p50/p99 and recall@10 against exact search, by score (identical texts tie), for
   the worker's faiss lists and for pgvector's HNSW through PgVectorSearch (the SQL,
   the round trip, and the paths mapped to the local index's labels);
-* resident memory of a worker process holding the faiss index, and of one searching
-  PostgreSQL instead (each a child process: VmRSS after, less VmRSS before);
 * writing the rows, building the HNSW index over their distinct texts, one row written
-  with it.
+  with it;
+* a worker's start as bot/cluster/worker.py makes it (SharedVectors.open and prepare,
+  then the App's own open of the memory index), in each mode, over the bench's
+  episodes as files and a table a first worker filled: a new worker (its index built)
+  and the same worker restarted over its current index, each a child process: the
+  seconds until it is ready, the vector rows it read, the index's resident memory
+  (VmRSS once ready and its keyword index loaded, less VmRSS before), index.faiss on
+  disk, and hybrid and vector-only searches (p50/p99) on free-text questions. The
+  restart is set against reading the whole table, as every start did before.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import asyncio
 import json
 import os
 import random
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -99,75 +107,6 @@ def _recall(got: np.ndarray, exact: np.ndarray) -> int:
     if not len(exact):
         return 10
     return min(10, int((got >= exact[-1] - 1e-5).sum()))
-
-
-class _Store:
-    """What VectorTable needs of ClusterStore, for a child process (no migrations)."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-
-    def connection(self) -> Any:
-        import psycopg
-
-        class _Conn:
-            async def __aenter__(self_inner) -> Any:
-                self_inner.conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
-                return self_inner.conn
-
-            async def __aexit__(self_inner, *exc: object) -> None:
-                await self_inner.conn.close()
-
-        url = self.url
-        return _Conn()
-
-
-def _child(kind: str, url: str, model: str, dim: int, sqlite_path: str) -> None:
-    """A worker's memory for its vectors: the faiss index from the table, or none."""
-    from memory.cluster.vectors import VectorTable
-    from memory.cluster.vectors_search import PgVectorSearch
-    from memory.embedder import HashedEmbedder
-
-    qv = HashedEmbedder().embed(["restart the billing service in staging"])[0]
-    import faiss  # noqa: F401  (both load it: only what follows is compared)
-
-    before = _rss_mb()
-    t0 = time.perf_counter()
-    if kind == "faiss":
-        hashes, matrix = asyncio.run(VectorTable(_Store(url), model, dim, "bench").load())
-        vectors = _build(matrix)
-        del matrix, hashes
-        from memory.vectors import give_back_freed_memory
-
-        give_back_freed_memory()
-        vectors.search(qv, 10)
-    else:
-        search = PgVectorSearch(url, model, dim, Path(sqlite_path))
-        search.search(qv, 10)
-    ready = time.perf_counter() - t0
-    print(json.dumps({"rss_mb": _rss_mb() - before, "ready_s": ready}))
-
-
-def _in_child(kind: str, url: str, model: str, dim: int, sqlite_path: Path) -> dict[str, float]:
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.cluster_vectors",
-            "--child",
-            kind,
-            url,
-            model,
-            str(dim),
-            str(sqlite_path),
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=Path(__file__).resolve().parent.parent,
-    )
-    result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
-    return result
 
 
 async def _size(url: str, n: int, scratch: Path) -> None:
@@ -273,30 +212,169 @@ async def _size(url: str, n: int, scratch: Path) -> None:
         one_row_ms = (time.perf_counter() - t0) / len(extra) * 1000
         await table.delete([p for p, _h, _v in extra])
         print(f"pgvector: one row written with the index {one_row_ms:.2f} ms (load {_load()})")
-        del vectors
-        faiss_child = _in_child("faiss", url, embedder.name, embedder.dim, sqlite_path)
-        pg_child = _in_child("pgvector", url, embedder.name, embedder.dim, sqlite_path)
-        print(
-            f"worker RSS for vectors: faiss index {faiss_child['rss_mb']:.0f} MB (ready in"
-            f" {faiss_child['ready_s']:.2f} s) vs pgvector {pg_child['rss_mb']:.0f} MB (ready in"
-            f" {pg_child['ready_s']:.2f} s) (load {_load()})",
-            flush=True,
-        )
     finally:
         await store.close()
 
 
-async def _bench(sizes: list[int]) -> None:
+def _worker_child(mode: str, url: str, data_dir: str, questions: int) -> None:
+    """One worker's start over `data_dir`, as bot/cluster/worker.py makes it, then its
+    searches; prints what it measured as one JSON line."""
+    import faiss  # noqa: F401  (loaded in both modes: only what follows is compared)
+
+    from bench.memory import free_text_questions
+    from memory.cluster.store import ClusterStore
+    from memory.cluster.vectors_shared import SharedVectors
+    from memory.embedder import HashedEmbedder
+    from memory.index import MemoryIndex
+    from memory.vectors import give_back_freed_memory
+
+    async def run() -> dict[str, float]:
+        data = Path(data_dir)
+        store = await ClusterStore.open(url, worker_id="bench")
+        out: dict[str, float] = {}
+        try:
+            before = _rss_mb()
+            t0 = time.perf_counter()
+            shared = await SharedVectors.open(
+                store,
+                HashedEmbedder(),
+                data,
+                mode=mode,  # type: ignore[arg-type]
+                worker_id="bench",
+            )
+            report = await shared.prepare()
+            index = await MemoryIndex.open(
+                data, HashedEmbedder(), progress=False, vector_backend=shared.backend
+            )
+            shared.attach(index)
+            out["ready_s"] = time.perf_counter() - t0
+            out["rows"] = report["rows"]
+            out["read_s"] = report["load_s"]
+            out["embedded"] = report["embedded"]
+            try:
+                await index.keywords_ready()
+                give_back_freed_memory()
+                out["rss_mb"] = _rss_mb() - before
+                out["faiss_mb"] = (
+                    index.faiss_path.stat().st_size / 2**20 if index.faiss_path.exists() else 0
+                )
+                n = int((await index.stats())["counts"]["episode"])
+                asked, _scopes = free_text_questions(n, questions)
+                for semantic_only in (False, True):
+                    await index.search(asked[0], limit=10, keyword=not semantic_only)
+                    times = []
+                    for q in asked:
+                        t1 = time.perf_counter()
+                        await index.search(q, limit=10, keyword=not semantic_only)
+                        times.append(time.perf_counter() - t1)
+                    key = "vector" if semantic_only else "hybrid"
+                    out[f"{key}_p50"] = _pct(times, 0.5)
+                    out[f"{key}_p99"] = _pct(times, 0.99)
+            finally:
+                await index.close()
+                shared.close()
+            t1 = time.perf_counter()
+            hashes, _matrix = await shared.table.load()
+            out["full_read_s"] = time.perf_counter() - t1
+            out["table_rows"] = float(len(hashes))
+        finally:
+            await store.close()
+        return out
+
+    import structlog
+
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
+    print(json.dumps(asyncio.run(run())))
+
+
+def _worker_in_child(mode: str, url: str, data_dir: Path, questions: int) -> dict[str, float]:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.cluster_vectors",
+            "--worker",
+            mode,
+            url,
+            str(data_dir),
+            str(questions),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+async def _worker_starts(url: str, n: int, scratch: Path) -> None:
+    """A new worker and a restarted one, in each mode (see the module docstring)."""
+    from bench.memory import lay_out
+    from memory.cluster.store import ClusterStore
+    from memory.cluster.vectors import PgVectorUnavailable, VectorTable
+    from memory.embedder import HashedEmbedder
+
+    seed = scratch / "seed"
+    lay_out(seed, 0, n)
+    # The table filled by a first worker (faiss mode): every episode embedded there.
+    first = _worker_in_child("faiss", url, seed, 1)
+    print(
+        f"-- worker starts over {n:,} episodes; the first worker filled the table in"
+        f" {first['ready_s']:.1f} s ({first['embedded']:.0f} embedded) (load {_load()})",
+        flush=True,
+    )
+    modes = ["faiss"]
+    store = await ClusterStore.open(url, worker_id="bench")
+    try:
+        embedder = HashedEmbedder()
+        t0 = time.perf_counter()
+        await VectorTable(store, embedder.name, embedder.dim, "bench").enable_pgvector()
+        print(f"pgvector enabled (HNSW built) in {time.perf_counter() - t0:.1f} s", flush=True)
+        modes.append("pgvector")
+    except PgVectorUnavailable as exc:
+        print(f"pgvector: skipped ({exc})")
+    finally:
+        await store.close()
+    for mode in modes:
+        data = scratch / mode
+        shutil.copytree(seed / "episodes", data / "episodes")
+        for start in ("new", "restarted"):
+            got = _worker_in_child(mode, url, data, 200)
+            print(
+                f"{mode} worker, {start}: ready in {got['ready_s']:.2f} s, {got['rows']:.0f}"
+                f" vector rows read ({got['read_s']:.2f} s, with the table's path/hash list;"
+                f" the whole table: {got['full_read_s']:.2f} s for {got['table_rows']:.0f});"
+                f" index RSS {got['rss_mb']:.0f} MB, index.faiss {got['faiss_mb']:.0f} MB;"
+                f" hybrid search p50 {got['hybrid_p50']:.2f} ms p99 {got['hybrid_p99']:.2f} ms,"
+                f" vector-only p50 {got['vector_p50']:.2f} ms p99 {got['vector_p99']:.2f} ms"
+                f" (load {_load()})",
+                flush=True,
+            )
+        shutil.rmtree(data)
+
+
+async def _bench(sizes: list[int], parts: set[str]) -> None:
     for n in sizes:
-        with bench_database("steward_bench_vectors") as url, tempfile.TemporaryDirectory() as s:
-            await _size(url, n, Path(s))
+        if "queries" in parts:
+            with (
+                bench_database("steward_bench_vectors") as url,
+                tempfile.TemporaryDirectory() as s,
+            ):
+                await _size(url, n, Path(s))
+        if "workers" in parts:
+            with (
+                bench_database("steward_bench_workers") as url,
+                tempfile.TemporaryDirectory() as s,
+            ):
+                await _worker_starts(url, n, Path(s))
 
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
-    if args[:1] == ["--child"]:
-        kind, url, model, dim, sqlite_path = args[1:6]
-        _child(kind, url, model, int(dim), sqlite_path)
+    if args[:1] == ["--worker"]:
+        mode, url, data_dir, questions = args[1:5]
+        _worker_child(mode, url, data_dir, int(questions))
         return
     import structlog
 
@@ -304,7 +382,10 @@ def main(argv: list[str] | None = None) -> None:
     sizes = [int(a) for a in args if a.isdigit()] or [
         int(s) for s in os.environ.get("STEWARD_BENCH_VECTORS_SIZES", "").split(",") if s
     ]
-    asyncio.run(_bench(sizes or list(SIZES)))
+    # `queries` (the table, FAISS against pgvector's HNSW) and/or `workers` (the
+    # workers' starts and memory): both by default.
+    parts = {a for a in args if a in ("queries", "workers")} or {"queries", "workers"}
+    asyncio.run(_bench(sizes or list(SIZES), parts))
 
 
 if __name__ == "__main__":

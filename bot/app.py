@@ -304,6 +304,10 @@ class App:
         #: (bot/cluster/handover.py) and its task asked about by the worker that gets
         #: the event again (bot/cluster/worker.py).
         self.recover_left_open = True
+        #: Where the memory index searches its vectors instead of keeping them, when set
+        #: before the index opens: a cluster worker's PostgreSQL with pgvector
+        #: (memory/cluster/vectors_search.py). None: its own FAISS index, as by default.
+        self.vector_backend: Any = None
 
     def _own_files(self) -> list[Path]:
         """What no command may see and no approval may open: the data dir, the config
@@ -918,7 +922,9 @@ class App:
         from memory.index import MemoryIndex
 
         embedder = await configured_embedder(self.settings)
-        self.index = await MemoryIndex.open(self.data_dir, embedder, progress=False)
+        self.index = await MemoryIndex.open(
+            self.data_dir, embedder, progress=False, vector_backend=self.vector_backend
+        )
         if self.agent is not None:
             if self.settings.recall_limit:
                 self.agent.recall = IndexRecall(self.index)

@@ -616,3 +616,46 @@ class VectorIndex:
             exact_pos = pos if pos is not None else np.flatnonzero(~self._stale)
             return self._exact(q, k, exact_pos)
         return labels[0][found].astype(np.int64), scores[0][found].astype(np.float32)
+
+
+class NoVectors(VectorIndex):
+    """The vector store of a memory index whose vectors live elsewhere: a cluster worker
+    in pgvector mode, whose searches ask PostgreSQL (MemoryIndex.vector_backend).
+
+    It holds no vector, writes no file and never needs compacting: the index's labels
+    only name documents there (the backend answers in them). It keeps the largest
+    label it was told of, so new documents get labels past every existing one.
+    """
+
+    def __init__(self, dim: int) -> None:
+        super().__init__(dim)
+        self._top = -1
+
+    @property
+    def max_label(self) -> int:
+        return self._top
+
+    def note_labels(self, labels: np.ndarray) -> None:
+        """Labels given to documents: only the largest is kept."""
+        if len(labels):
+            self._top = max(self._top, int(np.max(labels)))
+
+    def add(self, labels: np.ndarray, vectors: np.ndarray) -> None:
+        raise VectorIndexError("this index keeps no vectors (they are searched elsewhere)")
+
+    def save(self, path: Path) -> None:
+        raise VectorIndexError("this index keeps no vectors: there is nothing to save")
+
+    def mark_stale(self, labels: np.ndarray) -> None:
+        """Nothing is stored, so nothing goes stale."""
+
+    def keep_only(self, live: np.ndarray) -> None:
+        """Nothing is stored, so nothing goes stale."""
+
+    def needs_compaction(self) -> bool:
+        return False
+
+    def search(
+        self, query: np.ndarray, k: int, allowed: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)

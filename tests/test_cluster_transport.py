@@ -453,6 +453,19 @@ async def test_workers_share_what_a_task_remembers(cluster: Cluster) -> None:
     [two] = episodes("w2")
     assert one.read_text() == two.read_text()
     assert "remember this task" in one.read_text()
+    # Where the server has pgvector (`cluster_vectors = auto`), a worker's memory index
+    # keeps no vectors: searched in PostgreSQL, no index.faiss, not even at close.
+    import psycopg
+
+    async with await psycopg.AsyncConnection.connect(cluster.postgres_url) as conn:
+        cur = await conn.execute("SELECT 1 FROM pg_available_extensions WHERE name = 'vector'")
+        pgvector = await cur.fetchone() is not None
+    for name, worker in cluster.workers.items():
+        index = worker.app.index
+        assert index is not None and index.remote is pgvector
+        if index.remote:
+            await index.close()
+            assert not (cluster.tmp / name / "data" / "index.faiss").exists()
 
 
 async def test_cancel_reaches_the_worker_running_the_task(cluster: Cluster) -> None:

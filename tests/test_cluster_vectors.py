@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import psycopg
 import pytest
+from structlog.testing import capture_logs
 
 from bench.memory import lay_out, make_episode
 from memory.cluster.mirror import DataDirMirror
@@ -23,7 +25,8 @@ from memory.cluster.vectors_shared import SharedVectors
 from memory.documents import Doc
 from memory.embedder import HashedEmbedder
 from memory.episodes import EpisodeStore
-from memory.index import MemoryIndex
+from memory.index import MemoryIndex, open_index
+from memory.vectors import NoVectors
 
 MIGRATIONS = Path(__file__).resolve().parents[1] / "memory/cluster/migrations"
 
@@ -104,7 +107,20 @@ async def _worker(
     return store, shared, embedder, mirror
 
 
+def _assert_keeps_vectors(index: MemoryIndex, keeps: bool) -> None:
+    """The index holds its own vectors (faiss mode), or none, in memory or on disk."""
+    assert index.remote is not keeps
+    assert isinstance(index._vectors, NoVectors) is not keeps
+    assert (index._vectors.ntotal > 0) is keeps
+    if not keeps:
+        assert index._vectors._flat.size == 0 and not index._vectors.has_graph
+        assert not index.faiss_path.exists()
+    else:
+        assert index.faiss_path.exists() or index._vectors.dirty
+
+
 async def _two_workers_share_vectors(url: str, tmp_path: Path, mode: str) -> None:
+    pgvector = mode == "pgvector"
     a_dir, b_dir = tmp_path / "a", tmp_path / "b"
     lay_out(a_dir, 0, 40)
     a_store, a, a_embedder, a_mirror = await _worker(url, "a", a_dir, mode)
@@ -117,16 +133,23 @@ async def _two_workers_share_vectors(url: str, tmp_path: Path, mode: str) -> Non
 
         b_store, b, b_embedder, b_mirror = await _worker(url, "b", b_dir, mode)
         report = await b.prepare()  # B's new index: every vector from the table
-        assert report["rows"] == 40 and b_embedder.texts == 0
+        # (pgvector: none, the index keeps no vectors)
+        assert report["rows"] == (0 if pgvector else 40) and b_embedder.texts == 0
 
-        a_index = await MemoryIndex.open(a_dir, HashedEmbedder(), progress=False)
-        b_index = await MemoryIndex.open(b_dir, HashedEmbedder(), progress=False)
+        a_index = await MemoryIndex.open(
+            a_dir, HashedEmbedder(), progress=False, vector_backend=a.backend
+        )
+        b_index = await MemoryIndex.open(
+            b_dir, HashedEmbedder(), progress=False, vector_backend=b.backend
+        )
         indexes += [a_index, b_index]
         assert b_index.open_reason == ""  # prepared: nothing to rebuild or catch up
         a.attach(a_index)
         b.attach(b_index)
         # pgvector: the searches' vector list comes from PostgreSQL, not the local index
-        assert (b_index.vector_backend is not None) == (mode == "pgvector")
+        assert (b_index.vector_backend is not None) == pgvector
+        _assert_keeps_vectors(a_index, not pgvector)
+        _assert_keeps_vectors(b_index, not pgvector)
 
         # A new episode on A: embedded there once, written with the file; B takes it.
         episode = make_episode(40, random.Random(7))
@@ -134,13 +157,17 @@ async def _two_workers_share_vectors(url: str, tmp_path: Path, mode: str) -> Non
         written.parent.mkdir(parents=True, exist_ok=True)
         written.write_text(episode.to_markdown(), encoding="utf-8")
         await a_index.add_episode_file(written)
-        assert a_embedder.texts == 41
+        # faiss: embedded for the index; pgvector: when its vector is written
+        assert a_embedder.texts == (40 if pgvector else 41)
         await a_mirror.sync_once()
+        assert a_embedder.texts == 41
         rel = written.relative_to(a_dir).as_posix()
         assert rel in await a.table.hashes()
         await b_mirror.sync_once()
         await b_index.add_episode_file(b_dir / rel)
         assert b_embedder.texts == 0  # the table's vector, not embedded again
+        _assert_keeps_vectors(a_index, not pgvector)
+        _assert_keeps_vectors(b_index, not pgvector)
 
         for index in (a_index, b_index):
             hits = await index.search(episode.request, limit=5, keyword=False)
@@ -203,6 +230,7 @@ async def test_auto_is_pgvector_where_the_server_has_it(
         assert not shared.pgvector  # the table path: a FAISS index per worker
     else:
         assert shared.pgvector
+    shared.close()
     faiss_only = await SharedVectors.open(
         store, HashedEmbedder(), tmp_path, mode="faiss", worker_id="w1"
     )
@@ -291,3 +319,115 @@ async def test_workers_starting_together_enable_pgvector_once(postgres_url: str)
             "AND indexdef LIKE '%hnsw%'"
         ).fetchone()
     assert indexes == (1,)
+
+
+async def test_a_restart_reads_only_the_vectors_its_index_lacks(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    """faiss mode: a worker restarted over a current index reads no vector row; one
+    whose index missed episodes another worker wrote meanwhile reads exactly theirs."""
+    a_dir, b_dir = tmp_path / "a", tmp_path / "b"
+    lay_out(a_dir, 0, 40)
+    a_store, a, _a_embedder, a_mirror = await _worker(postgres_url, "a", a_dir, "faiss")
+    opened: list[tuple[ClusterStore, SharedVectors, DataDirMirror]] = []
+    try:
+        await a.prepare()
+        for _ in range(2):  # a new worker (every row, once), then restarted over it
+            b_store, b, b_embedder, b_mirror = await _worker(postgres_url, "b", b_dir, "faiss")
+            opened.append((b_store, b, b_mirror))
+            report = await b.prepare()
+            assert b_embedder.texts == 0
+        assert report["rows"] == 0 and b.table.rows_read == 0
+        for store, shared, mirror in opened:
+            await mirror.stop()
+            shared.close()
+            await store.close()
+        opened.clear()
+
+        # While B is down, A writes 5 episodes; B's mirror brings their files.
+        lay_out(a_dir, 40, 45)
+        a_index = await MemoryIndex.open(
+            a_dir, HashedEmbedder(), progress=False, vector_backend=a.backend
+        )
+        await a_index.close()
+        await a_mirror.sync_once()
+        assert len(await a.table.hashes()) == 45
+        b_store, b, b_embedder, b_mirror = await _worker(postgres_url, "b", b_dir, "faiss")
+        opened.append((b_store, b, b_mirror))
+        report = await b.prepare()
+        assert report["rows"] == 5 and b.table.rows_read == 5
+        assert b_embedder.texts == 0  # and none embedded
+        b_index = await MemoryIndex.open(
+            b_dir, HashedEmbedder(), progress=False, vector_backend=b.backend
+        )
+        try:
+            assert b_index.open_reason == "" and b_index._vectors.ntotal == 45
+        finally:
+            await b_index.close()
+    finally:
+        for store, shared, mirror in opened:
+            await mirror.stop()
+            shared.close()
+            await store.close()
+        await a_mirror.stop()
+        a.close()
+        await a_store.close()
+
+
+async def test_a_pgvector_worker_reads_no_vectors_and_searches_without_postgres(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    """pgvector mode: a worker's start reads no vector row, even a new worker's over a
+    data dir whose index the faiss mode built (its index.faiss goes); with PostgreSQL
+    out of reach mid-run a search answers from the keyword list, at once, and says why
+    in the log."""
+    pgvector_or_skip(postgres_url)
+    a_dir = tmp_path / "a"
+    lay_out(a_dir, 0, 40)
+    async with open_index(a_dir, HashedEmbedder(), progress=False):
+        pass  # the faiss mode's index, left behind
+    assert (a_dir / "index.faiss").exists()
+    store, a, _embedder, mirror = await _worker(postgres_url, "a", a_dir, "pgvector")
+    index: MemoryIndex | None = None
+    try:
+        report = await a.prepare()
+        assert report["rows"] == 0 and a.table.rows_read == 0
+        assert not (a_dir / "index.faiss").exists()
+        index = await MemoryIndex.open(
+            a_dir, HashedEmbedder(), progress=False, vector_backend=a.backend
+        )
+        a.attach(index)
+        _assert_keeps_vectors(index, False)
+        episode = make_episode(3, random.Random(1_000_003 + 3))
+        words = " ".join(episode.request.split()[:4])
+        hits = await index.search(words, limit=5)
+        assert hits and any(h.meta["vector_rank"] for h in hits)  # PostgreSQL answered
+
+        backend = a.backend
+        backend.close()
+        backend.url = "postgresql://postgres@127.0.0.1:1/none"  # nothing listens there
+        tries: list[float] = []
+        connect = backend._connection
+
+        def counted() -> psycopg.Connection:  # type: ignore[type-arg]
+            tries.append(time.monotonic())
+            return connect()
+
+        backend._connection = counted
+        with capture_logs() as logs:
+            started = time.monotonic()
+            for _ in range(3):
+                hits = await index.search(words, limit=5)
+                assert hits and all(h.meta["vector_rank"] is None for h in hits)
+                assert all(h.meta["keyword_rank"] for h in hits)
+            assert time.monotonic() - started < 5
+        warned = [e for e in logs if e["event"] == "cluster.vectors_search_failed"]
+        assert len(warned) == 1 and warned[0]["log_level"] == "warning"
+        # asked once; the searches after it, within RETRY_AFTER, did not wait for it
+        assert backend.failed == 3 and len(tries) == 1
+    finally:
+        if index is not None:
+            await index.close()
+        await mirror.stop()
+        a.close()
+        await store.close()

@@ -778,6 +778,8 @@ async def serve_worker(
         # Likewise the approvals and offers left open in the shared folders: every
         # worker's, taken over one by one when pressed (bot/cluster/handover.py).
         app.recover_left_open = False
+        # With pgvector the memory index keeps no vectors: searched in PostgreSQL.
+        app.vector_backend = vectors.backend
         # Schedules and goals run on one worker at a time: the one holding the timers
         # lease (bot/cluster/timers.py), not every worker as its channels come up.
         app.fire_schedules = False

@@ -1,12 +1,13 @@
 """The episodes' vectors in PostgreSQL: computed once, by the worker that wrote the
 episode, and read by every other worker instead of embedding the text again.
 
-Why: every worker keeps its own memory index (index.sqlite, index.faiss), rebuilt from
-the shared episode files. Without this table each worker embeds every episode itself:
-with a hosted embedding model that is one paid call per episode per worker, and a
-new worker's first start embeds the whole memory before it answers. With it, a worker
-reads the vectors (a bulk read, docs/performance.md has the times) and embeds only what
-the table lacks.
+Why: every worker keeps its own memory index (index.sqlite, and in the faiss mode
+index.faiss), rebuilt from the shared episode files. Without this table each worker
+embeds every episode itself: with a hosted embedding model that is one paid call per
+episode per worker, and a new worker's first start embeds the whole memory before it
+answers. With it, a worker in the faiss mode reads the vectors its index lacks (a new
+worker: all of them, in one bulk read; docs/performance.md has the times) and embeds
+only what the table lacks; in the pgvector mode it reads none.
 
 The table (migration 0004) is plain columns any PostgreSQL holds: (model, path) ->
 text_hash, dim, the vector as little-endian float32 bytes. `model` is the embedder's
@@ -140,6 +141,9 @@ class VectorTable:
         #: worker then writes the vectors of new texts there too.
         self.texts = False
         self._oid: int | None = None
+        #: Vector rows read so far (load, by_paths): what a worker's start cost, for
+        #: its log, the bench and the tests.
+        self.rows_read = 0
 
     async def probe(self) -> None:
         """Learn whether `vector_texts` exists (and pgvector's type, to write it)."""
@@ -307,7 +311,9 @@ class VectorTable:
                     "WHERE model = %s AND dim = %s AND path = ANY(%s)",
                     (self.model, self.dim, list(paths[start : start + CHUNK])),
                 )
-                for path, digest, vec in await cur.fetchall():
+                rows = await cur.fetchall()
+                self.rows_read += len(rows)
+                for path, digest, vec in rows:
                     found[str(path)] = (str(digest), from_bytes(vec, self.dim))
         return found
 
@@ -344,4 +350,5 @@ class VectorTable:
                         break  # rows added since the count: the next pull brings them
                     matrix[len(hashes)] = np.frombuffer(vec, dtype="<f4")
                     hashes.append(str(digest))
+        self.rows_read += len(hashes)
         return hashes, matrix[: len(hashes)]

@@ -4,7 +4,9 @@ worker's own faiss index.
 
 Why: with pgvector the cluster keeps one vector index, in the database, rather than one
 per worker (each holding every vector in memory: ~205 MB at 100k 512-dim vectors), and
-a new worker searches at once, with no index to build. The costs (docs/performance.md):
+a new worker searches at once, with no index to build. A worker in the pgvector mode
+keeps no vectors at all (memory.index.memory_index: remote vectors): this is the vector
+list of every search it makes. The costs (docs/performance.md):
 a round trip to the server per search, and HNSW's recall, below the faiss lists' on
 questions phrased unlike any stored text.
 
@@ -19,7 +21,12 @@ A filter that leaves few documents (`allowed`) is searched exactly among their r
 (by primary key, not through the HNSW index, which would starve on a selective
 filter); otherwise the index is walked with ef_search at least the k asked for.
 While PostgreSQL is out of reach the vector list is empty (the keyword list still
-answers) and a warning is logged once per outage.
+answers) and a warning is logged once per outage. A search never waits long for it:
+connecting gives up after CONNECT_TIMEOUT, a statement after STATEMENT_TIMEOUT_MS, a
+peer that stops answering is noticed by TCP keepalives within ~10 s, and after a
+failure PostgreSQL is asked again only RETRY_AFTER seconds later (the searches
+meanwhile answer at once, from the keyword list). The search holds the memory index's
+lock while it asks, so these bound how long a write can wait behind it too.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +56,16 @@ from memory.vectors import VectorIndex
 log = structlog.get_logger("steward.cluster.vectors")
 
 CONNECT_TIMEOUT = 5
+#: The server's limit on one search statement (ms): a stuck server cannot hold a search.
+STATEMENT_TIMEOUT_MS = 5000
+#: libpq's TCP settings: a silent peer found dead after ~5 + 2 × 2 s (keepalives), or
+#: after unacknowledged sends for this long (ms).
+TCP_USER_TIMEOUT_MS = 10_000
+KEEPALIVES_IDLE = 5
+KEEPALIVES_INTERVAL = 2
+KEEPALIVES_COUNT = 2
+#: Seconds after a failed search before PostgreSQL is asked again.
+RETRY_AFTER = 5.0
 #: How many vectors the search reports holding: only whether it is threaded beside the
 #: keyword ranking depends on it (search.inline_vectors), and a round trip always is.
 _NTOTAL = 1 << 30
@@ -71,6 +89,10 @@ class PgVectorSearch(VectorIndex):
         self.ef_min = EF_SEARCH_MIN
         self._guard = threading.Lock()
         self._down = False
+        #: While PostgreSQL is out of reach: when to ask it again (time.monotonic()).
+        self._retry_at = 0.0
+        #: Searches answered without a vector list (PostgreSQL out of reach).
+        self.failed = 0
         # The texts nearest the query (the HNSW walk, over distinct texts), then the
         # documents of each, first paths first (the order ties get in the search).
         self._nearest = sql.SQL(
@@ -108,10 +130,22 @@ class PgVectorSearch(VectorIndex):
                 autocommit=True,
                 connect_timeout=CONNECT_TIMEOUT,
                 application_name="steward-vectors",
+                keepalives=1,
+                keepalives_idle=KEEPALIVES_IDLE,
+                keepalives_interval=KEEPALIVES_INTERVAL,
+                keepalives_count=KEEPALIVES_COUNT,
+                tcp_user_timeout=TCP_USER_TIMEOUT_MS,
             )
-            row = conn.execute("SELECT 'vector'::regtype::oid").fetchone()
-            assert row is not None
-            register_vector(conn, int(row[0]))
+            try:
+                conn.execute(
+                    sql.SQL("SET statement_timeout = {}").format(sql.Literal(STATEMENT_TIMEOUT_MS))
+                )
+                row = conn.execute("SELECT 'vector'::regtype::oid").fetchone()
+                assert row is not None
+                register_vector(conn, int(row[0]))
+            except BaseException:
+                conn.close()
+                raise
             self._conn, self._ef = conn, 0
         return self._conn
 
@@ -131,16 +165,27 @@ class PgVectorSearch(VectorIndex):
         """The k best (labels, similarities), best first, among `allowed` labels if given."""
         q = PgVec(np.asarray(query, dtype=np.float32))
         with self._guard:
+            if self._down and time.monotonic() < self._retry_at:
+                self.failed += 1
+                return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
             try:
                 found = self._ask(q, k, allowed)
             except (psycopg.Error, OSError) as exc:
                 if not self._down:
-                    log.warning("cluster.vectors_search_failed", error=str(exc).strip()[:300])
+                    log.warning(
+                        "cluster.vectors_search_failed",
+                        error=str(exc).strip()[:300],
+                        detail="searches answer from the keyword list until PostgreSQL is back",
+                    )
                 self._down = True
+                self._retry_at = time.monotonic() + RETRY_AFTER
+                self.failed += 1
                 if self._conn is not None:
                     self._conn.close()
                     self._conn = None
                 return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
+            if self._down:
+                log.info("cluster.vectors_search_back")
             self._down = False
             return self._labels_of(found)
 

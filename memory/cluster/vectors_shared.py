@@ -9,10 +9,22 @@ Three pieces, each where the worker already passes its data:
 * `SharedDocuments` stands between the data-dir mirror and the store: before an
   indexed document this worker wrote is pushed, its vector is written (so a worker
   pulling the document finds it); before pulled documents are handed to the index,
-  their vectors are read into the embedder.
-* `SharedVectors.prepare`, at start, before the App opens its index: the table's
-  vectors are read in one pass and the local index is rebuilt or caught up from them
-  (a new worker embeds nothing the table has); what it lacks is embedded and written.
+  their vectors are read into the embedder (the faiss mode: the pgvector mode's index
+  keeps no vectors, so it needs none).
+* `SharedVectors.prepare`, at start, before the App opens its index, brings the local
+  index up to date reading only the vectors it lacks: the table's (path, text_hash)
+  rows, which are small, are compared with the local index's, and only the rows that
+  differ are read; all of them in one bulk read only when the index is rebuilt (a new
+  worker). What the table lacks is embedded and written.
+
+The two modes (`cluster_vectors`, decided by `SharedVectors.open`):
+
+* faiss: the local index keeps its own FAISS index of every vector, and searches it.
+* pgvector: the local index keeps no vectors (every index the worker opens is given
+  `backend` as its `vector_backend`): no index.faiss, nothing embedded when
+  it indexes a document; the vector list of every search is PostgreSQL's
+  (vectors_search.PgVectorSearch), the keyword list stays local. A document this
+  worker wrote is embedded once, when its vector is written to the table.
 """
 
 from __future__ import annotations
@@ -37,7 +49,7 @@ from memory.cluster.vectors import (
 )
 from memory.documents import kind_of_relative
 from memory.embedder import Embedder, embed_rows
-from memory.index.schema import SQLITE_NAME, connect_reader
+from memory.index.schema import FAISS_NAME, SCHEMA_VERSION, SQLITE_NAME, connect_reader
 from memory.vectors import give_back_freed_memory
 
 log = structlog.get_logger("steward.cluster.vectors")
@@ -95,8 +107,9 @@ class SharedEmbedder:
         self.embedded = 0
 
     def take_bulk(self, hashes: Sequence[str], matrix: np.ndarray) -> None:
-        """Every row of the table, for the rebuild at start (let go by drop_bulk)."""
-        self._bulk = dict(zip(hashes, matrix, strict=True))
+        """Rows of the table for the index's catch-up or rebuild at start (let go by
+        drop_bulk), added to those taken before."""
+        self._bulk.update(zip(hashes, matrix, strict=True))
 
     def drop_bulk(self) -> None:
         self._bulk = {}
@@ -138,6 +151,33 @@ class SharedEmbedder:
             made = np.asarray(await aembed([texts[i] for i in missing]), dtype=np.float32)
             self._fill(out, missing, keys, made)
         return out
+
+
+def _indexed_vectors(data_dir: Path, model: str, dim: int) -> dict[str, str] | None:
+    """path -> text_hash of the documents whose vector this worker's index holds, or
+    None when the index is missing or made for another embedder (opening rebuilds it
+    then, and every vector is wanted)."""
+    sqlite_path = data_dir / SQLITE_NAME
+    if not sqlite_path.exists() or not (data_dir / FAISS_NAME).exists():
+        return None
+    try:
+        db = connect_reader(sqlite_path)
+    except sqlite3.Error:
+        return None
+    try:
+        meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
+        if (meta.get("schema"), meta.get("embedder"), meta.get("dim")) != (
+            SCHEMA_VERSION,
+            model,
+            str(dim),
+        ):
+            return None
+        rows = db.execute("SELECT path, text_hash FROM docs WHERE vec IS NOT NULL").fetchall()
+        return {str(p): str(h) for p, h in rows}
+    except sqlite3.Error:
+        return None
+    finally:
+        db.close()
 
 
 def _local_hashes(sqlite_path: Path, paths: Sequence[str] | None) -> dict[str, str]:
@@ -182,7 +222,7 @@ class SharedDocuments:
 
     async def documents_since(self, cursor: int) -> tuple[int, list[tuple[str, str | None]]]:
         new_cursor, docs = await self.store.documents_since(cursor)
-        if self.shared.ready:
+        if self.shared.ready and not self.shared.pgvector:
             wanted = [rel for rel, text in docs if text is not None and indexed(rel)]
             with contextlib.suppress(Exception):  # not found: the index embeds it
                 await self.shared.fetch(wanted)
@@ -204,11 +244,17 @@ class SharedVectors:
         self.embedder = embedder
         self.data_dir = data_dir
         self.sqlite_path = data_dir / SQLITE_NAME
-        #: Set once the start's bulk read is done: pulls fetch their vectors from then.
+        #: Set once the start's read is done: pulls fetch their vectors from then.
         self.ready = False
         #: Paths whose vector could not be written yet (not indexed at their push).
         self._unpublished: set[str] = set()
         self.backend: Any = None
+        if table.pgvector:
+            from memory.cluster.vectors_search import PgVectorSearch
+
+            # Every index opened on the data dir is given it (`prepare`, and the App's
+            # through `App.vector_backend`): it then keeps no vectors.
+            self.backend = PgVectorSearch(table.store.url, table.model, table.dim, self.sqlite_path)
 
     @property
     def pgvector(self) -> bool:
@@ -238,29 +284,55 @@ class SharedVectors:
         return SharedDocuments(store, self)
 
     async def prepare(self) -> dict[str, float]:
-        """Bring the local index up to date from the table before the App opens it: the
-        table's vectors read in one pass, the index rebuilt or caught up with them (only
-        what the table lacks is embedded), then that written to the table. Returns
-        timings (seconds) and counts, for the log and the bench."""
+        """Bring the local index up to date before the App opens it, reading only the
+        vectors it lacks (see the module docstring; the pgvector mode reads none), then
+        write what the table lacks. Returns timings (seconds) and counts (`rows`: the
+        vector rows read), for the log and the bench."""
         from memory.index import MemoryIndex
 
         t0 = time.perf_counter()
-        hashes, matrix = await self.table.load()
+        rows_before = self.table.rows_read
+        have = await self.table.hashes()
+        whole = False
+
+        async def read_all() -> None:
+            """Every row, for a rebuild (which embeds every document)."""
+            nonlocal whole
+            if whole or self.table.pgvector:
+                return
+            whole = True
+            hashes, matrix = await self.table.load()
+            self.embedder.take_bulk(hashes, matrix)
+
+        if not self.table.pgvector:
+            lacking = await asyncio.to_thread(self._lacking, have)
+            if lacking is None:
+                await read_all()
+            elif lacking:
+                found = await self.table.by_paths(lacking)
+                if found:
+                    self.embedder.take_bulk(
+                        [h for h, _v in found.values()], np.stack([v for _h, v in found.values()])
+                    )
         loaded = time.perf_counter()
-        self.embedder.take_bulk(hashes, matrix)
-        del matrix
         embedded_before = self.embedder.embedded
         try:
-            index = await MemoryIndex.open(self.data_dir, self.embedder, progress=False)
+            index = await MemoryIndex.open(
+                self.data_dir,
+                self.embedder,
+                progress=False,
+                before_rebuild=read_all,
+                vector_backend=self.backend,
+            )
             await index.close()
         finally:
             self.embedder.drop_bulk()
             await asyncio.to_thread(give_back_freed_memory)
         indexed_at = time.perf_counter()
-        await self._publish_missing()
+        await self._publish_missing(have)
         self.ready = True
         report = {
-            "rows": float(len(hashes)),
+            "rows": float(self.table.rows_read - rows_before),
             "load_s": loaded - t0,
             "index_s": indexed_at - loaded,
             "embedded": float(self.embedder.embedded - embedded_before),
@@ -269,27 +341,34 @@ class SharedVectors:
         log.info("cluster.vectors_prepared", **{k: round(v, 3) for k, v in report.items()})
         return report
 
-    async def _publish_missing(self) -> None:
-        """Write the vectors of the local index's documents the table lacks (a cluster
-        whose table was just made, files imported): embedded here only when the
-        embedder did not just make them."""
+    def _lacking(self, have: dict[str, str]) -> list[str] | None:
+        """The paths whose table row the local index lacks (a document pulled, or
+        changed, since it last ran; its file here), or None when the index is to be
+        rebuilt (then every row is read in one pass instead)."""
+        local = _indexed_vectors(self.data_dir, self.table.model, self.table.dim)
+        if local is None:
+            return None
+        return [
+            path
+            for path, digest in have.items()
+            if local.get(path) != digest and indexed(path) and (self.data_dir / path).is_file()
+        ]
+
+    async def _publish_missing(self, have: dict[str, str]) -> None:
+        """Write the vectors of the local index's documents the table lacks (`have`:
+        its path -> text_hash; a cluster whose table was just made, files imported):
+        embedded here only when the embedder did not just make them."""
         local = await asyncio.to_thread(_local_hashes, self.sqlite_path, None)
-        have = await self.table.hashes()
         missing = [p for p, h in local.items() if have.get(p) != h and indexed(p)]
         self._unpublished.update(missing)
         await self.publish([], [])
 
     def attach(self, index: Any) -> None:
-        """Have the App's open memory index embed through the shared embedder and, with
-        pgvector, search the vectors in PostgreSQL."""
+        """Have the App's open memory index embed through the shared embedder (with
+        pgvector it searches PostgreSQL already: the App opened it with `backend`)."""
         index.embedder = self.embedder
-        if self.table.pgvector:
-            from memory.cluster.vectors_search import PgVectorSearch
-
-            self.backend = PgVectorSearch(
-                self.table.store.url, self.table.model, self.table.dim, self.sqlite_path
-            )
-            index.vector_backend = self.backend
+        if self.backend is not None and index.vector_backend is None:
+            index.vector_backend = self.backend  # opened before: it keeps its vectors too
 
     def close(self) -> None:
         if self.backend is not None:

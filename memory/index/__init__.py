@@ -39,8 +39,9 @@ end. Not multi-process safe by itself: one process per data dir (the store's loc
 
 The modules, each named for what it holds:
 
-- `memory_index`: `MemoryIndex` (open, close, catch-up, per-file updates, compaction)
-  and `open_index`;
+- `memory_index`: `MemoryIndex` (open, close, catch-up, per-file updates, compaction;
+  opened with a `vector_backend`, an index that keeps no vectors and searches them
+  elsewhere: a cluster worker in pgvector mode) and `open_index`;
 - `schema`: the SQLite tables, column lists and connection settings (WAL bounds);
 - `query`: query words to FTS5 terms, filters to SQL, rank fusion (no I/O);
 - `search`: one search (the keyword and vector ranked lists, fusion, rows), and `Hit`;

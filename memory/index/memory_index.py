@@ -9,6 +9,14 @@ of a rebuild, the ranked lists of a search and the stats live in their own modul
 
 Size: the index's public face (open, add, search, close) over its SQLite connections and
 one vector store; rebuild, query, search and stats are their own modules.
+
+Remote vectors: an index opened with a vector backend (`vector_backend`: a cluster
+worker in pgvector mode) keeps no vectors of its own (memory.vectors.NoVectors): no
+index.faiss is built, loaded or written (one left from before is removed), nothing is
+embedded when documents are written (the labels only name them), and the vector list
+of every search comes from the backend.
+The keyword list stays local. The same data dir opened without a backend (the faiss
+mode, a single process) finds no index.faiss and rebuilds it.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ import os
 import secrets
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -74,7 +82,13 @@ from memory.index.search import fail as search_fail
 from memory.index.search import run as search_run
 from memory.index.stats import stats as index_stats
 from memory.records import Written
-from memory.vectors import EXACT_MAX, VectorIndex, VectorIndexError, give_back_freed_memory
+from memory.vectors import (
+    EXACT_MAX,
+    NoVectors,
+    VectorIndex,
+    VectorIndexError,
+    give_back_freed_memory,
+)
 
 log = structlog.get_logger("steward.memory")
 
@@ -135,7 +149,9 @@ class MemoryIndex:
     """Open with `await MemoryIndex.open(data_dir)`; close with `await index.close()`
     (or `async with`). See the module docstring for what it guarantees."""
 
-    def __init__(self, data_dir: Path, embedder: Embedder) -> None:
+    def __init__(
+        self, data_dir: Path, embedder: Embedder, vector_backend: VectorIndex | None = None
+    ) -> None:
         self.data_dir = data_dir
         self.embedder = embedder
         self.sqlite_path = data_dir / SQLITE_NAME
@@ -148,10 +164,15 @@ class MemoryIndex:
         self._filters = _new_filters()
         #: Incremental writes go through this one (_apply, in the write thread `_WRITES`).
         self._writer: sqlite3.Connection | None = None
-        self._vectors = VectorIndex(embedder.dim or 1)
         #: Where searches take the vector list from instead of `_vectors`, when set: a
         #: cluster's vectors in PostgreSQL (memory/cluster/vectors_search.py).
-        self.vector_backend: VectorIndex | None = None
+        self.vector_backend = vector_backend
+        #: Whether this index keeps no vectors (see the module docstring): decided here,
+        #: for the index's whole life.
+        self.remote = self.vector_backend is not None
+        self._vectors: VectorIndex = (
+            NoVectors(embedder.dim or 1) if self.remote else VectorIndex(embedder.dim or 1)
+        )
         self._lock = asyncio.Lock()
         self._rebuild_lock = asyncio.Lock()
         self._generation = 0
@@ -182,15 +203,19 @@ class MemoryIndex:
         progress: bool | None = None,
         sync: bool = True,
         rebuild: bool = False,
+        before_rebuild: Callable[[], Awaitable[None]] | None = None,
+        vector_backend: VectorIndex | None = None,
     ) -> MemoryIndex:
         """Open the index, rebuilding it when it is missing, unreadable or built for
         another embedder (or when `rebuild`), and catching up on changed files when
-        `sync`."""
+        `sync`. `before_rebuild` is awaited first when it rebuilds (a cluster worker
+        reads every shared vector then, and only then). With `vector_backend`, searches
+        take their vector list from it and the index keeps no vectors (module docstring)."""
         embedder = embedder or HashedEmbedder()
         if not embedder.dim:  # e.g. a litellm model whose size we learn by asking once
             await embed_async(embedder, ["dimension probe"])
         await asyncio.to_thread(data_dir.mkdir, parents=True, exist_ok=True)
-        self = cls(data_dir, embedder)
+        self = cls(data_dir, embedder, vector_backend)
         reason = "requested" if rebuild else await self._load()
         if not reason:
             self._start_keywords()
@@ -199,6 +224,8 @@ class MemoryIndex:
             if not rebuild:
                 log.warning("memory.index.rebuild", reason=reason, data_dir=str(data_dir))
             self.open_reason = reason
+            if before_rebuild is not None:
+                await before_rebuild()
             self.last_rebuild = await self.rebuild(progress=progress, reason=reason)
         elif sync:
             try:
@@ -271,7 +298,7 @@ class MemoryIndex:
         """Open both files; the reason they must be rebuilt, or "" when usable."""
         if not self.sqlite_path.exists():
             return f"{SQLITE_NAME} is missing"
-        if not self.faiss_path.exists():
+        if not self.remote and not self.faiss_path.exists():
             return f"{FAISS_NAME} is missing"
         try:
             db = await connect(self.sqlite_path)
@@ -302,6 +329,9 @@ class MemoryIndex:
             await db.executescript(INDEXES_SQL)
         except sqlite3.Error as exc:  # only speed is at stake: search works without
             log.warning("memory.index.indexes_not_updated", error=str(exc))
+        if self.remote:
+            await self._load_remote(db, int(meta.get("generation", "0")))
+            return ""
         try:
             vectors = await asyncio.to_thread(VectorIndex.load, self.faiss_path, self.embedder.dim)
         except VectorIndexError as exc:
@@ -330,12 +360,26 @@ class MemoryIndex:
         self._next_label = max(top + 1, generation << GEN_SHIFT)
         return ""
 
+    async def _load_remote(self, db: aiosqlite.Connection, generation: int) -> None:
+        """Take `db` without vectors (see the module docstring): the labels go on from
+        the largest SQLite knows, and an index.faiss left from the faiss mode goes (its
+        vectors are the backend's; kept, it would go stale unseen)."""
+        await asyncio.to_thread(self.faiss_path.unlink, missing_ok=True)
+        top = next(iter(await db.execute_fetchall("SELECT max(vec) FROM docs")))[0]
+        vectors = NoVectors(self.embedder.dim)
+        if top is not None:
+            vectors.note_labels(np.array([top], dtype=np.int64))
+        self._db, self._vectors, self._generation = db, vectors, generation
+        self._reader, self._writer = await asyncio.to_thread(_connect_both, self.sqlite_path)
+        self._next_label = max(vectors.max_label + 1, generation << GEN_SHIFT)
+
     # -- full rebuild --------------------------------------------------------------
 
     async def rebuild(
         self, *, progress: bool | None = None, reason: str = "requested"
     ) -> RebuildReport:
-        """Recreate index.sqlite and index.faiss from the Markdown files alone.
+        """Recreate index.sqlite and index.faiss (index.sqlite alone, and nothing
+        embedded, with remote vectors) from the Markdown files alone.
 
         Built into temporary files, then swapped in: until the swap, searches use the
         old index; a crash mid-way leaves the old one (or none) and a temp file.
@@ -350,9 +394,17 @@ class MemoryIndex:
             generation = secrets.randbelow(2**30) + 1
             try:
                 vectors = await build(
-                    self.data_dir, self.embedder, files, tmp_db, generation, report, progress
+                    self.data_dir,
+                    self.embedder,
+                    files,
+                    tmp_db,
+                    generation,
+                    report,
+                    progress,
+                    embed=not self.remote,
                 )
-                await asyncio.to_thread(vectors.save, tmp_faiss)
+                if not self.remote:
+                    await asyncio.to_thread(vectors.save, tmp_faiss)
                 async with self._lock:
                     self._close_reader()
                     self._close_writer()
@@ -369,7 +421,8 @@ class MemoryIndex:
                         self.faiss_path,
                     ):
                         stale.unlink(missing_ok=True)
-                    os.replace(tmp_faiss, self.faiss_path)
+                    if not self.remote:
+                        os.replace(tmp_faiss, self.faiss_path)
                     os.replace(tmp_db, self.sqlite_path)
                     self._db = await connect(self.sqlite_path)
                     self._reader, self._writer = await asyncio.to_thread(
@@ -557,7 +610,7 @@ class MemoryIndex:
             else:
                 await self._in_writer(self._read_batch, db, batch, read)
                 matrix = None
-                if batch.fresh:
+                if batch.fresh and not self.remote:
                     matrix = await embed_async(self.embedder, [d.embed_text for d in batch.fresh])
                 await self._in_writer(self._commit_batch, db, batch, matrix, keywords, journal)
             if batch.keywords_error:
@@ -591,7 +644,7 @@ class MemoryIndex:
         """The whole write for an embedder that blocks (embedded here, not in a hop)."""
         self._read_batch(db, batch, read)
         matrix = None
-        if batch.fresh:
+        if batch.fresh and not self.remote:
             matrix = embed_rows(self.embedder, [d.embed_text for d in batch.fresh])
         self._commit_batch(db, batch, matrix, keywords, journal)
 
@@ -635,11 +688,14 @@ class MemoryIndex:
         docs, removed, existing, fresh = batch.docs, batch.removed, batch.existing, batch.fresh
         labels: dict[str, int] = {}
         if fresh:
-            assert matrix is not None
             new = np.arange(self._next_label, self._next_label + len(fresh), dtype=np.int64)
-            self._vectors.add(new, matrix)
+            if isinstance(self._vectors, NoVectors):  # labels only: see the module docstring
+                self._vectors.note_labels(new)
+            else:
+                assert matrix is not None
+                self._vectors.add(new, matrix)
+                self._unsaved += len(fresh)
             self._next_label += len(fresh)
-            self._unsaved += len(fresh)
             labels = {d.path: int(x) for d, x in zip(fresh, new, strict=True)}
         stale: list[int] = []
         written: list[tuple[int, Doc]] = []

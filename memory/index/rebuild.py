@@ -34,7 +34,7 @@ from memory.index.schema import (
     connect,
     doc_row,
 )
-from memory.vectors import VectorIndex
+from memory.vectors import NoVectors, VectorIndex
 
 
 @dataclass(slots=True)
@@ -176,14 +176,18 @@ async def build(
     generation: int,
     report: RebuildReport,
     progress: bool | None,
+    *,
+    embed: bool = True,
 ) -> VectorIndex:
     """Parse, embed and bulk-load `files` into `tmp_db`; the vectors, labelled with
-    `generation`, are returned for the caller to save next to it."""
+    `generation`, are returned for the caller to save next to it. Without `embed` (an
+    index whose vectors are searched elsewhere: NoVectors) nothing is embedded and the
+    labels only name the documents."""
     await asyncio.to_thread(tmp_db.unlink, missing_ok=True)
     db = await connect(tmp_db, bulk=True)
     # One preallocated matrix, filled batch by batch and handed to faiss in
     # slices: a list of chunks plus their concatenation doubled the peak RSS.
-    matrix = np.empty((len(files), embedder.dim), dtype=np.float32)
+    matrix = np.empty((len(files) if embed else 0, embedder.dim), dtype=np.float32)
     labels: list[int] = []
     counter = 0
     try:
@@ -195,7 +199,7 @@ async def build(
                 # With worker processes this is only the time spent waiting for them.
                 report.stages["parse"] = report.stages.get("parse", 0.0) + waited
                 clock = time.perf_counter()
-                if docs:
+                if docs and embed:
                     vecs = await embed_async(embedder, [d.embed_text for d in docs])
                     matrix[counter : counter + len(docs)] = vecs
                 clock = report.lap("embed", clock)
@@ -235,6 +239,10 @@ async def build(
             )
             await db.commit()
             clock = report.lap("sqlite", clock)
+            if not embed:
+                kept = NoVectors(embedder.dim)
+                kept.note_labels(np.array(labels, dtype=np.int64))
+                return kept
             vectors = VectorIndex(embedder.dim)
             add = bar.stage("vector index", len(labels))
             label_array = np.array(labels, dtype=np.int64)
