@@ -169,6 +169,8 @@ class WebChannel(ChannelDefaults):
         self._text_due: dict[str, asyncio.TimerHandle] = {}
         self._text_sent: dict[str, float] = {}
         self._ids = itertools.count(1)
+        #: This run's random part of every message id (see `_new_id`).
+        self._run_tag = secrets.token_hex(4)
         self._stopping = False
 
     # ------------------------------------------------------------------ notice
@@ -667,8 +669,10 @@ class WebChannel(ChannelDefaults):
         return kept, unkept
 
     def _new_id(self) -> str:
-        # Counter for uniqueness within a run, random suffix across restarts.
-        return f"w{next(self._ids)}{secrets.token_hex(3)}"
+        """A message id: the counter keeps ids unique within a run, the run's random tag
+        across restarts (the stored history outlives a run). The tag is drawn once:
+        drawing random bytes per message was a system call on the way to every answer."""
+        return f"w{next(self._ids)}{self._run_tag}"
 
     def _session_of(self, conversation: str) -> str:
         prefix, _, session = conversation.partition(":")

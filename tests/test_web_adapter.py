@@ -518,6 +518,37 @@ async def test_history_survives_reconnect_and_restart(tmp_path: Path) -> None:
     assert len(lines) == 4  # compacted on connect: edits folded in, then one new message
 
 
+async def test_message_ids_are_unique_across_restarts_without_a_draw_per_message(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ids stay unique within a run and against a restarted channel's (the stored history
+    outlives a run), while the random part is drawn once a run: a draw per message was a
+    system call on the way to every answer."""
+    import adapters.web as web_module
+
+    draws: list[object] = []
+    real = web_module.secrets.token_hex
+
+    def counted(nbytes: int | None = None) -> str:
+        draws.append(nbytes)
+        return real(nbytes)
+
+    monkeypatch.setattr(web_module.secrets, "token_hex", counted)
+    ids: list[str] = []
+    for _ in range(2):  # a run, then a restart on the same data dir
+        async with serve(tmp_path) as srv:
+            ws, _ = await srv.connect()
+            draws.clear()
+            for i in range(12):
+                await ws.send_json({"type": "message", "text": f"hello {i}"})
+                ids.append((await recv(ws))["id"])
+                ids.append((await srv.channel.send(CONV, f"answer {i}")).id)
+                assert (await recv(ws))["id"] == ids[-1]
+            assert draws == []
+            await ws.close()
+    assert len(set(ids)) == len(ids) == 48
+
+
 async def test_corrupt_history_line_is_skipped(tmp_path: Path) -> None:
     path = tmp_path / "web" / f"{SESSION}.jsonl"
     path.parent.mkdir(parents=True)
