@@ -639,6 +639,38 @@ async def test_a_failed_graph_walk_is_reported_once_the_keyword_ranking_is_done(
     assert ended and ended[0] <= raised
 
 
+def test_a_walk_of_the_lists_runs_in_turn_with_the_keyword_list(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Beside a walk of faiss's inverted lists the keyword ranking slowed the walk more
+    than it hid: search.inline_vectors keeps such a walk (no filter, or a broad one) in
+    the search's own thread, the keyword list after it; a narrow filter's exact search
+    and a big exact search keep their own rule (VECTOR_THREAD_MIN)."""
+    import memory.index.tuning as tuning_mod
+    from memory.index.filters import FilterRows
+    from memory.index.search import inline_vectors
+
+    monkeypatch.setattr(vectors_mod, "EXACT_MAX", 100)
+    monkeypatch.setattr(tuning_mod, "VECTOR_THREAD_MIN", 50)
+    rng = np.random.default_rng(3)
+    data = rng.standard_normal((300, 8)).astype(np.float32)
+    data /= np.linalg.norm(data, axis=1, keepdims=True)
+    lists = VectorIndex(8)
+    lists.add(np.arange(300, dtype=np.int64), data)
+    flat = VectorIndex(8)
+    flat.add(np.arange(90, dtype=np.int64), data[:90])
+    assert lists.is_lists and not flat.is_lists
+    assert inline_vectors(lists, "", None)
+    assert inline_vectors(lists, "d.kind IN (?)", None)
+    assert not inline_vectors(flat, "", None)  # 90 exact candidates: beside
+    many = FilterRows([(i, i, f"p{i}") for i in range(60)])
+    few = FilterRows([(i, i, f"p{i}") for i in range(10)])
+    assert not inline_vectors(lists, "d.kind IN (?)", many)
+    assert inline_vectors(lists, "d.kind IN (?)", few)
+    monkeypatch.setattr(tuning_mod, "LISTS_IN_TURN", False)
+    assert not inline_vectors(lists, "", None)
+
+
 def test_contenders_are_the_documents_the_rounded_cutoff_keeps() -> None:
     """search.contenders rounds only near the cutoff; it keeps exactly the documents
     the full rounding kept (every score rounded to 12 digits, at least the limit-th)."""

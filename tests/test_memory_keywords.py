@@ -279,3 +279,35 @@ async def test_index_keyword_list_equals_sqlite_bm25_while_and_after_loading(
                 assert cached == exact, (query, filters)
         assert "e0003" not in await _keyword_ids(index, "deploy api billing staging")
         assert any(h.startswith("e007") for h in await _keyword_ids(index, " ".join(WORDS)))
+
+
+def test_the_best_rows_are_picked_among_the_top_scores_with_the_same_ranking(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The full ranking picks its `depth` best rows among the rows scoring at least
+    TOP_SHARE of the best score, and among every match only when those are fewer than
+    `depth` (or fewer pass the filter): SQLite's order either way, ties by rowid; and
+    on the common case it looks at fewer rows than match."""
+    monkeypatch.setattr(keywords_mod, "DEFER_MIN", 10**9)  # the full ranking only
+    db, kw, tok = _loaded(tmp_path / "i.sqlite", 7, 400)
+    looked: list[tuple[int, int]] = []
+    real = KeywordIndex._allowed_only
+
+    def counted(self: KeywordIndex, matched: Any, allowed: Any) -> Any:
+        kept = real(self, matched, allowed)
+        looked.append((len(matched), len(kept)))
+        return kept
+
+    monkeypatch.setattr(KeywordIndex, "_allowed_only", counted)
+    cut = 0
+    for query in QUERIES:
+        for depth in (1, 7, 40, 1000):
+            looked.clear()
+            assert _mine(kw, tok, query, depth) == _truth(db, query, depth), (query, depth)
+            every = len(_truth(db, query, 10**6))
+            cut += bool(looked) and looked[0][0] < every and len(looked) == 1
+        allowed = list(range(1, 500, 3))
+        truth = [r for r in _truth(db, query, 10**6) if r in set(allowed)][:7]
+        phrases = tok.phrases([t.strip('"') for t in fts_terms(query)])
+        assert kw.rank(phrases, 7, allowed) == truth, query
+    assert cut  # some rankings looked at the top rows only

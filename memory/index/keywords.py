@@ -74,6 +74,9 @@ FEW_ROWS_MIN = 4096
 DEFER_SHARE = 0.25
 DEFER_MIN = 8192
 DEFER_IDF_FACTOR = 4.0
+#: `_rank_all` selects the best rows among those scoring at least this share of the
+#: best score first (every match only when fewer than the depth do).
+TOP_SHARE = 0.75
 _WEIGHT_OF = np.array([*WEIGHTS, 1.0], dtype=np.float64)
 
 Phrase = tuple[str, ...]
@@ -512,9 +515,19 @@ class KeywordIndex:
         depth: int,
         allowed: Sequence[int] | np.ndarray | None,
     ) -> list[int]:
-        """`rank` by scoring every posting of every phrase."""
+        """`rank` by scoring every posting of every phrase.
+
+        The depth-th best score is looked for among the rows scoring at least
+        TOP_SHARE of the best one first: bm25 puts a query's best rows close together
+        (at 100k episodes, free-text questions: ~500 of ~12k matches, often tied at
+        the top), and selecting among all the matches cost ~0.25 ms of a ~0.5 ms
+        ranking. When that cut holds `depth` rows it holds every row the full
+        selection keeps (the depth-th best of all is at least the depth-th best of
+        those), so the list is the same; otherwise every match is looked at."""
         scores = self._scores(found, norm)
-        matched = self._allowed_only(np.flatnonzero(scores > 0.0), allowed)
+        matched = self._allowed_only(np.flatnonzero(scores >= TOP_SHARE * scores.max()), allowed)
+        if len(matched) < depth:
+            matched = self._allowed_only(np.flatnonzero(scores > 0.0), allowed)
         if len(matched) > depth:
             values = scores[matched]
             kth = np.partition(values, len(values) - depth)[len(values) - depth]

@@ -3,10 +3,11 @@ rows of the best hits.
 
 It is synchronous, on the index's read-only SQLite connection: `MemoryIndex.search`
 starts it in a worker thread under the index lock (a rebuild swaps the connection and
-the vectors), which walks the vector graph while the keyword list is ranked in
-_KEYWORDS (see run). One hop there and one back instead of one per SQL statement and
-per list: at 100k episodes the hops and aiosqlite's queue cost more (~2 ms) than the
-two lists themselves (bm25 in memory ~0.6 ms, the vector lists ~0.5 ms).
+the vectors), which computes both lists, or the vector list while the keyword list is
+ranked in _KEYWORDS where that pays (see run and inline_vectors). One hop there and one
+back instead of one per SQL statement and per list: at 100k episodes the hops and
+aiosqlite's queue cost more (~2 ms) than the two lists themselves (bm25 in memory
+~0.3 ms, the vector lists ~0.5 ms).
 """
 
 from __future__ import annotations
@@ -207,17 +208,29 @@ def nearest(
 
 
 def inline_vectors(vectors: VectorIndex, where: str, allowed: FilterRows | None) -> bool:
-    """Whether the vector list is cheap enough to compute in the calling thread.
+    """Whether the vector list is computed in the calling thread, the keyword list
+    after it (in turn), rather than beside the keyword list ranked in _KEYWORDS.
 
     Ranking the keyword list in _KEYWORDS beside it pays only when the search is long
     enough to overlap with the ranking: a few hundred candidates are searched exactly in
     ~0.05 ms, less than the handoff itself (in a 300-episode index: 0.09 ms inline, 0.14
-    ms through the thread). Counts are upper bounds (stale vectors are left out later),
-    so the choice never sends a graph walk inline.
+    ms through the thread). Counts are upper bounds (stale vectors are left out later).
+
+    A walk of faiss's inverted lists without a narrow filter (100k episodes: ~0.5 ms)
+    runs in turn too: beside it the ranking (~0.3 ms) slowed the walk about as much as
+    it hid (the two contend for the caches and memory of a 2-core machine, and the
+    ranking thread must be woken). Measured at 100k, free-text questions, p50: warm and
+    alternating query by query, within 0.05 ms either way; in bench.memory's series
+    (caches swept between blocks) in turn was 0.0-0.4 ms faster in six runs, and it
+    spends no thread wake-up. Big exact searches (up to EXACT_MAX vectors, a numpy scan
+    of ~1 ms) and a vector backend elsewhere (a network round trip) still run beside
+    the ranking.
     """
     limit = tuning.VECTOR_THREAD_MIN
     if allowed is not None:
         return len(allowed) < limit
+    if vectors.is_lists and tuning.LISTS_IN_TURN:
+        return True
     if where:
         return False  # a broad filter: a graph walk, filtered after
     return vectors.ntotal < limit
@@ -355,10 +368,11 @@ def run(
     go to `out`. `keywords` None: the keyword list comes from SQLite's bm25
     (keyword_ranks).
 
-    When the vector list is a graph walk, the keyword list is ranked in _KEYWORDS while
-    this thread walks the graph, and whichever of the two finishes last makes the rest
-    (the vector list's rows, the fusion, the hits) and sets `out`: nothing waits for a
-    wake-up, and `db` is used by one thread at a time.
+    When the vector list is long enough to hide the ranking (inline_vectors says which:
+    a big exact search, a vector backend elsewhere), the keyword list is ranked in
+    _KEYWORDS while this thread searches the vectors, and whichever of the two finishes
+    last makes the rest (the vector list's rows, the fusion, the hits) and sets `out`:
+    nothing waits for a wake-up, and `db` is used by one thread at a time.
 
     Why the walk here and the ranking there, not the other way round: faiss (and
     numpy's einsum, for a big exact search) gives the GIL up for the whole walk after a
