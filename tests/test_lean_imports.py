@@ -86,3 +86,42 @@ def test_the_shell_parser_loads_with_the_first_shell_command_not_at_start() -> N
     assert out[:2] == ["before", "False"], out
     assert out[-2:] == ["after", "True"], out
     assert out[3] != "allow", out
+
+
+def test_litellm_proxy_models_and_otel_load_on_first_use_not_with_litellm() -> None:
+    """The litellm packages Steward never uses (core/model/client.py
+    `LITELLM_UNUSED_PACKAGES`: the proxy's database models and repositories, the trace
+    receiver, the Interactions API, the OpenTelemetry v2 models with pydantic-settings)
+    are not loaded by `load_litellm`, nor fal.ai's image models by its chat config; each
+    still loads, whole, when a name of it is asked for."""
+    code = (
+        "import sys\n"
+        "from core.model.client import load_litellm\n"
+        "litellm = load_litellm()\n"
+        "unused = ('litellm.models.budget', 'litellm.repositories.budget_repository',"
+        " 'litellm.tracing.receiver', 'litellm.integrations.otel.model.config',"
+        " 'pydantic_settings', 'litellm.interactions.main',"
+        " 'litellm.llms.fal_ai.image_generation')\n"
+        "litellm.FalAIChatConfig\n"
+        "print('before', any(m in sys.modules for m in unused))\n"
+        "print('bound', litellm.models is sys.modules['litellm.models'])\n"
+        "from litellm.models import LiteLLM_BudgetTable\n"
+        "from litellm.integrations.otel import OTEL_V2_ENV, is_otel_v2_enabled\n"
+        "import litellm.integrations.otel as otel\n"
+        "print('after', LiteLLM_BudgetTable.__module__, OTEL_V2_ENV, callable(is_otel_v2_enabled),"
+        " 'validate_registry' in otel.__all__, 'pydantic_settings' in sys.modules,"
+        " callable(litellm.interactions.acreate),"
+        " litellm.llms.fal_ai.FalAIFluxProV11Config.__name__)\n"
+    )
+    out = _run(code)
+    assert out[:4] == ["before", "False", "bound", "True"], out
+    assert out[4:] == [
+        "after",
+        "litellm.models.budget",
+        "LITELLM_OTEL_V2",
+        "True",
+        "True",
+        "True",
+        "True",
+        "FalAIFluxProV11Config",
+    ], out

@@ -62,7 +62,7 @@ import structlog
 from config.model_chain import ModelPrice
 from core.backoff import backoff_delay
 from core.clock import Clock
-from core.lazy_package import defer_tree
+from core.lazy_package import defer_init, defer_tree
 from core.model import litellm_file_ids, litellm_tokenizer
 from core.model.errors import (
     EmptyAnswer,
@@ -84,6 +84,22 @@ log = structlog.get_logger("steward.llm")
 _litellm: Any = None
 _import_lock = threading.Lock()
 
+#: litellm packages whose ``__init__`` only re-exports names and which litellm loads for
+#: names Steward never asks for: its proxy's database models and repositories, its trace
+#: receiver, Google's Interactions API, the OpenTelemetry v2 models (with
+#: pydantic-settings: `litellm.caching` imports one no-op helper of that package), and
+#: fal.ai's image models (the first call's provider table asks for fal.ai's chat config,
+#: and the package's ``__init__`` imports every image model). Deferred
+#: (core/lazy_package.py): each loads on its first use, as before (bench rss: ~-4 MB).
+LITELLM_UNUSED_PACKAGES = (
+    "litellm.integrations.otel",
+    "litellm.interactions",
+    "litellm.llms.fal_ai",
+    "litellm.models",
+    "litellm.repositories",
+    "litellm.tracing",
+)
+
 
 def load_litellm() -> Any:
     """Import litellm once, offline: no cost-map download, no tokenizer fetch, no banner.
@@ -102,8 +118,10 @@ def load_litellm() -> Any:
         # openai.types' __init__s import every type module of the openai SDK; litellm
         # uses a part of them (~12 MB resident; see core/lazy_package.py)
         defer_tree("openai.types")
+        defer_init(*LITELLM_UNUSED_PACKAGES)
         with litellm_tokenizer.unparsed():  # -16 MB at the import's peak (bench rss)
             import litellm
+        _bind_to_parents(LITELLM_UNUSED_PACKAGES)
         litellm_tokenizer.read_on_use()
         # The proxy's types load only for a request with a file part (-5 MB, bench rss).
         litellm_file_ids.install(sys.modules.get("litellm.main"))
@@ -125,6 +143,17 @@ def load_litellm() -> Any:
             utils.json_data = None  # type: ignore[union-attr]
         _litellm = litellm
     return _litellm
+
+
+def _bind_to_parents(names: Sequence[str]) -> None:
+    """Each deferred package as an attribute of its parent, as a plain import leaves it
+    (``litellm.models`` reads as the module): the import system binds a child only when
+    it loads it, and these were in `sys.modules` before their parents were imported."""
+    for name in names:
+        parent, _, child = name.rpartition(".")
+        module, above = sys.modules.get(name), sys.modules.get(parent)
+        if module is not None and above is not None and child not in vars(above):
+            setattr(above, child, module)
 
 
 def _assemble(litellm: Any, chunks: list[Any], messages: list[dict[str, Any]]) -> Any:
