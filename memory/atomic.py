@@ -98,13 +98,43 @@ def folder_syncs_grouped() -> Iterator[None]:
         yield
         return
     pending: dict[object, Callable[[], None]] = {}
+    after: list[Callable[[], None]] = []
     _grouped.pending = pending
+    _grouped.after = after
     try:
         yield
     finally:
         _grouped.pending = None
-        for sync in pending.values():
-            sync()
+        _grouped.after = None
+        try:
+            for sync in pending.values():
+                sync()
+        finally:
+            _run_each(after)
+
+
+def _run_each(steps: list[Callable[[], None]]) -> None:
+    """Every step, even after one raised; then the first exception, if any."""
+    error: BaseException | None = None
+    for step in steps:
+        try:
+            step()
+        except BaseException as exc:
+            error = error or exc
+    if error is not None:
+        raise error
+
+
+def after_folder_syncs(then: Callable[[], None]) -> None:
+    """Run `then` once the writes made so far in this thread are durable: at once
+    outside a `folder_syncs_grouped` block, else right after the outermost block's
+    folder fsyncs. For a step that may only follow durable writes (the task journal's
+    records go once their episodes are on disk)."""
+    after: list[Callable[[], None]] | None = getattr(_grouped, "after", None)
+    if after is None:
+        then()
+    else:
+        after.append(then)
 
 
 def _owed(key: object, sync: Callable[[], None]) -> bool:

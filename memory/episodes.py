@@ -11,14 +11,15 @@ import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from memory.atomic import folder_syncs_grouped
+from memory import hops
+from memory.atomic import after_folder_syncs, folder_syncs_grouped
 from memory.documents import DocError, from_text
 from memory.effects import Effects
 from memory.health import health_for
-from memory.hops import disk_executor
 from memory.records import RecordStore, Written, read_record
 from memory.store import MalformedFile, parse, render
 
@@ -295,18 +296,19 @@ class EpisodeStore:
         self, paths: list[Path], episodes: list[Episode], then: Callable[[], None] | None
     ) -> list[Written | OSError]:
         results: list[Written | OSError] = []
-        try:
-            # One fsync per folder for the batch (memory/atomic.py), made before `then`
-            # closes the journal records: those go only once the episodes are durable.
-            with folder_syncs_grouped():
+        # One fsync per folder for the batch (memory/atomic.py; for the writer's whole
+        # batch when run there), made before `then` closes the journal records: those
+        # go only once the episodes are durable.
+        with folder_syncs_grouped():
+            try:
                 for path, episode in zip(paths, episodes, strict=True):
                     try:
                         results.append(self._write_one(path, episode))
                     except OSError as exc:
                         results.append(exc)
-        finally:
-            if then is not None:
-                then()
+            finally:
+                if then is not None:
+                    after_folder_syncs(then)
         return results
 
     async def write_many(
@@ -318,11 +320,10 @@ class EpisodeStore:
         adds it without reading it back. `then` (blocking) runs in the same hop once
         every file is written or has failed: the journal's unlinks (TaskJournal.closing)."""
         paths = [self.path_for(e) for e in episodes]
-        # On the data dir's own pool (memory/hops.py): a batch's fsyncs take a thread for
-        # tens of ms on a busy disk, and litellm prepares each request in the default one.
-        results = await asyncio.get_running_loop().run_in_executor(
-            disk_executor(), self._write_all, paths, episodes, then
-        )
+        # On the data dir's writer (memory/hops.py), with the journal's and transcripts'
+        # writes of the same moment: one thread hop for them all, their folders synced
+        # once; not in the default pool, where litellm prepares each request.
+        results = await hops.run(partial(self._write_all, paths, episodes, then))
         out: list[Written | None] = []
         for path, result in zip(paths, results, strict=True):
 

@@ -68,9 +68,12 @@ ASKED = "asked"
 QUEUED = "queued"
 
 #: Emptied record files kept for the next records (`TaskJournal._recycle`); their
-#: names never end in .jsonl, so nothing reads them as records.
+#: names never end in .jsonl, so nothing reads them as records. Enough for every task
+#: of a busy process (100 conversations at once): past them an ended record is deleted,
+#: and on ext4 without a journal each deletion makes later creations slower
+#: (memory/atomic.py).
 SPARE_PREFIX = ".spare-"
-MAX_SPARES = 16
+MAX_SPARES = 128
 
 #: Characters kept of a tool call's summary: enough to recognise it, cheap to rewrite.
 SUMMARY_CHARS = 160
