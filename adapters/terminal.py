@@ -205,6 +205,7 @@ class TerminalChannel(ChannelDefaults):
         shows_tool_status=True,
         interactive=True,
         typing=False,
+        redelivers=False,  # each line typed is a message with a new id (`_new_id`)
         max_length=1_000_000,
         max_buttons=9,
     )
@@ -627,6 +628,7 @@ class OneShotChannel(ChannelDefaults):
         shows_tool_status=True,
         interactive=False,
         typing=False,
+        redelivers=False,
         max_length=1_000_000,
     )
 

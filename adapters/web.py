@@ -136,6 +136,7 @@ class WebChannel(ChannelDefaults):
         streams_text=True,
         shows_tool_status=True,
         interactive=True,
+        redelivers=False,  # each message's id is made as it arrives (`_message_id`)
         max_length=100_000,
         max_buttons=6,
     )

@@ -155,7 +155,12 @@ class Dispatcher:
             text = event.text.strip()
             if not text:
                 return
-            if event.id and self.seen is not None and not await self._first_time(event, channel):
+            if (
+                event.id
+                and self.seen is not None
+                and channel.capabilities.redelivers
+                and not await self._first_time(event, channel)
+            ):
                 return
             self._arrived(event, channel)
             if (

@@ -30,6 +30,12 @@ class Capabilities:
     shows_tool_status: bool = False
     #: Whether a person can answer an approval here at all (False for `chat -m`).
     interactive: bool = True
+    #: Whether the platform may deliver one message twice (a retry, a redelivery after a
+    #: restart): the dispatcher then records each message's id durably before its task
+    #: (memory/seen.py) and drops a repeat. False where every arrival is given a new id
+    #: (the web chat, the terminal): a record that can never match is only a disk write
+    #: before every task. In a cluster the store's journal drops redeliveries anyway.
+    redelivers: bool = True
     max_length: int = 4000
     max_buttons: int = 5
     max_label_length: int = 75

@@ -7,7 +7,8 @@ Mattermost retry after a timeout). The adapters remember what they handled in me
 only (`adapters.runtime.Recent`), so an event redelivered after Steward restarted ran
 its task a second time. The dispatcher asks this store, once for every platform,
 before a message becomes a task or a command (bot/dispatcher.py); the adapters' own
-caches stay as a first filter.
+caches stay as a first filter. Not for the web chat and the terminal, which give every
+arrival a new id (their `Capabilities.redelivers` is False).
 
 On disk: ``<data dir>/seen/events.log``, one line per message taken, written before
 its task starts: ``<unix seconds> <16 hex digits>``, the digits a hash of (channel,

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -133,3 +134,44 @@ async def test_a_failing_disk_never_costs_the_message(tmp_path: Path) -> None:
     restarted = SeenEvents(tmp_path)
     restarted.load()
     assert digest("line", "U1", "m2") in restarted
+
+
+async def test_only_a_channel_that_may_redeliver_records_its_messages(
+    tmp_path: Path, llm: Any, settings_for: Any
+) -> None:
+    """The web chat and the terminal give every arrival a new id: a record that could
+    never match is not written before their tasks. A platform's messages still are."""
+    import dataclasses
+
+    from adapters.replay import ReplayChannel
+    from adapters.terminal import TerminalChannel
+    from adapters.web import WebChannel
+    from bot.app import App
+    from core.access import Rules
+    from core.events import Message
+
+    class NewIdEachTime(ReplayChannel):
+        name = "web"
+        capabilities = dataclasses.replace(ReplayChannel.capabilities, redelivers=False)
+
+    assert not WebChannel.capabilities.redelivers and not TerminalChannel.capabilities.redelivers
+    llm.reply_text("done")
+    app = App(settings_for(llm))
+    for name in ("replay", "web"):
+        app.access.rules[name] = Rules(open=True)
+    platform = ReplayChannel(lambda: 0.0, lambda item: None)
+    web = NewIdEachTime(lambda: 0.0, lambda item: None)
+    outboxes = await app.start([platform, web])
+    try:
+        for outbox in outboxes:
+            await app.dispatcher.handle(
+                Message(outbox.name, "c1", "alice", "hello", id="m1"), outbox
+            )
+        assert app.dispatcher.seen is not None
+        seen = app.dispatcher.seen
+        assert not await seen.first_time("replay", "c1", "m1")  # recorded: a repeat
+        assert await seen.first_time("web", "c1", "m1")  # never recorded
+    finally:
+        await app.stop()
+    [lines] = files(app.data_dir).values()
+    assert len(lines) == 2  # the platform's message, and the check of web's just now
