@@ -122,3 +122,18 @@ async def test_other_bad_requests_keep_their_advice(llm: ScriptedLLM) -> None:
     assert err.kind == "bad_request"
     assert "check STEWARD_MODEL" in str(err) and "Unknown parameter" not in str(err)
     assert "Unknown parameter" in err.detail  # the provider's reason: for the log
+
+
+async def test_a_key_never_given_is_named_at_once_not_retried_as_an_outage(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The OpenAI client refuses to start without a key, which litellm reports as an
+    InternalServerError (500): a configuration to fix, not a provider's outage."""
+    for name in ("OPENAI_API_KEY", "OPENAI_ADMIN_KEY", "STEWARD_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    c = LLMClient(model="openai/gpt-4o-mini", clock=Clock(), retries=3, backoff=0.01)
+    with capture_logs() as logs:
+        error = await failure(c, request("hi"))
+    assert error.kind == "no_key" and not error.retryable
+    assert "no API key" in str(error) and "OPENAI_API_KEY" in str(error)
+    assert [e for e in logs if e["event"] == "llm.retry"] == []  # asked once, not four times

@@ -754,6 +754,11 @@ class LLMClient:
                 "the provider's key (OPENAI_API_KEY, ANTHROPIC_API_KEY, … or "
                 "STEWARD_API_KEY); Steward's log has the provider's answer."
             ),
+            "no_key": (
+                "has no API key, so nothing was sent. Whoever runs Steward should set "
+                "the provider's key (OPENAI_API_KEY, ANTHROPIC_API_KEY, … or STEWARD_API_KEY), "
+                "or STEWARD_API_BASE for a server of their own that needs none."
+            ),
             "not_found": (
                 f"could not be used: its provider does not know this model ({tried}). "
                 "Whoever runs Steward should check STEWARD_MODEL; Steward's log has the "

@@ -113,7 +113,7 @@ def is_malformed(exc: BaseException) -> bool:
 def is_retryable(exc: BaseException) -> bool:
     """Worth another attempt: rate limits, timeouts, connection and server errors, but not
     an answer that fails the same way every time (unparsable; a 4xx other than 408/429)."""
-    if is_malformed(exc):
+    if is_malformed(exc) or _no_key(exc):
         return False
     status = getattr(exc, "status_code", None)
     if isinstance(status, int) and 400 <= status < 500 and status not in (408, 429):
@@ -149,6 +149,15 @@ def _causes(exc: BaseException) -> list[BaseException]:
 #: connection to an OpenAI-compatible server as an InternalServerError, "Connection
 #: error.", raised from openai's APIConnectionError).
 _UNREACHED = {"APIConnectionError", "ConnectError", "ConnectionRefusedError", "ConnectTimeout"}
+
+
+#: A key that was never given, in the words of the OpenAI client (which litellm wraps in
+#: an InternalServerError, status 500): a configuration to fix, not an outage to retry.
+_NO_KEY = re.compile(r"Missing credentials|api_key client option must be set")
+
+
+def _no_key(exc: BaseException) -> bool:
+    return any(_NO_KEY.search(str(e)) for e in (exc, *_causes(exc)))
 
 
 def _unreached(exc: BaseException) -> bool:
@@ -195,6 +204,8 @@ def error_kind(exc: BaseException) -> str:
         return "malformed"
     if "BadRequestError" in names and _CONTEXT_WORDING.search(str(exc)):
         return "context_window"
+    if "InternalServerError" in names and _no_key(exc):
+        return "no_key"
     if "InternalServerError" in names and _unreached(exc):
         return "connection"
     for name, kind in (
