@@ -99,6 +99,8 @@ class _Pending:
     #: Only "Approve once" and "Deny" are offered (and accepted): a call that must be
     #: asked every time (one that runs as root to write outside the workspace).
     once_only: bool = False
+    #: The post of the request: a press can come before it returns the message's id.
+    delivery: asyncio.Future[None] | None = None
 
 
 #: How long a stop waits for an approval message already being posted (see below).
@@ -375,7 +377,7 @@ class Approvals:
         self._pending[rid] = pending
         await self.store.save(record)
         log.info("approval.requested", approval=rid, what=what, conversation=conversation)
-        delivery = asyncio.ensure_future(self._deliver(pending, thread))
+        delivery = pending.delivery = asyncio.ensure_future(self._deliver(pending, thread))
         try:
             await _finish_in_flight(delivery)
         except Exception:
@@ -577,6 +579,12 @@ class Approvals:
             by=decision.by,
             reason=decision.reason,
         )
+        if pending.ref is None and pending.delivery is not None:
+            # A press can beat the post's return: the web chat shows the message before
+            # it stores it, and a platform may deliver the press first. Without the id
+            # the edit was lost and the decided buttons stayed on screen.
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(pending.delivery), IN_FLIGHT_GRACE)
         if pending.ref is None:
             return
         if decision.by in ("expiry", "restart"):

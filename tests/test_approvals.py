@@ -127,3 +127,33 @@ async def test_a_stop_while_the_request_is_posted_still_stores_its_message(
     assert await later.recover({"telegram": slow}) == 1  # type: ignore[dict-item]
     [(ref, text, buttons)] = slow.edits
     assert ref.id == "m-posted" and "Expired:" in text and buttons == []
+
+
+async def test_a_press_before_the_post_returns_still_edits_the_message(tmp_path: Path) -> None:
+    """The web chat shows a request before it stores it: a quick press can be decided
+    while Steward does not yet know the message's id. The edit waits for that id instead
+    of being dropped (the decided message kept its buttons)."""
+    approvals = Approvals(SimClock(0.0), ApprovalStore(tmp_path))
+    slow = SlowPlatform("web")
+    task = asyncio.create_task(
+        approvals.ask(
+            slow,  # type: ignore[arg-type]
+            tool="shell",
+            args={"command": "cp a.txt ../b.txt"},
+            what="shell: cp a.txt ../b.txt",
+            why="writes outside the workspace",
+            risk="creates a file",
+            asked_by="alice",
+            conversation="C1",
+        )
+    )
+    await slow.posted.wait()
+    [record] = ApprovalStore(tmp_path).load_all()
+    press = asyncio.create_task(approvals.press(f"approve:{record['id']}", "alice"))
+    await asyncio.sleep(0.05)
+    assert not task.done() and slow.edits == []
+    slow.answer.set()
+    decision = await asyncio.wait_for(task, 5)
+    assert decision.approved and (await press).decided
+    [(ref, text, buttons)] = slow.edits
+    assert ref.id == "m-posted" and "Approved by alice" in text and buttons == []
