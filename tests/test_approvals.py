@@ -93,6 +93,20 @@ class SlowPlatform(PlatformDouble):
         return MessageRef(self.name, conversation, "m-posted")
 
 
+async def ask_out_of_workspace(approvals: Approvals, platform: SlowPlatform) -> Any:
+    """Alice's task asks to write outside the workspace, on `platform`."""
+    return await approvals.ask(
+        platform,  # type: ignore[arg-type]
+        tool="shell",
+        args={"command": "echo x > ../out.txt"},
+        what="shell: echo x > ../out.txt",
+        why="writes outside the workspace",
+        risk="creates a file",
+        asked_by="alice",
+        conversation="C1",
+    )
+
+
 async def test_a_stop_while_the_request_is_posted_still_stores_its_message(
     tmp_path: Path,
 ) -> None:
@@ -101,18 +115,7 @@ async def test_a_stop_while_the_request_is_posted_still_stores_its_message(
     store = ApprovalStore(tmp_path)
     approvals = Approvals(SimClock(0.0), store)
     slow = SlowPlatform("telegram")
-    task = asyncio.create_task(
-        approvals.ask(
-            slow,  # type: ignore[arg-type]
-            tool="shell",
-            args={"command": "echo x > ../out.txt"},
-            what="shell: echo x > ../out.txt",
-            why="writes outside the workspace",
-            risk="creates a file",
-            asked_by="alice",
-            conversation="C1",
-        )
-    )
+    task = asyncio.create_task(ask_out_of_workspace(approvals, slow))
     await slow.posted.wait()
     task.cancel()
     await asyncio.sleep(0.05)
@@ -135,18 +138,7 @@ async def test_a_press_before_the_post_returns_still_edits_the_message(tmp_path:
     of being dropped (the decided message kept its buttons)."""
     approvals = Approvals(SimClock(0.0), ApprovalStore(tmp_path))
     slow = SlowPlatform("web")
-    task = asyncio.create_task(
-        approvals.ask(
-            slow,  # type: ignore[arg-type]
-            tool="shell",
-            args={"command": "cp a.txt ../b.txt"},
-            what="shell: cp a.txt ../b.txt",
-            why="writes outside the workspace",
-            risk="creates a file",
-            asked_by="alice",
-            conversation="C1",
-        )
-    )
+    task = asyncio.create_task(ask_out_of_workspace(approvals, slow))
     await slow.posted.wait()
     [record] = ApprovalStore(tmp_path).load_all()
     press = asyncio.create_task(approvals.press(f"approve:{record['id']}", "alice"))

@@ -30,6 +30,7 @@ from core.approvals import ORPHANED_REASON
 from core.suggestions import YES
 from memory.approvals import ApprovalStore
 from tests.test_cluster_dashboard import _decide
+from tests.test_cluster_handover import _values
 from tests.test_cluster_transport import ALICE, DM, eventually
 from tests.test_cluster_transport import Cluster as InProcess
 
@@ -51,15 +52,6 @@ def sweeps(monkeypatch: pytest.MonkeyPatch) -> Callable[..., None]:
         monkeypatch.setattr(sweep_module, "TOUCH_EVERY", touch)
 
     return set_
-
-
-def _values(message: dict[str, Any]) -> list[str]:
-    return [
-        str(e["value"])
-        for b in message.get("blocks", [])
-        for e in b.get("elements", [])
-        if "value" in e
-    ]
 
 
 def _has_buttons(message: dict[str, Any]) -> bool:

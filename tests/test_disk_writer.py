@@ -17,36 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from memory.episodes import Episode, EpisodeStore
+from memory.episodes import EpisodeStore
 from memory.journal import TaskJournal
 from memory.transcripts import Transcript, TranscriptStore
+from tests.test_persist import _episode, _open
 
 ROOT = Path(__file__).resolve().parent.parent
 STARTED = datetime(2026, 3, 4, 5, 6, 7, tzinfo=UTC)
-
-
-def _episode(n: int) -> Episode:
-    return Episode(
-        id=f"20260304-050607-{n:06x}",
-        started=STARTED,
-        channel="replay",
-        conversation=f"c{n}",
-        user="alice",
-        request=f"request {n}",
-        outcome="success",
-        reply=f"answer {n}",
-    )
-
-
-async def _open(journal: TaskJournal, episode: Episode) -> None:
-    await journal.open(
-        episode.id,
-        channel=episode.channel,
-        conversation=episode.conversation,
-        user=episode.user,
-        request=episode.request,
-        started=episode.started,
-    )
 
 
 def _watch_fsyncs(

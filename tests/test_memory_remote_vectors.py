@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import random
 import sqlite3
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -18,16 +17,7 @@ from memory.embedder import HashedEmbedder
 from memory.episodes import EpisodeStore
 from memory.index import MemoryIndex
 from memory.vectors import NoVectors, VectorIndex
-
-
-class CountingEmbedder(HashedEmbedder):
-    def __init__(self) -> None:
-        super().__init__()
-        self.texts = 0
-
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
-        self.texts += len(texts)
-        return super().embed(texts)
+from tests.test_cluster_vectors import CountingEmbedder
 
 
 class Backend(VectorIndex):
