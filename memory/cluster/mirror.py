@@ -36,6 +36,8 @@ from typing import Protocol
 
 import structlog
 
+from memory.cluster.stopping import cancel_and_wait
+
 log = structlog.get_logger("steward.cluster.mirror")
 
 #: Top-level folders whose files are shared (every file below, at any depth).
@@ -164,6 +166,8 @@ class DataDirMirror:
         self._last_sync = 0.0
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        #: Set by `stop`: the loop ends after the sync it is in (see `stop`).
+        self._stopping = False
         self._sync_lock = asyncio.Lock()
 
     # ---- life cycle ----------------------------------------------------------------
@@ -171,18 +175,30 @@ class DataDirMirror:
     async def start(self) -> None:
         """Make the data dir match the store (the store wins for files it holds), push
         the local shared files it lacks, then keep both in step in the background."""
+        self._stopping = False
         async with self._sync_lock:
             await self._pull(initial=True)
             await self._push()
         self._task = asyncio.create_task(self._run(), name="cluster-mirror")
 
     async def stop(self) -> None:
-        """Push what changed locally one last time, then stop."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        """Stop the background loop (bounded), then push what changed locally one last
+        time (`_final_sync`).
+
+        Why not only cancel and await: a cancellation can be lost in a sync (on Python
+        3.11 psycopg_pool hands out a connection through `asyncio.wait_for`, which drops
+        a cancellation arriving in the same loop turn); the loop then ran on and the
+        stop waited forever. So the loop also ends after a sync once a stop began, and
+        the task is cancelled again while it runs, for a bounded time
+        (memory/cluster/stopping.py). Not `suppress(CancelledError)` around the await: that
+        also swallowed a cancellation of the stop itself."""
+        self._stopping = True
+        task, self._task = self._task, None
+        if task is not None:
+            await cancel_and_wait(task)
+        await self._final_sync()
+
+    async def _final_sync(self) -> None:
         with contextlib.suppress(Exception):
             await self.sync_once()
 
@@ -216,6 +232,8 @@ class DataDirMirror:
                                 await self._pull()
                         else:
                             await self.sync_once()
+                        if self._stopping:  # a stop whose cancellation was lost
+                            return
                         backoff = self.interval
             except asyncio.CancelledError:
                 raise

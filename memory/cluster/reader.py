@@ -78,6 +78,9 @@ class ReadOnlyMirror(DataDirMirror):
         self.only = only
         self.on_change = on_change
 
+    async def _final_sync(self) -> None:
+        """None: there is nothing to push, and what a last pull wrote would not be read."""
+
     async def _push(self) -> int:
         return 0
 

@@ -46,6 +46,8 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
+from memory.cluster.stopping import STOP_TIMEOUT, cancel_and_wait
+
 log = structlog.get_logger("steward.cluster.store")
 
 MIGRATIONS = Path(__file__).with_name("migrations")
@@ -62,6 +64,26 @@ _DOCUMENTS_LOCK = 2
 EVENTS_KEPT_DAYS = 7
 RUNS_KEPT_DAYS = 30
 CONNECT_TIMEOUT = 10
+
+
+async def _bounded(what: str, step: Any, limit: float | None = None) -> None:
+    """Await a closing step for at most `limit` seconds (then cancel it and say so); its
+    psycopg errors are not raised: the thing is being closed."""
+    limit = STOP_TIMEOUT if limit is None else limit
+    task = asyncio.ensure_future(step)
+    try:
+        await asyncio.wait({task}, timeout=limit)
+    except BaseException:
+        task.cancel()
+        raise
+    if not task.done():
+        log.warning("cluster.close_step_timeout", step=what, waited_s=limit)
+        await cancel_and_wait(task, limit=limit)
+        return
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        if not isinstance(exc, psycopg.Error):
+            raise exc
+        log.debug("cluster.close_step_failed", step=what, error=str(exc))
 
 
 class ClusterStoreError(RuntimeError):
@@ -266,13 +288,18 @@ class ClusterStore:
         if self._closed:
             return
         self._closed = True
-        if self._held:
-            # at once, not when the server notices the session ended
-            with contextlib.suppress(psycopg.Error):
-                await self._lease_conn.execute("SELECT pg_advisory_unlock_all()")
-        self._held.clear()
-        await self._lease_conn.close()
-        await self._pool.close()
+        try:
+            if self._held:
+                # at once, not when the server notices the session ended (bounded: a
+                # server that does not answer must not hold the stop)
+                await _bounded(
+                    "lease unlock", self._lease_conn.execute("SELECT pg_advisory_unlock_all()")
+                )
+        finally:
+            self._held.clear()
+            await self._lease_conn.close()
+            # the pool waits `timeout` for its workers; bounded here too, as a whole
+            await _bounded("pool", self._pool.close(timeout=STOP_TIMEOUT / 2))
 
     async def __aenter__(self) -> ClusterStore:
         return self
@@ -478,7 +505,6 @@ class ClusterStore:
         listening connection fails, the Event is set once and the caller's poll goes on."""
         conn = await _connect(self.url, autocommit=True)
         event = asyncio.Event()
-        await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(DOCUMENTS_CHANNEL)))
 
         async def pump() -> None:
             try:
@@ -488,12 +514,19 @@ class ClusterStore:
                 log.warning("cluster.listen_lost", error=str(exc))
                 event.set()
 
-        task = asyncio.create_task(pump(), name="cluster-documents-listen")
+        task: asyncio.Task[None] | None = None
         try:
+            # in the try: a caller cancelled during the LISTEN still closes the connection
+            await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(DOCUMENTS_CHANNEL)))
+            task = asyncio.create_task(pump(), name="cluster-documents-listen")
             yield event
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, psycopg.Error):
-                await task
-            with contextlib.suppress(psycopg.Error):
-                await conn.close()
+            try:
+                # Not `suppress(CancelledError)` around `await task`: that would also
+                # swallow the caller's own cancellation arriving meanwhile (a stop), and
+                # a caller that loops would go on forever.
+                if task is not None:
+                    await cancel_and_wait(task)
+            finally:
+                with contextlib.suppress(psycopg.Error):
+                    await conn.close()
