@@ -81,8 +81,16 @@ async def run_open(ctx: ToolContext, args: dict[str, Any]) -> str:
         ) from None
     except OSError as exc:
         raise ToolError(f"Could not open {url[:200]}: {exc}") from None
+    from core.browser.session import BrowserGone  # the browser's module, on its first use
+
     session = await browsers.session(ctx.task_id)
-    return await session.open(url, ctx.output_cap)
+    try:
+        return await session.open(url, ctx.output_cap)
+    except BrowserGone:
+        # Chromium was killed and Playwright has not said so yet: the dead session is
+        # now closed for good, so this starts a new browser (once).
+        session = await browsers.session(ctx.task_id)
+        return await session.open(url, ctx.output_cap)
 
 
 async def run_click(ctx: ToolContext, args: dict[str, Any]) -> str:
