@@ -217,6 +217,8 @@ class Node:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(timeout=30)
+        if self._reader is not None:  # every line it wrote, read: its log is complete
+            self._reader.join(timeout=10)
 
     def stop(self, timeout: float = 30.0) -> None:
         """SIGTERM, as a deploy stops it; SIGKILL if it does not exit within `timeout`."""

@@ -209,11 +209,13 @@ def check_worker_killed_mid_load(run: Run) -> None:
     )
     claimed = {w.name: len(w.events("cluster.task_claimed")) - before[w.name] for w in workers}
     victim = max(workers, key=lambda w: claimed[w.name])
-    started = claimed[victim.name] - (
+    victim.kill9()
+    # Counted from its whole log, read to the end once it died (a line read by a thread
+    # can trail its process's work: counted before, a claim could be missing).
+    started = (len(victim.events("cluster.task_claimed")) - before[victim.name]) - (
         len(victim.events("cluster.task_finished")) - done_before[victim.name]
     )
     assert started > 0, f"no worker had a task of the load in flight: {claimed}"
-    victim.kill9()
     run.model.latency = 0.05
     # JetStream redelivers the dead worker's events after ack_wait (cluster_ack_wait).
     _wait_settled(run, convs, "every conversation answered or asked again", 120, questions=True)
