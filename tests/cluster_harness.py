@@ -280,6 +280,7 @@ class Cluster:
     ) -> None:
         self.root = root
         self.workspace = root / "workspace"
+        self.database_url = database_url
         shared = {
             **base,
             "STEWARD_CLUSTER_URL": cluster_url,
