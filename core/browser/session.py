@@ -170,12 +170,18 @@ class BrowserSession:
     @property
     def closed(self) -> bool:
         """Closed, or no longer usable (Chromium died: a new one is started on demand)."""
-        return (
-            self._closed or self._gone or self._browser is None or not self._browser.is_connected()
-        )
+        return self._closed or self._gone or not self._browser_alive()
 
     def _browser_alive(self) -> bool:
         return self._browser is not None and self._browser.is_connected()
+
+    def _died(self, exc: BaseException, *, alive: bool) -> BrowserGone | None:
+        """A page call that failed because Chromium died (`alive`: Playwright may not
+        have said so yet): the session is marked gone, and the error to raise."""
+        if not _target_closed(exc) or alive:
+            return None
+        self._gone = True
+        return BrowserGone(GONE)
 
     def _adopt(self, page: Page) -> None:
         """The newest page (a link that opens a new tab too) is the one the tools act on."""
@@ -226,9 +232,9 @@ class BrowserSession:
             try:
                 page = await self._context.new_page()
             except Exception as exc:
-                if _target_closed(exc):
-                    self._gone = True  # a killed Chromium, not yet reported as such
-                    raise BrowserGone(GONE) from None
+                # Its context is dead whatever Playwright says: a killed Chromium.
+                if (gone := self._died(exc, alive=False)) is not None:
+                    raise gone from None
                 raise
             self._adopt(page)
         key = url_host(url)
@@ -246,9 +252,8 @@ class BrowserSession:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._downloaded.wait(), DOWNLOAD_WAIT)
             if not self._downloads:
-                if _target_closed(exc) and not self._browser_alive():
-                    self._gone = True
-                    raise BrowserGone(GONE) from None
+                if (gone := self._died(exc, alive=self._browser_alive())) is not None:
+                    raise gone from None
                 raise ToolError(self._failed("Could not open", url, exc)) from None
             await self._keep_downloads()
             return f"{url[:200]} is a file, not a page.\n" + "\n".join(self._take_notes())
