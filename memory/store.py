@@ -64,7 +64,7 @@ import structlog
 import yaml
 from dulwich.errors import NotGitRepository, NotTreeError
 from dulwich.file import FileLocked
-from dulwich.index import index_entry_from_stat
+from dulwich.index import IndexEntry, index_entry_from_stat
 from dulwich.object_store import commit_tree_changes
 from dulwich.objects import Blob, Commit, ObjectID, Tree
 from dulwich.refs import HEADREF
@@ -72,6 +72,7 @@ from dulwich.repo import Repo
 
 from memory.atomic import atomic_write_bytes
 from memory.front_matter import dump as dump_front_matter
+from memory.git_index import IndexFile, Unsupported
 from memory.redact import redact, redact_obj
 
 log = structlog.get_logger("steward.memory.store")
@@ -79,6 +80,8 @@ log = structlog.get_logger("steward.memory.store")
 T = TypeVar("T")
 
 AUTHOR = b"Steward <steward@localhost>"
+#: Seconds between two writes of the git index at most (`DataStore._sync_index`).
+INDEX_EVERY = 1.0
 #: Caches and runtime files: rebuildable or private to one run, never history; and
 #: secrets (the web chat's login token), which must never reach a commit.
 GITIGNORE = (
@@ -242,6 +245,12 @@ class DataStore:
         self.root = Path(data_dir).expanduser().absolute()
         self._lock = threading.RLock()
         self._repo: Repo | None = None
+        #: The git index, updated entry by entry after commits (memory/git_index.py):
+        #: the changes not written yet, by path, and when it was written last.
+        self._index_file: IndexFile | None = None
+        self._index_pending: dict[bytes, IndexEntry | None] = {}
+        self._index_written_at = -INDEX_EVERY
+        self._index_timer: threading.Timer | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._executor_lock = threading.Lock()
 
@@ -326,6 +335,7 @@ class DataStore:
             return self._repo
 
     def close(self) -> None:
+        self.sync_index()
         with self._lock:
             if self._repo is not None:
                 self._repo.close()
@@ -484,42 +494,92 @@ class DataStore:
         )
 
     def _sync_index(self, entries: dict[str, bytes | None]) -> None:
-        """Make the index agree with HEAD for these paths only (others stay as a person left them).
+        """Make the index agree with HEAD for these paths only (others stay as a person left
+        them): now, or, when the index was written less than INDEX_EVERY ago, at the end
+        of that interval with every change that came meanwhile (`sync_index` at once).
+
+        Why not always now: the index is one file with an entry per tracked file, written
+        whole however few entries change (memory/git_index.py), and a burst of rule
+        changes (a run of failing tasks, each trying a candidate rule) commits several
+        times a second. Until then `git status` shows the last commits' files as changed;
+        the commits themselves are made at once.
 
         The stat data is recorded only when the file on disk is exactly what was
         committed; otherwise it is zeroed so git re-reads the file and shows a
         person's newer edit as modified instead of hiding it.
         """
+        for rel, data in entries.items():
+            if data is None:
+                self._index_pending[rel.encode()] = None
+                continue
+            target = self.root / rel
+            try:
+                st = target.stat()
+                same = st.st_size == len(data) and target.read_bytes() == data
+            except OSError:
+                same = False
+                st = None
+            blob_id = Blob.from_string(data).id
+            stat = st if st is not None and same else _ZERO_STAT
+            self._index_pending[rel.encode()] = index_entry_from_stat(
+                stat, blob_id, mode=_FILE_MODE
+            )
+        if self._index_timer is not None:
+            return  # written with the others at the end of the interval
+        wait = self._index_written_at + INDEX_EVERY - time.monotonic()
+        if wait <= 0:
+            self._write_index()
+            return
+        timer = threading.Timer(wait, self._write_index_later)
+        # Not a daemon: a process that ends within the interval (a CLI command) waits
+        # for it rather than leave the index behind its commits.
+        timer.name = "steward-git-index"
+        self._index_timer = timer
+        timer.start()
+
+    def sync_index(self) -> None:
+        """Write the index changes still waiting for their interval, now."""
+        with self._lock:
+            if self._index_timer is not None:
+                self._index_timer.cancel()
+                self._index_timer = None
+            if self._index_pending and self._repo is not None:
+                self._write_index()
+
+    def _write_index_later(self) -> None:
+        with self._lock:
+            self._index_timer = None
+            if self._index_pending and self._repo is not None:
+                self._write_index()
+
+    def _write_index(self) -> None:
+        """Apply the waiting index changes. Lock held."""
         repo = self._repo
         assert repo is not None
+        changes, self._index_pending = self._index_pending, {}
+        self._index_written_at = time.monotonic()
+        path = Path(repo.index_path())
+        if self._index_file is None or self._index_file.path != path:
+            self._index_file = IndexFile(path)
         for attempt in range(10):
             try:
-                index = repo.open_index()
-                for rel, data in entries.items():
-                    key = rel.encode()
-                    if data is None:
-                        if key in index:
-                            del index[key]
-                        continue
-                    target = self.root / rel
-                    try:
-                        st = target.stat()
-                        same = st.st_size == len(data) and target.read_bytes() == data
-                    except OSError:
-                        same = False
-                        st = None
-                    blob_id = Blob.from_string(data).id
-                    if st is not None and same:
-                        entry = index_entry_from_stat(st, blob_id, mode=_FILE_MODE)
-                    else:
-                        entry = index_entry_from_stat(_ZERO_STAT, blob_id, mode=_FILE_MODE)
-                    index[key] = entry
-                index.write()
+                try:
+                    self._index_file.update(changes)
+                except Unsupported as why:  # version 4, a split index: rewritten whole
+                    log.info("memory.index_whole", path=str(self.root), why=str(why))
+                    index = repo.open_index()
+                    for key, entry in changes.items():
+                        if entry is None:
+                            if key in index:
+                                del index[key]
+                        else:
+                            index[key] = entry
+                    index.write()
                 return
             except FileLocked:  # index.lock held by a person's git
                 time.sleep(0.02 * (attempt + 1))
             except Exception:
-                # The commit is made; a stale index only makes `git status` noisy.
+                # The commits are made; a stale index only makes `git status` noisy.
                 log.warning("memory.index_update_failed", path=str(self.root), exc_info=True)
                 return
         log.warning("memory.index_locked", path=str(self.root))

@@ -180,6 +180,7 @@ def test_only_the_agents_files_are_committed(store: DataStore) -> None:
     porcelain.add(str(store.root), [str(store.root / "notes" / "staged.md")])
     (store.root / "notes" / "mine.md").write_text("---\ntitle: mine\n---\n")
     store.write("rules/r-1.md", {"id": "r-1"}, "rule", commit="rule r-1 drafted")
+    store.sync_index()  # written a moment after a commit that follows another
 
     repo = Repo(str(store.root))
     tree = repo[repo[repo.head()].tree]
@@ -199,6 +200,7 @@ def test_only_the_agents_files_are_committed(store: DataStore) -> None:
 @pytest.mark.skipif(shutil.which("git") is None, reason="no git binary to cross-check")
 def test_git_binary_reads_the_repository(store: DataStore) -> None:
     store.write("rules/r-1.md", {"id": "r-1"}, "x", commit="rule r-1 drafted: 3 failures")
+    store.sync_index()  # written a moment after a commit that follows another
 
     def run(*args: str) -> str:
         cmd = ["git", "-C", str(store.root), *args]
