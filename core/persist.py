@@ -26,7 +26,6 @@ queued (up to `batch`) and indexes it in one call, which is what keeps up under 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -36,6 +35,7 @@ from core.clock import Activity
 from memory.episodes import GENERATED_FIELDS, Episode, EpisodeStore
 from memory.journal import TaskJournal
 from memory.records import Written
+from memory.stopping import cancel_and_wait
 
 log = structlog.get_logger("steward.persist")
 
@@ -161,7 +161,5 @@ class EpisodeWriter:
         """Write what is queued, then stop the worker (at shutdown, before the index closes)."""
         await self.drain()
         if self._worker is not None:
-            self._worker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._worker
+            await cancel_and_wait(self._worker)
             self._worker = None

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-import memory.cluster.stopping as stopping
+import memory.stopping as stopping
 from memory.cluster.reader import DASHBOARD_FOLDERS, ReadOnlyMirror
-from memory.cluster.stopping import cancel_and_wait
+from memory.stopping import cancel_and_wait
 
 #: A guard so that a regression fails instead of hanging the run; never reached when the
 #: stop works (nothing here waits on it).
@@ -124,7 +124,7 @@ async def test_a_mirror_loop_that_never_ends_does_not_hold_the_stop(
         store.release.set()
         await asyncio.wait({task}, timeout=GUARD_S)
     assert store.lost >= 2  # cancelled again, not only once
-    assert [w["event"] for w in warnings] == ["cluster.task_not_stopped"]
+    assert [w["event"] for w in warnings] == ["task_not_stopped"]
     assert warnings[0]["task"] == "cluster-mirror"
     assert "documents_since" in str(warnings[0]["at"])
 

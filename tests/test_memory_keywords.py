@@ -311,3 +311,47 @@ def test_the_best_rows_are_picked_among_the_top_scores_with_the_same_ranking(
         phrases = tok.phrases([t.strip('"') for t in fts_terms(query)])
         assert kw.rank(phrases, 7, allowed) == truth, query
     assert cut  # some rankings looked at the top rows only
+
+
+async def test_an_open_cancelled_while_it_waits_for_the_keyword_load_ends_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A small index's open waits for its keyword index to load; a start cut off then
+    (Ctrl-C, or a stop, while Steward starts) ends with its cancellation and leaves
+    nothing open. Before, the wait swallowed the caller's cancellation along with the
+    load's, and the open went on as if nothing had been asked."""
+    import asyncio
+    import threading
+
+    store = EpisodeStore(tmp_path)
+    for i in range(10):
+        await store.write(_episode(i, "deploy api billing"))
+    async with await MemoryIndex.open(tmp_path):
+        pass
+    release = threading.Event()
+    real_load = KeywordIndex.load
+
+    def slow_load(path: Path) -> KeywordIndex:
+        release.wait(10)
+        return real_load(path)
+
+    monkeypatch.setattr(KeywordIndex, "load", staticmethod(slow_load))
+    closed: list[MemoryIndex] = []
+    real_close = MemoryIndex.close
+
+    async def close(self: MemoryIndex) -> None:
+        closed.append(self)
+        await real_close(self)
+
+    monkeypatch.setattr(MemoryIndex, "close", close)
+    opening = asyncio.create_task(MemoryIndex.open(tmp_path))
+    await asyncio.sleep(0.3)  # waiting for the keyword load now
+    assert not opening.done()
+    opening.cancel()
+    done, _ = await asyncio.wait({opening}, timeout=2)
+    release.set()
+    assert done and opening.cancelled()
+    assert len(closed) == 1 and closed[0]._db is None  # its connection closed
+    monkeypatch.setattr(KeywordIndex, "load", staticmethod(real_load))
+    async with await MemoryIndex.open(tmp_path) as index:
+        assert len(await _keyword_ids(index, "deploy")) == 10

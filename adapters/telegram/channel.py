@@ -120,6 +120,7 @@ from core.events import (
 from core.recent import Recent
 from memory import poll_lease
 from memory.channel_store import ChannelStore
+from memory.stopping import cancel_and_wait
 
 log = structlog.get_logger("adapters.telegram")
 
@@ -345,9 +346,7 @@ class TelegramChannel(ChannelDefaults):
     async def stop(self) -> None:
         for task in (self._watch_task, self._loop_task):
             if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+                await cancel_and_wait(task)
         self._watch_task = self._loop_task = None
         await self._inflight.cancel_all()
         bot, self._bot = self._bot, None

@@ -28,7 +28,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import json
 import time
@@ -78,6 +77,7 @@ from core.events import (
 )
 from core.recent import Recent
 from memory.channel_store import ChannelStore
+from memory.stopping import cancel_and_wait
 
 log = structlog.get_logger("steward.whatsapp")
 
@@ -274,9 +274,7 @@ class WhatsAppChannel(ChannelDefaults):
         self._dispatch = None
         task, self._probe_task = self._probe_task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
         await self._inflight.cancel_all()
         client, self._http = self._http, None
         if client is not None:

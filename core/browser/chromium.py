@@ -45,6 +45,7 @@ from core.egress import EgressPolicy
 from core.sandbox import Grant, Sandbox, launch
 from core.sandbox import spawn as _spawn
 from core.sandbox.bwrap import PROXY_PORT
+from memory.stopping import cancel_and_wait
 
 log = structlog.get_logger("steward.browser")
 
@@ -138,9 +139,7 @@ async def running(
                 yield chromium
             finally:
                 await relay.stop()
-                reading.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await reading
+                await cancel_and_wait(reading)
     finally:
         _spawn.forget_guard(root)  # the root is removed below
         await asyncio.to_thread(shutil.rmtree, root, True)

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from memory.stopping import cancel_and_wait
+
 if TYPE_CHECKING:
     from aiohttp import web
 
@@ -86,9 +88,7 @@ class CdpRelay:
         except (ConnectionError, BrokenPipeError):
             pass  # Chromium has gone: the task's browser is being closed
         finally:
-            pump.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await pump
+            await cancel_and_wait(pump)
         return ws
 
     async def _pump(self, ws: web.WebSocketResponse) -> None:

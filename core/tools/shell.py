@@ -24,6 +24,7 @@ from core.sandbox.environment import with_workspace_venv
 from core.sandbox.spawn import kill_group
 from core.tools.base import Tool, ToolContext, ToolError
 from core.tools.workspace import workspace_root
+from memory.stopping import cancel_and_wait
 
 #: After bash exits, how long to keep reading output that background children still write.
 DRAIN_SECONDS = 0.5
@@ -155,9 +156,7 @@ async def _collect(proc: asyncio.subprocess.Process, out: _Output, seconds: floa
         return ""
     finally:
         if not pump.done():
-            pump.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await pump
+            await cancel_and_wait(pump)
 
 
 def _wants_network(command: str, output: str) -> bool:

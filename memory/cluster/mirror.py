@@ -36,7 +36,7 @@ from typing import Protocol
 
 import structlog
 
-from memory.cluster.stopping import cancel_and_wait
+from memory.stopping import cancel_and_wait
 
 log = structlog.get_logger("steward.cluster.mirror")
 
@@ -190,7 +190,7 @@ class DataDirMirror:
         a cancellation arriving in the same loop turn); the loop then ran on and the
         stop waited forever. So the loop also ends after a sync once a stop began, and
         the task is cancelled again while it runs, for a bounded time
-        (memory/cluster/stopping.py). Not `suppress(CancelledError)` around the await: that
+        (memory/stopping.py). Not `suppress(CancelledError)` around the await: that
         also swallowed a cancellation of the stop itself."""
         self._stopping = True
         task, self._task = self._task, None

@@ -46,7 +46,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from memory.cluster.stopping import STOP_TIMEOUT, cancel_and_wait
+from memory.stopping import STOP_TIMEOUT, cancel_and_wait
 
 log = structlog.get_logger("steward.cluster.store")
 

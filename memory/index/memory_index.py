@@ -216,30 +216,39 @@ class MemoryIndex:
             await embed_async(embedder, ["dimension probe"])
         await asyncio.to_thread(data_dir.mkdir, parents=True, exist_ok=True)
         self = cls(data_dir, embedder, vector_backend)
+        try:
+            await self._open(rebuild, sync, progress, before_rebuild)
+        except BaseException:  # a failure, or a stop while it opened: nothing left open
+            await self.close()
+            raise
+        return self
+
+    async def _open(
+        self,
+        rebuild: bool,
+        sync: bool,
+        progress: bool | None,
+        before_rebuild: Callable[[], Awaitable[None]] | None,
+    ) -> None:
         reason = "requested" if rebuild else await self._load()
         if not reason:
             self._start_keywords()
             await self._settle_keywords()
         if reason:
             if not rebuild:
-                log.warning("memory.index.rebuild", reason=reason, data_dir=str(data_dir))
+                log.warning("memory.index.rebuild", reason=reason, data_dir=str(self.data_dir))
             self.open_reason = reason
             if before_rebuild is not None:
                 await before_rebuild()
             self.last_rebuild = await self.rebuild(progress=progress, reason=reason)
         elif sync:
-            try:
-                report = await self.sync(progress=progress)
-            except BaseException:
-                await self.close()
-                raise
+            report = await self.sync(progress=progress)
             if report.touched:
                 self.open_reason = (
                     f"caught up: {report.added} added, {report.changed} changed, "
                     f"{report.removed} removed, {report.embedded} re-embedded"
                 )
                 log.info("memory.index.sync", detail=self.open_reason)
-        return self
 
     async def __aenter__(self) -> MemoryIndex:
         return self
@@ -830,8 +839,9 @@ class MemoryIndex:
         """Wait for the keyword index's background load; whether it is in use."""
         task = self._keywords_task
         if task is not None and not task.done():
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.shield(task)
+            # Not shield + suppress(CancelledError): that swallowed the caller's own
+            # cancellation (a /stop during a search at start), not only the load's.
+            await asyncio.wait({task})
         return self._keywords is not None
 
     async def _settle_keywords(self) -> None:

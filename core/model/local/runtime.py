@@ -40,6 +40,7 @@ from config.providers import PROVIDER_KEYS as PROVIDER_KEYS  # re-exported for c
 from config.providers import embedded_wanted as embedded_wanted  # re-exported for callers
 from config.providers import provider_key_present as provider_key_present  # re-exported
 from core.backoff import backoff_delay
+from memory.stopping import cancel_and_wait
 
 log = structlog.get_logger("steward.local_model")
 
@@ -537,9 +538,7 @@ class ModelServer:
         self._stopped = True
         watcher, self._watcher = self._watcher, None
         if watcher is not None and not watcher.done():
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await watcher
+            await cancel_and_wait(watcher)
         proc = self.proc
         if proc is not None:
             await self._kill(proc)

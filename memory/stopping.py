@@ -1,8 +1,13 @@
 """Stopping a background task that may not stop: cancelled, awaited for a bounded time.
 
-Why a module of its own: the cluster's mirrors and LISTEN pumps loop until cancelled,
-and a stop that only cancels and awaits them hung when a cancellation was lost (see
-`cancel_and_wait`). Everything that stops such a task uses this one way.
+Why a module of its own: a background loop (a cluster mirror, a LISTEN pump, the episode
+writer, a pipe reader) is stopped by cancelling it and waiting for it to end, and the
+usual way of writing that, `task.cancel()` and then `await task` inside
+`suppress(CancelledError)`, has two faults: it swallows the caller's own cancellation
+along with the task's (a stop that was itself cancelled goes on as if it was not, and a
+tool cut off by /stop returns normally), and it hangs for good when the task's
+cancellation was lost (see `cancel_and_wait`). Everything that stops such a task uses
+this one way.
 """
 
 from __future__ import annotations
@@ -13,10 +18,10 @@ from typing import Any
 
 import structlog
 
-log = structlog.get_logger("steward.cluster.stopping")
+log = structlog.get_logger("steward.stopping")
 
 #: At most this many seconds for a background task to end once cancelled
-#: (`cancel_and_wait`), and for each step of `ClusterStore.close`.
+#: (`cancel_and_wait`), and for each step of the cluster store's close.
 STOP_TIMEOUT = 10.0
 #: A task still running this long after its cancellation is cancelled again.
 RECANCEL_EVERY = 1.0
@@ -43,12 +48,10 @@ async def cancel_and_wait(task: asyncio.Task[Any], *, limit: float | None = None
             break
         await asyncio.wait({task}, timeout=min(RECANCEL_EVERY, remaining))
     if not task.done():
-        log.warning(
-            "cluster.task_not_stopped", task=task.get_name(), waited_s=limit, at=_waits_in(task)
-        )
+        log.warning("task_not_stopped", task=task.get_name(), waited_s=limit, at=_waits_in(task))
         return False
     if not task.cancelled() and task.exception() is not None:
-        log.debug("cluster.task_failed_at_stop", task=task.get_name(), error=str(task.exception()))
+        log.debug("task_failed_at_stop", task=task.get_name(), error=str(task.exception()))
     return True
 
 
