@@ -339,6 +339,52 @@ def test_state_round_trips_through_a_dict() -> None:
     assert again == st
 
 
+def test_state_as_data_is_what_asdict_gives_and_shares_nothing() -> None:
+    """`to_dict` is built field by field for speed: the same data, keys in the same
+    order (the saved file's front matter follows it), and no list or dict shared with
+    the live state (the last saved data is compared with the next)."""
+    import dataclasses
+    import random
+
+    rng = random.Random(5)
+    e = Engine()
+    st = e.new_user("replay:alice")
+    for i in range(40):
+        conv = f"c{rng.randrange(6)}"
+        t = T0 + i * 30
+        e.message(st, conv, rng.choice(["deploy", "deploy again", "why", "retry it"]), t)
+        if rng.random() < 0.5:
+            fail(e, st, t + 5, sig=f"shell:Err:{rng.randrange(3)}", episode=f"e{i}")
+        if i % 9 == 0:
+            e.offered(st, conv, f"s{i}", t + 6)
+        if i % 13 == 0:
+            e.answered(st, f"s{i - 13}" if i >= 13 else "s0", bool(i % 2), t + 7)
+    st.refusals.append([T0, 1.0])
+    e.offered(st, "c0", "s-last", T0 + 2000)
+
+    def order(value: Any) -> Any:
+        if isinstance(value, dict):
+            return [(k, order(v)) for k, v in value.items()]
+        if isinstance(value, list):
+            return [order(v) for v in value]
+        return value
+
+    data = st.to_dict()
+    assert order(data) == order(dataclasses.asdict(st))
+    convs = data["conversations"].values()
+    assert any(c["failures"] for c in convs) and any(c["open"] for c in convs)
+    before = dataclasses.asdict(st)
+    for conv in data["conversations"].values():  # mutate every container of the copy
+        conv["events"].append([0, "x", 1])
+        for f in conv["failures"]:
+            f["signatures"].append("y")
+        for v in conv["signatures"].values():
+            v.append([0, "z"])
+    data["answers"].append(9.0)
+    data["stats"]["offered"] += 1
+    assert dataclasses.asdict(st) == before
+
+
 class _Sink:
     def __init__(self) -> None:
         self.calls: list[tuple[str, list[str], str]] = []

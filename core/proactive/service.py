@@ -169,7 +169,7 @@ class Proactive:
         if data == self._saved.get(state.user):
             return  # nothing changed since the last write
         try:
-            await self.store.save(path, state.to_dict(), body)
+            await self.store.save(path, data, body)
         except OSError:  # recorded in WriteHealth: /healthz, doctor and the person are told
             log.warning("proactive.save_failed", path=str(path), exc_info=True)
             return
