@@ -394,3 +394,33 @@ async def test_a_cancelled_search_keeps_the_lock_until_its_thread_is_done(
         await gate.cancel_while_held(idx, search)  # the thread searches
     finally:
         await idx.close()
+
+
+async def test_the_vectors_are_saved_after_a_share_of_the_index_not_a_fixed_count(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """index.faiss is written whole, so it is saved after AUTOSAVE_EVERY new vectors or
+    a 1/AUTOSAVE_SHARE of those it holds, whichever is more: a bigger index is saved
+    after more of them, and each new vector costs about the same at any size."""
+    monkeypatch.setattr(memory_index, "AUTOSAVE_EVERY", 4)
+    monkeypatch.setattr(memory_index, "AUTOSAVE_SHARE", 2)  # half the index
+    saves: list[int] = []
+    async with _ready_index(tmp_path) as (store, idx):
+        real = idx._save_vectors_now
+
+        def counted() -> None:
+            saves.append(idx._vectors.ntotal)
+            real()
+
+        monkeypatch.setattr(idx, "_save_vectors_now", counted)
+        n = 0
+
+        async def add(count: int) -> None:
+            nonlocal n
+            episodes = [_episode(1000 + n + i, f"task {n + i}") for i in range(count)]
+            n += count
+            await idx.add_episode_files([w for w in await store.write_many(episodes) if w])
+
+        for _ in range(8):  # 4 at a time: saved when the new ones reach half the index
+            await add(4)
+        assert saves == [4, 8, 16, 32]  # a fixed count (4) saved after every batch
