@@ -20,7 +20,9 @@ that contract:
   caches. Commits are built from HEAD's tree plus exactly the files the agent
   wrote — never from the index — so a person's staged or unstaged edits to other
   files stay theirs, and a person's commit made meanwhile is never reverted: HEAD
-  is moved with compare-and-swap, and the commit is rebuilt if it moved.
+  is moved with compare-and-swap, and the commit is rebuilt if it moved. The index
+  is then brought in line for those files only (memory/git_index.py: their entries
+  replaced in place), at once or, in a burst of commits, once a second.
 * **Never clobber a person's broken file.** `read`/`scan` report a malformed file
   with its path and reason and leave it alone; `write` refuses to overwrite one.
 * **Not on the event loop.** `awrite`/`acommit`/… run the file and git work on one
