@@ -246,8 +246,3 @@ def _mapped(path: Path) -> Iterator[tuple[bytes | mmap.mmap, tuple[int, int, int
             mapping.close()
         except BufferError:  # views still held by an exception's frames: freed with them
             pass
-
-
-def update_index(path: Path, changes: Mapping[bytes, IndexEntry | None]) -> None:
-    """`IndexFile(path).update(changes)`, with nothing kept for the next update."""
-    IndexFile(path).update(changes)

@@ -532,7 +532,7 @@ class DataStore:
         if wait <= 0:
             self._write_index()
             return
-        timer = threading.Timer(wait, self._write_index_later)
+        timer = threading.Timer(wait, self.sync_index)
         # Not a daemon: a process that ends within the interval (a CLI command) waits
         # for it rather than leave the index behind its commits.
         timer.name = "steward-git-index"
@@ -540,17 +540,12 @@ class DataStore:
         timer.start()
 
     def sync_index(self) -> None:
-        """Write the index changes still waiting for their interval, now."""
+        """Write the index changes still waiting for their interval, now (also what the
+        interval's timer runs)."""
         with self._lock:
             if self._index_timer is not None:
                 self._index_timer.cancel()
                 self._index_timer = None
-            if self._index_pending and self._repo is not None:
-                self._write_index()
-
-    def _write_index_later(self) -> None:
-        with self._lock:
-            self._index_timer = None
             if self._index_pending and self._repo is not None:
                 self._write_index()
 
