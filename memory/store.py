@@ -102,6 +102,8 @@ GITIGNORE = (
     "quarantine/",  # damaged files set aside until a person clears them (memory/quarantine.py)
     "usage/",  # the model-call ledger (memory/usage.py): appended after every call, so each
     # batch commit would store the whole day's file again; its totals are what matter
+    "journal/",  # tasks in flight (memory/journal.py), and emptied records kept for reuse
+    "/admin_rooms.json",  # where each admin was last reached (memory/admin_rooms.py)
 )
 _FILE_MODE = 0o100644
 _CAS_ATTEMPTS = 5  # HEAD moved under us (a person committed): rebuild and retry

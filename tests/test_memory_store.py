@@ -95,6 +95,9 @@ def test_repo_is_created_on_first_use_with_gitignore(store: DataStore) -> None:
         (store.root / name).write_text("x")
     (store.root / "outbox").mkdir()
     (store.root / "outbox" / "1.json").write_text("{}")
+    (store.root / "journal").mkdir()  # an emptied record kept for the next task's
+    (store.root / "journal" / ".spare-0a1b").write_text("")
+    (store.root / "admin_rooms.json").write_text("{}")
     (store.root / "notes").mkdir()
     (store.root / "notes" / "hand.md").write_text("---\na: 1\n---\n")
     st = porcelain.status(str(store.root), untracked_files="all")
